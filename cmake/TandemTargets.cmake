@@ -1,0 +1,45 @@
+# Helpers that give every layer the same shape (see docs/ARCHITECTURE.md).
+#
+# One precompiled header of libtorch is built once, in tandem_pch, and reused
+# by every target that includes torch: with 2 cores this turns a clean build
+# from tens of minutes into a few (docs/BUILD.md).
+
+add_library(tandem_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+target_link_libraries(tandem_pch PUBLIC tandem_torch)
+target_precompile_headers(tandem_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_pch.h)
+
+# tandem_torch_pch(target): reuse the shared libtorch PCH.
+function(tandem_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM tandem_pch)
+endfunction()
+
+# tandem_layer(name [TORCH] SOURCES ... DEPS ...): the static library
+# tandem_<name> built from src/<name>/, with the public include/ tree.
+function(tandem_layer name)
+  cmake_parse_arguments(L "TORCH" "" "SOURCES;DEPS" ${ARGN})
+  add_library(tandem_${name} STATIC ${L_SOURCES})
+  add_library(tandem::${name} ALIAS tandem_${name})
+  target_include_directories(tandem_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_compile_options(tandem_${name} PRIVATE -Wall -Wextra)
+  target_link_libraries(tandem_${name} PUBLIC ${L_DEPS})
+  if(L_TORCH)
+    target_link_libraries(tandem_${name} PUBLIC tandem_torch)
+    tandem_torch_pch(tandem_${name})
+  endif()
+endfunction()
+
+# tandem_test(layer SOURCES ... DEPS ...): one GoogleTest executable per layer,
+# each test registered with CTest under the label of its layer.
+function(tandem_test layer)
+  cmake_parse_arguments(T "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  set(exe tandem_${layer}_tests)
+  add_executable(${exe} ${T_SOURCES})
+  target_link_libraries(${exe} PRIVATE ${T_DEPS} tandem_testing GTest::gtest GTest::gtest_main tandem_torch)
+  target_compile_definitions(${exe} PRIVATE
+    TANDEM_PYTHON="${TANDEM_PYTHON}"
+    TANDEM_CLI="$<TARGET_FILE:tandem>"
+    TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  tandem_torch_pch(${exe})
+  gtest_discover_tests(${exe} DISCOVERY_TIMEOUT 120
+    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900)
+endfunction()

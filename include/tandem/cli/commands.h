@@ -1,0 +1,24 @@
+// tandem/cli/commands.h: the `tandem` subcommands.
+//
+// Each returns the process exit code: 0 on success, 1 on a runtime error,
+// 2 on a usage error. Errors are printed as one line on stderr.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+// tandem train [flags]
+int train_command(const std::vector<std::string>& args);
+
+// The train flags' help text (also part of `tandem --help`).
+std::string train_help();
+
+// tandem models: the registered model names.
+int models_command(const std::vector<std::string>& args);
+
+// Dispatches argv to a subcommand.
+int main_command(int argc, char** argv);
+
+}  // namespace tandem::cli

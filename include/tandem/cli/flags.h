@@ -1,0 +1,68 @@
+// tandem/cli/flags.h: one table of flags drives both parsing and --help.
+//
+// Each flag binds to a field of an options struct; its default is whatever the
+// field holds when the table is built, so --help always shows the real
+// default. parse() accepts "--name value" and "--name=value"; an unknown flag
+// or a bad value throws UsageError with one line naming the flag.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/util/check.h"
+
+namespace tandem::cli {
+
+// A mistake on the command line (exit code 2).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+class FlagSet {
+ public:
+  FlagSet(std::string command, std::string summary);
+
+  void add_int(const std::string& name, const std::string& metavar, int64_t* target,
+               const std::string& help, int64_t min_value = INT64_MIN);
+  void add_uint(const std::string& name, const std::string& metavar, uint64_t* target,
+                const std::string& help);
+  void add_double(const std::string& name, const std::string& metavar, double* target,
+                  const std::string& help, double min_value = -1e300);
+  void add_string(const std::string& name, const std::string& metavar, std::string* target,
+                  const std::string& help);
+  void add_choice(const std::string& name, std::string* target,
+                  const std::vector<std::string>& choices, const std::string& help);
+  // A switch: present means true; takes no value.
+  void add_switch(const std::string& name, bool* target, const std::string& help);
+  // A heading in --help before the flags added next.
+  void section(const std::string& title);
+
+  // Parses `args` (without the program and command names). "--help" or "-h"
+  // sets help_requested() and stops. Throws UsageError.
+  void parse(const std::vector<std::string>& args);
+  bool help_requested() const { return help_requested_; }
+  // Whether the flag was given on the command line.
+  bool given(const std::string& name) const;
+
+  std::string help() const;
+
+ private:
+  struct Flag {
+    std::string name, metavar, help, default_text;
+    bool is_switch = false;
+    bool given = false;
+    std::function<void(const std::string&)> set;  // throws UsageError
+    int section = -1;
+  };
+  void add(Flag flag);
+
+  std::string command_, summary_;
+  std::vector<Flag> flags_;
+  std::vector<std::string> sections_;
+  bool help_requested_ = false;
+};
+
+}  // namespace tandem::cli

@@ -1,0 +1,50 @@
+// tandem/data/dataset.h: the dataset interface every format implements.
+//
+// A dataset is a random-access collection of labelled images. The loader asks
+// for whole batches by index so that in-memory formats (IDX, CIFAR) can gather
+// with one index_select, while per-file formats (ImageFolder) decode sample by
+// sample. Contract: get_batch() is const and may be called from several
+// loader threads at once; the result depends only on (indices, epoch), which
+// is what makes runs reproducible whatever the number of workers or ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace tandem::data {
+
+struct Batch {
+  torch::Tensor inputs;   // [B, C, H, W] float32
+  torch::Tensor targets;  // [B] int64 class indices
+  int64_t size() const { return targets.defined() ? targets.size(0) : 0; }
+};
+
+struct DatasetInfo {
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t num_classes = 0;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual DatasetInfo info() const = 0;
+  // The samples at `indices`, in that order. `epoch` seeds random transforms.
+  virtual Batch get_batch(const std::vector<int64_t>& indices, int64_t epoch) const = 0;
+  // One line for logs, e.g. "idx:/usr/share/datasets/fashion-mnist train (60000 images)".
+  virtual std::string describe() const = 0;
+};
+
+// A training and an evaluation split of one data source.
+struct DataSplits {
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> test;
+};
+
+}  // namespace tandem::data

@@ -1,0 +1,17 @@
+// tandem/engine/atomic_file.h: replace a file all at once or not at all.
+//
+// The content goes to "<path>.tmp-<pid>", is flushed to disk (fsync), renamed
+// over <path>, and the directory is synced. A crash or a full disk leaves the
+// previous <path> untouched; the error names the path.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace tandem::engine {
+
+// `write_to(tmp_path)` writes the content to the given temporary path.
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string& tmp_path)>& write_to);
+
+}  // namespace tandem::engine

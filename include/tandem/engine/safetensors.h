@@ -1,0 +1,31 @@
+// tandem/engine/safetensors.h: the safetensors weight format.
+//
+// File layout: an 8-byte little-endian header length N, N bytes of JSON
+// ({"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+//   "__metadata__": {string: string}}), then the raw little-endian data.
+// Written atomically (temporary file + rename). The reader checks every
+// field and offset and throws tandem::Error naming the file on any defect.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace tandem::engine {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsFile {
+  NamedTensors tensors;  // in file order of their data
+  std::map<std::string, std::string> metadata;
+};
+
+SafetensorsFile read_safetensors(const std::string& path);
+
+}  // namespace tandem::engine

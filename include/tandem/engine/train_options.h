@@ -1,0 +1,46 @@
+// tandem/engine/train_options.h: everything a training run is told.
+//
+// The CLI fills this from flags (src/cli/train_flags.cpp holds the table and
+// the defaults shown by --help); library users fill it directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::engine {
+
+struct TrainOptions {
+  // Data
+  std::string data = "fashion-mnist";  // see data/source.h
+  std::string val_data;                // evaluation data; empty: data's test split
+  int64_t workers = 0;                 // loader threads (0: load on the training thread)
+
+  // Model
+  std::string model = "convnet";
+  double width_mult = 1.0;
+  std::string stem = "auto";
+
+  // Optimisation
+  int64_t epochs = 5;
+  int64_t batch_size = 256;  // global batch
+  double lr = 0.1;           // peak learning rate
+  double min_lr = 0.0;
+  double warmup_epochs = 0.0;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 5e-4;
+  double label_smoothing = 0.0;
+  int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
+
+  // Run
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+  uint64_t seed = 0;
+  std::string checkpoint_dir;   // empty: no checkpoints
+  int64_t checkpoint_every = 0; // also save every N steps (0: at epoch ends only)
+  bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
+  std::string metrics_out;      // JSON lines, one per epoch
+  std::string export_weights;   // safetensors file with the final weights
+  std::string progress = "auto";  // auto | bar | lines | off
+};
+
+}  // namespace tandem::engine

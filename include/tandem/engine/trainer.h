@@ -1,0 +1,68 @@
+// tandem/engine/trainer.h: the single-process training loop.
+//
+// One flat story, in run(): open the data, build the model and optimizer,
+// resume if asked, then for each epoch train (schedule, forward, loss,
+// backward, step), evaluate, record, checkpoint; finally export the weights.
+// Later strategies (DDP, DataParallel, pipeline) plug in around the step.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "tandem/data/dataset.h"
+#include "tandem/engine/metrics.h"
+#include "tandem/engine/train_options.h"
+#include "tandem/models/sequence.h"
+
+namespace tandem::engine {
+
+struct TrainResult {
+  std::vector<EpochMetrics> epochs;  // one per epoch trained in this run
+  int64_t steps = 0;                 // optimizer steps taken in all
+  double seconds = 0.0;              // wall time of this run
+  std::string last_checkpoint;       // empty when none was written
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  int64_t count = 0;
+};
+
+// Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no grad).
+EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
+                    const torch::Device& device);
+
+class Trainer {
+ public:
+  // Throws tandem::Error naming the flag for invalid options.
+  explicit Trainer(TrainOptions options, std::FILE* log = stderr);
+
+  TrainResult run();
+
+  models::Sequence& model() { return model_; }
+  const data::DataSplits& data() const { return data_; }
+  const TrainOptions& options() const { return options_; }
+
+  // The settings a checkpoint must share with the run that resumes it.
+  std::string fingerprint() const;
+
+ private:
+  void say(const std::string& line) const;
+
+  TrainOptions options_;
+  std::FILE* log_;
+  torch::Device device_;
+  data::DataSplits data_;
+  models::Sequence model_{nullptr};
+};
+
+// Parses "cpu", "cuda", "cuda:N"; throws tandem::Error naming --device if the
+// text is bad or CUDA is asked for but absent.
+torch::Device parse_device(const std::string& text);
+
+}  // namespace tandem::engine

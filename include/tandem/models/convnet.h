@@ -1,0 +1,16 @@
+// tandem/models/convnet.h: a small, fast convolutional classifier.
+//
+// Two conv(3x3)-BatchNorm-ReLU-maxpool blocks (32, 64 channels) and a
+// 128-unit hidden layer. No dropout, so a run is a deterministic function of
+// its seed. About 0.4M parameters at 28x28; >92% on Fashion-MNIST in a few
+// epochs on a CPU.
+#pragma once
+
+#include "tandem/models/options.h"
+#include "tandem/models/sequence.h"
+
+namespace tandem::models {
+
+Sequence convnet(const ModelOptions& options);
+
+}  // namespace tandem::models

@@ -1,0 +1,51 @@
+// tandem/models/sequence.h: an ordered, named, cloneable chain of modules.
+//
+// Every tandem model is a Sequence. It differs from torch::nn::Sequential in
+// three ways that the parallel layer needs:
+//  - it nests (Sequential cannot be stored in another Sequential);
+//  - clone() keeps the children's names, so a replica's named_parameters()
+//    match the original's (Sequential's clone renames them "0", "1", ...);
+//  - its top-level children are the units a pipeline split cuts between.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/nn.h>
+
+namespace tandem::models {
+
+class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
+ public:
+  SequenceImpl() = default;
+
+  // Appends `module` under `name` (its index when empty). Any module with a
+  // Tensor(Tensor) forward() fits, Sequence included.
+  template <typename ModuleType>
+  void push_back(std::string name, ModuleType module) {
+    push_back_any(std::move(name), torch::nn::AnyModule(std::move(module)));
+  }
+  template <typename ModuleType>
+  void push_back(ModuleType module) {
+    push_back(std::string(), std::move(module));
+  }
+  void push_back_any(std::string name, torch::nn::AnyModule module);
+
+  torch::Tensor forward(torch::Tensor x);
+
+  size_t size() const { return modules_.size(); }
+  const std::string& name(size_t index) const { return names_.at(index); }
+  torch::nn::AnyModule& at(size_t index) { return modules_.at(index); }
+
+  void reset() override {}
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<torch::nn::AnyModule> modules_;
+};
+TORCH_MODULE(Sequence);
+
+}  // namespace tandem::models

@@ -1,0 +1,39 @@
+// tandem/util/check.h: the one error type and the TANDEM_CHECK macro.
+//
+// Library code never exits or asserts: it throws tandem::Error with a message
+// that names the thing at fault (a file, a flag, a rank) and what was
+// expected. The CLI turns it into one line on stderr and a non-zero exit.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace tandem {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace tandem
+
+// TANDEM_CHECK(cond, parts...): throw tandem::Error(parts...) unless cond.
+#define TANDEM_CHECK(cond, ...)                                  \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      throw ::tandem::Error(::tandem::detail::str_cat(__VA_ARGS__)); \
+    }                                                            \
+  } while (0)
+
+// TANDEM_FAIL(parts...): throw unconditionally.
+#define TANDEM_FAIL(...) throw ::tandem::Error(::tandem::detail::str_cat(__VA_ARGS__))

@@ -1,0 +1,58 @@
+// tandem: subcommand dispatch and the one place errors become exit codes.
+#include <cstdio>
+#include <exception>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/flags.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+std::string top_help() {
+  return std::string(
+             "usage: tandem <command> [flags]\n\n"
+             "tandem trains neural networks on libtorch, on one or many devices.\n\n"
+             "commands:\n"
+             "  train     train and evaluate a model\n"
+             "  models    list the model names --model accepts\n"
+             "  version   print the version\n\n"
+             "`tandem <command> --help` describes one command. The train flags:\n\n") +
+         train_help();
+}
+
+// The first line of an exception's message (libtorch appends stack traces).
+std::string first_line(const char* what) {
+  std::string text(what);
+  return text.substr(0, text.find('\n'));
+}
+
+}  // namespace
+
+int main_command(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::printf("%s", top_help().c_str());
+      return args.empty() ? 2 : 0;
+    }
+    std::string command = args[0];
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (command == "train") return train_command(rest);
+    if (command == "models") return models_command(rest);
+    if (command == "version" || command == "--version") {
+      std::printf("tandem %s\n", kVersion);
+      return 0;
+    }
+    throw UsageError("unknown command '" + command + "' (commands: train, models, version)");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\ntandem: error: %s\n", first_line(e.what()).c_str());
+    return 1;
+  }
+}
+
+}  // namespace tandem::cli

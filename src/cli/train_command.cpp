@@ -1,0 +1,106 @@
+// tandem train: flags -> TrainOptions -> Trainer -> summary table.
+#include <cstdio>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/flags.h"
+#include "tandem/data/source.h"
+#include "tandem/engine/trainer.h"
+#include "tandem/models/registry.h"
+#include "tandem/util/table.h"
+
+namespace tandem::cli {
+namespace {
+
+// The flag table; defaults are those of engine::TrainOptions.
+FlagSet train_flags(engine::TrainOptions& o) {
+  FlagSet flags("tandem train", "Train a model on one device and evaluate it after every epoch.");
+  std::string models;
+  for (const auto& name : models::model_names()) models += (models.empty() ? "" : ", ") + name;
+  std::string specs;
+  for (const auto& line : data::data_spec_help()) specs += "\n        " + line;
+
+  flags.section("data");
+  flags.add_string("data", "SPEC", &o.data, "training data:" + specs + "\n      ");
+  flags.add_string("val-data", "SPEC", &o.val_data,
+                   "evaluation data (its test split); default: the test split of --data");
+  flags.add_int("workers", "N", &o.workers, "loader threads building batches ahead (0: none)", 0);
+
+  flags.section("model");
+  flags.add_string("model", "NAME", &o.model, "one of " + models);
+  flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3);
+  flags.add_choice("stem", &o.stem, {"auto", "imagenet", "cifar"},
+                   "resnet stem; auto picks cifar for images up to 64 px");
+
+  flags.section("optimisation");
+  flags.add_int("epochs", "N", &o.epochs, "passes over the training data", 1);
+  flags.add_int("batch-size", "N", &o.batch_size, "global batch size", 1);
+  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0);
+  flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
+  flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup length in epochs", 0);
+  flags.add_double("momentum", "X", &o.momentum, "SGD momentum", 0);
+  flags.add_switch("nesterov", &o.nesterov, "use Nesterov momentum");
+  flags.add_double("weight-decay", "X", &o.weight_decay, "L2 weight decay", 0);
+  flags.add_double("label-smoothing", "X", &o.label_smoothing, "cross-entropy label smoothing", 0);
+  flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
+
+  flags.section("run");
+  flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
+  flags.add_uint("seed", "N", &o.seed, "seed for initialisation and shuffling");
+  flags.add_string("checkpoint-dir", "DIR", &o.checkpoint_dir,
+                   "save a checkpoint there after every epoch (atomic writes)");
+  flags.add_int("checkpoint-every", "N", &o.checkpoint_every,
+                "also save every N optimizer steps (0: epoch ends only)", 0);
+  flags.add_switch("resume", &o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  flags.add_string("metrics-out", "FILE", &o.metrics_out, "write one JSON line per epoch");
+  flags.add_string("export-weights", "FILE", &o.export_weights,
+                   "write the final parameters and buffers as safetensors");
+  flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
+                   "live bar on a terminal (auto), plain lines, or nothing");
+  return flags;
+}
+
+void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
+  Table table({"epoch", "train loss", "train acc", "test loss", "test acc", "time (s)", "img/s"});
+  for (const auto& m : r.epochs) {
+    table.add_row({std::to_string(m.epoch) + (m.partial ? "*" : ""), format("%.4f", m.train_loss),
+                   format("%.2f%%", 100 * m.train_acc), format("%.4f", m.test_loss),
+                   format("%.2f%%", 100 * m.test_acc), format("%.1f", m.epoch_seconds),
+                   format("%.0f", m.images_per_second)});
+  }
+  std::printf("\n%s", table.render().c_str());
+  if (!r.epochs.empty() && r.epochs.back().partial) std::printf("* stopped by --max-steps\n");
+  double final_acc = r.epochs.empty() ? 0.0 : r.epochs.back().test_acc;
+  std::printf("\n%s on %s, batch %lld, device %s: test accuracy %.2f%% after %lld steps, %.1f s\n",
+              o.model.c_str(), o.data.c_str(), static_cast<long long>(o.batch_size),
+              o.device.c_str(), 100 * final_acc, static_cast<long long>(r.steps), r.seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+std::string train_help() {
+  engine::TrainOptions defaults;
+  return train_flags(defaults).help();
+}
+
+int train_command(const std::vector<std::string>& args) {
+  engine::TrainOptions options;
+  auto flags = train_flags(options);
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.help().c_str());
+    return 0;
+  }
+  engine::Trainer trainer(options);
+  auto result = trainer.run();
+  print_summary(options, result);
+  return 0;
+}
+
+int models_command(const std::vector<std::string>& args) {
+  if (!args.empty()) throw UsageError("tandem models takes no arguments");
+  for (const auto& name : models::model_names()) std::printf("%s\n", name.c_str());
+  return 0;
+}
+
+}  // namespace tandem::cli

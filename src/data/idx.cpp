@@ -1,0 +1,140 @@
+#include "tandem/data/idx.h"
+
+#include <zlib.h>
+
+#include <array>
+#include <filesystem>
+#include <memory>
+
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// gzread reads gzip and plain files alike.
+struct GzFile {
+  explicit GzFile(const std::string& path) : handle(gzopen(path.c_str(), "rb")) {}
+  ~GzFile() {
+    if (handle) gzclose(handle);
+  }
+  // Reads up to `n` bytes; throws on a decompression error.
+  int64_t read(void* out, int64_t n, const std::string& path) {
+    int64_t done = 0;
+    auto* bytes = static_cast<unsigned char*>(out);
+    while (done < n) {
+      unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n - done, 1 << 30));
+      int got = gzread(handle, bytes + done, chunk);
+      if (got < 0) {
+        int code = 0;
+        const char* message = gzerror(handle, &code);
+        TANDEM_FAIL(path, ": cannot read (", message, ")");
+      }
+      if (got == 0) break;
+      done += got;
+    }
+    return done;
+  }
+  gzFile handle;
+};
+
+uint32_t big_endian(const unsigned char* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
+
+std::string find_file(const fs::path& dir, const std::string& name) {
+  for (const auto& candidate : {dir / name, dir / (name + ".gz")}) {
+    if (fs::is_regular_file(candidate)) return candidate.string();
+  }
+  TANDEM_FAIL("idx:", dir.string(), ": missing ", name, " (or ", name, ".gz)");
+}
+
+}  // namespace
+
+torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
+  TANDEM_CHECK(fs::is_regular_file(path), path, ": no such file");
+  GzFile file(path);
+  TANDEM_CHECK(file.handle != nullptr, path, ": cannot open");
+  std::array<unsigned char, 4> magic{};
+  TANDEM_CHECK(file.read(magic.data(), 4, path) == 4, path,
+               ": truncated: expected a 4-byte IDX header");
+  uint32_t expected_magic = 0x0800u | static_cast<uint32_t>(expected_dims);
+  TANDEM_CHECK(big_endian(magic.data()) == expected_magic, path,
+               ": not an IDX file of unsigned bytes with ", expected_dims,
+               " dimensions: magic number ", format("0x%08x", big_endian(magic.data())),
+               ", expected ", format("0x%08x", expected_magic));
+  std::vector<int64_t> shape(expected_dims);
+  int64_t count = 1;
+  for (auto& dim : shape) {
+    unsigned char raw[4];
+    TANDEM_CHECK(file.read(raw, 4, path) == 4, path, ": truncated in the dimension sizes");
+    dim = big_endian(raw);
+    TANDEM_CHECK(dim > 0 && dim <= (int64_t(1) << 31), path, ": implausible dimension size ", dim);
+    count *= dim;
+    TANDEM_CHECK(count <= (int64_t(1) << 36), path, ": implausible total size");
+  }
+  auto tensor = torch::empty(shape, torch::kUInt8);
+  int64_t got = file.read(tensor.data_ptr<uint8_t>(), count, path);
+  TANDEM_CHECK(got == count, path, ": truncated: expected ", count, " bytes of data, found ", got);
+  unsigned char extra;
+  TANDEM_CHECK(file.read(&extra, 1, path) == 0, path, ": unexpected bytes after the ", count,
+               " bytes of data");
+  return tensor;
+}
+
+IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels, double mean, double std,
+                       std::string description)
+    : images_(std::move(images)),
+      labels_(std::move(labels)),
+      mean_(mean),
+      std_(std),
+      description_(std::move(description)) {
+  TANDEM_CHECK(images_.dim() == 3, description_, ": images must be [N, H, W]");
+  TANDEM_CHECK(labels_.dim() == 1 && labels_.size(0) == images_.size(0), description_,
+               ": ", images_.size(0), " images but ", labels_.size(0), " labels");
+  num_classes_ = labels_.numel() ? labels_.max().item<int64_t>() + 1 : 0;
+}
+
+DatasetInfo IdxDataset::info() const {
+  return {/*channels=*/1, images_.size(1), images_.size(2), num_classes_};
+}
+
+Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch*/) const {
+  auto index = torch::tensor(indices, torch::kInt64);
+  auto images = images_.index_select(0, index).to(torch::kFloat32);
+  images = images.div_(255.0).sub_(mean_).div_(std_).unsqueeze(1);
+  return {images, labels_.index_select(0, index).to(torch::kInt64)};
+}
+
+DataSplits open_idx(const std::string& dir) {
+  fs::path root(dir);
+  TANDEM_CHECK(fs::is_directory(root), "idx:", dir, ": no such directory");
+  auto load = [&](const std::string& prefix) {
+    auto images_path = find_file(root, prefix + "-images-idx3-ubyte");
+    auto labels_path = find_file(root, prefix + "-labels-idx1-ubyte");
+    auto images = read_idx(images_path, 3);
+    auto labels = read_idx(labels_path, 1);
+    TANDEM_CHECK(images.size(0) == labels.size(0), images_path, " holds ", images.size(0),
+                 " images but ", labels_path, " holds ", labels.size(0), " labels");
+    return std::make_pair(images, labels);
+  };
+  auto [train_images, train_labels] = load("train");
+  auto [test_images, test_labels] = load("t10k");
+  TANDEM_CHECK(train_images.sizes().slice(1) == test_images.sizes().slice(1), "idx:", dir,
+               ": training and test images differ in size");
+  auto pixels = train_images.to(torch::kFloat64).div_(255.0);
+  double mean = pixels.mean().item<double>();
+  double std = pixels.std().item<double>();
+  auto name = [&](const char* split, const torch::Tensor& images) {
+    return format("idx:%s %s (%lld images)", dir.c_str(), split,
+                  static_cast<long long>(images.size(0)));
+  };
+  return {std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
+                                       name("train", train_images)),
+          std::make_shared<IdxDataset>(test_images, test_labels, mean, std,
+                                       name("test", test_images))};
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,100 @@
+#include "tandem/data/loader.h"
+
+#include <algorithm>
+
+#include "tandem/util/check.h"
+
+namespace tandem::data {
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
+                       std::shared_ptr<const Sampler> sampler, LoaderOptions options)
+    : dataset_(std::move(dataset)), sampler_(std::move(sampler)), options_(options) {
+  TANDEM_CHECK(options_.batch_size > 0, "batch size must be positive, got ", options_.batch_size);
+  TANDEM_CHECK(options_.workers >= 0, "workers must be >= 0, got ", options_.workers);
+  TANDEM_CHECK(options_.prefetch_factor > 0, "prefetch factor must be positive");
+}
+
+int64_t DataLoader::num_batches() const {
+  int64_t n = sampler_->size();
+  return options_.drop_last ? n / options_.batch_size
+                            : (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+std::unique_ptr<EpochIterator> DataLoader::epoch(int64_t epoch, int64_t skip) const {
+  auto order = sampler_->indices(epoch);
+  std::vector<std::vector<int64_t>> batches;
+  int64_t total = num_batches();
+  for (int64_t b = std::max<int64_t>(skip, 0); b < total; ++b) {
+    auto begin = order.begin() + b * options_.batch_size;
+    auto end = order.begin() + std::min<int64_t>((b + 1) * options_.batch_size, order.size());
+    batches.emplace_back(begin, end);
+  }
+  return std::make_unique<EpochIterator>(dataset_, std::move(batches), epoch, options_.workers,
+                                         options_.workers * options_.prefetch_factor);
+}
+
+EpochIterator::EpochIterator(std::shared_ptr<const Dataset> dataset,
+                             std::vector<std::vector<int64_t>> batches, int64_t epoch,
+                             int64_t workers, int64_t capacity)
+    : dataset_(std::move(dataset)),
+      batches_(std::move(batches)),
+      epoch_(epoch),
+      capacity_(std::max<int64_t>(capacity, 1)) {
+  for (int64_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+}
+
+EpochIterator::~EpochIterator() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  space_.notify_all();
+  for (auto& thread : threads_) thread.join();
+}
+
+// Note [loader order]: workers claim batch positions in increasing order but
+// may finish out of order; a worker only claims position p when p is within
+// `capacity_` of the next batch to hand out, which bounds memory, and next()
+// waits for exactly position next_out_.
+void EpochIterator::work() {
+  while (true) {
+    size_t position;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      space_.wait(lock, [&] {
+        return stop_ || next_claim_ >= batches_.size() ||
+               next_claim_ < next_out_ + static_cast<size_t>(capacity_);
+      });
+      if (stop_ || next_claim_ >= batches_.size()) return;
+      position = next_claim_++;
+    }
+    try {
+      Batch batch = dataset_->get_batch(batches_[position], epoch_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_.emplace(position, std::move(batch));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      stop_ = true;
+    }
+    ready_.notify_all();
+    space_.notify_all();
+  }
+}
+
+std::optional<Batch> EpochIterator::next() {
+  if (next_out_ >= batches_.size()) return std::nullopt;
+  if (threads_.empty()) {
+    return dataset_->get_batch(batches_[next_out_++], epoch_);
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_.wait(lock, [&] { return error_ || done_.count(next_out_) > 0; });
+  if (error_) std::rethrow_exception(error_);
+  auto node = done_.extract(next_out_);
+  ++next_out_;
+  lock.unlock();
+  space_.notify_all();
+  return std::move(node.mapped());
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,49 @@
+#include "tandem/engine/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+namespace {
+
+void sync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  TANDEM_CHECK(fd >= 0, path, ": cannot open to sync: ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  TANDEM_CHECK(rc == 0, path, ": cannot sync to disk: ", std::strerror(err));
+}
+
+}  // namespace
+
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write_to) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    write_to(tmp);
+    sync_path(tmp, /*directory=*/false);
+    std::error_code ec;
+    fs::rename(tmp, target, ec);
+    TANDEM_CHECK(!ec, path, ": cannot rename the finished file into place: ", ec.message());
+    sync_path(dir.string(), /*directory=*/true);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    std::string message = e.what();
+    if (message.find(path) == std::string::npos) message = path + ": " + message;
+    TANDEM_FAIL(message);
+  }
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,147 @@
+#include "tandem/engine/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/atomic_file.h"
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::pair<torch::ScalarType, std::string>>& dtype_names() {
+  static const std::vector<std::pair<torch::ScalarType, std::string>> names = {
+      {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
+      {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"}, {torch::kInt32, "I32"},
+      {torch::kInt16, "I16"}, {torch::kInt8, "I8"}, {torch::kUInt8, "U8"},
+      {torch::kBool, "BOOL"}};
+  return names;
+}
+
+std::string dtype_name(torch::ScalarType type) {
+  for (const auto& [t, name] : dtype_names()) {
+    if (t == type) return name;
+  }
+  TANDEM_FAIL("safetensors: unsupported tensor type ", c10::toString(type));
+}
+
+std::optional<torch::ScalarType> dtype_from(const std::string& name) {
+  for (const auto& [t, n] : dtype_names()) {
+    if (n == name) return t;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> contiguous;
+  int64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    TANDEM_CHECK(!header.contains(name), path, ": duplicate tensor name '", name, "'");
+    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    header[name] = {{"dtype", dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    contiguous.push_back(t);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  write_atomically(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    TANDEM_CHECK(out, tmp, ": cannot create");
+    uint64_t length = text.size();
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));
+    out.write(reinterpret_cast<const char*>(le), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : contiguous) {
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * t.element_size()));
+    }
+    out.flush();
+    TANDEM_CHECK(out, tmp, ": write failed (disk full?)");
+  });
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TANDEM_CHECK(in, path, ": cannot open");
+  in.seekg(0, std::ios::end);
+  int64_t file_size = in.tellg();
+  in.seekg(0);
+  TANDEM_CHECK(file_size >= 8, path, ": not a safetensors file (shorter than its 8-byte header length)");
+  unsigned char le[8];
+  in.read(reinterpret_cast<char*>(le), 8);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | le[i];
+  TANDEM_CHECK(length <= static_cast<uint64_t>(file_size - 8) && length <= (100u << 20), path,
+               ": header length ", length, " exceeds the file (", file_size, " bytes)");
+  std::string text(length, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(length));
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    TANDEM_FAIL(path, ": header is not valid JSON (", e.what(), ")");
+  }
+  TANDEM_CHECK(header.is_object(), path, ": header must be a JSON object");
+  int64_t data_size = file_size - 8 - static_cast<int64_t>(length);
+  SafetensorsFile result;
+  std::vector<std::tuple<int64_t, std::string, torch::Tensor>> entries;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      TANDEM_CHECK(entry.is_object(), path, ": __metadata__ must be an object");
+      for (const auto& [k, v] : entry.items()) {
+        TANDEM_CHECK(v.is_string(), path, ": metadata value of '", k, "' must be a string");
+        result.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    auto where = [&] { return path + ": tensor '" + name + "'"; };
+    TANDEM_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                     entry.contains("data_offsets"),
+                 where(), ": expected dtype, shape and data_offsets");
+    TANDEM_CHECK(entry["dtype"].is_string(), where(), ": dtype must be a string");
+    auto dtype = dtype_from(entry["dtype"].get<std::string>());
+    TANDEM_CHECK(dtype, where(), ": unsupported dtype ", entry["dtype"].dump());
+    TANDEM_CHECK(entry["shape"].is_array(), where(), ": shape must be an array");
+    std::vector<int64_t> shape;
+    int64_t numel = 1;
+    for (const auto& d : entry["shape"]) {
+      TANDEM_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (uint64_t(1) << 40), where(),
+                   ": bad dimension ", d.dump());
+      shape.push_back(d.get<int64_t>());
+      numel *= shape.back();
+      TANDEM_CHECK(numel < (int64_t(1) << 40), where(), ": shape too large");
+    }
+    const auto& offsets = entry["data_offsets"];
+    TANDEM_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                     offsets[1].is_number_unsigned(),
+                 where(), ": data_offsets must be two non-negative integers");
+    int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
+    int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(*dtype));
+    TANDEM_CHECK(begin <= end && end <= data_size && end - begin == bytes, where(),
+                 ": data_offsets [", begin, ", ", end, "] do not hold ", bytes,
+                 " bytes within the ", data_size, " bytes of data");
+    auto tensor = torch::empty(shape, torch::TensorOptions().dtype(*dtype));
+    in.seekg(8 + static_cast<int64_t>(length) + begin);
+    in.read(static_cast<char*>(tensor.data_ptr()), bytes);
+    TANDEM_CHECK(in, where(), ": cannot read its data");
+    entries.emplace_back(begin, name, tensor);
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  for (auto& [begin, name, tensor] : entries) result.tensors.emplace_back(name, tensor);
+  return result;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,263 @@
+#include "tandem/engine/trainer.h"
+
+#include <cmath>
+
+#include "tandem/data/loader.h"
+#include "tandem/data/source.h"
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/models/registry.h"
+#include "tandem/optim/schedule.h"
+#include "tandem/util/check.h"
+#include "tandem/util/progress.h"
+#include "tandem/util/stopwatch.h"
+#include "tandem/util/table.h"
+
+namespace tandem::engine {
+
+torch::Device parse_device(const std::string& text) {
+  std::optional<torch::Device> device;
+  try {
+    device.emplace(text);
+  } catch (const std::exception&) {
+  }
+  TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()), "--device: expected cpu, cuda or cuda:N, got '", text, "'");
+  if (device->is_cuda()) {
+    TANDEM_CHECK(torch::cuda::is_available(), "--device ", text,
+                 ": no CUDA device is available on this machine");
+    TANDEM_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
+                 "--device ", text, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
+  }
+  return *device;
+}
+
+EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
+                    const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  bool was_training = model->is_training();
+  model->eval();
+  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
+                          std::make_shared<data::SequentialSampler>(dataset.size()),
+                          {/*batch_size=*/batch_size});
+  auto it = loader.epoch(0);
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  int64_t count = 0;
+  while (auto batch = it->next()) {
+    auto inputs = batch->inputs.to(device);
+    auto targets = batch->targets.to(device);
+    auto logits = model->forward(inputs);
+    loss_sum += torch::nn::functional::cross_entropy(
+        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    correct += logits.argmax(1).eq(targets).sum();
+    count += batch->size();
+  }
+  model->train(was_training);
+  if (count == 0) return {};
+  return {loss_sum.item<double>() / count, static_cast<double>(correct.item<int64_t>()) / count,
+          count};
+}
+
+Trainer::Trainer(TrainOptions options, std::FILE* log)
+    : options_(std::move(options)), log_(log), device_(parse_device(options_.device)) {
+  const auto& o = options_;
+  TANDEM_CHECK(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
+  TANDEM_CHECK(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
+  TANDEM_CHECK(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
+  TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
+  TANDEM_CHECK(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  TANDEM_CHECK(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
+  TANDEM_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1,
+               "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
+  TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
+               "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
+  TANDEM_CHECK(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
+  TANDEM_CHECK(o.workers >= 0, "--workers: expected >= 0, got ", o.workers);
+  TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
+                   o.progress == "off",
+               "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
+
+  data_ = data::open_data(o.data);
+  if (!o.val_data.empty()) data_.test = data::open_data(o.val_data).test;
+  auto info = data_.train->info();
+  auto test_info = data_.test->info();
+  TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&
+                   info.width == test_info.width,
+               "--val-data ", o.val_data, ": images differ in shape from --data ", o.data);
+
+  torch::manual_seed(o.seed);
+  models::ModelOptions model_options;
+  model_options.in_channels = info.channels;
+  model_options.num_classes = std::max(info.num_classes, test_info.num_classes);
+  model_options.image_size = info.height;
+  model_options.width_mult = o.width_mult;
+  model_options.stem = o.stem;
+  model_ = models::make_model(o.model, model_options);
+  model_->to(device_);
+}
+
+std::string Trainer::fingerprint() const {
+  const auto& o = options_;
+  return format("model=%s width=%g stem=%s data=%s epochs=%lld batch=%lld lr=%g min_lr=%g "
+                "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu",
+                o.model.c_str(), o.width_mult, o.stem.c_str(), o.data.c_str(),
+                static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
+                o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
+                o.label_smoothing, static_cast<unsigned long long>(o.seed));
+}
+
+void Trainer::say(const std::string& line) const {
+  if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", line.c_str());
+}
+
+TrainResult Trainer::run() {
+  const auto& o = options_;
+  Stopwatch run_clock;
+  TrainResult result;
+
+  // --- Set-up: loader, optimizer, schedule ---------------------------------
+  data::DataLoader loader(data_.train,
+                          std::make_shared<data::RandomSampler>(data_.train->size(), o.seed),
+                          {/*batch_size=*/o.batch_size, /*drop_last=*/false, o.workers});
+  const int64_t steps_per_epoch = loader.num_batches();
+  TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
+  torch::optim::SGD optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
+                                                        .momentum(o.momentum)
+                                                        .nesterov(o.nesterov)
+                                                        .weight_decay(o.weight_decay));
+  optim::CosineSchedule schedule(
+      {o.lr, o.min_lr, o.epochs * steps_per_epoch,
+       static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
+  auto loss_options = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
+
+  // --- Resume ----------------------------------------------------------------
+  std::optional<Checkpointer> checkpointer;
+  if (!o.checkpoint_dir.empty()) checkpointer.emplace(CheckpointOptions{o.checkpoint_dir});
+  TrainPosition position;
+  if (o.resume) {
+    if (auto path = checkpointer->latest()) {
+      position = checkpointer->load(*path, *model_, optimizer, fingerprint());
+      say(format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
+                 static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step)));
+    } else {
+      say("no checkpoint in " + o.checkpoint_dir + ": starting from the beginning");
+    }
+  }
+  MetricsWriter metrics;
+  if (!o.metrics_out.empty()) metrics = MetricsWriter(o.metrics_out, /*append=*/o.resume && position.step > 0);
+
+  say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
+             o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
+             data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
+             device_.str().c_str()));
+  auto save = [&] {
+    if (checkpointer) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+  };
+
+  // --- Epochs ----------------------------------------------------------------
+  bool stop = false;
+  for (; position.epoch < o.epochs && !stop; ++position.epoch) {
+    model_->train();
+    std::optional<Progress> progress;
+    if (log_ && o.progress != "off") {
+      progress.emplace(ProgressOptions{
+          format("epoch %lld/%lld", static_cast<long long>(position.epoch + 1),
+                 static_cast<long long>(o.epochs)),
+          steps_per_epoch, "img",
+          o.progress == "bar" || (o.progress == "auto" && is_terminal(log_)), 10.0, log_});
+    }
+    Stopwatch epoch_clock;
+    int64_t images_this_run = 0;
+    double lr = 0.0;
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+    auto sync_sums = [&] {  // fold the device-side sums into the position
+      position.epoch_loss_sum += loss_sum.item<double>();
+      position.epoch_correct += correct.item<int64_t>();
+      loss_sum.zero_();
+      correct.zero_();
+    };
+    auto it = loader.epoch(position.epoch, position.batch_in_epoch);
+    while (auto batch = it->next()) {
+      lr = schedule.lr(position.step);
+      optim::set_lr(optimizer, lr);
+      auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
+      auto targets = batch->targets.to(device_, /*non_blocking=*/true);
+      optimizer.zero_grad();
+      auto logits = model_->forward(inputs);
+      auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
+      loss.backward();
+      optimizer.step();
+
+      int64_t n = batch->size();
+      loss_sum += loss.detach().to(torch::kFloat64) * n;
+      correct += logits.detach().argmax(1).eq(targets).sum();
+      position.epoch_seen += n;
+      images_this_run += n;
+      ++position.batch_in_epoch;
+      ++position.step;
+      stop = o.max_steps > 0 && position.step >= o.max_steps;
+      bool last = position.batch_in_epoch == steps_per_epoch;
+      if (checkpointer && o.checkpoint_every > 0 && position.step % o.checkpoint_every == 0 && !last && !stop) {
+        sync_sums();
+        save();
+      }
+      if (progress && (position.batch_in_epoch % 10 == 0 || last)) {
+        sync_sums();
+        progress->update(position.batch_in_epoch, images_this_run,
+                         format("loss %.4f  lr %.4g", position.epoch_loss_sum / position.epoch_seen, lr));
+      }
+      if (stop) break;
+    }
+    it.reset();
+    sync_sums();
+    double train_seconds = epoch_clock.seconds();
+
+    EpochMetrics m;
+    m.epoch = position.epoch + 1;
+    m.step = position.step;
+    m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
+    m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
+    auto eval = evaluate(model_, *data_.test, o.batch_size, device_);
+    m.test_loss = eval.loss;
+    m.test_acc = eval.accuracy;
+    m.epoch_seconds = train_seconds;
+    m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
+    m.lr = lr;
+    m.partial = position.batch_in_epoch < steps_per_epoch;
+    if (progress) {
+      progress->finish(images_this_run, format("loss %.4f  test loss %.4f  test acc %.2f%%",
+                                               m.train_loss, m.test_loss, 100 * m.test_acc));
+    }
+    if (metrics.enabled()) metrics.write(m);
+    result.epochs.push_back(m);
+
+    if (!m.partial) {  // the next position is the start of the next epoch
+      position.batch_in_epoch = 0;
+      position.epoch_loss_sum = 0.0;
+      position.epoch_correct = 0;
+      position.epoch_seen = 0;
+      ++position.epoch;
+      save();
+      --position.epoch;  // the for loop advances it
+    } else {
+      save();
+    }
+  }
+
+  // --- Finish ----------------------------------------------------------------
+  if (!o.export_weights.empty()) {
+    NamedTensors tensors;
+    for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
+    for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
+    write_safetensors(o.export_weights, tensors,
+                      {{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}});
+    say("weights written to " + o.export_weights);
+  }
+  result.steps = position.step;
+  result.seconds = run_clock.seconds();
+  return result;
+}
+
+}  // namespace tandem::engine

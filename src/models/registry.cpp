@@ -1,0 +1,65 @@
+#include "tandem/models/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "tandem/models/convnet.h"
+#include "tandem/models/mobilenetv2.h"
+#include "tandem/models/resnet.h"
+#include "tandem/util/check.h"
+
+namespace tandem::models {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, ModelFactory> factories{
+      {"convnet", convnet},   {"resnet18", resnet18},       {"resnet34", resnet34},
+      {"resnet50", resnet50}, {"mobilenetv2", mobilenetv2},
+  };
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+std::string joined_names() {
+  std::string out;
+  for (const auto& name : model_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+void register_model(const std::string& name, ModelFactory factory) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  bool inserted = registry().factories.emplace(name, std::move(factory)).second;
+  TANDEM_CHECK(inserted, "model '", name, "' is already registered");
+}
+
+Sequence make_model(const std::string& name, const ModelOptions& options) {
+  ModelFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    auto it = registry().factories.find(name);
+    if (it != registry().factories.end()) factory = it->second;
+  }
+  TANDEM_CHECK(factory, "unknown model '", name, "' (known: ", joined_names(), ")");
+  return factory(options);
+}
+
+std::vector<std::string> model_names() {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<std::string> names;
+  for (const auto& entry : registry().factories) names.push_back(entry.first);
+  return names;
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+}  // namespace tandem::models

@@ -1,0 +1,24 @@
+#include "tandem/util/env.h"
+
+#include <cstdlib>
+
+#include "tandem/util/check.h"
+#include "tandem/util/parse.h"
+
+namespace tandem::env {
+
+std::optional<std::string> get(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+std::optional<long long> get_int(const std::string& name) {
+  auto value = get(name);
+  if (!value) return std::nullopt;
+  auto parsed = parse_int(*value);
+  TANDEM_CHECK(parsed, "environment variable ", name, ": expected an integer, got '", *value, "'");
+  return parsed;
+}
+
+}  // namespace tandem::env

@@ -1,0 +1,99 @@
+// End-to-end: the real `tandem` binary, as a user runs it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::run_tandem;
+using testing::TempDir;
+
+int count_lines(const std::string& text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+TEST(CliTest, HelpListsEveryTrainFlagWithDefaults) {
+  for (const std::string args : {"--help", "train --help"}) {
+    auto r = run_tandem(args);
+    EXPECT_EQ(r.exit_code, 0) << args;
+    for (const char* flag : {"--data SPEC", "--val-data", "--model NAME", "--epochs N", "--batch-size N",
+                             "--lr X", "--momentum X", "--weight-decay X", "--workers N", "--device DEV",
+                             "--seed N", "--max-steps N", "--checkpoint-dir DIR", "--resume",
+                             "--metrics-out FILE", "--export-weights FILE"}) {
+      EXPECT_NE(r.output.find(flag), std::string::npos) << args << " lacks " << flag;
+    }
+    EXPECT_NE(r.output.find("(default: fashion-mnist)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("(default: 256)"), std::string::npos) << r.output;
+  }
+}
+
+TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
+  auto r = run_tandem("train --bogus 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "tandem: error: unknown flag --bogus (see tandem train --help)\n");
+  r = run_tandem("train --epochs -3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "tandem: error: --epochs: expected a positive integer, got '-3'\n");
+  r = run_tandem("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(count_lines(r.output), 1) << r.output;
+}
+
+TEST(CliTest, MissingDataDirectoryIsNamed) {
+  auto r = run_tandem("train --data idx:/no/such/dir");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("tandem: error: idx:/no/such/dir: no such directory"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliTest, TruncatedIdxFileIsNamed) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 100, 20);
+  std::filesystem::resize_file(dir.file("train-images-idx3-ubyte"), 5000);
+  auto r = run_tandem("train --data idx:" + dir.path());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(dir.file("train-images-idx3-ubyte") + ": truncated"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliTest, CudaOnAMachineWithoutOneIsAClearError) {
+  auto r = run_tandem("train --device cuda --max-steps 1");
+  if (r.output.find("no CUDA device") == std::string::npos) {
+    // A machine with a GPU trains instead; either way the exit code is defined.
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+  }
+}
+
+TEST(CliTest, MaxStepsRunWritesItsMetricsLine) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 256, 64);
+  auto r = run_tandem("train --data idx:" + dir.path() + " --batch-size 32 --max-steps 3 --metrics-out " +
+                      dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(testing::read_text(dir.file("m.jsonl")));
+  EXPECT_EQ(j["step"], 3);
+  EXPECT_EQ(j["partial"], true);
+  EXPECT_NE(r.output.find("stopped by --max-steps"), std::string::npos) << r.output;
+}
+
+// The acceptance run: one epoch of convnet on Fashion-MNIST.
+TEST(CliTest, OneEpochOfFashionMnistReaches85Percent) {
+  TempDir dir;
+  auto r = run_tandem("train --data fashion-mnist --model convnet --epochs 1 --progress lines --metrics-out " +
+                      dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(testing::read_text(dir.file("m.jsonl")));
+  EXPECT_GE(j["test_acc"].get<double>(), 0.85) << r.output;
+  EXPECT_EQ(j["epoch"], 1);
+  EXPECT_NE(r.output.find("test acc"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+
+#include "tandem/cli/flags.h"
+
+namespace tandem::cli {
+namespace {
+
+struct Options {
+  int64_t epochs = 5;
+  double lr = 0.1;
+  std::string name = "x";
+  std::string mode = "a";
+  bool fast = false;
+};
+
+FlagSet make(Options& o) {
+  FlagSet flags("tool", "A tool.");
+  flags.add_int("epochs", "N", &o.epochs, "epochs", 1);
+  flags.add_double("lr", "X", &o.lr, "learning rate", 0);
+  flags.add_string("name", "S", &o.name, "a name");
+  flags.add_choice("mode", &o.mode, {"a", "b"}, "a mode");
+  flags.add_switch("fast", &o.fast, "go fast");
+  return flags;
+}
+
+std::string usage_error(const std::vector<std::string>& args) {
+  Options o;
+  auto flags = make(o);
+  try {
+    flags.parse(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(FlagsTest, ParsesBothFormsAndSwitches) {
+  Options o;
+  auto flags = make(o);
+  flags.parse({"--epochs", "3", "--lr=0.5", "--name", "--odd", "--mode=b", "--fast"});
+  EXPECT_EQ(o.epochs, 3);
+  EXPECT_DOUBLE_EQ(o.lr, 0.5);
+  EXPECT_EQ(o.name, "--odd");
+  EXPECT_EQ(o.mode, "b");
+  EXPECT_TRUE(o.fast);
+  EXPECT_TRUE(flags.given("lr"));
+  EXPECT_FALSE(flags.help_requested());
+}
+
+TEST(FlagsTest, MistakesAreOneLineNamingTheFlag) {
+  EXPECT_EQ(usage_error({"--epoch", "3"}), "unknown flag --epoch (see tool --help)");
+  EXPECT_EQ(usage_error({"--epochs", "0"}), "--epochs: expected a positive integer, got '0'");
+  EXPECT_EQ(usage_error({"--epochs", "three"}), "--epochs: expected a positive integer, got 'three'");
+  EXPECT_EQ(usage_error({"--lr", "-1"}), "--lr: expected a number >= 0, got '-1'");
+  EXPECT_EQ(usage_error({"--mode", "c"}), "--mode: expected one of a|b, got 'c'");
+  EXPECT_EQ(usage_error({"--fast=yes"}), "--fast takes no value, got 'yes'");
+  EXPECT_EQ(usage_error({"--epochs"}), "--epochs: missing value (N)");
+  EXPECT_EQ(usage_error({"stray"}), "unexpected argument 'stray' (flags start with --; see tool --help)");
+}
+
+TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
+  Options o;
+  o.lr = 0.25;
+  auto help = make(o).help();
+  EXPECT_NE(help.find("--epochs N"), std::string::npos) << help;
+  EXPECT_NE(help.find("(default: 5)"), std::string::npos) << help;
+  EXPECT_NE(help.find("(default: 0.25)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--mode a|b"), std::string::npos) << help;
+  EXPECT_NE(help.find("--fast"), std::string::npos) << help;
+  Options h;
+  auto flags = make(h);
+  flags.parse({"--epochs", "2", "--help", "--bogus"});
+  EXPECT_TRUE(flags.help_requested());
+}
+
+}  // namespace
+}  // namespace tandem::cli

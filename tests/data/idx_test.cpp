@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tandem/data/idx.h"
+#include "tandem/data/source.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::data {
+namespace {
+
+using testing::TempDir;
+
+// The message of the tandem::Error that `f` throws.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(IdxTest, ReadsPlainAndGzipFilesAlike) {
+  TempDir dir;
+  auto data = torch::arange(2 * 3 * 4, torch::kInt64).reshape({2, 3, 4}).to(torch::kUInt8);
+  testing::write_idx(dir.file("plain"), data, /*gzip=*/false);
+  testing::write_idx(dir.file("packed.gz"), data, /*gzip=*/true);
+  EXPECT_TRUE(torch::equal(read_idx(dir.file("plain"), 3), data));
+  EXPECT_TRUE(torch::equal(read_idx(dir.file("packed.gz"), 3), data));
+}
+
+TEST(IdxTest, WrongMagicNamesTheFileAndBothNumbers) {
+  TempDir dir;
+  testing::write_idx(dir.file("labels"), torch::zeros({5}, torch::kUInt8), false);
+  auto message = error_of([&] { read_idx(dir.file("labels"), 3); });
+  EXPECT_NE(message.find(dir.file("labels")), std::string::npos) << message;
+  EXPECT_NE(message.find("magic number 0x00000801, expected 0x00000803"), std::string::npos)
+      << message;
+}
+
+TEST(IdxTest, TruncatedDataNamesTheFileAndTheShortfall) {
+  TempDir dir;
+  testing::write_idx(dir.file("images"), torch::zeros({4, 28, 28}, torch::kUInt8), false);
+  std::filesystem::resize_file(dir.file("images"), 16 + 1000);
+  auto message = error_of([&] { read_idx(dir.file("images"), 3); });
+  EXPECT_NE(message.find(dir.file("images") + ": truncated: expected 3136 bytes of data, found 1000"),
+            std::string::npos)
+      << message;
+}
+
+TEST(IdxTest, TruncatedGzipIsAnErrorNotAShortRead) {
+  TempDir dir;
+  testing::write_idx(dir.file("images.gz"), torch::randint(0, 255, {64, 28, 28}).to(torch::kUInt8),
+                     true);
+  auto size = std::filesystem::file_size(dir.file("images.gz"));
+  std::filesystem::resize_file(dir.file("images.gz"), size / 2);
+  auto message = error_of([&] { read_idx(dir.file("images.gz"), 3); });
+  EXPECT_NE(message.find(dir.file("images.gz")), std::string::npos) << message;
+}
+
+TEST(IdxTest, TrailingBytesAreRejected) {
+  TempDir dir;
+  testing::write_idx(dir.file("labels"), torch::zeros({5}, torch::kUInt8), false);
+  std::ofstream(dir.file("labels"), std::ios::app) << "xyz";
+  EXPECT_NE(error_of([&] { read_idx(dir.file("labels"), 1); }).find("unexpected bytes"),
+            std::string::npos);
+}
+
+TEST(IdxTest, MissingDirectoryAndMissingFileAreNamed) {
+  EXPECT_EQ(error_of([] { open_data("idx:/no/such/dir"); }), "idx:/no/such/dir: no such directory");
+  TempDir dir;
+  EXPECT_NE(error_of([&] { open_data("idx:" + dir.path()); })
+                .find("missing train-images-idx3-ubyte (or train-images-idx3-ubyte.gz)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { open_data("cifar:/x"); }).find("unknown data spec 'cifar:/x'"),
+            std::string::npos);
+}
+
+TEST(IdxTest, DatasetNormalisesWithTrainingStatistics) {
+  TempDir dir;
+  auto train = testing::write_synthetic_idx(dir.path(), 200, 50, /*gzip=*/true);
+  auto splits = open_data("idx:" + dir.path());
+  ASSERT_EQ(splits.train->size(), 200);
+  ASSERT_EQ(splits.test->size(), 50);
+  auto info = splits.train->info();
+  EXPECT_EQ(info.channels, 1);
+  EXPECT_EQ(info.height, 28);
+  EXPECT_EQ(info.num_classes, 10);
+  auto batch = splits.train->get_batch({3, 0, 7}, /*epoch=*/0);
+  EXPECT_EQ(batch.inputs.sizes(), (std::vector<int64_t>{3, 1, 28, 28}));
+  EXPECT_EQ(batch.targets.scalar_type(), torch::kInt64);
+  auto pixels = train.to(torch::kFloat64) / 255.0;
+  auto expected = (pixels[3] - pixels.mean()) / pixels.std();
+  EXPECT_TRUE(torch::allclose(batch.inputs[0][0].to(torch::kFloat64), expected, 1e-5, 1e-5));
+}
+
+TEST(IdxTest, FashionMnistFromDebianHasTheKnownShape) {
+  auto splits = open_data("fashion-mnist");
+  EXPECT_EQ(splits.train->size(), 60000);
+  EXPECT_EQ(splits.test->size(), 10000);
+  EXPECT_EQ(splits.train->info().num_classes, 10);
+}
+
+}  // namespace
+}  // namespace tandem::data

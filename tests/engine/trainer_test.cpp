@@ -1,0 +1,202 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/engine/trainer.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::TempDir;
+
+// A small run on synthetic data: 512 training images, batch 64, 8 steps/epoch.
+TrainOptions small_run(const std::string& data_dir) {
+  TrainOptions o;
+  o.data = "idx:" + data_dir;
+  o.model = "convnet";
+  o.epochs = 2;
+  o.batch_size = 64;
+  o.lr = 0.05;
+  o.seed = 11;
+  o.progress = "off";
+  return o;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> state_of(Trainer& trainer) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& p : trainer.model()->named_parameters()) state.emplace_back(p.key(), p.value().clone());
+  for (const auto& b : trainer.model()->named_buffers()) state.emplace_back(b.key(), b.value().clone());
+  return state;
+}
+
+void expect_equal_states(const std::vector<std::pair<std::string, torch::Tensor>>& a,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::write_synthetic_idx(data_.path(), 512, 256); }
+  TempDir data_;
+};
+
+TEST_F(TrainerTest, LearnsTheSyntheticTask) {
+  auto o = small_run(data_.path());
+  Trainer trainer(o, nullptr);
+  auto result = trainer.run();
+  ASSERT_EQ(result.epochs.size(), 2u);
+  EXPECT_EQ(result.steps, 16);
+  EXPECT_GT(result.epochs.back().test_acc, 0.9);
+  EXPECT_LT(result.epochs.back().train_loss, result.epochs.front().train_loss);
+}
+
+TEST_F(TrainerTest, SameSeedSameWeightsOtherSeedOtherWeights) {
+  auto o = small_run(data_.path());
+  o.workers = 2;  // threads must not change the result
+  Trainer a(o, nullptr);
+  a.run();
+  o.workers = 0;
+  Trainer b(o, nullptr);
+  b.run();
+  expect_equal_states(state_of(a), state_of(b));
+  o.seed = 12;
+  Trainer c(o, nullptr);
+  c.run();
+  EXPECT_FALSE(torch::equal(state_of(a)[0].second, state_of(c)[0].second));
+}
+
+// Stopped mid-epoch by --max-steps, then resumed: the same final weights as
+// an uninterrupted run (momentum buffers, schedule, data order all restored).
+TEST_F(TrainerTest, ResumedRunEqualsUninterruptedRun) {
+  auto o = small_run(data_.path());
+  Trainer whole(o, nullptr);
+  auto whole_result = whole.run();
+
+  TempDir checkpoints;
+  o.checkpoint_dir = checkpoints.path();
+  o.max_steps = 11;  // epoch 2, batch 3 of 8
+  Trainer first(o, nullptr);
+  auto partial = first.run();
+  EXPECT_EQ(partial.steps, 11);
+  EXPECT_TRUE(partial.epochs.back().partial);
+  EXPECT_TRUE(std::filesystem::exists(checkpoints.file("checkpoint-00000011.pt")));
+
+  o.max_steps = 0;
+  o.resume = true;
+  Trainer second(o, nullptr);
+  auto rest = second.run();
+  EXPECT_EQ(rest.steps, 16);
+  ASSERT_EQ(rest.epochs.size(), 1u);
+  EXPECT_EQ(rest.epochs[0].epoch, 2);
+  expect_equal_states(state_of(whole), state_of(second));
+  // The epoch's training loss covers the batches before and after the stop.
+  EXPECT_NEAR(rest.epochs[0].train_loss, whole_result.epochs[1].train_loss, 1e-9);
+  EXPECT_EQ(rest.epochs[0].test_acc, whole_result.epochs[1].test_acc);
+}
+
+TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.epochs = 1;
+  Trainer(o, nullptr).run();
+  o.resume = true;
+  o.lr = 0.5;
+  Trainer other(o, nullptr);
+  try {
+    other.run();
+    FAIL() << "resumed with another learning rate";
+  } catch (const Error& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("cannot resume from " + checkpoints.file("checkpoint-00000008.pt")),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("other settings"), std::string::npos) << message;
+  }
+}
+
+TEST_F(TrainerTest, GarbageCheckpointIsRefusedWithItsName) {
+  TempDir checkpoints;
+  std::ofstream(checkpoints.file("checkpoint-00000003.pt")) << "not a checkpoint";
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.resume = true;
+  Trainer trainer(o, nullptr);
+  try {
+    trainer.run();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resume from " + checkpoints.file("checkpoint-00000003.pt") +
+                                         ": not a readable tandem checkpoint"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.epochs = 3;
+  o.checkpoint_dir = checkpoints.path();
+  Trainer(o, nullptr).run();
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000016.pt", "checkpoint-00000024.pt"}));
+}
+
+TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
+  TempDir out;
+  auto o = small_run(data_.path());
+  o.metrics_out = out.file("m.jsonl");
+  o.export_weights = out.file("w.safetensors");
+  Trainer trainer(o, nullptr);
+  auto result = trainer.run();
+  std::ifstream in(o.metrics_out);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    ++lines;
+    EXPECT_EQ(j["epoch"], lines);
+    EXPECT_EQ(j["step"], 8 * lines);
+    EXPECT_EQ(j["world_size"], 1);
+    for (const char* key : {"train_loss", "test_loss", "test_acc", "epoch_seconds", "images_per_second"}) {
+      EXPECT_TRUE(j[key].is_number()) << key;
+    }
+    EXPECT_DOUBLE_EQ(j["test_acc"].get<double>(), result.epochs[lines - 1].test_acc);
+  }
+  EXPECT_EQ(lines, 2);
+  auto file = read_safetensors(o.export_weights);
+  auto state = state_of(trainer);
+  expect_equal_states(file.tensors, state);
+}
+
+TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
+  auto o = small_run(data_.path());
+  o.warmup_epochs = 5;
+  try {
+    Trainer t(o, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--warmup-epochs: expected [0, --epochs), got 5");
+  }
+  o = small_run(data_.path());
+  o.device = "tpu";
+  EXPECT_THROW(Trainer(o, nullptr), Error);
+  o = small_run(data_.path());
+  o.resume = true;
+  EXPECT_THROW(Trainer(o, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace tandem::engine

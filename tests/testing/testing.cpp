@@ -1,0 +1,91 @@
+#include "testing.h"
+
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tandem::testing {
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "tandem-test-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+void write_idx(const std::string& path, const torch::Tensor& data, bool gzip) {
+  auto bytes = data.to(torch::kUInt8).contiguous();
+  std::string out;
+  out.push_back(0);
+  out.push_back(0);
+  out.push_back(0x08);
+  out.push_back(static_cast<char>(bytes.dim()));
+  for (auto size : bytes.sizes()) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((size >> shift) & 0xff));
+  }
+  out.append(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), bytes.numel());
+  if (gzip) {
+    gzFile file = gzopen(path.c_str(), "wb");
+    gzwrite(file, out.data(), static_cast<unsigned>(out.size()));
+    gzclose(file);
+  } else {
+    std::ofstream(path, std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
+  }
+}
+
+torch::Tensor write_synthetic_idx(const std::string& dir, int64_t train_count,
+                                  int64_t test_count, bool gzip) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto make = [&](int64_t n, const std::string& prefix) {
+    auto labels = torch::randint(0, 10, {n}, generator, torch::kInt64);
+    auto images = torch::randint(0, 90, {n, 28, 28}, generator, torch::kInt64);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = labels[i].item<int64_t>();
+      images[i].slice(0, 2 * k + 3, 2 * k + 5).add_(150);
+    }
+    std::string ext = gzip ? ".gz" : "";
+    write_idx(dir + "/" + prefix + "-images-idx3-ubyte" + ext, images, gzip);
+    write_idx(dir + "/" + prefix + "-labels-idx1-ubyte" + ext, labels, gzip);
+    return images.to(torch::kUInt8);
+  };
+  auto train = make(train_count, "train");
+  make(test_count, "t10k");
+  return train;
+}
+
+CommandResult run(const std::string& command_line) {
+  CommandResult result;
+  FILE* pipe = popen((command_line + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed");
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+CommandResult run_tandem(const std::string& args) {
+  return run(std::string(TANDEM_CLI) + " " + args);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+}  // namespace tandem::testing
