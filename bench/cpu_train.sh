@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# CPU training throughput, tandem (C++) against PyTorch eager (Python), same
+# wheel, same model, data, batch and optimizer, interleaved in one run.
+#
+#   bench/cpu_train.sh [ROUNDS]        (default 5 rounds per pair)
+#
+# For each case it alternates the two implementations ROUNDS times (one
+# process each, a few timed windows per process) and prints the medians and
+# their ratio. Results belong in docs/PERFORMANCE.md.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$repo/scripts/setup" >&2
+build=${TANDEM_BUILD:-$repo/build}
+py=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv-torch-2.11.0/bin/python
+rounds=${1:-5}
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+ips() { grep -o '"images_per_second": [0-9.]*' | awk '{print $2}'; }
+
+run_case() {
+  local label=$1; shift
+  local t=() p=()
+  for ((i = 0; i < rounds; i++)); do
+    t+=($("$build/bench/train_throughput" "$@" | ips))
+    p+=($("$py" -W ignore "$repo/bench/train_throughput.py" "$@" | ips))
+  done
+  local tm pm
+  tm=$(printf '%s\n' "${t[@]}" | median)
+  pm=$(printf '%s\n' "${p[@]}" | median)
+  printf '%-44s tandem %8.1f img/s   pytorch %8.1f img/s   ratio %.3f   (n=%d each)\n' \
+    "$label" "$tm" "$pm" "$(awk -v a="$tm" -v b="$pm" 'BEGIN {print a / b}')" "${#t[@]}"
+}
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null), threads: default"
+run_case "convnet, Fashion-MNIST, batch 256" --model convnet --data fashion-mnist --batch 256 --steps 20 --rounds 3
+run_case "resnet18 (CIFAR stem), random 3x32, batch 256" --model resnet18 --data random:3x32 --batch 256 --steps 2 --warmup 1 --rounds 1
