@@ -213,6 +213,7 @@ TrainResult Trainer::run() {
     it.reset();
     sync_sums();
     double train_seconds = epoch_clock.seconds();
+    if (progress) progress->freeze();
 
     EpochMetrics m;
     m.epoch = position.epoch + 1;
@@ -227,7 +228,7 @@ TrainResult Trainer::run() {
     m.lr = lr;
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
-      progress->finish(images_this_run, format("loss %.4f  test loss %.4f  test acc %.2f%%",
+      progress->finish(position.batch_in_epoch, images_this_run, format("loss %.4f  test loss %.4f  test acc %.2f%%",
                                                m.train_loss, m.test_loss, 100 * m.test_acc));
     }
     if (metrics.enabled()) metrics.write(m);

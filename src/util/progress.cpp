@@ -25,7 +25,7 @@ Progress::Progress(ProgressOptions options) : options_(std::move(options)) {}
 
 std::string Progress::line(int64_t done, int64_t items, const std::string& status,
                            bool bar) const {
-  double elapsed = clock_.seconds();
+  double elapsed = frozen_ >= 0 ? frozen_ : clock_.seconds();
   double rate = elapsed > 0 ? items / elapsed : 0.0;
   double eta = done > 0 ? elapsed * (options_.total - done) / done : NAN;
   std::ostringstream out;
@@ -38,7 +38,7 @@ std::string Progress::line(int64_t done, int64_t items, const std::string& statu
   char rate_text[32];
   std::snprintf(rate_text, sizeof rate_text, "%.0f", rate);
   out << done << '/' << options_.total << "  " << rate_text << ' ' << options_.unit << "/s";
-  if (done < options_.total) {
+  if (done < options_.total && frozen_ < 0) {
     out << "  eta " << format_duration(eta);
   } else {
     out << "  " << format_duration(elapsed);
@@ -62,8 +62,10 @@ void Progress::update(int64_t done, int64_t items, const std::string& status) {
   }
 }
 
-void Progress::finish(int64_t items, const std::string& status) {
-  std::string text = line(options_.total, items, status, options_.live);
+void Progress::freeze() { frozen_ = clock_.seconds(); }
+
+void Progress::finish(int64_t done, int64_t items, const std::string& status) {
+  std::string text = line(done, items, status, options_.live);
   if (options_.live) {
     std::fprintf(options_.out, "\r\033[K%s\n", text.c_str());
   } else {

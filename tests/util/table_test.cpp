@@ -29,3 +29,28 @@ TEST(FormatTest, PrintfStyle) {
 }
 
 }  // namespace tandem
+
+namespace tandem {
+
+TEST(ProgressTest, PlainLinesAndAFinalLineWithTheRealCount) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  {
+    Progress progress({"epoch 1/2", /*total=*/100, "img", /*live=*/false,
+                       /*line_interval=*/0.0, out});
+    progress.update(10, 640, "loss 1.0000");
+    progress.freeze();
+    progress.finish(30, 1920, "stopped");
+  }
+  std::fclose(out);
+  std::string text(buffer, size);
+  std::free(buffer);
+  EXPECT_NE(text.find("epoch 1/2 10/100  "), std::string::npos) << text;
+  EXPECT_NE(text.find("loss 1.0000\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("epoch 1/2 30/100  "), std::string::npos) << text;  // not 100/100
+  EXPECT_EQ(text.find("\r"), std::string::npos) << "plain mode must not redraw";
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+}
+
+}  // namespace tandem

@@ -28,8 +28,11 @@ class Progress {
   // `done` of `total` steps finished, `items` processed so far; `status` is
   // appended (e.g. "loss 0.4312").
   void update(int64_t done, int64_t items, const std::string& status);
-  // The final line (always printed).
-  void finish(int64_t items, const std::string& status);
+  // Stops the clock: rate and time in later lines cover the work up to now
+  // (call it before evaluation, say).
+  void freeze();
+  // The final line (always printed): `done` steps, `items` processed.
+  void finish(int64_t done, int64_t items, const std::string& status);
 
  private:
   std::string line(int64_t done, int64_t items, const std::string& status, bool bar) const;
@@ -37,6 +40,7 @@ class Progress {
   ProgressOptions options_;
   Stopwatch clock_;
   double last_print_ = -1.0;
+  double frozen_ = -1.0;  // elapsed seconds at freeze(), or -1
 };
 
 // True when the stream is a terminal.
