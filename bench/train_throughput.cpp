@@ -18,12 +18,14 @@
 #include "tandem/data/source.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/models/registry.h"
+#include "tandem/util/allocator.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stopwatch.h"
 
 using namespace tandem;
 
 int main(int argc, char** argv) {
+  tune_malloc_for_training();  // as the tandem binary does
   std::string model_name = "convnet", data_spec = "fashion-mnist", device_text = "cpu";
   int64_t batch = 256, steps = 30, warmup = 5, rounds = 3;
   cli::FlagSet flags("train_throughput", "Training-step throughput of one model.");

@@ -1,3 +1,7 @@
 #include "tandem/cli/commands.h"
+#include "tandem/util/allocator.h"
 
-int main(int argc, char** argv) { return tandem::cli::main_command(argc, argv); }
+int main(int argc, char** argv) {
+  tandem::tune_malloc_for_training();  // Note [malloc for training]
+  return tandem::cli::main_command(argc, argv);
+}

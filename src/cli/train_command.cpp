@@ -3,6 +3,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/models/registry.h"
@@ -17,13 +18,26 @@ FlagSet train_flags(engine::TrainOptions& o) {
   std::string models;
   for (const auto& name : models::model_names()) models += (models.empty() ? "" : ", ") + name;
   std::string specs;
+  std::string augments;
+  for (const auto& name : data::augment_names()) augments += (augments.empty() ? "" : ", ") + name;
   for (const auto& line : data::data_spec_help()) specs += "\n        " + line;
 
   flags.section("data");
   flags.add_string("data", "SPEC", &o.data, "training data:" + specs + "\n      ");
   flags.add_string("val-data", "SPEC", &o.val_data,
-                   "evaluation data (its test split); default: the test split of --data");
-  flags.add_int("workers", "N", &o.workers, "loader threads building batches ahead (0: none)", 0);
+                   "evaluation data (its test split, or a whole imagefolder); default: the "
+                   "test split of --data");
+  flags.add_int("workers", "N", &o.workers,
+                "loader threads decoding and augmenting batches ahead (0: none)", 0);
+  flags.add_string("augment", "NAME", &o.augment,
+                   "transform preset: " + augments + "; default: cifar for cifar data, "
+                   "imagenet for imagefolder, none otherwise");
+  flags.add_int("image-size", "N", &o.image_size,
+                "train and evaluate on N x N images (0: 32 for cifar, 224 for imagefolder, "
+                "native for idx)", 0);
+  flags.add_switch("skip-bad-images", &o.skip_bad_images,
+                   "leave unreadable images out of their batch (with a warning) instead of "
+                   "stopping");
 
   flags.section("model");
   flags.add_string("model", "NAME", &o.model, "one of " + models);
@@ -63,16 +77,20 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
   Table table({"epoch", "train loss", "train acc", "test loss", "test acc", "time (s)", "img/s"});
   for (const auto& m : r.epochs) {
     table.add_row({std::to_string(m.epoch) + (m.partial ? "*" : ""), format("%.4f", m.train_loss),
-                   format("%.2f%%", 100 * m.train_acc), format("%.4f", m.test_loss),
-                   format("%.2f%%", 100 * m.test_acc), format("%.1f", m.epoch_seconds),
+                   format("%.2f%%", 100 * m.train_acc),
+                   m.evaluated ? format("%.4f", m.test_loss) : "-",
+                   m.evaluated ? format("%.2f%%", 100 * m.test_acc) : "-",
+                   format("%.1f", m.epoch_seconds),
                    format("%.0f", m.images_per_second)});
   }
   std::printf("\n%s", table.render().c_str());
   if (!r.epochs.empty() && r.epochs.back().partial) std::printf("* stopped by --max-steps\n");
-  double final_acc = r.epochs.empty() ? 0.0 : r.epochs.back().test_acc;
-  std::printf("\n%s on %s, batch %lld, device %s: test accuracy %.2f%% after %lld steps, %.1f s\n",
+  bool evaluated = !r.epochs.empty() && r.epochs.back().evaluated;
+  std::string accuracy = evaluated ? format("test accuracy %.2f%%", 100 * r.epochs.back().test_acc)
+                                   : std::string("not evaluated");
+  std::printf("\n%s on %s, batch %lld, device %s: %s after %lld steps, %.1f s\n",
               o.model.c_str(), o.data.c_str(), static_cast<long long>(o.batch_size),
-              o.device.c_str(), 100 * final_acc, static_cast<long long>(r.steps), r.seconds);
+              o.device.c_str(), accuracy.c_str(), static_cast<long long>(r.steps), r.seconds);
   std::fflush(stdout);
 }
 

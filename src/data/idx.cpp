@@ -108,6 +108,10 @@ Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch
   return {images, labels_.index_select(0, index).to(torch::kInt64)};
 }
 
+std::string IdxSource::name(int64_t index) const {
+  return format("%s, image %lld", data_->describe().c_str(), static_cast<long long>(index));
+}
+
 DataSplits open_idx(const std::string& dir) {
   fs::path root(dir);
   TANDEM_CHECK(fs::is_directory(root), "idx:", dir, ": no such directory");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <c10/util/ParallelGuard.h>
+
 #include "tandem/util/check.h"
 
 namespace tandem::data {
@@ -29,18 +31,32 @@ std::unique_ptr<EpochIterator> DataLoader::epoch(int64_t epoch, int64_t skip) co
     auto end = order.begin() + std::min<int64_t>((b + 1) * options_.batch_size, order.size());
     batches.emplace_back(begin, end);
   }
-  return std::make_unique<EpochIterator>(dataset_, std::move(batches), epoch, options_.workers,
-                                         options_.workers * options_.prefetch_factor);
+  return std::make_unique<EpochIterator>(dataset_, std::move(batches), epoch, options_);
 }
 
 EpochIterator::EpochIterator(std::shared_ptr<const Dataset> dataset,
                              std::vector<std::vector<int64_t>> batches, int64_t epoch,
-                             int64_t workers, int64_t capacity)
+                             const LoaderOptions& options)
     : dataset_(std::move(dataset)),
       batches_(std::move(batches)),
       epoch_(epoch),
-      capacity_(std::max<int64_t>(capacity, 1)) {
-  for (int64_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+      capacity_(std::max<int64_t>(options.workers * options.prefetch_factor, 1)),
+      pin_memory_(options.pin_memory) {
+  for (int64_t w = 0; w < options.workers; ++w) {
+    threads_.emplace_back([this] {
+      c10::ParallelGuard serial(true);
+      work();
+    });
+  }
+}
+
+Batch EpochIterator::build(size_t position) const {
+  Batch batch = dataset_->get_batch(batches_[position], epoch_);
+  if (pin_memory_ && batch.size() > 0) {
+    batch.inputs = batch.inputs.pin_memory();
+    batch.targets = batch.targets.pin_memory();
+  }
+  return batch;
 }
 
 EpochIterator::~EpochIterator() {
@@ -69,7 +85,7 @@ void EpochIterator::work() {
       position = next_claim_++;
     }
     try {
-      Batch batch = dataset_->get_batch(batches_[position], epoch_);
+      Batch batch = build(position);
       std::lock_guard<std::mutex> lock(mutex_);
       done_.emplace(position, std::move(batch));
     } catch (...) {
@@ -85,7 +101,7 @@ void EpochIterator::work() {
 std::optional<Batch> EpochIterator::next() {
   if (next_out_ >= batches_.size()) return std::nullopt;
   if (threads_.empty()) {
-    return dataset_->get_batch(batches_[next_out_++], epoch_);
+    return build(next_out_++);
   }
   std::unique_lock<std::mutex> lock(mutex_);
   ready_.wait(lock, [&] { return error_ || done_.count(next_out_) > 0; });

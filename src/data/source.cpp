@@ -1,29 +1,119 @@
 #include "tandem/data/source.h"
 
+#include "tandem/data/augment.h"
+#include "tandem/data/cifar.h"
 #include "tandem/data/idx.h"
+#include "tandem/data/image_folder.h"
 #include "tandem/util/check.h"
 
 namespace tandem::data {
 
 namespace {
+
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// Per-channel statistics the presets normalise with.
+const std::vector<double> kCifar10Mean = {0.4914, 0.4822, 0.4465};
+const std::vector<double> kCifar10Std = {0.2470, 0.2435, 0.2616};
+const std::vector<double> kCifar100Mean = {0.5071, 0.4865, 0.4409};
+const std::vector<double> kCifar100Std = {0.2673, 0.2564, 0.2762};
+const std::vector<double> kImageNetMean = {0.485, 0.456, 0.406};
+const std::vector<double> kImageNetStd = {0.229, 0.224, 0.225};
+
+struct Spec {
+  std::string kind, path;
+};
+
+Spec parse_spec(const std::string& spec) {
+  if (spec == "fashion-mnist") return {"idx", kFashionMnistDir};
+  auto colon = spec.find(':');
+  Spec s{spec.substr(0, colon), colon == std::string::npos ? "" : spec.substr(colon + 1)};
+  bool known = s.kind == "idx" || s.kind == "cifar10" || s.kind == "cifar100" ||
+               s.kind == "imagefolder";
+  TANDEM_CHECK(known, "unknown data spec '", spec,
+               "': expected fashion-mnist, idx:DIR, cifar10:DIR, cifar100:DIR or imagefolder:DIR");
+  TANDEM_CHECK(!s.path.empty(), "data spec '", spec, "': expected ", s.kind, ":DIR");
+  return s;
 }
 
-DataSplits open_data(const std::string& spec) {
-  if (spec == "fashion-mnist") return open_idx(kFashionMnistDir);
-  auto colon = spec.find(':');
-  std::string kind = spec.substr(0, colon);
-  std::string path = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  if (kind == "idx") {
-    TANDEM_CHECK(!path.empty(), "data spec '", spec, "': expected idx:DIR");
-    return open_idx(path);
-  }
-  TANDEM_FAIL("unknown data spec '", spec, "': expected fashion-mnist or idx:DIR");
+AugmentOptions augment_options(const DataOptions& o, const std::string& default_augment,
+                               int64_t default_size, std::vector<double> mean,
+                               std::vector<double> std) {
+  TANDEM_CHECK(o.image_size >= 0, "--image-size: expected a positive size, got ", o.image_size);
+  AugmentOptions a;
+  a.name = o.augment.empty() ? default_augment : o.augment;
+  a.image_size = o.image_size > 0 ? o.image_size : default_size;
+  a.mean = std::move(mean);
+  a.std = std::move(std);
+  return a;
+}
+
+TransformedDatasetOptions dataset_options(const DataOptions& o) {
+  return {/*seed=*/o.seed, /*skip_bad_images=*/o.skip_bad_images};
+}
+
+std::shared_ptr<const Dataset> transformed(std::shared_ptr<const ImageSource> source,
+                                           TransformPtr transform, const DataOptions& o) {
+  return std::make_shared<TransformedDataset>(std::move(source), std::move(transform),
+                                              dataset_options(o));
+}
+
+// IDX: the in-memory fast path unless a preset or a size asks for transforms.
+DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
+  auto splits = open_idx(dir);
+  auto train = std::static_pointer_cast<const IdxDataset>(splits.train);
+  auto info = train->info();
+  bool plain = (o.augment.empty() || o.augment == "none") &&
+               (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
+  if (plain) return splits;
+  auto a = augment_options(o, "none", 0, {train->mean()}, {train->std()});
+  auto test = std::static_pointer_cast<const IdxDataset>(splits.test);
+  return {transformed(std::make_shared<IdxSource>(train),
+                      make_train_transform(a, info.height, info.width), o),
+          transformed(std::make_shared<IdxSource>(test),
+                      make_eval_transform(a, info.height, info.width), o)};
+}
+
+DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOptions& o) {
+  auto cifar = open_cifar(dir, kind);
+  bool ten = kind == CifarKind::kCifar10;
+  auto a = augment_options(o, "cifar", 32, ten ? kCifar10Mean : kCifar100Mean,
+                           ten ? kCifar10Std : kCifar100Std);
+  return {transformed(cifar.train, make_train_transform(a, 32, 32), o),
+          transformed(cifar.test, make_eval_transform(a, 32, 32), o)};
+}
+
+AugmentOptions image_folder_augment(const DataOptions& o) {
+  return augment_options(o, "imagenet", 224, kImageNetMean, kImageNetStd);
+}
+
+}  // namespace
+
+DataSplits open_data(const std::string& spec, const DataOptions& options) {
+  auto s = parse_spec(spec);
+  if (s.kind == "idx") return open_idx_spec(s.path, options);
+  if (s.kind == "cifar10") return open_cifar_spec(s.path, CifarKind::kCifar10, options);
+  if (s.kind == "cifar100") return open_cifar_spec(s.path, CifarKind::kCifar100, options);
+  // imagefolder: native size unknown (it varies by image), hence 0.
+  auto a = image_folder_augment(options);
+  return {transformed(std::make_shared<ImageFolderSource>(s.path), make_train_transform(a, 0, 0),
+                      options),
+          nullptr};
+}
+
+std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options) {
+  auto s = parse_spec(spec);
+  if (s.kind != "imagefolder") return open_data(spec, options).test;
+  return transformed(std::make_shared<ImageFolderSource>(s.path),
+                     make_eval_transform(image_folder_augment(options), 0, 0), options);
 }
 
 std::vector<std::string> data_spec_help() {
-  return {"fashion-mnist  Fashion-MNIST from Debian's dataset-fashion-mnist",
-          "idx:DIR        MNIST-layout IDX files in DIR (plain or .gz)"};
+  return {"fashion-mnist     Fashion-MNIST from Debian's dataset-fashion-mnist",
+          "idx:DIR           MNIST-layout IDX files in DIR (plain or .gz)",
+          "cifar10:DIR       CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin)",
+          "cifar100:DIR      CIFAR-100 binary (train.bin, test.bin), fine labels",
+          "imagefolder:DIR   DIR/<class>/<image>, JPEG or PNG (evaluate with --val-data)"};
 }
 
 }  // namespace tandem::data

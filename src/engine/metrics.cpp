@@ -12,8 +12,13 @@ std::string to_json_line(const EpochMetrics& m) {
   j["step"] = m.step;
   j["train_loss"] = m.train_loss;
   j["train_acc"] = m.train_acc;
-  j["test_loss"] = m.test_loss;
-  j["test_acc"] = m.test_acc;
+  if (m.evaluated) {
+    j["test_loss"] = m.test_loss;
+    j["test_acc"] = m.test_acc;
+  } else {
+    j["test_loss"] = nullptr;
+    j["test_acc"] = nullptr;
+  }
   j["epoch_seconds"] = m.epoch_seconds;
   j["images_per_second"] = m.images_per_second;
   j["lr"] = m.lr;

@@ -31,19 +31,30 @@ torch::Device parse_device(const std::string& text) {
   return *device;
 }
 
+namespace {
+data::LoaderOptions loader_options(int64_t batch_size, int64_t workers, const torch::Device& device) {
+  data::LoaderOptions options;
+  options.batch_size = batch_size;
+  options.workers = workers;
+  options.pin_memory = device.is_cuda();
+  return options;
+}
+}  // namespace
+
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device) {
+                    const torch::Device& device, int64_t workers) {
   torch::NoGradGuard no_grad;
   bool was_training = model->is_training();
   model->eval();
   data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
                           std::make_shared<data::SequentialSampler>(dataset.size()),
-                          {/*batch_size=*/batch_size});
+                          loader_options(batch_size, workers, device));
   auto it = loader.epoch(0);
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   int64_t count = 0;
   while (auto batch = it->next()) {
+    if (batch->size() == 0) continue;
     auto inputs = batch->inputs.to(device);
     auto targets = batch->targets.to(device);
     auto logits = model->forward(inputs);
@@ -78,13 +89,20 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                    o.progress == "off",
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
-  data_ = data::open_data(o.data);
-  if (!o.val_data.empty()) data_.test = data::open_data(o.val_data).test;
+  data::DataOptions data_options;
+  data_options.augment = o.augment;
+  data_options.image_size = o.image_size;
+  data_options.seed = o.seed;
+  data_options.skip_bad_images = o.skip_bad_images;
+  data_ = data::open_data(o.data, data_options);
+  if (!o.val_data.empty()) data_.test = data::open_eval_data(o.val_data, data_options);
   auto info = data_.train->info();
-  auto test_info = data_.test->info();
+  auto test_info = data_.test ? data_.test->info() : info;
   TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&
                    info.width == test_info.width,
-               "--val-data ", o.val_data, ": images differ in shape from --data ", o.data);
+               "--val-data ", o.val_data, ": images are ", test_info.channels, "x",
+               test_info.height, "x", test_info.width, " after transforms, but ",
+               info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
 
   torch::manual_seed(o.seed);
   models::ModelOptions model_options;
@@ -99,12 +117,21 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
-  return format("model=%s width=%g stem=%s data=%s epochs=%lld batch=%lld lr=%g min_lr=%g "
+  return format("model=%s width=%g stem=%s data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu",
-                o.model.c_str(), o.width_mult, o.stem.c_str(), o.data.c_str(),
-                static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
+                o.model.c_str(), o.width_mult, o.stem.c_str(), o.data.c_str(), o.augment.c_str(),
+                static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed));
+}
+
+void Trainer::report_warnings() const {
+  for (const auto* dataset : {data_.train.get(), data_.test.get()}) {
+    if (dataset == nullptr) continue;
+    for (const auto& line : dataset->drain_warnings()) {
+      if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+    }
+  }
 }
 
 void Trainer::say(const std::string& line) const {
@@ -119,7 +146,7 @@ TrainResult Trainer::run() {
   // --- Set-up: loader, optimizer, schedule ---------------------------------
   data::DataLoader loader(data_.train,
                           std::make_shared<data::RandomSampler>(data_.train->size(), o.seed),
-                          {/*batch_size=*/o.batch_size, /*drop_last=*/false, o.workers});
+                          loader_options(o.batch_size, o.workers, device_));
   const int64_t steps_per_epoch = loader.num_batches();
   TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
   torch::optim::SGD optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
@@ -147,6 +174,7 @@ TrainResult Trainer::run() {
   MetricsWriter metrics;
   if (!o.metrics_out.empty()) metrics = MetricsWriter(o.metrics_out, /*append=*/o.resume && position.step > 0);
 
+  if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
@@ -180,6 +208,10 @@ TrainResult Trainer::run() {
     };
     auto it = loader.epoch(position.epoch, position.batch_in_epoch);
     while (auto batch = it->next()) {
+      if (batch->size() == 0) {  // every image of it was skipped as unreadable
+        ++position.batch_in_epoch;
+        continue;
+      }
       lr = schedule.lr(position.step);
       optim::set_lr(optimizer, lr);
       auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
@@ -220,16 +252,23 @@ TrainResult Trainer::run() {
     m.step = position.step;
     m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
-    auto eval = evaluate(model_, *data_.test, o.batch_size, device_);
-    m.test_loss = eval.loss;
-    m.test_acc = eval.accuracy;
+    if (data_.test) {
+      auto eval = evaluate(model_, *data_.test, o.batch_size, device_, o.workers);
+      m.test_loss = eval.loss;
+      m.test_acc = eval.accuracy;
+    } else {
+      m.evaluated = false;
+    }
+    report_warnings();
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
-      progress->finish(position.batch_in_epoch, images_this_run, format("loss %.4f  test loss %.4f  test acc %.2f%%",
-                                               m.train_loss, m.test_loss, 100 * m.test_acc));
+      progress->finish(position.batch_in_epoch, images_this_run,
+                       m.evaluated ? format("loss %.4f  test loss %.4f  test acc %.2f%%",
+                                            m.train_loss, m.test_loss, 100 * m.test_acc)
+                                   : format("loss %.4f", m.train_loss));
     }
     if (metrics.enabled()) metrics.write(m);
     result.epochs.push_back(m);

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "tandem/data/image_io.h"
+
 namespace tandem::testing {
 
 TempDir::TempDir() {
@@ -63,6 +65,69 @@ torch::Tensor write_synthetic_idx(const std::string& dir, int64_t train_count,
   auto train = make(train_count, "train");
   make(test_count, "t10k");
   return train;
+}
+
+namespace {
+// Ten colours far apart in RGB.
+const int kPalette[10][3] = {{220, 30, 30},  {30, 200, 40},  {40, 60, 220}, {230, 220, 40},
+                             {210, 40, 200}, {40, 210, 220}, {235, 235, 235}, {50, 50, 50},
+                             {240, 140, 20}, {120, 40, 160}};
+
+torch::Tensor coloured(int64_t label, int64_t height, int64_t width, at::Generator& generator) {
+  auto noise = torch::randint(-30, 31, {3, height, width}, generator, torch::kInt64);
+  auto colour = torch::tensor({kPalette[label % 10][0], kPalette[label % 10][1],
+                               kPalette[label % 10][2]},
+                              torch::kInt64)
+                    .view({3, 1, 1});
+  return (colour + noise).clamp(0, 255).to(torch::kUInt8);
+}
+}  // namespace
+
+ImagesAndLabels write_synthetic_cifar(const std::string& dir, int64_t train_per_batch,
+                                      int64_t test_count) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(4321);
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, int64_t n) {
+    auto labels = torch::randint(0, 10, {n}, generator, torch::kInt64);
+    std::vector<torch::Tensor> images;
+    std::ofstream out(dir + "/" + name, std::ios::binary);
+    for (int64_t i = 0; i < n; ++i) {
+      auto image = coloured(labels[i].item<int64_t>(), 32, 32, generator).contiguous();
+      images.push_back(image);
+      char label = static_cast<char>(labels[i].item<int64_t>());
+      out.write(&label, 1);
+      out.write(reinterpret_cast<const char*>(image.data_ptr<uint8_t>()), 3072);
+    }
+    return ImagesAndLabels{torch::stack(images), labels};
+  };
+  std::vector<torch::Tensor> images, labels;
+  for (int b = 1; b <= 5; ++b) {
+    auto part = write("data_batch_" + std::to_string(b) + ".bin", train_per_batch);
+    images.push_back(part.images);
+    labels.push_back(part.labels);
+  }
+  write("test_batch.bin", test_count);
+  return {torch::cat(images), torch::cat(labels)};
+}
+
+void write_synthetic_image_folder(const std::string& dir, int64_t classes, int64_t per_class,
+                                  int64_t size) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(99);
+  for (int64_t c = 0; c < classes; ++c) {
+    std::string folder = dir + "/c" + std::to_string(c);
+    std::filesystem::create_directories(folder);
+    for (int64_t i = 0; i < per_class; ++i) {
+      int64_t h = size + (i * 3) % 9, w = size + (i * 5) % 9;
+      auto image = coloured(c, h, w, generator);
+      char name[32];
+      std::snprintf(name, sizeof name, "/img%03d", static_cast<int>(i));
+      if (i % 2 == 0) {
+        data::write_jpeg(folder + name + ".jpg", image, 92);
+      } else {
+        data::write_png(folder + name + ".png", image);
+      }
+    }
+  }
 }
 
 CommandResult run(const std::string& command_line) {

@@ -31,6 +31,23 @@ void write_idx(const std::string& path, const torch::Tensor& data, bool gzip);
 torch::Tensor write_synthetic_idx(const std::string& dir, int64_t train_count,
                                   int64_t test_count, bool gzip = false);
 
+// A learnable data set in CIFAR-10's binary layout under `dir`:
+// data_batch_1..5.bin with `train_per_batch` records each and test_batch.bin
+// with `test_count`. Class k is the k-th of ten distinct colours, with noise.
+// Returns the training images [N, 3, 32, 32] uint8 and labels [N] int64, in
+// file order.
+struct ImagesAndLabels {
+  torch::Tensor images, labels;
+};
+ImagesAndLabels write_synthetic_cifar(const std::string& dir, int64_t train_per_batch,
+                                      int64_t test_count);
+
+// An ImageFolder tree under `dir`: class folders c0, c1, ... with `per_class`
+// images each, coloured by class as above, alternately JPEG (.jpg) and PNG
+// (.png), of sizes varying between `size` and `size` + 8.
+void write_synthetic_image_folder(const std::string& dir, int64_t classes, int64_t per_class,
+                                  int64_t size);
+
 struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together

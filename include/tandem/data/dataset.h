@@ -39,6 +39,9 @@ class Dataset {
   virtual Batch get_batch(const std::vector<int64_t>& indices, int64_t epoch) const = 0;
   // One line for logs, e.g. "idx:/usr/share/datasets/fashion-mnist train (60000 images)".
   virtual std::string describe() const = 0;
+  // Warnings gathered since the last call (e.g. images skipped as unreadable),
+  // one line each; the trainer prints them. Thread-safe.
+  virtual std::vector<std::string> drain_warnings() const { return {}; }
 };
 
 // A training and an evaluation split of one data source.

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include "tandem/data/dataset.h"
+#include "tandem/data/image_dataset.h"
 
 namespace tandem::data {
 
@@ -33,12 +34,29 @@ class IdxDataset : public Dataset {
 
   const torch::Tensor& images() const { return images_; }
   const torch::Tensor& labels() const { return labels_; }
+  double mean() const { return mean_; }
+  double std() const { return std_; }
 
  private:
   torch::Tensor images_, labels_;
   double mean_, std_;
   int64_t num_classes_;
   std::string description_;
+};
+
+// The same images as raw samples (uint8 [1, H, W]) for transform pipelines.
+class IdxSource : public ImageSource {
+ public:
+  explicit IdxSource(std::shared_ptr<const IdxDataset> data) : data_(std::move(data)) {}
+  int64_t size() const override { return data_->size(); }
+  int64_t num_classes() const override { return data_->info().num_classes; }
+  torch::Tensor image(int64_t index) const override { return data_->images()[index].unsqueeze(0); }
+  int64_t label(int64_t index) const override { return data_->labels()[index].item<int64_t>(); }
+  std::string name(int64_t index) const override;
+  std::string describe() const override { return data_->describe(); }
+
+ private:
+  std::shared_ptr<const IdxDataset> data_;
 };
 
 // Opens DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]. Both splits are

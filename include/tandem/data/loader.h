@@ -5,6 +5,10 @@
 // queue (prefetch_factor batches per worker); batches still come out in
 // sampler order. A worker's exception is rethrown by next(). Destroying an
 // EpochIterator (finished or not) stops and joins its workers.
+//
+// Worker threads run libtorch operations with intra-op parallelism off
+// (c10::ParallelGuard): the workers themselves are the parallelism, and the
+// training thread keeps torch's thread pool to itself.
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +31,7 @@ struct LoaderOptions {
   bool drop_last = false;     // drop a final batch smaller than batch_size
   int64_t workers = 0;        // threads building batches ahead
   int64_t prefetch_factor = 2;
+  bool pin_memory = false;    // page-lock batches (for fast, asynchronous copies to CUDA)
 };
 
 class EpochIterator;
@@ -53,7 +58,7 @@ class DataLoader {
 class EpochIterator {
  public:
   EpochIterator(std::shared_ptr<const Dataset> dataset, std::vector<std::vector<int64_t>> batches,
-                int64_t epoch, int64_t workers, int64_t capacity);
+                int64_t epoch, const LoaderOptions& options);
   ~EpochIterator();
   EpochIterator(const EpochIterator&) = delete;
   EpochIterator& operator=(const EpochIterator&) = delete;
@@ -63,11 +68,13 @@ class EpochIterator {
 
  private:
   void work();
+  Batch build(size_t position) const;
 
   std::shared_ptr<const Dataset> dataset_;
   std::vector<std::vector<int64_t>> batches_;
   int64_t epoch_;
   int64_t capacity_;
+  bool pin_memory_;
   size_t next_out_ = 0;  // next batch to hand out
 
   // Guarded by mutex_: the next batch a worker should build, finished batches

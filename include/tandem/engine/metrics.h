@@ -14,6 +14,7 @@ struct EpochMetrics {
   double train_acc = 0.0;
   double test_loss = 0.0;
   double test_acc = 0.0;  // 0..1
+  bool evaluated = true;  // false: no evaluation data (test_* written as null)
   double epoch_seconds = 0.0;
   double images_per_second = 0.0;
   double lr = 0.0;  // learning rate of the last step

@@ -14,6 +14,9 @@ struct TrainOptions {
   std::string data = "fashion-mnist";  // see data/source.h
   std::string val_data;                // evaluation data; empty: data's test split
   int64_t workers = 0;                 // loader threads (0: load on the training thread)
+  std::string augment;                 // transform preset (data/augment.h); empty: the data's default
+  int64_t image_size = 0;              // images resized/cropped to this (0: the data's default)
+  bool skip_bad_images = false;        // leave unreadable images out, with a warning
 
   // Model
   std::string model = "convnet";

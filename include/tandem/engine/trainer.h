@@ -33,9 +33,10 @@ struct EvalResult {
   int64_t count = 0;
 };
 
-// Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no grad).
+// Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no
+// grad), with `workers` loader threads.
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device);
+                    const torch::Device& device, int64_t workers = 0);
 
 class Trainer {
  public:
@@ -53,6 +54,7 @@ class Trainer {
 
  private:
   void say(const std::string& line) const;
+  void report_warnings() const;
 
   TrainOptions options_;
   std::FILE* log_;

@@ -1,0 +1,62 @@
+// tandem/data/transform.h: the per-sample transform interface and its RNG.
+//
+// An image moves through a pipeline as a torch::Tensor [C, H, W]: uint8
+// before ToTensor, float32 after it (torchvision's tensor convention).
+// Random transforms draw only from the SampleRng they are handed, which is
+// seeded by (seed, epoch, sample index): a sample's augmentation does not
+// depend on which worker thread or which rank builds it, nor on the order in
+// which samples are built. Transforms are immutable after construction and
+// apply() is const, so one pipeline serves every loader thread at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace tandem::data {
+
+// A small counter-based generator (SplitMix64 over a hashed key). Cheap to
+// construct, so every sample gets its own.
+class SampleRng {
+ public:
+  SampleRng(uint64_t seed, int64_t epoch, int64_t index);
+
+  uint64_t next_u64();
+  // Uniform in [lo, hi).
+  double uniform(double lo, double hi);
+  // Uniform integer in [lo, hi] (both inclusive); requires lo <= hi.
+  int64_t randint(int64_t lo, int64_t hi);
+  // True with probability p.
+  bool bernoulli(double p);
+
+ private:
+  uint64_t state_;
+};
+
+class Transform {
+ public:
+  virtual ~Transform() = default;
+  // Returns the transformed image; never modifies `image` in place.
+  virtual torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const = 0;
+  // torchvision-style text, e.g. "RandomCrop(size=(32, 32), padding=4)".
+  virtual std::string describe() const = 0;
+};
+
+using TransformPtr = std::shared_ptr<const Transform>;
+
+// Applies transforms in order.
+class Compose : public Transform {
+ public:
+  explicit Compose(std::vector<TransformPtr> transforms);
+  torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
+  std::string describe() const override;
+  const std::vector<TransformPtr>& transforms() const { return transforms_; }
+
+ private:
+  std::vector<TransformPtr> transforms_;
+};
+
+}  // namespace tandem::data

@@ -1,0 +1,87 @@
+#include "tandem/data/image_dataset.h"
+
+#include <sstream>
+
+#include "tandem/data/image_io.h"
+#include "tandem/util/check.h"
+
+namespace tandem::data {
+
+namespace {
+std::string shape_text(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+}  // namespace
+
+TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source,
+                                       TransformPtr transform, TransformedDatasetOptions options)
+    : source_(std::move(source)), transform_(std::move(transform)), options_(options) {
+  TANDEM_CHECK(source_ && transform_, "TransformedDataset: source and transform are required");
+  TANDEM_CHECK(source_->size() > 0, source_->describe(), ": no images");
+  // The first readable sample fixes the batch shape.
+  torch::Tensor first;
+  for (int64_t i = 0; i < source_->size() && !first.defined(); ++i) {
+    try {
+      first = sample(i, /*epoch=*/0);
+    } catch (const ImageError&) {
+      if (!options_.skip_bad_images || i + 1 == source_->size()) throw;
+    }
+  }
+  TANDEM_CHECK(first.dim() == 3 && first.scalar_type() == torch::kFloat32,
+               source_->describe(), ": the transform must end in a float32 [C, H, W] tensor "
+               "(ToTensor), got ", first.toString(), " ", shape_text(first));
+  info_.channels = first.size(0);
+  info_.height = first.size(1);
+  info_.width = first.size(2);
+  info_.num_classes = source_->num_classes();
+}
+
+torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch) const {
+  SampleRng rng(options_.seed, epoch, index);
+  return transform_->apply(source_->image(index), rng);
+}
+
+Batch TransformedDataset::get_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
+  std::vector<torch::Tensor> images;
+  std::vector<int64_t> labels;
+  images.reserve(indices.size());
+  labels.reserve(indices.size());
+  for (int64_t index : indices) {
+    torch::Tensor image;
+    try {
+      image = sample(index, epoch);
+    } catch (const ImageError& e) {
+      if (!options_.skip_bad_images) throw;
+      skipped_.fetch_add(1);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (reported_.insert(index).second) warnings_.push_back(std::string("skipped ") + e.what());
+      continue;
+    }
+    TANDEM_CHECK(image.dim() == 3 && image.size(0) == info_.channels &&
+                     image.size(1) == info_.height && image.size(2) == info_.width,
+                 source_->name(index), ": transformed to ", shape_text(image),
+                 " but the first image to [", info_.channels, ", ", info_.height, ", ",
+                 info_.width, "]; images of different sizes need a crop or resize to one "
+                 "size (--image-size, --augment)");
+    images.push_back(std::move(image));
+    labels.push_back(source_->label(index));
+  }
+  if (images.empty()) {
+    return {torch::empty({0, info_.channels, info_.height, info_.width}),
+            torch::empty({0}, torch::kInt64)};
+  }
+  return {torch::stack(images), torch::tensor(labels, torch::kInt64)};
+}
+
+std::string TransformedDataset::describe() const { return source_->describe(); }
+
+std::vector<std::string> TransformedDataset::drain_warnings() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> out;
+  out.swap(warnings_);
+  return out;
+}
+
+}  // namespace tandem::data

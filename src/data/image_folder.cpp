@@ -1,0 +1,100 @@
+#include "tandem/data/image_folder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "tandem/data/image_io.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has_image_extension(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const auto& ext : image_extensions()) {
+    if (lower.size() >= ext.size() && lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Entries of one folder, split into sub-folders and files (links followed).
+void list(const std::string& dir, std::vector<std::string>* dirs, std::vector<std::string>* files) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  TANDEM_CHECK(!ec, dir, ": cannot list (", ec.message(), ")");
+  for (; it != end; it.increment(ec)) {
+    TANDEM_CHECK(!ec, dir, ": cannot list (", ec.message(), ")");
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) {
+      dirs->push_back(it->path().filename().string());
+    } else if (files != nullptr) {
+      files->push_back(it->path().filename().string());
+    }
+  }
+  TANDEM_CHECK(!ec, dir, ": cannot list (", ec.message(), ")");
+}
+
+// Python's sorted(os.walk(root, followlinks=True)), flattened: every file
+// under `root` as (folder, name), ordered by folder path then name.
+void walk(const std::string& root, std::vector<std::pair<std::string, std::string>>* out) {
+  std::vector<std::string> dirs, files;
+  list(root, &dirs, &files);
+  for (auto& f : files) out->emplace_back(root, std::move(f));
+  for (const auto& d : dirs) walk(root + "/" + d, out);
+}
+
+}  // namespace
+
+const std::vector<std::string>& image_extensions() {
+  static const std::vector<std::string> kExtensions = {
+      ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  return kExtensions;
+}
+
+ImageFolderSource::ImageFolderSource(const std::string& dir) : dir_(dir) {
+  TANDEM_CHECK(fs::is_directory(dir), "imagefolder:", dir, ": no such directory");
+  list(dir, &classes_, nullptr);
+  std::sort(classes_.begin(), classes_.end());
+  TANDEM_CHECK(!classes_.empty(), "imagefolder:", dir,
+               ": no class folders (expected DIR/<class>/<image>)");
+  std::vector<std::string> empty;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    std::vector<std::pair<std::string, std::string>> files;
+    walk(dir + "/" + classes_[c], &files);
+    std::sort(files.begin(), files.end());
+    size_t before = paths_.size();
+    for (const auto& [folder, name] : files) {
+      if (!has_image_extension(name)) continue;
+      paths_.push_back(folder + "/" + name);
+      labels_.push_back(static_cast<int32_t>(c));
+    }
+    if (paths_.size() == before) empty.push_back(dir + "/" + classes_[c]);
+  }
+  if (!empty.empty()) {
+    std::string list_text;
+    for (size_t i = 0; i < empty.size() && i < 5; ++i) list_text += (i ? ", " : "") + empty[i];
+    if (empty.size() > 5) list_text += format(" and %zu more", empty.size() - 5);
+    std::string exts;
+    for (const auto& e : image_extensions()) exts += (exts.empty() ? "" : " ") + e;
+    TANDEM_FAIL("imagefolder:", dir, ": no image files in class folder ", list_text,
+                " (expected files ending in ", exts, ")");
+  }
+}
+
+torch::Tensor ImageFolderSource::image(int64_t index) const { return read_image(paths_[index]); }
+
+std::string ImageFolderSource::describe() const {
+  return format("imagefolder:%s (%zu images, %zu classes)", dir_.c_str(), paths_.size(),
+                classes_.size());
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,152 @@
+// JPEG and PNG decoding: against PIL's pixels, and the error for every kind
+// of bad file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tandem/data/image_io.h"
+#include "testing.h"
+
+namespace tandem::data {
+namespace {
+
+using testing::TempDir;
+
+// PIL's RGB pixels from image_reference.py: "H W\n" then H*W*3 bytes.
+torch::Tensor read_reference(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  int64_t h = 0, w = 0;
+  in >> h >> w;
+  in.get();
+  auto hwc = torch::empty({h, w, 3}, torch::kUInt8);
+  in.read(reinterpret_cast<char*>(hwc.data_ptr<uint8_t>()), h * w * 3);
+  EXPECT_TRUE(in) << path;
+  return hwc.permute({2, 0, 1});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string expect_image_error(const std::string& path) {
+  try {
+    read_image(path);
+  } catch (const ImageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ImageError for " << path;
+  return "";
+}
+
+TEST(ImageIoTest, DecodesLikePil) {
+  TempDir dir;
+  auto result = testing::run(std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
+                             "/tests/data/image_reference.py " + dir.path());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    auto path = entry.path().string();
+    if (entry.path().extension() == ".rgb") continue;
+    SCOPED_TRACE(path);
+    auto ours = read_image(path);
+    auto pil = read_reference(path + ".rgb");
+    ASSERT_EQ(ours.sizes(), pil.sizes());
+    if (path.find("cmyk") != std::string::npos) {
+      // PIL rounds its CMYK conversion in its own way; within 1.
+      EXPECT_LE((ours.to(torch::kInt32) - pil.to(torch::kInt32)).abs().max().item<int>(), 1);
+    } else {
+      EXPECT_TRUE(torch::equal(ours, pil))
+          << "max difference "
+          << (ours.to(torch::kInt32) - pil.to(torch::kInt32)).abs().max().item<int>();
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 11);
+}
+
+TEST(ImageIoTest, PngRoundTripIsExact) {
+  TempDir dir;
+  auto rgb = torch::randint(0, 256, {3, 19, 23}, torch::kInt64).to(torch::kUInt8);
+  write_png(dir.file("rgb.png"), rgb);
+  EXPECT_TRUE(torch::equal(read_image(dir.file("rgb.png")), rgb));
+  auto gray = torch::randint(0, 256, {1, 7, 5}, torch::kInt64).to(torch::kUInt8);
+  write_png(dir.file("gray.png"), gray);
+  EXPECT_TRUE(torch::equal(read_image(dir.file("gray.png")), gray.expand({3, 7, 5})));
+}
+
+TEST(ImageIoTest, JpegRoundTripIsClose) {
+  TempDir dir;
+  auto yy = torch::arange(40).view({1, 40, 1}).expand({3, 40, 48});
+  auto xx = torch::arange(48).view({1, 1, 48}).expand({3, 40, 48});
+  auto image = (yy * 3 + xx * 2).to(torch::kUInt8);
+  write_jpeg(dir.file("smooth.jpg"), image, 100);
+  auto back = read_image(dir.file("smooth.jpg"));
+  ASSERT_EQ(back.sizes(), image.sizes());
+  EXPECT_LE((back.to(torch::kInt32) - image.to(torch::kInt32)).abs().max().item<int>(), 3);
+}
+
+TEST(ImageIoTest, FormatComesFromContentNotName) {
+  TempDir dir;
+  auto rgb = torch::full({3, 4, 4}, 77, torch::kUInt8);
+  write_png(dir.file("really_png.jpg"), rgb);
+  EXPECT_TRUE(torch::equal(read_image(dir.file("really_png.jpg")), rgb));
+}
+
+TEST(ImageIoTest, TruncatedJpegIsAnError) {
+  TempDir dir;
+  auto image = torch::randint(0, 256, {3, 64, 64}, torch::kInt64).to(torch::kUInt8);
+  write_jpeg(dir.file("full.jpg"), image);
+  auto bytes = testing::read_text(dir.file("full.jpg"));
+  write_bytes(dir.file("cut.jpg"), bytes.substr(0, bytes.size() / 2));
+  auto message = expect_image_error(dir.file("cut.jpg"));
+  EXPECT_NE(message.find(dir.file("cut.jpg")), std::string::npos) << message;
+  EXPECT_NE(message.find("not a readable JPEG"), std::string::npos) << message;
+  EXPECT_NE(message.find("Premature end"), std::string::npos) << message;
+  // Cut inside the header.
+  write_bytes(dir.file("header.jpg"), bytes.substr(0, 40));
+  EXPECT_NE(expect_image_error(dir.file("header.jpg")).find("not a readable JPEG"),
+            std::string::npos);
+}
+
+TEST(ImageIoTest, TruncatedPngIsAnError) {
+  TempDir dir;
+  auto image = torch::randint(0, 256, {3, 64, 64}, torch::kInt64).to(torch::kUInt8);
+  write_png(dir.file("full.png"), image);
+  auto bytes = testing::read_text(dir.file("full.png"));
+  write_bytes(dir.file("cut.png"), bytes.substr(0, bytes.size() / 2));
+  auto message = expect_image_error(dir.file("cut.png"));
+  EXPECT_NE(message.find(dir.file("cut.png")), std::string::npos) << message;
+  EXPECT_NE(message.find("not a readable PNG"), std::string::npos) << message;
+}
+
+TEST(ImageIoTest, CorruptPngIsAnError) {
+  TempDir dir;
+  auto image = torch::randint(0, 256, {3, 16, 16}, torch::kInt64).to(torch::kUInt8);
+  write_png(dir.file("ok.png"), image);
+  auto bytes = testing::read_text(dir.file("ok.png"));
+  for (size_t i = 60; i < bytes.size() - 20; ++i) bytes[i] = static_cast<char>(bytes[i] ^ 0x5a);
+  write_bytes(dir.file("bad.png"), bytes);
+  EXPECT_NE(expect_image_error(dir.file("bad.png")).find("not a readable PNG"), std::string::npos);
+}
+
+TEST(ImageIoTest, NotAnImageIsAnError) {
+  TempDir dir;
+  write_bytes(dir.file("notes.jpg"), "these are not pixels");
+  auto message = expect_image_error(dir.file("notes.jpg"));
+  EXPECT_NE(message.find(dir.file("notes.jpg") + ": not a JPEG or PNG image"), std::string::npos)
+      << message;
+  write_bytes(dir.file("empty.png"), "");
+  EXPECT_NE(expect_image_error(dir.file("empty.png")).find("empty file"), std::string::npos);
+  EXPECT_NE(expect_image_error(dir.file("missing.png")).find("cannot open"), std::string::npos);
+}
+
+TEST(ImageIoTest, EncoderRejectsBadTensors) {
+  TempDir dir;
+  EXPECT_THROW(write_png(dir.file("x.png"), torch::zeros({3, 4, 4})), Error);          // float
+  EXPECT_THROW(write_jpeg(dir.file("x.jpg"), torch::zeros({2, 4, 4}, torch::kUInt8)), Error);
+  EXPECT_THROW(write_jpeg(dir.file("x.jpg"), torch::zeros({3, 4, 4}, torch::kUInt8), 0), Error);
+}
+
+}  // namespace
+}  // namespace tandem::data

@@ -1,0 +1,46 @@
+"""Reference decodes for tests/data/image_io_test.cpp.
+
+Writes images in formats tandem must read (made with PIL, as a user's data set
+would be) into DIR, then, for every .jpg/.png file in DIR, the pixels PIL
+gives for Image.open(f).convert("RGB") (what torchvision's ImageFolder
+loads) as FILE.rgb: "H W\n" then H*W*3 bytes.
+
+    python image_reference.py DIR
+"""
+import os
+import sys
+
+import numpy as np
+from PIL import Image
+
+
+def main():
+    d = sys.argv[1]
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    # Smooth content as well: JPEG's chroma upsampling matters there.
+    yy, xx = np.mgrid[0:37, 0:53]
+    smooth = np.stack([xx * 4, yy * 6, (xx + yy) * 3], axis=2).clip(0, 255).astype(np.uint8)
+    Image.fromarray(rgb).save(f"{d}/pil_rgb.jpg", quality=85)
+    Image.fromarray(smooth).save(f"{d}/pil_smooth_420.jpg", quality=90, subsampling=2)
+    Image.fromarray(smooth).save(f"{d}/pil_smooth_444.jpg", quality=90, subsampling=0)
+    Image.fromarray(rgb).save(f"{d}/pil_progressive.jpg", quality=85, progressive=True)
+    Image.fromarray(rgb[:, :, 0]).save(f"{d}/pil_gray.jpg")
+    Image.fromarray(smooth).convert("CMYK").save(f"{d}/pil_cmyk.jpg", quality=95)
+    alpha = rng.integers(0, 256, (37, 53, 1), dtype=np.uint8)
+    Image.fromarray(np.concatenate([rgb, alpha], axis=2)).save(f"{d}/pil_rgba.png")
+    Image.fromarray(rgb[:, :, 1]).save(f"{d}/pil_gray.png")
+    Image.fromarray(np.concatenate([rgb[:, :, :1], alpha], axis=2)).save(f"{d}/pil_la.png")
+    Image.fromarray(rgb).quantize(colors=50).save(f"{d}/pil_palette.png")
+    Image.fromarray(rgb[:, :, 2] > 128).save(f"{d}/pil_bilevel.png")
+    for name in sorted(os.listdir(d)):
+        if not name.endswith((".jpg", ".png")):
+            continue
+        a = np.asarray(Image.open(f"{d}/{name}").convert("RGB"))
+        with open(f"{d}/{name}.rgb", "wb") as f:
+            f.write(f"{a.shape[0]} {a.shape[1]}\n".encode())
+            f.write(a.tobytes())
+
+
+if __name__ == "__main__":
+    main()
