@@ -2,11 +2,40 @@
 
 #include <algorithm>
 
+#include <dlfcn.h>
+
+#include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
 
 #include "tandem/util/check.h"
 
 namespace tandem::data {
+
+namespace {
+
+// Note [serial loader threads]: a loader thread must not fan its libtorch
+// operations out over torch's intra-op pool: the loader threads are already
+// the parallelism, and N threads each starting an OpenMP team of all cores
+// spend their time waking each other (measured: a third of the CPU in futex
+// calls). The pinned wheel runs intra-op work on OpenMP, whose
+// at::in_parallel_region() ignores c10::ParallelGuard, so we also set this
+// thread's own OpenMP team size to 1 (omp_set_num_threads changes only the
+// calling thread's setting), and MKL's, which torch sets process-wide and
+// which otherwise runs even a 50,000 x 3 by 3 x 2 product (an affine grid) on
+// every core (MKL_Set_Num_Threads_Local, the by-value C entry point, changes
+// only this thread's). Both
+// libraries come inside libtorch; their functions are looked up at run time
+// so that a libtorch built without them still works.
+void make_this_thread_serial() {
+  (void)at::get_num_threads();  // lets ATen initialise this thread's settings first
+  using SetThreads = int (*)(int);  // omp_set_num_threads returns void; the int is ignored
+  static auto omp = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  static auto mkl = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+  if (omp != nullptr) omp(1);
+  if (mkl != nullptr) mkl(1);
+}
+
+}  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
                        std::shared_ptr<const Sampler> sampler, LoaderOptions options)
@@ -44,11 +73,13 @@ EpochIterator::EpochIterator(std::shared_ptr<const Dataset> dataset,
       pin_memory_(options.pin_memory) {
   for (int64_t w = 0; w < options.workers; ++w) {
     threads_.emplace_back([this] {
-      c10::ParallelGuard serial(true);
+      c10::ParallelGuard serial(true);  // Note [serial loader threads]
+      make_this_thread_serial();
       work();
     });
   }
 }
+
 
 Batch EpochIterator::build(size_t position) const {
   Batch batch = dataset_->get_batch(batches_[position], epoch_);

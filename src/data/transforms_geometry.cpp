@@ -84,17 +84,28 @@ std::array<int64_t, 2> affine_output_size(const std::array<double, 6>& matrix, i
 }
 
 // Sampling grid [1, oh, ow, 2] in grid_sample's normalised coordinates.
+//
+// torchvision builds it as a [oh*ow, 3] x [3, 2] matrix product (bmm), which
+// MKL runs through a slow path for this shape (2 ms, most of a rotated 224 px
+// sample's time). Each grid value is x * a + y * b + c, so it is computed
+// here by broadcasting, in that order, in float32, one contiguous plane per
+// coordinate. The values can differ from MKL's in the last bit (MKL may fuse
+// multiply-adds), which changes a nearest-neighbour pick only when a source
+// coordinate lies within an ulp of a pixel boundary; the bit-exactness tests
+// against torchvision (tests/data/transforms_test.cpp) pass with it.
 torch::Tensor affine_grid(torch::Tensor theta, int64_t w, int64_t h, int64_t ow, int64_t oh) {
   auto options = torch::TensorOptions().dtype(torch::kFloat32);
-  auto base_grid = torch::empty({1, oh, ow, 3}, options);
-  auto x_grid = torch::linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, ow, options);
-  base_grid.select(3, 0).copy_(x_grid);
-  auto y_grid = torch::linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, oh, options).unsqueeze_(-1);
-  base_grid.select(3, 1).copy_(y_grid);
-  base_grid.select(3, 2).fill_(1);
-  auto rescaled_theta =
-      theta.transpose(1, 2).div_(torch::tensor({0.5 * w, 0.5 * h}, options));
-  return base_grid.view({1, oh * ow, 3}).bmm(rescaled_theta).view({1, oh, ow, 2});
+  auto x = torch::linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, ow, options).view({1, ow});
+  auto y = torch::linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, oh, options).view({oh, 1});
+  // [3, 2]: rows multiply x, y and 1; columns give the grid's x and y.
+  auto t = theta.view({2, 3}).t().div(torch::tensor({0.5 * w, 0.5 * h}, options));
+  auto grid = torch::empty({1, oh, ow, 2}, options);
+  for (int64_t j = 0; j < 2; ++j) {
+    auto plane = torch::add(x * t[0][j], y * t[1][j]);  // [oh, ow]
+    plane.add_(t[2][j]);
+    grid.select(3, j).select(0, 0).copy_(plane);
+  }
+  return grid;
 }
 
 // grid_sample with torchvision's fill: an extra channel of ones marks where

@@ -6,9 +6,9 @@
 // sampler order. A worker's exception is rethrown by next(). Destroying an
 // EpochIterator (finished or not) stops and joins its workers.
 //
-// Worker threads run libtorch operations with intra-op parallelism off
-// (c10::ParallelGuard): the workers themselves are the parallelism, and the
-// training thread keeps torch's thread pool to itself.
+// Worker threads run libtorch operations with intra-op parallelism off (Note
+// [serial loader threads]): the workers themselves are the parallelism, and
+// the training thread keeps torch's thread pool to itself.
 #pragma once
 
 #include <condition_variable>
