@@ -20,6 +20,16 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
     : source_(std::move(source)), transform_(std::move(transform)), options_(options) {
   TANDEM_CHECK(source_ && transform_, "TransformedDataset: source and transform are required");
   TANDEM_CHECK(source_->size() > 0, source_->describe(), ": no images");
+  // Note [decoding only the crop]: find a leading crop.
+  if (const auto* compose = dynamic_cast<const Compose*>(transform_.get())) {
+    const auto& list = compose->transforms();
+    if (!list.empty()) {
+      crop_first_ = dynamic_cast<const CropFirst*>(list.front().get());
+      if (crop_first_) rest_.assign(list.begin() + 1, list.end());
+    }
+  } else {
+    crop_first_ = dynamic_cast<const CropFirst*>(transform_.get());
+  }
   // The first readable sample fixes the batch shape.
   torch::Tensor first;
   for (int64_t i = 0; i < source_->size() && !first.defined(); ++i) {
@@ -40,7 +50,23 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
 
 torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch) const {
   SampleRng rng(options_.seed, epoch, index);
+  if (crop_first_ == nullptr) return transform_->apply(source_->image(index), rng);
+  auto box = source_->image_box(
+      index, [&](int64_t height, int64_t width) { return crop_first_->choose_box(height, width, rng); });
+  auto image = crop_first_->after_crop(box, rng);
+  for (const auto& t : rest_) image = t->apply(image, rng);
+  return image;
+}
+
+torch::Tensor TransformedDataset::sample_whole(int64_t index, int64_t epoch) const {
+  SampleRng rng(options_.seed, epoch, index);
   return transform_->apply(source_->image(index), rng);
+}
+
+torch::Tensor ImageSource::image_box(int64_t index, const BoxChooser& choose) const {
+  auto image = this->image(index);
+  auto box = choose(image.size(1), image.size(2));
+  return image.slice(1, box.top, box.top + box.height).slice(2, box.left, box.left + box.width);
 }
 
 Batch TransformedDataset::get_batch(const std::vector<int64_t>& indices, int64_t epoch) const {

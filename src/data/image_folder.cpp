@@ -92,6 +92,11 @@ ImageFolderSource::ImageFolderSource(const std::string& dir) : dir_(dir) {
 
 torch::Tensor ImageFolderSource::image(int64_t index) const { return read_image(paths_[index]); }
 
+torch::Tensor ImageFolderSource::image_box(int64_t index, const BoxChooser& choose) const {
+  auto bytes = read_file_bytes(paths_[index]);
+  return decode_image_box(bytes.data(), bytes.size(), paths_[index], choose);
+}
+
 std::string ImageFolderSource::describe() const {
   return format("imagefolder:%s (%zu images, %zu classes)", dir_.c_str(), paths_.size(),
                 classes_.size());

@@ -3,6 +3,7 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -81,6 +82,81 @@ bool decode_jpeg_raw(const uint8_t* data, size_t size, RawImage* out, JpegErrorS
   while (cinfo.output_scanline < cinfo.output_height) {
     JSAMPROW row = out->pixels + stride * cinfo.output_scanline;
     jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+// The size in the header, without decoding.
+bool read_jpeg_size_raw(const uint8_t* data, size_t size, int* height, int* width, bool* cmyk,
+                        JpegErrorState* err) {
+  jpeg_decompress_struct cinfo;
+  cinfo.err = jpeg_std_error(&err->mgr);
+  err->mgr.error_exit = jpeg_fail;
+  err->mgr.emit_message = jpeg_message;
+  err->message[0] = '\0';
+  if (setjmp(err->jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  *height = static_cast<int>(cinfo.image_height);
+  *width = static_cast<int>(cinfo.image_width);
+  *cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+// Rows [top, top + rows) and at least columns [left, left + cols) of an RGB
+// JPEG; libjpeg widens the columns to whole iMCUs, and *x_offset says where
+// `left` landed. The rows below are still entropy-decoded (skipped), so a
+// truncated file fails here as in decode_jpeg_raw.
+bool decode_jpeg_rows_raw(const uint8_t* data, size_t size, int top, int rows, int left, int cols,
+                          RawImage* out, int* x_offset, JpegErrorState* err) {
+  jpeg_decompress_struct cinfo;
+  cinfo.err = jpeg_std_error(&err->mgr);
+  err->mgr.error_exit = jpeg_fail;
+  err->mgr.emit_message = jpeg_message;
+  err->message[0] = '\0';
+  out->pixels = nullptr;
+  if (setjmp(err->jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    std::free(out->pixels);
+    out->pixels = nullptr;
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  JDIMENSION x = static_cast<JDIMENSION>(left), w = static_cast<JDIMENSION>(cols);
+  if (w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x, &w);
+  *x_offset = left - static_cast<int>(x);
+  out->height = rows;
+  out->width = static_cast<int>(cinfo.output_width);
+  out->channels = cinfo.output_components;
+  size_t stride = static_cast<size_t>(out->width) * out->channels;
+  out->pixels = static_cast<unsigned char*>(std::malloc(stride * (rows + 1)));  // + a spare row
+  if (out->pixels == nullptr) ERREXIT1(&cinfo, JERR_OUT_OF_MEMORY, 0);
+  if (top > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(top));
+  for (int r = 0; r < rows; ++r) {
+    JSAMPROW row = out->pixels + stride * r;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  // Skipping straight to the end would read nothing (libjpeg-turbo then
+  // marks the input finished); skipping to the last row and reading it
+  // entropy-decodes everything in between, so a truncated file is found.
+  // The last row lands in the spare row after the box.
+  if (cinfo.output_scanline < cinfo.output_height) {
+    if (cinfo.output_scanline + 1 < cinfo.output_height) {
+      jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline - 1);
+    }
+    JSAMPROW spare = out->pixels + stride * rows;
+    jpeg_read_scanlines(&cinfo, &spare, 1);
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
@@ -223,13 +299,65 @@ torch::Tensor decode_image(const uint8_t* data, size_t size, const std::string& 
                                    size == 0 ? "empty file" : "unrecognised first bytes", ")"));
 }
 
-torch::Tensor read_image(const std::string& path) {
+torch::Tensor decode_image_box(const uint8_t* data, size_t size, const std::string& name,
+                               const BoxChooser& choose) {
+  auto slice = [](const torch::Tensor& image, const CropBox& b, int64_t top, int64_t left) {
+    return image.slice(1, b.top - top, b.top - top + b.height)
+        .slice(2, b.left - left, b.left - left + b.width);
+  };
+  auto check_box = [&](const CropBox& b, int64_t height, int64_t width) {
+    TANDEM_CHECK(b.top >= 0 && b.left >= 0 && b.height > 0 && b.width > 0 &&
+                     b.top + b.height <= height && b.left + b.width <= width,
+                 name, ": crop box (top ", b.top, ", left ", b.left, ", ", b.height, " x ", b.width,
+                 ") is not inside the ", height, " x ", width, " image");
+  };
+  int height = 0, width = 0;
+  bool cmyk = false;
+  JpegErrorState err;
+  if (sniff_image_format(data, size) != ImageFormat::kJpeg ||
+      !read_jpeg_size_raw(data, size, &height, &width, &cmyk, &err) || cmyk) {
+    auto image = decode_image(data, size, name);  // reports any error itself
+    auto box = choose(image.size(1), image.size(2));
+    check_box(box, image.size(1), image.size(2));
+    return slice(image, box, 0, 0);
+  }
+  auto box = choose(height, width);
+  check_box(box, height, width);
+  // A margin around the box keeps libjpeg's edge handling (chroma
+  // upsampling at the first and last decoded row and column) off the pixels
+  // we return; 16 covers the largest iMCU.
+  constexpr int64_t kMargin = 16;
+  int64_t top = std::max<int64_t>(box.top - kMargin, 0);
+  int64_t bottom = std::min<int64_t>(box.top + box.height + kMargin, height);
+  int64_t left = std::max<int64_t>(box.left - kMargin, 0);
+  int64_t right = std::min<int64_t>(box.left + box.width + kMargin, width);
+  RawImage raw;
+  int x_offset = 0;
+  if (!decode_jpeg_rows_raw(data, size, static_cast<int>(top), static_cast<int>(bottom - top),
+                            static_cast<int>(left), static_cast<int>(right - left), &raw,
+                            &x_offset, &err)) {
+    throw ImageError(detail::str_cat(name, ": not a readable JPEG (", err.message, ")"));
+  }
+  if (raw.channels != 3) {
+    std::free(raw.pixels);
+    throw ImageError(detail::str_cat(name, ": JPEG decoded to ", raw.channels,
+                                     " channels, expected RGB"));
+  }
+  return slice(to_tensor(raw), box, top, left - x_offset);
+}
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw ImageError(detail::str_cat(path, ": cannot open (", std::strerror(errno), ")"));
   std::vector<uint8_t> bytes(static_cast<size_t>(in.tellg()));
   in.seekg(0);
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   if (!in) throw ImageError(detail::str_cat(path, ": read failed"));
+  return bytes;
+}
+
+torch::Tensor read_image(const std::string& path) {
+  auto bytes = read_file_bytes(path);
   return decode_image(bytes.data(), bytes.size(), path);
 }
 

@@ -185,8 +185,15 @@ CropBox RandomResizedCrop::get_params(SampleRng& rng, int64_t height, int64_t wi
 
 torch::Tensor RandomResizedCrop::apply(const torch::Tensor& image, SampleRng& rng) const {
   detail::check_image(image, "RandomResizedCrop");
-  auto box = get_params(rng, image.size(1), image.size(2), options_.scale, options_.ratio);
-  auto cropped = functional::crop(image, box.top, box.left, box.height, box.width);
+  auto box = choose_box(image.size(1), image.size(2), rng);
+  return after_crop(functional::crop(image, box.top, box.left, box.height, box.width), rng);
+}
+
+CropBox RandomResizedCrop::choose_box(int64_t height, int64_t width, SampleRng& rng) const {
+  return get_params(rng, height, width, options_.scale, options_.ratio);
+}
+
+torch::Tensor RandomResizedCrop::after_crop(const torch::Tensor& cropped, SampleRng& /*rng*/) const {
   ResizeOptions resize;
   resize.size = options_.size;
   resize.interpolation = options_.interpolation;

@@ -7,7 +7,9 @@
 #include <functional>
 #include <sstream>
 
+#include "tandem/data/augment.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/loader.h"
 #include "tandem/data/image_io.h"
 #include "testing.h"
 
@@ -90,6 +92,70 @@ TEST(ImageFolderTest, DecodesJpegAndPng) {
   auto png = source.image(1);  // img001.png
   EXPECT_EQ(png.sizes(), (std::vector<int64_t>{3, 20 + 3, 20 + 5}));
   EXPECT_EQ(source.image(0).size(0), 3);
+}
+
+// Note [decoding only the crop]: with RandomResizedCrop first, samples come
+// from partial JPEG decodes; they equal the samples made from whole images.
+TEST(ImageFolderTest, CropFirstSamplesEqualWholeImageSamples) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.path(), 2, 6, 120);
+  for (const char* preset : {"imagenet", "heavy"}) {
+    SCOPED_TRACE(preset);
+    AugmentOptions augment;
+    augment.name = preset;
+    augment.image_size = 48;
+    augment.mean = {0.5, 0.5, 0.5};
+    augment.std = {0.25, 0.25, 0.25};
+    TransformedDataset dataset(std::make_shared<ImageFolderSource>(dir.path()),
+                               make_train_transform(augment, 0, 0), {/*seed=*/3});
+    ASSERT_TRUE(dataset.crops_first());
+    for (int64_t epoch = 0; epoch < 4; ++epoch) {
+      for (int64_t i = 0; i < dataset.size(); ++i) {
+        auto fast = dataset.sample(i, epoch);
+        ASSERT_EQ(fast.sizes(), (std::vector<int64_t>{3, 48, 48}));
+        ASSERT_TRUE(torch::equal(fast, dataset.sample_whole(i, epoch))) << "epoch " << epoch << " index " << i;
+      }
+    }
+  }
+}
+
+// A run's data does not depend on the number of loader threads: every batch
+// of an augmented epoch is the same with 0, 1 and 3 workers.
+TEST(ImageFolderTest, AugmentedBatchesDoNotDependOnWorkers) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.path(), 3, 7, 60);
+  AugmentOptions augment;
+  augment.name = "heavy";
+  augment.image_size = 32;
+  augment.mean = {0.5, 0.5, 0.5};
+  augment.std = {0.25, 0.25, 0.25};
+  auto dataset = std::make_shared<TransformedDataset>(std::make_shared<ImageFolderSource>(dir.path()),
+                                                      make_train_transform(augment, 0, 0),
+                                                      TransformedDatasetOptions{/*seed=*/5});
+  auto batches = [&](int64_t workers, int64_t epoch) {
+    LoaderOptions options;
+    options.batch_size = 4;
+    options.workers = workers;
+    DataLoader loader(dataset, std::make_shared<RandomSampler>(dataset->size(), 5), options);
+    std::vector<Batch> out;
+    auto it = loader.epoch(epoch);
+    while (auto b = it->next()) out.push_back(*b);
+    return out;
+  };
+  for (int64_t epoch : {0, 1}) {
+    auto reference = batches(0, epoch);
+    ASSERT_EQ(reference.size(), 6u);
+    for (int64_t workers : {1, 3}) {
+      auto other = batches(workers, epoch);
+      ASSERT_EQ(other.size(), reference.size());
+      for (size_t b = 0; b < reference.size(); ++b) {
+        EXPECT_TRUE(torch::equal(other[b].inputs, reference[b].inputs)) << workers << " workers, batch " << b;
+        EXPECT_TRUE(torch::equal(other[b].targets, reference[b].targets));
+      }
+    }
+  }
+  // Epochs differ.
+  EXPECT_FALSE(torch::equal(batches(0, 0)[0].inputs, batches(0, 1)[0].inputs));
 }
 
 }  // namespace

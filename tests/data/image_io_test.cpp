@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "tandem/data/image_io.h"
 #include "testing.h"
 
@@ -62,7 +64,67 @@ TEST(ImageIoTest, DecodesLikePil) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 11);
+  EXPECT_EQ(checked, 16);
+}
+
+// Note [decoding only the crop]: a box decoded alone equals the same box of
+// the whole image, for every chroma layout, progressive and grey JPEGs, at
+// the edges and in the middle.
+TEST(ImageIoTest, DecodedBoxEqualsBoxOfWholeImage) {
+  TempDir dir;
+  auto result = testing::run(std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
+                             "/tests/data/image_reference.py " + dir.path());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto draw = [&](int64_t n) { return torch::randint(0, n, {1}, generator).item<int64_t>(); };
+  int checked = 0;
+  for (const char* name : {"big_420.jpg", "big_422.jpg", "big_444.jpg", "big_progressive.jpg",
+                           "big_gray.jpg", "pil_rgb.jpg", "pil_rgba.png"}) {
+    SCOPED_TRACE(name);
+    auto bytes = read_file_bytes(dir.file(name));
+    auto whole = decode_image(bytes.data(), bytes.size(), name);
+    int64_t h = whole.size(1), w = whole.size(2);
+    for (int trial = 0; trial < 150; ++trial) {
+      CropBox box;
+      box.top = trial == 0 ? 0 : draw(h);
+      box.left = trial == 0 ? 0 : draw(w);
+      box.height = trial == 0 ? h : 1 + draw(h - box.top);
+      box.width = trial == 0 ? w : 1 + draw(w - box.left);
+      auto part = decode_image_box(bytes.data(), bytes.size(), name, [&](int64_t hh, int64_t ww) {
+        EXPECT_EQ(hh, h);
+        EXPECT_EQ(ww, w);
+        return box;
+      });
+      auto expected = whole.slice(1, box.top, box.top + box.height)
+                          .slice(2, box.left, box.left + box.width);
+      ASSERT_TRUE(torch::equal(part, expected))
+          << "box top " << box.top << " left " << box.left << " " << box.height << " x "
+          << box.width;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 7 * 150);
+}
+
+TEST(ImageIoTest, DecodedBoxStillFindsTruncation) {
+  TempDir dir;
+  auto image = torch::randint(0, 256, {3, 96, 96}, torch::kInt64).to(torch::kUInt8);
+  write_jpeg(dir.file("full.jpg"), image);
+  auto bytes = testing::read_text(dir.file("full.jpg"));
+  std::string cut = bytes.substr(0, bytes.size() * 3 / 4);
+  auto first_rows = [](int64_t, int64_t w) { return CropBox{0, 0, 8, w}; };
+  try {
+    decode_image_box(reinterpret_cast<const uint8_t*>(cut.data()), cut.size(), "cut.jpg",
+                     first_rows);
+    ADD_FAILURE() << "a truncated JPEG decoded";
+  } catch (const ImageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.jpg: not a readable JPEG"), std::string::npos)
+        << e.what();
+  }
+  auto outside = [](int64_t h, int64_t w) { return CropBox{h - 4, 0, 8, w}; };
+  EXPECT_THROW(decode_image_box(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                "full.jpg", outside),
+               Error);
 }
 
 TEST(ImageIoTest, PngRoundTripIsExact) {

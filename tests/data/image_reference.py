@@ -33,6 +33,15 @@ def main():
     Image.fromarray(np.concatenate([rgb[:, :, :1], alpha], axis=2)).save(f"{d}/pil_la.png")
     Image.fromarray(rgb).quantize(colors=50).save(f"{d}/pil_palette.png")
     Image.fromarray(rgb[:, :, 2] > 128).save(f"{d}/pil_bilevel.png")
+    # Larger, photo-like, in every chroma layout: for partial decoding.
+    yy, xx = np.mgrid[0:157, 0:211]
+    photo = np.stack([128 + 100 * np.sin(xx / 9.0) * np.cos(yy / 13.0), (xx + 2 * yy) % 256,
+                      128 + 90 * np.cos((xx - yy) / 17.0)], axis=2)
+    photo = (photo + rng.normal(0, 8, photo.shape)).clip(0, 255).astype(np.uint8)
+    for name, sub in (("420", 2), ("422", 1), ("444", 0)):
+        Image.fromarray(photo).save(f"{d}/big_{name}.jpg", quality=88, subsampling=sub)
+    Image.fromarray(photo).save(f"{d}/big_progressive.jpg", quality=88, progressive=True)
+    Image.fromarray(photo[:, :, 0]).save(f"{d}/big_gray.jpg", quality=88)
     for name in sorted(os.listdir(d)):
         if not name.endswith((".jpg", ".png")):
             continue

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "tandem/data/dataset.h"
+#include "tandem/data/image_io.h"
 #include "tandem/data/transform.h"
 
 namespace tandem::data {
@@ -37,6 +39,10 @@ class ImageSource {
   virtual int64_t label(int64_t index) const = 0;
   // Where sample `index` comes from, for messages (a path, or a record).
   virtual std::string name(int64_t index) const = 0;
+  // The pixels of one box of image `index`, the box chosen by `choose` from
+  // the image's (height, width) and inside the image (Note [decoding only
+  // the crop]). The default decodes the whole image and slices it.
+  virtual torch::Tensor image_box(int64_t index, const BoxChooser& choose) const;
   // e.g. "cifar10:/data/cifar train (50000 images)".
   virtual std::string describe() const = 0;
 };
@@ -61,6 +67,11 @@ class TransformedDataset : public Dataset {
 
   // One sample, transformed for `epoch` (no skipping).
   torch::Tensor sample(int64_t index, int64_t epoch) const;
+  // The same through the source's full image, never a partial decode (for
+  // tests of Note [decoding only the crop]).
+  torch::Tensor sample_whole(int64_t index, int64_t epoch) const;
+  // Whether sample() asks the source for the first transform's crop only.
+  bool crops_first() const { return crop_first_ != nullptr; }
   const Transform& transform() const { return *transform_; }
   // Images left out so far (skip_bad_images).
   int64_t skipped() const { return skipped_.load(); }
@@ -68,6 +79,8 @@ class TransformedDataset : public Dataset {
  private:
   std::shared_ptr<const ImageSource> source_;
   TransformPtr transform_;
+  const CropFirst* crop_first_ = nullptr;  // the first transform, if it crops first
+  std::vector<TransformPtr> rest_;         // the transforms after it
   TransformedDatasetOptions options_;
   DatasetInfo info_;
   mutable std::atomic<int64_t> skipped_{0};

@@ -25,6 +25,7 @@ class ImageFolderSource : public ImageSource {
   int64_t size() const override { return static_cast<int64_t>(paths_.size()); }
   int64_t num_classes() const override { return static_cast<int64_t>(classes_.size()); }
   torch::Tensor image(int64_t index) const override;
+  torch::Tensor image_box(int64_t index, const BoxChooser& choose) const override;
   int64_t label(int64_t index) const override { return labels_[index]; }
   std::string name(int64_t index) const override { return paths_[index]; }
   std::string describe() const override;

@@ -17,10 +17,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
+#include "tandem/data/transform.h"
 #include "tandem/util/check.h"
 
 namespace tandem::data {
@@ -43,6 +46,18 @@ torch::Tensor decode_image(const uint8_t* data, size_t size, const std::string& 
 
 // Reads and decodes the file at `path`.
 torch::Tensor read_image(const std::string& path);
+
+// Decodes one box of an in-memory image: `choose` gets the image's (height,
+// width) and returns a box inside it. A JPEG decodes only the rows and
+// columns the box needs (Note [decoding only the crop]), still checking the
+// whole file for truncation; the pixels equal those of decode_image. Other
+// formats decode whole. Returns uint8 [3, box.height, box.width].
+using BoxChooser = std::function<CropBox(int64_t height, int64_t width)>;
+torch::Tensor decode_image_box(const uint8_t* data, size_t size, const std::string& name,
+                               const BoxChooser& choose);
+
+// The bytes of the file at `path`; throws ImageError naming it.
+std::vector<uint8_t> read_file_bytes(const std::string& path);
 
 // Writes uint8 [C, H, W] (C = 1 or 3) as a baseline JPEG of the given quality
 // (1..100) or as a PNG; for tests, tools and debugging augmentations.

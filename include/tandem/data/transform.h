@@ -47,6 +47,30 @@ class Transform {
 
 using TransformPtr = std::shared_ptr<const Transform>;
 
+// A window (top, left, height, width) in image coordinates.
+struct CropBox {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+// Note [decoding only the crop]: a transform that begins by cropping a box
+// it can choose from the image's size alone (RandomResizedCrop) also
+// implements CropFirst. When such a transform comes first, TransformedDataset
+// asks the source for just that box, and a JPEG source decodes only those
+// rows and columns (plus a margin) instead of the whole image. For every
+// image and rng state,
+//   apply(image, rng) == after_crop(crop(image, choose_box(H, W, rng)), rng)
+// and the partial decode yields exactly the pixels of a full decode (tested),
+// so the result does not depend on which path ran.
+class CropFirst {
+ public:
+  virtual ~CropFirst() = default;
+  // The box apply() would crop from an image of this size, drawing from `rng`
+  // exactly as apply() does. Always inside the image.
+  virtual CropBox choose_box(int64_t height, int64_t width, SampleRng& rng) const = 0;
+  // The rest of apply(), given the pixels of the box.
+  virtual torch::Tensor after_crop(const torch::Tensor& cropped, SampleRng& rng) const = 0;
+};
+
 // Applies transforms in order.
 class Compose : public Transform {
  public:

@@ -76,11 +76,6 @@ class Normalize : public Transform {
 
 // ---- random crops ----------------------------------------------------------
 
-// A window (top, left, height, width) in image coordinates.
-struct CropBox {
-  int64_t top = 0, left = 0, height = 0, width = 0;
-};
-
 struct RandomCropOptions {
   std::vector<int64_t> size;     // {edge} or {height, width}
   std::vector<int64_t> padding;  // none, or 1, 2 or 4 values (left, top, right, bottom)
@@ -115,11 +110,13 @@ struct RandomResizedCropOptions {
   bool antialias = true;
 };
 
-class RandomResizedCrop : public Transform {
+class RandomResizedCrop : public Transform, public CropFirst {
  public:
   explicit RandomResizedCrop(RandomResizedCropOptions options);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   std::string describe() const override;
+  CropBox choose_box(int64_t height, int64_t width, SampleRng& rng) const override;
+  torch::Tensor after_crop(const torch::Tensor& cropped, SampleRng& rng) const override;
   // torchvision's draw: up to 10 tries of an area fraction uniform in
   // `scale` and an aspect ratio log-uniform in `ratio`; the first box that
   // fits is placed uniformly. Otherwise the central crop with the ratio
