@@ -143,7 +143,9 @@ torch::Tensor apply_grid(const torch::Tensor& image, const torch::Tensor& grid,
       out = out.sub_(fill_img).mul_(mask).add_(fill_img);
     }
   }
-  if (!fp) out = out.round_().to(image.scalar_type());
+  // Nearest sampling with a zero fill only copies pixels or zeros: the values
+  // are whole numbers already, and rounding them would be a no-op pass.
+  if (!fp) out = (nearest && !use_mask ? out : out.round_()).to(image.scalar_type());
   return out.reshape({channels, oh, ow});
 }
 
