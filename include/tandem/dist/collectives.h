@@ -1,0 +1,21 @@
+// tandem/dist/collectives.h: collective helpers built on ProcessGroup.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include "tandem/dist/process_group.h"
+
+namespace tandem::dist {
+
+// Seed 004's hand-written data parallelism: after backward, every gradient
+// is all-reduced and divided by the world size, so each rank holds the mean
+// gradient. The reductions of all parameters are started at once and then
+// waited for in order. Parameters without a gradient are skipped (the same
+// set on every rank, or the ranks fall out of step).
+void average_gradients(torch::nn::Module& module, ProcessGroup& group);
+
+// Broadcasts every parameter and buffer of `module` from `root`, in
+// registration order (how DDP starts all ranks from the same weights).
+void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);
+
+}  // namespace tandem::dist

@@ -1,0 +1,99 @@
+// tandem/dist/process_group.h: a group of ranks and its collectives.
+//
+// The one tandem header in front of c10d (libtorch's communication layer):
+// TCPStore for the rendezvous, ProcessGroupGloo for CPU tensors and
+// ProcessGroupNCCL for CUDA tensors. Only src/dist/process_group.cpp includes
+// c10d, so a libtorch upgrade touches that file alone.
+//
+// Every collective is asynchronous and returns a Work; Work::wait() blocks
+// until it completes or the group's timeout passes, and throws tandem::Error
+// naming the collective, the rank and the cause (a peer that died, a
+// timeout). Ranks must call collectives in the same order with matching
+// shapes, as with torch.distributed.
+//
+// Thread safety: one thread issues the collectives of a group; a Work may be
+// waited on from another thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tandem/dist/rendezvous.h"
+
+namespace tandem::dist {
+
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+
+struct GroupOptions {
+  std::string backend = "auto";  // auto (nccl for a CUDA device, else gloo) | gloo | nccl
+  std::string device = "cpu";    // the device this rank computes on (chooses auto's backend)
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // --dist-timeout
+};
+
+class Work {
+ public:
+  Work() = default;
+  // Blocks until done; throws tandem::Error on failure or timeout. Waiting
+  // twice is allowed (the second returns at once).
+  void wait();
+  // Whether it has finished (successfully or not), without blocking.
+  bool completed() const;
+  struct Impl;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class ProcessGroup {
+ public:
+  // Joins the group described by `rendezvous`: rank 0 starts the store
+  // server, every rank connects within options.timeout. Throws tandem::Error
+  // for a port in use, an unreachable store, a rank that never came, or an
+  // unknown backend.
+  ProcessGroup(const Rendezvous& rendezvous, const GroupOptions& options = {});
+  ~ProcessGroup();
+  ProcessGroup(ProcessGroup&&) noexcept;
+  ProcessGroup& operator=(ProcessGroup&&) noexcept;
+
+  int64_t rank() const;
+  int64_t size() const;
+  const std::string& backend() const;  // "gloo" or "nccl"
+  std::chrono::milliseconds timeout() const;
+
+  // In place on `tensor` (every rank gets the result).
+  Work all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Several tensors (of one dtype) in one operation, e.g. a bucket's gradients.
+  Work all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op = ReduceOp::kSum);
+  Work broadcast(torch::Tensor& tensor, int64_t root);
+  // The result lands in `tensor` on `root` only.
+  Work reduce(torch::Tensor& tensor, int64_t root, ReduceOp op = ReduceOp::kSum);
+  // outputs: one tensor per rank, shaped like input.
+  Work all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input);
+  // outputs: one per rank on root, empty elsewhere.
+  Work gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input, int64_t root);
+  // inputs: one per rank on root, empty elsewhere.
+  Work scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int64_t root);
+  // output = reduction over ranks of inputs[rank]; inputs: one per rank.
+  Work reduce_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                      ReduceOp op = ReduceOp::kSum);
+  Work barrier();
+  Work send(const torch::Tensor& tensor, int64_t dst, int tag = 0);
+  Work recv(torch::Tensor& tensor, int64_t src, int tag = 0);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A port on `host` that nobody was listening on a moment ago (a store server
+// bound to port 0 asks the kernel, then closes): for launchers and tests.
+int pick_free_port(const std::string& host = "127.0.0.1");
+
+}  // namespace tandem::dist

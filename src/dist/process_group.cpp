@@ -1,0 +1,283 @@
+// The only file that includes c10d (see tandem/dist/process_group.h).
+//
+// Note [gloo headers]: c10d's ProcessGroupGloo.hpp includes five of Gloo's
+// headers, which the torch wheel does not ship. They come from Debian's
+// libgloo-dev (a 2022 snapshot, older than the Gloo compiled into libtorch).
+// That is sound because this file only calls out-of-line functions of
+// libtorch (constructors, createDeviceForHostname, the virtual collectives)
+// and never instantiates Gloo code itself: the headers must compile, their
+// inline contents are not used. We do not link Debian's libgloo; every Gloo
+// symbol resolves in libtorch_cpu. docs/BUILD.md has the check.
+#include "tandem/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "tandem/util/check.h"
+
+namespace tandem::dist {
+
+namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // Gloo has no AVG: a sum, divided when it completes
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+  }
+  TANDEM_FAIL("unknown reduce op");
+}
+
+}  // namespace
+
+// ---- Work --------------------------------------------------------------------
+
+struct Work::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;  // "all_reduce on rank 1 of 2 (gloo)"
+  std::chrono::milliseconds timeout;
+  std::function<void()> then;  // runs once, after success
+  std::mutex mutex;
+  bool done = false;
+};
+
+void Work::wait() {
+  TANDEM_CHECK(impl_, "wait() on an empty Work");
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->done) return;
+  bool finished = false;
+  try {
+    finished = impl_->work->wait(impl_->timeout);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL(impl_->what, " failed: ", first_line(e.what()));
+  }
+  TANDEM_CHECK(finished, impl_->what, " did not finish within the timeout of ",
+               impl_->timeout.count() / 1000.0, " s (--dist-timeout)");
+  if (impl_->then) impl_->then();
+  impl_->done = true;
+}
+
+bool Work::completed() const { return impl_ && (impl_->done || impl_->work->isCompleted()); }
+
+// ---- ProcessGroup -------------------------------------------------------------
+
+struct ProcessGroup::Impl {
+  Rendezvous rendezvous;
+  GroupOptions options;
+  std::string backend;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> group;
+
+  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name,
+            std::function<void()> then = nullptr) {
+    auto impl = std::make_shared<Work::Impl>();
+    impl->work = std::move(work);
+    impl->what = detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
+                                 " (", backend, ")");
+    impl->timeout = options.timeout;
+    impl->then = std::move(then);
+    return Work(std::move(impl));
+  }
+
+  // Runs a c10d call, turning its immediate errors (bad shapes, a closed
+  // connection) into tandem::Error naming the collective.
+  template <typename F>
+  Work call(const char* name, F&& f, std::function<void()> then = nullptr) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = f();
+    } catch (const std::exception& e) {
+      TANDEM_FAIL(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size, " (",
+                  backend, ") failed: ", first_line(e.what()));
+    }
+    return wrap(std::move(work), name, std::move(then));
+  }
+
+  std::function<void()> divide_if_avg(ReduceOp op, std::vector<torch::Tensor> tensors) {
+    if (op != ReduceOp::kAvg) return nullptr;
+    int64_t n = rendezvous.world_size;
+    return [tensors = std::move(tensors), n]() mutable {
+      for (auto& t : tensors) {
+        if (t.is_floating_point() || t.is_complex()) {
+          t.div_(n);
+        } else {
+          t.div_(n, "floor");
+        }
+      }
+    };
+  }
+};
+
+ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rendezvous = r;
+  impl_->options = options;
+  TANDEM_CHECK(r.world_size >= 1 && r.rank >= 0 && r.rank < r.world_size,
+               "process group: rank ", r.rank, " of world size ", r.world_size, " is impossible");
+  TANDEM_CHECK(options.timeout.count() > 0, "--dist-timeout: expected a positive time");
+  std::string backend = options.backend;
+  if (backend == "auto") backend = options.device.rfind("cuda", 0) == 0 ? "nccl" : "gloo";
+  TANDEM_CHECK(backend == "gloo" || backend == "nccl", "--dist-backend: expected auto, gloo or nccl, got '",
+               options.backend, "'");
+  TANDEM_CHECK(backend == "gloo", "--dist-backend nccl: not available in this build yet; use "
+               "--dist-backend gloo (CPU tensors)");
+  impl_->backend = backend;
+
+  // Rendezvous: rank 0 serves the store, everyone connects (retrying until
+  // the timeout, so ranks may start in any order).
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(r.port);
+  store_options.isServer = r.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(r.world_size);
+  store_options.waitWorkers = false;
+  store_options.timeout = options.timeout;
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(r.host, store_options);
+  } catch (const std::exception& e) {
+    std::string why = first_line(e.what());
+    if (r.rank == 0 && why.find("EADDRINUSE") != std::string::npos) {
+      TANDEM_FAIL("rendezvous: port ", r.port, " on ", r.host,
+                  " is already in use (pick another MASTER_PORT / --master-port)");
+    }
+    TANDEM_FAIL("rendezvous at ", r.host, ":", r.port, " (", r.source, ") failed on rank ", r.rank,
+                ": ", why);
+  }
+
+  // Gloo: one device bound to the address rank 0's store is reached through
+  // (loopback for a local job), so ranks talk over the same interface.
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(r.host));
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        impl_->store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("process group (gloo) of ", r.world_size, " ranks at ", r.host, ":", r.port,
+                " failed on rank ", r.rank, ": ", first_line(e.what()));
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
+ProcessGroup& ProcessGroup::operator=(ProcessGroup&&) noexcept = default;
+
+int64_t ProcessGroup::rank() const { return impl_->rendezvous.rank; }
+int64_t ProcessGroup::size() const { return impl_->rendezvous.world_size; }
+const std::string& ProcessGroup::backend() const { return impl_->backend; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
+
+Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = impl_->options.timeout;
+  return impl_->call("all_reduce", [&] { return impl_->group->allreduce(tensors, o); },
+                     impl_->divide_if_avg(op, tensors));
+}
+
+// c10d's allreduce takes a list of copies of one tensor (one per device);
+// different tensors in one operation are allreduce_coalesced.
+Work ProcessGroup::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+  c10d::AllreduceCoalescedOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = impl_->options.timeout;
+  return impl_->call("all_reduce", [&] { return impl_->group->allreduce_coalesced(tensors, o); },
+                     impl_->divide_if_avg(op, tensors));
+}
+
+Work ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("broadcast", [&] { return impl_->group->broadcast(tensors, o); });
+}
+
+Work ProcessGroup::reduce(torch::Tensor& tensor, int64_t root, ReduceOp op) {
+  std::vector<torch::Tensor> tensors{tensor};
+  c10d::ReduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.rootRank = root;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("reduce", [&] { return impl_->group->reduce(tensors, o); },
+                     rank() == root ? impl_->divide_if_avg(op, tensors) : nullptr);
+}
+
+Work ProcessGroup::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
+  std::vector<std::vector<torch::Tensor>> out{outputs};
+  std::vector<torch::Tensor> in{input};
+  c10d::AllgatherOptions o;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("all_gather", [&] { return impl_->group->allgather(out, in, o); });
+}
+
+Work ProcessGroup::gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input,
+                          int64_t root) {
+  std::vector<std::vector<torch::Tensor>> out;
+  if (rank() == root) out.push_back(outputs);
+  std::vector<torch::Tensor> in{input};
+  c10d::GatherOptions o;
+  o.rootRank = root;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("gather", [&] { return impl_->group->gather(out, in, o); });
+}
+
+Work ProcessGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                           int64_t root) {
+  std::vector<torch::Tensor> out{output};
+  std::vector<std::vector<torch::Tensor>> in;
+  if (rank() == root) in.push_back(inputs);
+  c10d::ScatterOptions o;
+  o.rootRank = root;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("scatter", [&] { return impl_->group->scatter(out, in, o); });
+}
+
+Work ProcessGroup::reduce_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                                  ReduceOp op) {
+  std::vector<torch::Tensor> out{output};
+  std::vector<std::vector<torch::Tensor>> in{inputs};
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = impl_->options.timeout;
+  return impl_->call("reduce_scatter", [&] { return impl_->group->reduce_scatter(out, in, o); },
+                     impl_->divide_if_avg(op, out));
+}
+
+Work ProcessGroup::barrier() {
+  c10d::BarrierOptions o;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("barrier", [&] { return impl_->group->barrier(o); });
+}
+
+Work ProcessGroup::send(const torch::Tensor& tensor, int64_t dst, int tag) {
+  std::vector<torch::Tensor> tensors{tensor};
+  return impl_->call("send", [&] { return impl_->group->send(tensors, static_cast<int>(dst), tag); });
+}
+
+Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
+  std::vector<torch::Tensor> tensors{tensor};
+  return impl_->call("recv",
+                     [&] { return impl_->group->recv(tensors, static_cast<int>(src), tag); });
+}
+
+int pick_free_port(const std::string& host) {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.numWorkers = 1;
+  o.waitWorkers = false;
+  try {
+    c10d::TCPStore probe(host, o);
+    return static_cast<int>(probe.getPort());
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("cannot find a free port on ", host, ": ", first_line(e.what()));
+  }
+}
+
+}  // namespace tandem::dist

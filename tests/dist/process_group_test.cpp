@@ -1,0 +1,245 @@
+// Process groups over Gloo on 127.0.0.1, ranks as threads of this test:
+// every collective against its reference, the manual gradient averaging of
+// seed 004, and the failures (timeout, a peer that leaves, a port in use, no
+// rank 0) ending in an error that names the collective, in bounded time.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "tandem/dist/collectives.h"
+#include "tandem/dist/process_group.h"
+#include "tandem/util/check.h"
+
+namespace tandem::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(group) on `world` ranks, one thread each; returns each rank's error
+// message ("" when it finished).
+std::vector<std::string> run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
+                                   GroupOptions options = {}, int port = 0) {
+  if (port == 0) port = pick_free_port();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Rendezvous rv;
+        rv.port = port;
+        rv.rank = r;
+        rv.world_size = world;
+        rv.local_rank = r;
+        rv.local_world_size = world;
+        rv.source = "test";
+        ProcessGroup group(rv, options);
+        fn(group);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "(empty message)";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(ProcessGroupTest, AllReduceOps) {
+  const int world = 3;
+  expect_no_errors(run_ranks(world, [](ProcessGroup& g) {
+    EXPECT_EQ(g.backend(), "gloo");
+    double r = static_cast<double>(g.rank());
+    auto sum = torch::full({5}, r + 1);
+    g.all_reduce(sum).wait();
+    EXPECT_TRUE(torch::equal(sum, torch::full({5}, 6.0)));
+    auto avg = torch::full({2, 3}, r * 3);
+    g.all_reduce(avg, ReduceOp::kAvg).wait();
+    EXPECT_TRUE(torch::allclose(avg, torch::full({2, 3}, 3.0)));
+    auto mn = torch::tensor({r, -r}), mx = torch::tensor({r, -r});
+    g.all_reduce(mn, ReduceOp::kMin).wait();
+    g.all_reduce(mx, ReduceOp::kMax).wait();
+    EXPECT_TRUE(torch::equal(mn, torch::tensor({0.0, -2.0})));
+    EXPECT_TRUE(torch::equal(mx, torch::tensor({2.0, 0.0})));
+    auto ints = torch::full({4}, g.rank() + 10, torch::kInt64);
+    g.all_reduce(ints, ReduceOp::kAvg).wait();  // (10 + 11 + 12) / 3, integer
+    EXPECT_TRUE(torch::equal(ints, torch::full({4}, 11, torch::kInt64)));
+    std::vector<torch::Tensor> several{torch::ones({2}), torch::ones({3}) * r};
+    g.all_reduce(several).wait();
+    EXPECT_TRUE(torch::equal(several[0], torch::full({2}, 3.0)));
+    EXPECT_TRUE(torch::equal(several[1], torch::full({3}, 3.0)));
+  }));
+}
+
+TEST(ProcessGroupTest, RootedAndGatheringCollectives) {
+  const int world = 4;
+  expect_no_errors(run_ranks(world, [](ProcessGroup& g) {
+    const int64_t r = g.rank(), w = g.size();
+    auto b = torch::full({3}, static_cast<float>(r));
+    g.broadcast(b, /*root=*/2).wait();
+    EXPECT_TRUE(torch::equal(b, torch::full({3}, 2.0f)));
+
+    auto red = torch::full({2}, static_cast<float>(r + 1));
+    g.reduce(red, /*root=*/1).wait();
+    if (r == 1) EXPECT_TRUE(torch::equal(red, torch::full({2}, 10.0f)));
+
+    std::vector<torch::Tensor> all(w);
+    for (auto& t : all) t = torch::empty({2});
+    g.all_gather(all, torch::full({2}, static_cast<float>(r * r))).wait();
+    for (int64_t i = 0; i < w; ++i) EXPECT_TRUE(torch::equal(all[i], torch::full({2}, float(i * i))));
+
+    std::vector<torch::Tensor> gathered;
+    if (r == 3) for (int64_t i = 0; i < w; ++i) gathered.push_back(torch::empty({1}));
+    g.gather(gathered, torch::full({1}, static_cast<float>(r + 100)), /*root=*/3).wait();
+    if (r == 3) {
+      for (int64_t i = 0; i < w; ++i) EXPECT_EQ(gathered[i].item<float>(), 100 + i);
+    }
+
+    std::vector<torch::Tensor> pieces;
+    if (r == 0) for (int64_t i = 0; i < w; ++i) pieces.push_back(torch::full({2}, float(10 * i)));
+    auto piece = torch::empty({2});
+    g.scatter(piece, pieces, /*root=*/0).wait();
+    EXPECT_TRUE(torch::equal(piece, torch::full({2}, float(10 * r))));
+
+    std::vector<torch::Tensor> inputs;
+    for (int64_t i = 0; i < w; ++i) inputs.push_back(torch::full({3}, float(i + r)));
+    auto mine = torch::empty({3});
+    g.reduce_scatter(mine, inputs).wait();  // sum over ranks q of (r + q)
+    EXPECT_TRUE(torch::equal(mine, torch::full({3}, float(w * r + w * (w - 1) / 2))));
+
+    g.barrier().wait();
+
+    // A ring: send to the right, receive from the left.
+    auto out = torch::full({4}, static_cast<float>(r));
+    auto in = torch::empty({4});
+    auto sent = g.send(out, (r + 1) % w, /*tag=*/7);
+    g.recv(in, (r + w - 1) % w, /*tag=*/7).wait();
+    sent.wait();
+    EXPECT_TRUE(torch::equal(in, torch::full({4}, float((r + w - 1) % w))));
+  }));
+}
+
+// Seed 004: each rank's gradient of the mean loss on its shard, averaged,
+// equals the gradient of the mean loss on the whole batch.
+TEST(ProcessGroupTest, AverageGradientsEqualsTheWholeBatchGradient) {
+  const int world = 2;
+  torch::manual_seed(3);
+  auto inputs = torch::randn({8, 5});
+  auto targets = torch::randint(0, 3, {8}, torch::kInt64);
+  torch::nn::Linear reference(5, 3);
+  torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();
+  expect_no_errors(run_ranks(world, [&](ProcessGroup& g) {
+    torch::nn::Linear model(5, 3);
+    {
+      torch::NoGradGuard no_grad;  // a different start on every rank...
+      for (auto& p : model->parameters()) p.uniform_(-1, 1);
+    }
+    broadcast_module(*model, g, /*root=*/0);  // ...then rank 0's everywhere
+    {
+      torch::NoGradGuard no_grad;
+      if (g.rank() == 0) {
+        model->weight.copy_(reference->weight);
+        model->bias.copy_(reference->bias);
+      }
+    }
+    broadcast_module(*model, g, 0);
+    auto shard = torch::arange(g.rank() * 4, (g.rank() + 1) * 4);
+    torch::nn::functional::cross_entropy(model->forward(inputs.index_select(0, shard)),
+                                         targets.index_select(0, shard))
+        .backward();
+    average_gradients(*model, g);
+    EXPECT_TRUE(torch::allclose(model->weight.grad(), reference->weight.grad(), 1e-6, 1e-7));
+    EXPECT_TRUE(torch::allclose(model->bias.grad(), reference->bias.grad(), 1e-6, 1e-7));
+  }));
+}
+
+TEST(ProcessGroupTest, TimeoutNamesTheCollective) {
+  GroupOptions options;
+  options.timeout = 1500ms;
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(2, [](ProcessGroup& g) {
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(4s);  // alive, but never joins the all_reduce
+      return;
+    }
+    auto t = torch::ones({3});
+    g.all_reduce(t).wait();
+  }, options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(errors[0].find("all_reduce on rank 0 of 2 (gloo)"), std::string::npos) << errors[0];
+  EXPECT_LT(seconds, 15);
+}
+
+TEST(ProcessGroupTest, APeerThatLeavesFailsTheCollectiveQuickly) {
+  GroupOptions options;
+  options.timeout = 60s;
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(2, [](ProcessGroup& g) {
+    if (g.rank() == 1) throw std::runtime_error("rank 1 gives up");
+    auto t = torch::ones({1000});
+    for (int i = 0; i < 3; ++i) g.all_reduce(t).wait();
+  }, options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(errors[1], "rank 1 gives up");
+  EXPECT_NE(errors[0].find("all_reduce on rank 0 of 2 (gloo) failed"), std::string::npos) << errors[0];
+  EXPECT_LT(seconds, 30) << "took the whole timeout";
+}
+
+TEST(ProcessGroupTest, PortInUseIsAClearError) {
+  int port = pick_free_port();
+  std::string error;
+  run_ranks(1, [&](ProcessGroup&) {
+    Rendezvous second;
+    second.port = port;
+    try {
+      ProcessGroup clash(second);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }, {}, port);
+  EXPECT_NE(error.find("port " + std::to_string(port) + " on 127.0.0.1 is already in use"),
+            std::string::npos)
+      << error;
+}
+
+TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
+  Rendezvous rv;
+  rv.port = pick_free_port();
+  rv.rank = 1;
+  rv.world_size = 2;
+  rv.local_rank = 1;
+  rv.local_world_size = 2;
+  rv.source = "test";
+  GroupOptions options;
+  options.timeout = 1500ms;
+  try {
+    ProcessGroup group(rv, options);
+    FAIL() << "joined a group without rank 0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rendezvous at 127.0.0.1:" + std::to_string(rv.port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ProcessGroupTest, NcclIsRefusedClearly) {
+  Rendezvous rv;
+  GroupOptions options;
+  options.backend = "nccl";
+  try {
+    ProcessGroup group(rv, options);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dist-backend nccl"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::dist
