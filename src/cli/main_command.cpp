@@ -16,6 +16,7 @@ std::string top_help() {
              "tandem trains neural networks on libtorch, on one or many devices.\n\n"
              "commands:\n"
              "  train     train and evaluate a model\n"
+             "  launch    run a command as N local workers of a distributed job\n"
              "  models    list the model names --model accepts\n"
              "  version   print the version\n\n"
              "`tandem <command> --help` describes one command. The train flags:\n\n") +
@@ -41,11 +42,12 @@ int main_command(int argc, char** argv) {
     std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "train") return train_command(rest);
     if (command == "models") return models_command(rest);
+    if (command == "launch") return launch_command(rest);
     if (command == "version" || command == "--version") {
       std::printf("tandem %s\n", kVersion);
       return 0;
     }
-    throw UsageError("unknown command '" + command + "' (commands: train, models, version)");
+    throw UsageError("unknown command '" + command + "' (commands: train, launch, models, version)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 2;

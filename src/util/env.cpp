@@ -1,5 +1,7 @@
 #include "tandem/util/env.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "tandem/util/check.h"
@@ -19,6 +21,12 @@ std::optional<long long> get_int(const std::string& name) {
   auto parsed = parse_int(*value);
   TANDEM_CHECK(parsed, "environment variable ", name, ": expected an integer, got '", *value, "'");
   return parsed;
+}
+
+std::vector<std::string> snapshot() {
+  std::vector<std::string> out;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) out.emplace_back(*entry);
+  return out;
 }
 
 }  // namespace tandem::env

@@ -18,6 +18,10 @@ std::string train_help();
 // tandem models: the registered model names.
 int models_command(const std::vector<std::string>& args);
 
+// `tandem launch [flags] -- CMD ARGS...`: returns the job's exit code.
+int launch_command(const std::vector<std::string>& args);
+std::string launch_help();
+
 // Dispatches argv to a subcommand.
 int main_command(int argc, char** argv);
 

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tandem::env {
 
@@ -15,5 +16,8 @@ std::optional<std::string> get(const std::string& name);
 // The variable parsed as an integer; nullopt when unset; throws tandem::Error
 // naming the variable when it is set but not an integer.
 std::optional<long long> get_int(const std::string& name);
+
+// The whole environment as NAME=VALUE strings (for starting child processes).
+std::vector<std::string> snapshot();
 
 }  // namespace tandem::env

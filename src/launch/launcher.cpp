@@ -1,0 +1,338 @@
+#include "tandem/launch/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "tandem/util/check.h"
+#include "tandem/util/env.h"
+#include "tandem/util/table.h"
+
+namespace tandem::launch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signals reach the poll loop through a self-pipe (the handler only writes
+// one byte, which is async-signal-safe).
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signal_number) {
+  int saved = errno;
+  char byte = static_cast<char>(signal_number);
+  ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+// Installs the handlers for one run and puts the old ones back.
+class SignalScope {
+ public:
+  SignalScope() {
+    TANDEM_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "launch: pipe2 failed: ",
+                 std::strerror(errno));
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &action, &old_[s]);
+  }
+  ~SignalScope() {
+    for (auto& [s, old] : old_) sigaction(s, &old, nullptr);
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+
+ private:
+  std::map<int, struct sigaction> old_;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return format("exited with code %d", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int s = WTERMSIG(status);
+    const char* name = sigabbrev_np(s);
+    return format("was killed by signal %d (SIG%s)", s, name ? name : "?");
+  }
+  return format("ended with status %d", status);
+}
+
+struct Stream {
+  int fd = -1;
+  std::string pending;  // a partial line
+  std::FILE* to = nullptr;
+};
+
+struct Worker {
+  int64_t local_rank = 0, rank = 0;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+  Stream out, err;
+};
+
+// Copies complete lines from `s` to its destination with the rank prefix;
+// at EOF also the last partial line. Returns false at EOF.
+bool pump(Stream& s, int64_t rank, bool eof_flush) {
+  char buffer[65536];
+  ssize_t n = read(s.fd, buffer, sizeof buffer);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  bool eof = n <= 0;
+  if (n > 0) s.pending.append(buffer, static_cast<size_t>(n));
+  size_t start = 0, newline;
+  while ((newline = s.pending.find('\n', start)) != std::string::npos) {
+    std::fprintf(s.to, "[rank %lld] %.*s\n", static_cast<long long>(rank),
+                 static_cast<int>(newline - start), s.pending.data() + start);
+    start = newline + 1;
+  }
+  s.pending.erase(0, start);
+  if ((eof || eof_flush) && !s.pending.empty()) {
+    std::fprintf(s.to, "[rank %lld] %s\n", static_cast<long long>(rank), s.pending.c_str());
+    s.pending.clear();
+  }
+  std::fflush(s.to);
+  if (eof) {
+    close(s.fd);
+    s.fd = -1;
+  }
+  return !eof;
+}
+
+struct Attempt {
+  std::vector<Worker> workers;
+  int failed = -1;           // index of the first worker that failed
+  int forwarded_signal = 0;  // SIGINT/SIGTERM the launcher received
+};
+
+}  // namespace
+
+LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pick_port,
+                         std::FILE* out, std::FILE* err) {
+  TANDEM_CHECK(o.nproc_per_node >= 1, "--nproc-per-node: expected >= 1, got ", o.nproc_per_node);
+  TANDEM_CHECK(o.nnodes >= 1, "--nnodes: expected >= 1, got ", o.nnodes);
+  TANDEM_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank: expected 0..",
+               o.nnodes - 1, ", got ", o.node_rank);
+  TANDEM_CHECK(o.max_restarts >= 0, "--max-restarts: expected >= 0, got ", o.max_restarts);
+  TANDEM_CHECK(!o.command.empty(), "launch: no command to run (expected -- CMD ARGS...)");
+  TANDEM_CHECK(o.master_port != 0 || o.nnodes == 1,
+               "--master-port is required when --nnodes > 1 (every node must use the same port)");
+  TANDEM_CHECK(o.master_port >= 0 && o.master_port < 65536, "--master-port: expected 1..65535");
+
+  const int64_t world = o.nproc_per_node * o.nnodes;
+  auto base_env = env::snapshot();
+  bool omp_set = env::get("OMP_NUM_THREADS").has_value();
+  for (const auto& [k, v] : o.extra_env) omp_set = omp_set || k == "OMP_NUM_THREADS";
+  int64_t cores = std::max<unsigned>(std::thread::hardware_concurrency(), 1u);
+  int64_t omp_threads = std::max<int64_t>(cores / o.nproc_per_node, 1);
+
+  SignalScope signals;
+  const pid_t launcher = getpid();
+  LaunchResult result;
+  for (int64_t attempt = 0;; ++attempt) {
+    int port = o.master_port != 0 ? o.master_port : pick_port();
+    Attempt a;
+    a.workers.resize(static_cast<size_t>(o.nproc_per_node));
+    for (int64_t i = 0; i < o.nproc_per_node; ++i) {
+      Worker& w = a.workers[i];
+      w.local_rank = i;
+      w.rank = o.node_rank * o.nproc_per_node + i;
+      // The environment, prepared before fork (no allocation in the child).
+      std::vector<std::string> env = base_env;
+      auto set = [&](const std::string& key, const std::string& value) {
+        for (auto& entry : env) {
+          if (entry.compare(0, key.size() + 1, key + "=") == 0) {
+            entry = key + "=" + value;
+            return;
+          }
+        }
+        env.push_back(key + "=" + value);
+      };
+      set("RANK", std::to_string(w.rank));
+      set("WORLD_SIZE", std::to_string(world));
+      set("LOCAL_RANK", std::to_string(i));
+      set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+      set("GROUP_RANK", std::to_string(o.node_rank));
+      set("MASTER_ADDR", o.master_addr);
+      set("MASTER_PORT", std::to_string(port));
+      set("TANDEM_RESTART_COUNT", std::to_string(attempt));
+      if (!omp_set) set("OMP_NUM_THREADS", std::to_string(omp_threads));
+      for (const auto& [k, v] : o.extra_env) set(k, v);
+      std::vector<char*> envp, argv;
+      for (auto& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      std::vector<std::string> command = o.command;
+      for (auto& c : command) argv.push_back(c.data());
+      argv.push_back(nullptr);
+
+      int out_pipe[2], err_pipe[2];
+      TANDEM_CHECK(pipe2(out_pipe, O_CLOEXEC) == 0 && pipe2(err_pipe, O_CLOEXEC) == 0,
+                   "launch: pipe2 failed: ", std::strerror(errno));
+      // The child starts with our signals blocked: until it has dropped our
+      // handlers, a SIGTERM meant for it would otherwise run our handler in
+      // the child and reach our signal pipe as if sent to the launcher.
+      sigset_t ours, previous;
+      sigemptyset(&ours);
+      for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaddset(&ours, s);
+      sigprocmask(SIG_BLOCK, &ours, &previous);
+      pid_t pid = fork();
+      if (pid == 0) {  // the worker: only async-signal-safe calls until exec
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &dfl, nullptr);
+        close(g_signal_pipe[0]);
+        close(g_signal_pipe[1]);
+        sigprocmask(SIG_SETMASK, &previous, nullptr);  // a pending SIGTERM now ends it
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != launcher) _exit(127);
+        dup2(out_pipe[1], STDOUT_FILENO);
+        dup2(err_pipe[1], STDERR_FILENO);
+        execvpe(argv[0], argv.data(), envp.data());
+        const char* why = std::strerror(errno);
+        ssize_t ignored = write(STDERR_FILENO, "cannot run ", 11);
+        ignored = write(STDERR_FILENO, argv[0], std::strlen(argv[0]));
+        ignored = write(STDERR_FILENO, ": ", 2);
+        ignored = write(STDERR_FILENO, why, std::strlen(why));
+        ignored = write(STDERR_FILENO, "\n", 1);
+        (void)ignored;
+        _exit(127);
+      }
+      int fork_errno = errno;
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
+      TANDEM_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(fork_errno));
+      setpgid(pid, pid);  // also here, so that it holds before we signal the group
+      close(out_pipe[1]);
+      close(err_pipe[1]);
+      fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+      fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+      w.pid = pid;
+      w.out = {out_pipe[0], "", out};
+      w.err = {err_pipe[0], "", err};
+    }
+
+    // Watch until every worker has exited (Note [worker life cycle]).
+    std::optional<Clock::time_point> kill_at;
+    bool killed = false;
+    auto signal_all = [&](int s) {
+      for (auto& w : a.workers) {
+        if (!w.exited) kill(-w.pid, s);
+      }
+    };
+    auto stop_all = [&] {
+      if (kill_at) return;
+      signal_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+    };
+    size_t alive = a.workers.size();
+    while (alive > 0) {
+      std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+      std::vector<Stream*> streams{nullptr};
+      std::vector<int64_t> ranks{0};
+      for (auto& w : a.workers) {
+        for (Stream* s : {&w.out, &w.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+          ranks.push_back(w.rank);
+        }
+      }
+      int ready = poll(fds.data(), fds.size(), 100);
+      if (ready > 0) {
+        if (fds[0].revents & POLLIN) {
+          char signals_seen[64];
+          ssize_t n = read(g_signal_pipe[0], signals_seen, sizeof signals_seen);
+          for (ssize_t k = 0; k < n; ++k) {
+            int s = signals_seen[k];
+            if (s == SIGINT || s == SIGTERM) {
+              if (a.forwarded_signal == 0) {
+                std::fprintf(err, "tandem launch: got SIG%s, passing it to the workers\n", sigabbrev_np(s));
+                std::fflush(err);
+              }
+              a.forwarded_signal = s;
+              signal_all(s);
+              if (!kill_at) {
+                kill_at = Clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+              }
+            }
+          }
+        }
+        for (size_t k = 1; k < fds.size(); ++k) {
+          if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*streams[k], ranks[k], false);
+        }
+      }
+      for (size_t i = 0; i < a.workers.size(); ++i) {
+        Worker& w = a.workers[i];
+        if (w.exited) continue;
+        int status = 0;
+        if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+        w.exited = true;
+        w.status = status;
+        --alive;
+        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && a.failed < 0 && a.forwarded_signal == 0) {
+          a.failed = static_cast<int>(i);
+          std::fprintf(err, "tandem launch: rank %lld (pid %d) %s; stopping the other workers\n",
+                       static_cast<long long>(w.rank), static_cast<int>(w.pid),
+                       describe_status(status).c_str());
+          std::fflush(err);
+          stop_all();
+        }
+        if (alive > 0 && (a.failed >= 0 || a.forwarded_signal)) stop_all();
+      }
+      if (kill_at && !killed && Clock::now() >= *kill_at) {
+        signal_all(SIGKILL);
+        killed = true;
+      }
+    }
+    // Every worker is reaped; copy what is left in the pipes (a grandchild
+    // that still holds one open is not waited for).
+    for (auto& w : a.workers) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd < 0) continue;
+        pump(*s, w.rank, true);
+        if (s->fd >= 0) {
+          close(s->fd);
+          s->fd = -1;
+        }
+      }
+      kill(-w.pid, SIGKILL);  // leftover members of its process group
+    }
+
+    if (a.forwarded_signal) {
+      result.exit_code = 128 + a.forwarded_signal;
+      result.reason = format("stopped by SIG%s", sigabbrev_np(a.forwarded_signal));
+      return result;
+    }
+    if (a.failed < 0) {
+      result.exit_code = 0;
+      result.reason.clear();
+      return result;
+    }
+    const Worker& f = a.workers[a.failed];
+    result.reason = format("rank %lld (pid %d) %s", static_cast<long long>(f.rank),
+                           static_cast<int>(f.pid), describe_status(f.status).c_str());
+    if (attempt >= o.max_restarts) {
+      result.exit_code = 1;
+      return result;
+    }
+    ++result.restarts;
+    std::fprintf(err, "tandem launch: restarting all %lld workers (restart %lld of %lld)\n",
+                 static_cast<long long>(o.nproc_per_node), static_cast<long long>(result.restarts),
+                 static_cast<long long>(o.max_restarts));
+    std::fflush(err);
+  }
+}
+
+}  // namespace tandem::launch

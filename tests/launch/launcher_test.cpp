@@ -1,0 +1,178 @@
+// `tandem launch`, run as a user runs it: the workers' environment, output
+// prefixes, a failing or SIGKILLed worker ending the job in bounded time with
+// no process left behind, restarts, signal forwarding, and the launcher
+// itself being killed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::run;
+using testing::run_tandem;
+using testing::TempDir;
+
+// How many processes have `marker` in their command line. The pattern's
+// first letter in brackets keeps the shell running pgrep from matching.
+int count_processes(const std::string& marker) {
+  std::string pattern = "^[" + marker.substr(0, 1) + "]" + marker.substr(1);
+  auto r = run("pgrep -f -c -- '" + pattern + "' || true");
+  return std::atoi(r.output.c_str());
+}
+
+// The pid of the one process whose command line matches `pattern` (a regex),
+// waiting up to 5 s for it to appear; 0 if none.
+pid_t pid_of(const std::string& pattern) {
+  for (int i = 0; i < 50; ++i) {
+    auto r = run("pgrep -f -- '" + pattern + "' || true");
+    if (!r.output.empty()) return std::atoi(r.output.c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return 0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(LaunchTest, WorkersGetTorchrunsEnvironmentAndPrefixedOutput) {
+  auto r = run_tandem(
+      "launch --nproc-per-node 3 -- sh -c "
+      "'echo \"env $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$MASTER_ADDR/$OMP_NUM_THREADS\"; "
+      "echo \"port $MASTER_PORT\"; echo \"to stderr $RANK\" >&2'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = std::max(cores / 3, 1);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string line = "[rank " + std::to_string(rank) + "] env " + std::to_string(rank) + "/3/" +
+                       std::to_string(rank) + "/3/127.0.0.1/" + std::to_string(threads) + "\n";
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "in:\n" << r.output;
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] to stderr " + std::to_string(rank)),
+              std::string::npos);
+  }
+  // One free port, the same for every rank.
+  auto first = r.output.find("] port ");
+  ASSERT_NE(first, std::string::npos);
+  std::string port = r.output.substr(first + 7, r.output.find('\n', first) - first - 7);
+  EXPECT_GT(std::atoi(port.c_str()), 0);
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 9) << r.output;
+  size_t at = 0;
+  int same = 0;
+  while ((at = r.output.find("] port " + port + "\n", at)) != std::string::npos) ++same, ++at;
+  EXPECT_EQ(same, 3) << r.output;
+}
+
+TEST(LaunchTest, OmpThreadsAreLeftAloneWhenSet) {
+  auto r = run("OMP_NUM_THREADS=7 " + std::string(TANDEM_CLI) +
+               " launch --nproc-per-node 2 -- sh -c 'echo omp $OMP_NUM_THREADS' 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] omp 7"), std::string::npos) << r.output;
+}
+
+TEST(LaunchTest, AFailingWorkerStopsTheOthersAndIsNamed) {
+  const std::string marker = "61.25";
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem("launch --nproc-per-node 3 -- sh -c "
+                      "'if [ $RANK = 1 ]; then sleep 0.5; exit 3; fi; exec sleep " + marker + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(seconds_since(start), 15);
+  EXPECT_NE(r.output.find("tandem launch: rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 3"), std::string::npos) << r.output;
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
+TEST(LaunchTest, ASigkilledWorkerIsNamedWithinSeconds) {
+  const std::string marker = "61.5";
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem("launch --nproc-per-node 2 --stop-grace 2 -- sh -c "
+                      "'if [ $RANK = 1 ]; then sleep 0.5; kill -9 $$; fi; "
+                      "trap \"\" TERM; sleep " + marker + "'");  // rank 0 ignores SIGTERM
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(seconds_since(start), 30);
+  EXPECT_NE(r.output.find("rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << r.output;
+  EXPECT_EQ(count_processes("sleep " + marker), 0) << "a worker outlived the launcher";
+}
+
+TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {
+  TempDir dir;
+  // Rank 0 fails on the first two attempts and succeeds on the third.
+  std::string script = "echo x >> " + dir.path() + "/attempts.$RANK; echo attempt $TANDEM_RESTART_COUNT; "
+                       "if [ $RANK = 0 ] && [ $TANDEM_RESTART_COUNT -lt 2 ]; then exit 1; fi; echo done";
+  auto r = run_tandem("launch --nproc-per-node 2 --max-restarts 2 -- sh -c '" + script + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting all 2 workers (restart 2 of 2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] attempt 2\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] done\n"), std::string::npos) << r.output;
+  EXPECT_EQ(testing::read_text(dir.file("attempts.0")), "x\nx\nx\n");
+
+  auto fail = run_tandem("launch --nproc-per-node 1 --max-restarts 1 -- sh -c 'exit 5'");
+  EXPECT_EQ(fail.exit_code, 1);
+  EXPECT_NE(fail.output.find("exited with code 5 (after 1 restarts)"), std::string::npos) << fail.output;
+}
+
+// SIGTERM to the launcher reaches the workers; the launcher then exits with
+// 128 + 15, and nothing is left.
+TEST(LaunchTest, SigtermIsForwarded) {
+  TempDir dir;
+  const std::string marker = "61.75";
+  run(std::string(TANDEM_CLI) + " launch --nproc-per-node 2 -- sh -c 'exec sleep " + marker +
+      "' > " + dir.file("out") + " 2>&1 &");
+  pid_t launcher = pid_of("^[^ ]*tandem launch .*sleep " + marker);
+  ASSERT_GT(launcher, 0);
+  for (int i = 0; i < 50 && count_processes("sleep " + marker) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(count_processes("sleep " + marker), 2);
+  kill(launcher, SIGTERM);
+  for (int i = 0; i < 100 && kill(launcher, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(kill(launcher, 0), 0) << "the launcher is still running";
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+  EXPECT_NE(testing::read_text(dir.file("out")).find("got SIGTERM, passing it to the workers"),
+            std::string::npos);
+}
+
+// Even a launcher killed with SIGKILL leaves no worker behind.
+TEST(LaunchTest, WorkersDieWithAKilledLauncher) {
+  const std::string marker = "61.875";
+  run(std::string(TANDEM_CLI) + " launch --nproc-per-node 2 -- sh -c 'exec sleep " + marker +
+      "' > /dev/null 2>&1 &");
+  pid_t launcher = pid_of("^[^ ]*tandem launch .*sleep " + marker);
+  ASSERT_GT(launcher, 0);
+  for (int i = 0; i < 50 && count_processes("sleep " + marker) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(count_processes("sleep " + marker), 2);
+  kill(launcher, SIGKILL);
+  for (int i = 0; i < 50 && count_processes("sleep " + marker) > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
+TEST(LaunchTest, UsageErrors) {
+  auto r = run_tandem("launch --nproc-per-node 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("no command"), std::string::npos) << r.output;
+  r = run_tandem("launch --nproc-per-node 0 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_tandem("launch --nproc-per-node 1 -- /no/such/program");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] cannot run /no/such/program"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 127"), std::string::npos) << r.output;
+  r = run_tandem("launch --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--nproc-per-node N"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tandem
