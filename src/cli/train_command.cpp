@@ -1,11 +1,16 @@
 // tandem train: flags -> TrainOptions -> Trainer -> summary table.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
+#include "tandem/dist/process_group.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/launch/launcher.h"
+#include "tandem/util/env.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/table.h"
 
@@ -57,6 +62,18 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_double("label-smoothing", "X", &o.label_smoothing, "cross-entropy label smoothing", 0);
   flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
 
+  flags.section("distributed");
+  flags.add_int("nproc-per-node", "N", &o.nproc_per_node,
+                "launch N local worker processes of this command (tandem launch's short form); "
+                "0: run in this process", 0);
+  flags.add_choice("strategy", &o.strategy, {"auto", "none", "allreduce"},
+                   "data parallelism over the ranks; auto: allreduce when there are several "
+                   "(gradients all-reduced and averaged after backward)");
+  flags.add_choice("dist-backend", &o.dist_backend, {"auto", "gloo", "nccl"},
+                   "collective backend; auto: nccl on CUDA, gloo on CPU");
+  flags.add_double("dist-timeout", "SECONDS", &o.dist_timeout,
+                   "longest wait of any collective before the job fails", 1e-3);
+
   flags.section("run");
   flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
   flags.add_uint("seed", "N", &o.seed, "seed for initialisation and shuffling");
@@ -71,6 +88,14 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
                    "live bar on a terminal (auto), plain lines, or nothing");
   return flags;
+}
+
+// This program's path, for re-running it as workers.
+std::string self_executable() {
+  char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
+  return std::string(path, static_cast<size_t>(n));
 }
 
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
@@ -109,9 +134,21 @@ int train_command(const std::vector<std::string>& args) {
     std::printf("%s", flags.help().c_str());
     return 0;
   }
+  if (options.nproc_per_node > 0 && !env::get("RANK")) {
+    // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
+    // the workers run this same command line; RANK set tells them they are workers.
+    launch::LaunchOptions lo;
+    lo.nproc_per_node = options.nproc_per_node;
+    lo.command.push_back(self_executable());
+    lo.command.push_back("train");
+    lo.command.insert(lo.command.end(), args.begin(), args.end());
+    auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
+    if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.reason.c_str());
+    return result.exit_code;
+  }
   engine::Trainer trainer(options);
   auto result = trainer.run();
-  print_summary(options, result);
+  if (trainer.rank() == 0) print_summary(options, result);
   return 0;
 }
 

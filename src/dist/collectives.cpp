@@ -22,4 +22,11 @@ void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t ro
   for (auto& work : pending) work.wait();
 }
 
+void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
+  torch::NoGradGuard no_grad;
+  std::vector<Work> pending;
+  for (auto& buffer : module.buffers()) pending.push_back(group.broadcast(buffer, root));
+  for (auto& work : pending) work.wait();
+}
+
 }  // namespace tandem::dist

@@ -4,6 +4,7 @@
 
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
+#include "tandem/dist/collectives.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
@@ -42,12 +43,19 @@ data::LoaderOptions loader_options(int64_t batch_size, int64_t workers, const to
 }  // namespace
 
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device, int64_t workers) {
+                    const torch::Device& device, int64_t workers, dist::ProcessGroup* group) {
   torch::NoGradGuard no_grad;
   bool was_training = model->is_training();
   model->eval();
-  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}),
-                          std::make_shared<data::SequentialSampler>(dataset.size()),
+  std::shared_ptr<const data::Sampler> sampler;
+  if (group != nullptr && group->size() > 1) {
+    std::vector<int64_t> mine;  // r, r + W, ...: every sample once over the ranks
+    for (int64_t i = group->rank(); i < dataset.size(); i += group->size()) mine.push_back(i);
+    sampler = std::make_shared<data::SubsetSampler>(std::move(mine));
+  } else {
+    sampler = std::make_shared<data::SequentialSampler>(dataset.size());
+  }
+  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}), sampler,
                           loader_options(batch_size, workers, device));
   auto it = loader.epoch(0);
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
@@ -64,9 +72,17 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     count += batch->size();
   }
   model->train(was_training);
-  if (count == 0) return {};
-  return {loss_sum.item<double>() / count, static_cast<double>(correct.item<int64_t>()) / count,
-          count};
+  double loss = loss_sum.item<double>(), hits = static_cast<double>(correct.item<int64_t>());
+  double total = static_cast<double>(count);
+  if (group != nullptr && group->size() > 1) {
+    auto sums = torch::tensor({loss, hits, total}, torch::kFloat64);
+    group->all_reduce(sums).wait();
+    loss = sums[0].item<double>();
+    hits = sums[1].item<double>();
+    total = sums[2].item<double>();
+  }
+  if (total == 0) return {};
+  return {loss / total, hits / total, static_cast<int64_t>(total)};
 }
 
 Trainer::Trainer(TrainOptions options, std::FILE* log)
@@ -88,6 +104,26 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
                    o.progress == "off",
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
+
+  TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "allreduce",
+               "--strategy: expected auto, none or allreduce, got '", o.strategy, "'");
+  TANDEM_CHECK(o.dist_timeout > 0, "--dist-timeout: expected a positive number of seconds, got ",
+               o.dist_timeout);
+  if (auto rendezvous = dist::rendezvous_from_env()) {
+    dist::GroupOptions g;
+    g.backend = o.dist_backend;
+    g.device = o.device;
+    g.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000));
+    group_ = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
+    rank_ = group_->rank();
+    world_ = group_->size();
+  }
+  TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
+               rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
+  TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
+               ": not divisible by the world size ", world_,
+               " (each rank takes batch-size / world size samples a step)");
+  if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
 
   data::DataOptions data_options;
   data_options.augment = o.augment;
@@ -113,16 +149,18 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_options.stem = o.stem;
   model_ = models::make_model(o.model, model_options);
   model_->to(device_);
+  if (group_) dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
 }
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
   return format("model=%s width=%g stem=%s data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
-                "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu",
+                "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
                 o.model.c_str(), o.width_mult, o.stem.c_str(), o.data.c_str(), o.augment.c_str(),
                 static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
-                o.label_smoothing, static_cast<unsigned long long>(o.seed));
+                o.label_smoothing, static_cast<unsigned long long>(o.seed),
+                static_cast<long long>(world_));
 }
 
 void Trainer::report_warnings() const {
@@ -144,9 +182,17 @@ TrainResult Trainer::run() {
   TrainResult result;
 
   // --- Set-up: loader, optimizer, schedule ---------------------------------
-  data::DataLoader loader(data_.train,
-                          std::make_shared<data::RandomSampler>(data_.train->size(), o.seed),
-                          loader_options(o.batch_size, o.workers, device_));
+  // Each rank takes its DistributedSampler share, batch-size / world a step:
+  // together the ranks' k-th batches are the single-process k-th batch.
+  std::shared_ptr<const data::Sampler> sampler;
+  if (world_ > 1) {
+    sampler = std::make_shared<data::DistributedSampler>(
+        data_.train->size(), data::DistributedSamplerOptions{world_, rank_, true, o.seed, false});
+  } else {
+    sampler = std::make_shared<data::RandomSampler>(data_.train->size(), o.seed);
+  }
+  data::DataLoader loader(data_.train, sampler,
+                          loader_options(o.batch_size / world_, o.workers, device_));
   const int64_t steps_per_epoch = loader.num_batches();
   TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
   torch::optim::SGD optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
@@ -172,15 +218,21 @@ TrainResult Trainer::run() {
     }
   }
   MetricsWriter metrics;
-  if (!o.metrics_out.empty()) metrics = MetricsWriter(o.metrics_out, /*append=*/o.resume && position.step > 0);
+  if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/o.resume && position.step > 0);
 
   if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
+  if (world_ > 1) {
+    say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
+               static_cast<long long>(world_), o.strategy == "auto" ? "allreduce" : o.strategy.c_str(),
+               group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
+               static_cast<long long>(o.batch_size)));
+  }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
              device_.str().c_str()));
   auto save = [&] {
-    if (checkpointer) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+    if (checkpointer && rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
   };
 
   // --- Epochs ----------------------------------------------------------------
@@ -200,14 +252,26 @@ TrainResult Trainer::run() {
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
-    auto sync_sums = [&] {  // fold the device-side sums into the position
-      position.epoch_loss_sum += loss_sum.item<double>();
-      position.epoch_correct += correct.item<int64_t>();
+    // Folds the device-side sums into the position; over all ranks, so every
+    // rank calls it at the same steps (Note: a collective).
+    auto sync_sums = [&] {
+      double loss = loss_sum.item<double>(), hits = static_cast<double>(correct.item<int64_t>());
+      if (group_) {
+        auto sums = torch::tensor({loss, hits}, torch::kFloat64);
+        group_->all_reduce(sums).wait();
+        loss = sums[0].item<double>();
+        hits = sums[1].item<double>();
+      }
+      position.epoch_loss_sum += loss;
+      position.epoch_correct += static_cast<int64_t>(std::llround(hits));
       loss_sum.zero_();
       correct.zero_();
     };
     auto it = loader.epoch(position.epoch, position.batch_in_epoch);
     while (auto batch = it->next()) {
+      TANDEM_CHECK(batch->size() > 0 || world_ == 1, "rank ", rank_, ": every image of batch ",
+                   position.batch_in_epoch, " was unreadable; with several ranks a rank cannot "
+                   "skip a step (the others would wait for it)");
       if (batch->size() == 0) {  // every image of it was skipped as unreadable
         ++position.batch_in_epoch;
         continue;
@@ -217,13 +281,15 @@ TrainResult Trainer::run() {
       auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
       optimizer.zero_grad();
+      if (group_) dist::broadcast_buffers(*model_, *group_);  // BatchNorm statistics from rank 0
       auto logits = model_->forward(inputs);
       auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
       loss.backward();
+      if (group_) dist::average_gradients(*model_, *group_);  // seed 004's all-reduce
       optimizer.step();
 
-      int64_t n = batch->size();
-      loss_sum += loss.detach().to(torch::kFloat64) * n;
+      int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
+      loss_sum += loss.detach().to(torch::kFloat64) * batch->size();
       correct += logits.detach().argmax(1).eq(targets).sum();
       position.epoch_seen += n;
       images_this_run += n;
@@ -235,8 +301,8 @@ TrainResult Trainer::run() {
         sync_sums();
         save();
       }
+      if (position.batch_in_epoch % 10 == 0 || last) sync_sums();  // on every rank
       if (progress && (position.batch_in_epoch % 10 == 0 || last)) {
-        sync_sums();
         progress->update(position.batch_in_epoch, images_this_run,
                          format("loss %.4f  lr %.4g", position.epoch_loss_sum / position.epoch_seen, lr));
       }
@@ -253,7 +319,7 @@ TrainResult Trainer::run() {
     m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
     if (data_.test) {
-      auto eval = evaluate(model_, *data_.test, o.batch_size, device_, o.workers);
+      auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers, group_.get());
       m.test_loss = eval.loss;
       m.test_acc = eval.accuracy;
     } else {
@@ -263,6 +329,7 @@ TrainResult Trainer::run() {
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;
+    m.world_size = world_;
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
       progress->finish(position.batch_in_epoch, images_this_run,
@@ -287,7 +354,7 @@ TrainResult Trainer::run() {
   }
 
   // --- Finish ----------------------------------------------------------------
-  if (!o.export_weights.empty()) {
+  if (!o.export_weights.empty() && rank_ == 0) {
     NamedTensors tensors;
     for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());

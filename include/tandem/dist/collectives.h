@@ -18,4 +18,8 @@ void average_gradients(torch::nn::Module& module, ProcessGroup& group);
 // registration order (how DDP starts all ranks from the same weights).
 void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);
 
+// Broadcasts only the buffers (BatchNorm running statistics), as DDP does
+// before every forward pass by default.
+void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);
+
 }  // namespace tandem::dist

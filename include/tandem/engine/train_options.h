@@ -35,6 +35,12 @@ struct TrainOptions {
   double label_smoothing = 0.0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
 
+  // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
+  std::string strategy = "auto";      // auto | none | allreduce
+  std::string dist_backend = "auto";  // auto | gloo | nccl
+  double dist_timeout = 300;          // seconds any collective may wait
+  int64_t nproc_per_node = 0;         // CLI: > 0 launches that many local workers of itself
+
   // Run
   std::string device = "cpu";  // cpu | cuda | cuda:N
   uint64_t seed = 0;

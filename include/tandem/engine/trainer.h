@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "tandem/data/dataset.h"
+#include "tandem/dist/process_group.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
@@ -34,9 +35,12 @@ struct EvalResult {
 };
 
 // Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no
-// grad), with `workers` loader threads.
+// grad), with `workers` loader threads. With a group, each rank evaluates the
+// samples r, r + W, ... and the sums are all-reduced: every rank returns the
+// result over the whole data set.
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device, int64_t workers = 0);
+                    const torch::Device& device, int64_t workers = 0,
+                    dist::ProcessGroup* group = nullptr);
 
 class Trainer {
  public:
@@ -46,6 +50,8 @@ class Trainer {
   TrainResult run();
 
   models::Sequence& model() { return model_; }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_; }
   const data::DataSplits& data() const { return data_; }
   const TrainOptions& options() const { return options_; }
 
@@ -61,6 +67,10 @@ class Trainer {
   torch::Device device_;
   data::DataSplits data_;
   models::Sequence model_{nullptr};
+  // Set when the environment names a rank (launched by tandem launch,
+  // torchrun, srun, mpirun): data parallel over the group's ranks.
+  std::shared_ptr<dist::ProcessGroup> group_;
+  int64_t rank_ = 0, world_ = 1;
 };
 
 // Parses "cpu", "cuda", "cuda:N"; throws tandem::Error naming --device if the

@@ -1,0 +1,102 @@
+// `tandem train --nproc-per-node N`: real worker processes over Gloo on
+// 127.0.0.1, launched by tandem itself.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::run;
+using testing::run_tandem;
+using testing::TempDir;
+
+nlohmann::json last_metrics(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
+}
+
+TEST(DistributedCliTest, TwoRanksTrainOneModel) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 2048, 512);
+  auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() +
+                      " --model convnet --epochs 2 --batch-size 64 --lr 0.05 --progress lines"
+                      " --metrics-out " + dir.file("m.jsonl") + " --export-weights " +
+                      dir.file("w.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] data parallel over 2 ranks (allreduce, gloo): batch 32 per "
+                          "rank, 64 in all"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[rank 1] training"), std::string::npos) << "rank 1 spoke:\n" << r.output;
+  auto m = last_metrics(dir.file("m.jsonl"));
+  EXPECT_EQ(m["world_size"].get<int>(), 2);
+  EXPECT_EQ(m["step"].get<int>(), 2 * 32);  // 2048 / 64 steps an epoch
+  EXPECT_GE(m["test_acc"].get<double>(), 0.9) << r.output;
+  EXPECT_TRUE(std::ifstream(dir.file("w.safetensors")).good());
+}
+
+TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() + " --batch-size 33");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--batch-size 33: not divisible by the world size 2"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
+}
+
+// A worker killed mid-training ends the job: non-zero, that rank named,
+// within 30 s, and no process left.
+TEST(DistributedCliTest, AKilledRankEndsTheJob) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 4096, 64);
+  std::string marker = dir.path();  // unique to this job's command lines
+  run("(" + std::string(TANDEM_CLI) + " train --nproc-per-node 2 --data idx:" + dir.path() +
+      " --epochs 50 --batch-size 32 --progress lines > " + dir.file("out") + " 2>&1; echo $? > " +
+      dir.file("rc") + ") > /dev/null 2>&1 &");
+  // Wait until training runs, then kill rank 1 (RANK=1 in its environment).
+  auto start = std::chrono::steady_clock::now();
+  pid_t victim = 0;
+  for (int i = 0; i < 300 && victim == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (testing::read_text(dir.file("out")).find("epoch 1/50") == std::string::npos) continue;
+    auto pids = run("pgrep -f -- '^[^ ]*tandem train .*" + marker + "' || true").output;
+    std::istringstream lines(pids);
+    std::string pid;
+    while (std::getline(lines, pid)) {
+      // NUL-separated NAME=VALUE entries; LOCAL_RANK=1 must not count.
+      std::string environ = std::string(1, '\0') + testing::read_text("/proc/" + pid + "/environ");
+      if (environ.find(std::string("\0RANK=1\0", 8)) != std::string::npos) {
+        victim = std::atoi(pid.c_str());
+      }
+    }
+  }
+  ASSERT_GT(victim, 0) << testing::read_text(dir.file("out"));
+  auto killed_at = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  for (int i = 0; i < 300 && testing::read_text(dir.file("rc")).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  auto out = testing::read_text(dir.file("out"));
+  EXPECT_EQ(testing::read_text(dir.file("rc")), "1\n") << out;
+  EXPECT_LT(seconds, 30) << out;
+  EXPECT_NE(out.find("rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9 (SIGKILL)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(run("pgrep -f -- '^[^ ]*tandem train .*" + marker + "' || true").output, "") << out;
+  (void)start;
+}
+
+}  // namespace
+}  // namespace tandem
