@@ -69,6 +69,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "allreduce"},
                    "data parallelism over the ranks; auto: allreduce when there are several "
                    "(gradients all-reduced and averaged after backward)");
+  flags.add_switch("sync-bn", &o.sync_bn,
+                   "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
+                   "depend on the number of ranks");
   flags.add_choice("dist-backend", &o.dist_backend, {"auto", "gloo", "nccl"},
                    "collective backend; auto: nccl on CUDA, gloo on CPU");
   flags.add_double("dist-timeout", "SECONDS", &o.dist_timeout,

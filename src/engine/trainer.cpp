@@ -5,6 +5,7 @@
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
+#include "tandem/parallel/sync_batch_norm.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
@@ -147,6 +148,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_options.image_size = info.height;
   model_options.width_mult = o.width_mult;
   model_options.stem = o.stem;
+  if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
+    auto group = group_;
+    model_options.norm_layer = [group](int64_t channels) {
+      return torch::nn::AnyModule(
+          parallel::SyncBatchNorm(parallel::SyncBatchNormOptions{channels}, group));
+    };
+  }
   model_ = models::make_model(o.model, model_options);
   model_->to(device_);
   if (group_) dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
@@ -154,9 +162,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
-  return format("model=%s width=%g stem=%s data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
+  return format("model=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), o.width_mult, o.stem.c_str(), o.data.c_str(), o.augment.c_str(),
+                o.model.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
                 static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),

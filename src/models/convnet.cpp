@@ -10,11 +10,11 @@ Sequence convnet(const ModelOptions& o) {
   int64_t side = o.image_size / 4;  // after two 2x2 max pools
   Sequence net;
   net->push_back("conv1", nn::Conv2d(nn::Conv2dOptions(o.in_channels, 32, 3).padding(1).bias(false)));
-  net->push_back("bn1", nn::BatchNorm2d(32));
+  net->push_back_any("bn1", make_norm(o.norm_layer, 32));
   net->push_back("relu1", nn::ReLU());
   net->push_back("pool1", nn::MaxPool2d(2));
   net->push_back("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)));
-  net->push_back("bn2", nn::BatchNorm2d(64));
+  net->push_back_any("bn2", make_norm(o.norm_layer, 64));
   net->push_back("relu2", nn::ReLU());
   net->push_back("pool2", nn::MaxPool2d(2));
   net->push_back("flatten", nn::Flatten());

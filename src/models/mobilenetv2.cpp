@@ -12,14 +12,14 @@ namespace nn = torch::nn;
 
 // Conv2d - BatchNorm2d - ReLU6, torchvision's Conv2dNormActivation.
 Sequence conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride,
-                       int64_t groups = 1) {
+                       const NormFactory& norm, int64_t groups = 1) {
   Sequence block;
   block->push_back(nn::Conv2d(nn::Conv2dOptions(in, out, kernel)
                                   .stride(stride)
                                   .padding((kernel - 1) / 2)
                                   .groups(groups)
                                   .bias(false)));
-  block->push_back(nn::BatchNorm2d(out));
+  block->push_back_any("", make_norm(norm, out));
   block->push_back(nn::ReLU6(nn::ReLU6Options(/*inplace=*/true)));
   return block;
 }
@@ -34,18 +34,18 @@ int64_t make_divisible(double value, int64_t divisor) {
 }
 
 InvertedResidualImpl::InvertedResidualImpl(int64_t in, int64_t out, int64_t stride,
-                                           int64_t expand_ratio)
-    : in_(in), out_(out), stride_(stride), expand_ratio_(expand_ratio) {
+                                           int64_t expand_ratio, NormFactory norm)
+    : in_(in), out_(out), stride_(stride), expand_ratio_(expand_ratio), norm_(std::move(norm)) {
   reset();
 }
 
 void InvertedResidualImpl::reset() {
   int64_t hidden = in_ * expand_ratio_;
   conv = Sequence();
-  if (expand_ratio_ != 1) conv->push_back(conv_bn_relu6(in_, hidden, 1, 1));
-  conv->push_back(conv_bn_relu6(hidden, hidden, 3, stride_, /*groups=*/hidden));
+  if (expand_ratio_ != 1) conv->push_back(conv_bn_relu6(in_, hidden, 1, 1, norm_));
+  conv->push_back(conv_bn_relu6(hidden, hidden, 3, stride_, norm_, /*groups=*/hidden));
   conv->push_back(nn::Conv2d(nn::Conv2dOptions(hidden, out_, 1).bias(false)));
-  conv->push_back(nn::BatchNorm2d(out_));
+  conv->push_back_any("", make_norm(norm_, out_));
   register_module("conv", conv);
 }
 
@@ -64,15 +64,15 @@ Sequence mobilenetv2(const ModelOptions& o) {
   int64_t channels = make_divisible(32 * o.width_mult);
   int64_t last = make_divisible(1280 * std::max(1.0, o.width_mult));
   Sequence features;
-  features->push_back(conv_bn_relu6(o.in_channels, channels, 3, 2));
+  features->push_back(conv_bn_relu6(o.in_channels, channels, 3, 2, o.norm_layer));
   for (const auto& s : settings) {
     int64_t out = make_divisible(s[1] * o.width_mult);
     for (int64_t i = 0; i < s[2]; ++i) {
-      features->push_back(InvertedResidual(channels, out, i == 0 ? s[3] : 1, s[0]));
+      features->push_back(InvertedResidual(channels, out, i == 0 ? s[3] : 1, s[0], o.norm_layer));
       channels = out;
     }
   }
-  features->push_back(conv_bn_relu6(channels, last, 1, 1));
+  features->push_back(conv_bn_relu6(channels, last, 1, 1, o.norm_layer));
 
   Sequence classifier;
   classifier->push_back(nn::Dropout(0.2));

@@ -9,6 +9,11 @@
 #include "tandem/util/check.h"
 
 namespace tandem::models {
+
+torch::nn::AnyModule make_norm(const NormFactory& factory, int64_t channels) {
+  if (factory) return factory(channels);
+  return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+}
 namespace {
 
 struct Registry {

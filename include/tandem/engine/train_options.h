@@ -37,6 +37,7 @@ struct TrainOptions {
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
   std::string strategy = "auto";      // auto | none | allreduce
+  bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   std::string dist_backend = "auto";  // auto | gloo | nccl
   double dist_timeout = 300;          // seconds any collective may wait
   int64_t nproc_per_node = 0;         // CLI: > 0 launches that many local workers of itself

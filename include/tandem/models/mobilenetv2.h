@@ -16,12 +16,14 @@ namespace tandem::models {
 // connection when the shape is kept.
 class InvertedResidualImpl : public torch::nn::Cloneable<InvertedResidualImpl> {
  public:
-  InvertedResidualImpl(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio);
+  InvertedResidualImpl(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio,
+                       NormFactory norm = {});
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
 
  private:
   int64_t in_, out_, stride_, expand_ratio_;
+  NormFactory norm_;
   Sequence conv{nullptr};
 };
 TORCH_MODULE(InvertedResidual);

@@ -2,9 +2,20 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include <torch/nn/modules/container/any.h>
+
 namespace tandem::models {
+
+// Makes the normalisation layer that follows a convolution with `channels`
+// outputs. Models call it for every BatchNorm2d they would have; the trainer's
+// --sync-bn passes one that makes parallel::SyncBatchNorm.
+using NormFactory = std::function<torch::nn::AnyModule(int64_t channels)>;
+
+// factory(channels), or torch::nn::BatchNorm2d(channels) when it is empty.
+torch::nn::AnyModule make_norm(const NormFactory& factory, int64_t channels);
 
 struct ModelOptions {
   int64_t in_channels = 3;   // taken from the data set
@@ -14,6 +25,7 @@ struct ModelOptions {
   // ResNet stem: "imagenet" (7x7/2 conv + max pool), "cifar" (3x3/1 conv, no
   // pool) or "auto" (cifar when image_size <= 64).
   std::string stem = "auto";
+  NormFactory norm_layer;  // empty: BatchNorm2d
 };
 
 }  // namespace tandem::models

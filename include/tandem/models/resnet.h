@@ -17,14 +17,15 @@ namespace tandem::models {
 class BasicBlockImpl : public torch::nn::Cloneable<BasicBlockImpl> {
  public:
   static constexpr int64_t kExpansion = 1;
-  BasicBlockImpl(int64_t in_planes, int64_t planes, int64_t stride);
+  BasicBlockImpl(int64_t in_planes, int64_t planes, int64_t stride, NormFactory norm = {});
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
 
  private:
   int64_t in_planes_, planes_, stride_;
+  NormFactory norm_;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::AnyModule bn1, bn2;
   Sequence downsample{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -33,14 +34,15 @@ TORCH_MODULE(BasicBlock);
 class BottleneckImpl : public torch::nn::Cloneable<BottleneckImpl> {
  public:
   static constexpr int64_t kExpansion = 4;
-  BottleneckImpl(int64_t in_planes, int64_t planes, int64_t stride);
+  BottleneckImpl(int64_t in_planes, int64_t planes, int64_t stride, NormFactory norm = {});
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
 
  private:
   int64_t in_planes_, planes_, stride_;
+  NormFactory norm_;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  torch::nn::AnyModule bn1, bn2, bn3;
   Sequence downsample{nullptr};
 };
 TORCH_MODULE(Bottleneck);
