@@ -66,9 +66,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("nproc-per-node", "N", &o.nproc_per_node,
                 "launch N local worker processes of this command (tandem launch's short form); "
                 "0: run in this process", 0);
-  flags.add_choice("strategy", &o.strategy, {"auto", "none", "allreduce"},
-                   "data parallelism over the ranks; auto: allreduce when there are several "
-                   "(gradients all-reduced and averaged after backward)");
+  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce"},
+                   "data parallelism over the ranks; auto: ddp when there are several "
+                   "(bucketed all-reduce overlapping backward); allreduce: every gradient "
+                   "all-reduced after backward (seed 004)");
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
                    "depend on the number of ranks");

@@ -106,8 +106,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                    o.progress == "off",
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
-  TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "allreduce",
-               "--strategy: expected auto, none or allreduce, got '", o.strategy, "'");
+  TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
+                   o.strategy == "allreduce",
+               "--strategy: expected auto, none, ddp or allreduce, got '", o.strategy, "'");
   TANDEM_CHECK(o.dist_timeout > 0, "--dist-timeout: expected a positive number of seconds, got ",
                o.dist_timeout);
   if (auto rendezvous = dist::rendezvous_from_env()) {
@@ -157,7 +158,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   }
   model_ = models::make_model(o.model, model_options);
   model_->to(device_);
-  if (group_) dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
+  if (group_ && world_ > 1 && o.strategy != "allreduce") {
+    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_);
+  } else if (group_) {
+    dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
+  }
 }
 
 std::string Trainer::fingerprint() const {
@@ -231,7 +236,7 @@ TrainResult Trainer::run() {
   if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
-               static_cast<long long>(world_), o.strategy == "auto" ? "allreduce" : o.strategy.c_str(),
+               static_cast<long long>(world_), ddp_ ? "ddp" : "allreduce",
                group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
                static_cast<long long>(o.batch_size)));
   }
@@ -289,11 +294,19 @@ TrainResult Trainer::run() {
       auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
       optimizer.zero_grad();
-      if (group_) dist::broadcast_buffers(*model_, *group_);  // BatchNorm statistics from rank 0
+      if (ddp_) {
+        ddp_->before_forward();  // BatchNorm statistics from rank 0
+      } else if (group_) {
+        dist::broadcast_buffers(*model_, *group_);
+      }
       auto logits = model_->forward(inputs);
       auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
       loss.backward();
-      if (group_) dist::average_gradients(*model_, *group_);  // seed 004's all-reduce
+      if (ddp_) {
+        ddp_->after_backward();  // buckets were all-reduced during backward
+      } else if (group_) {
+        dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+      }
       optimizer.step();
 
       int64_t n = batch->size() * world_;  // every rank's batch has this rank's size

@@ -33,7 +33,7 @@ TEST(DistributedCliTest, TwoRanksTrainOneModel) {
                       " --metrics-out " + dir.file("m.jsonl") + " --export-weights " +
                       dir.file("w.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("[rank 0] data parallel over 2 ranks (allreduce, gloo): batch 32 per "
+  EXPECT_NE(r.output.find("[rank 0] data parallel over 2 ranks (ddp, gloo): batch 32 per "
                           "rank, 64 in all"),
             std::string::npos)
       << r.output;

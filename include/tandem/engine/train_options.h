@@ -36,7 +36,7 @@ struct TrainOptions {
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
-  std::string strategy = "auto";      // auto | none | allreduce
+  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   std::string dist_backend = "auto";  // auto | gloo | nccl
   double dist_timeout = 300;          // seconds any collective may wait

@@ -18,6 +18,7 @@
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
+#include "tandem/parallel/ddp.h"
 
 namespace tandem::engine {
 
@@ -70,6 +71,7 @@ class Trainer {
   // Set when the environment names a rank (launched by tandem launch,
   // torchrun, srun, mpirun): data parallel over the group's ranks.
   std::shared_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
   int64_t rank_ = 0, world_ = 1;
 };
 
