@@ -96,7 +96,7 @@ void DistributedDataParallel::before_forward() {
 
 void DistributedDataParallel::gradient_ready(size_t parameter) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (seen_.empty() || seen_[parameter]) return;  // a parameter used twice fires twice
+  if (!sync_ || seen_.empty() || seen_[parameter]) return;  // used twice: fires twice
   seen_[parameter] = true;
   if (--missing_[bucket_of_[parameter]] == 0) launch_in_order();
 }
@@ -119,6 +119,7 @@ void DistributedDataParallel::launch(size_t b) {
 
 void DistributedDataParallel::after_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync_) return;  // accumulating (no_sync): the next synchronised step reduces the sums
   TANDEM_CHECK(!seen_.empty(), "DistributedDataParallel: after_backward() without before_forward()");
   timeline_.backward_end = std::chrono::steady_clock::now();
   // Unused parameters: their buckets are complete now, with zeros.

@@ -138,6 +138,57 @@ TEST(DdpTest, BucketsStartDuringBackward) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// no_sync over k micro-batches, then one synchronised one, gives the
+// gradient of one batch k + 1 times larger (losses scaled by 1 / (k + 1)).
+TEST(DdpTest, NoSyncAccumulatesLikeOneLargerBatch) {
+  const int world = 2, micro = 3;
+  const int64_t per_micro = 2;
+  torch::manual_seed(4);
+  auto inputs = torch::randn({world * micro * per_micro, 6});
+  auto targets = torch::randint(0, 3, {world * micro * per_micro}, torch::kInt64);
+  torch::manual_seed(1);
+  Net reference;
+  torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();
+  auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    Net net;
+    {
+      torch::manual_seed(1);
+      Net start;
+      torch::NoGradGuard no_grad;
+      auto src = start->parameters();
+      auto dst = net->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    DistributedDataParallel ddp(net.ptr(), group);
+    auto step = [&](int m) {
+      ddp.before_forward();
+      auto begin = (group->rank() * micro + m) * per_micro;
+      auto x = inputs.slice(0, begin, begin + per_micro);
+      auto y = targets.slice(0, begin, begin + per_micro);
+      (torch::nn::functional::cross_entropy(net->forward(x), y) / micro).backward();
+      ddp.after_backward();
+    };
+    {
+      auto scope = ddp.no_sync();
+      for (int m = 0; m + 1 < micro; ++m) step(m);
+      // Nothing was reduced yet: the ranks' gradients still differ.
+      std::vector<torch::Tensor> both{torch::empty_like(net->fc1->weight),
+                                      torch::empty_like(net->fc1->weight)};
+      group->all_gather(both, net->fc1->weight.grad()).wait();
+      EXPECT_FALSE(torch::allclose(both[0], both[1]));
+    }
+    step(micro - 1);
+    auto got = net->parameters();
+    auto want = reference->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!want[i].grad().defined()) continue;  // `unused`
+      EXPECT_TRUE(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6))
+          << "parameter " << i << " on rank " << group->rank();
+    }
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 TEST(DdpTest, DifferentModelsAreAClearError) {
   auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
     auto net = std::make_shared<torch::nn::LinearImpl>(group->rank() == 0 ? 4 : 5, 2);

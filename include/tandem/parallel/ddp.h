@@ -65,6 +65,21 @@ class DistributedDataParallel {
   void before_forward();
   void after_backward();
 
+  // Gradient accumulation: while a NoSync is alive, backward passes only
+  // accumulate each rank's gradients (no communication, after_backward()
+  // returns at once); the first backward after it all-reduces the sums.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp) { ddp_.sync_ = false; }
+    ~NoSync() { ddp_.sync_ = true; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const DdpTimeline& last_timeline() const { return timeline_; }
 
@@ -84,6 +99,7 @@ class DistributedDataParallel {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
+  bool sync_ = true;  // false inside no_sync()
   std::mutex mutex_;  // guards the per-step state below
   std::vector<int64_t> missing_;  // gradients still to come, per bucket
   std::vector<bool> seen_;        // per parameter, this step
