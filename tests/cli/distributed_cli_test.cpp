@@ -17,13 +17,7 @@ namespace {
 using testing::run;
 using testing::run_tandem;
 using testing::TempDir;
-
-nlohmann::json last_metrics(const std::string& path) {
-  std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line)) last = line;
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
+using testing::last_metrics;
 
 TEST(DistributedCliTest, TwoRanksTrainOneModel) {
   TempDir dir;

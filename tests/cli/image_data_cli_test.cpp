@@ -15,13 +15,7 @@ namespace {
 
 using testing::run_tandem;
 using testing::TempDir;
-
-nlohmann::json last_metrics(const std::string& path) {
-  std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line)) last = line;
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
+using testing::last_metrics;
 
 TEST(ImageDataCliTest, Cifar10TrainsWellAboveChance) {
   TempDir dir;

@@ -13,16 +13,7 @@ namespace tandem::data {
 namespace {
 
 using testing::TempDir;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no tandem::Error";
-  return "";
-}
+using testing::error_of;
 
 TEST(CifarTest, ReadsRecordsChannelMajor) {
   TempDir dir;

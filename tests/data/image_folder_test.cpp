@@ -17,21 +17,12 @@ namespace tandem::data {
 namespace {
 
 using testing::TempDir;
+using testing::error_of;
 namespace fs = std::filesystem;
 
 void touch(const std::string& path) {
   fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path) << "x";
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no tandem::Error";
-  return "";
 }
 
 TEST(ImageFolderTest, IndexesLikeTorchvision) {

@@ -12,7 +12,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <gtest/gtest.h>
+
 #include "tandem/data/image_io.h"
+#include "tandem/util/check.h"
 
 namespace tandem::testing {
 
@@ -151,6 +154,23 @@ std::string read_text(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
+}
+
+nlohmann::json last_metrics(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no tandem::Error";
+  return "";
 }
 
 }  // namespace tandem::testing

@@ -2,7 +2,10 @@
 // the real on-disk formats, and running the `tandem` binary.
 #pragma once
 
+#include <functional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
@@ -61,5 +64,11 @@ CommandResult run_tandem(const std::string& args);
 
 // Reads a whole file.
 std::string read_text(const std::string& path);
+
+// The last line of a --metrics-out file, parsed; null when there is none.
+nlohmann::json last_metrics(const std::string& path);
+
+// The message of the tandem::Error that f throws; a test failure if none.
+std::string error_of(const std::function<void()>& f);
 
 }  // namespace tandem::testing
