@@ -1,5 +1,9 @@
 #include "tandem/dist/collectives.h"
 
+#include <map>
+#include <string>
+#include <utility>
+
 #include <torch/torch.h>
 
 namespace tandem::dist {
@@ -14,19 +18,58 @@ void average_gradients(torch::nn::Module& module, ProcessGroup& group) {
   for (auto& work : pending) work.wait();
 }
 
-void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
+void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group, int64_t root,
+                         int64_t bucket_bytes) {
   torch::NoGradGuard no_grad;
+  // Packs, in order, per kind (dtype, device): kinds keep their own open pack.
+  struct Pack {
+    std::vector<size_t> members;
+    int64_t bytes = 0;
+  };
+  std::vector<Pack> packs;
+  std::map<std::pair<int, std::string>, size_t> open;  // kind -> index in packs
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.numel() == 0) continue;
+    int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    auto kind = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
+    auto it = open.find(kind);
+    if (it == open.end() || packs[it->second].bytes + bytes > bucket_bytes) {
+      packs.emplace_back();
+      it = open.insert_or_assign(kind, packs.size() - 1).first;
+    }
+    packs[it->second].members.push_back(i);
+    packs[it->second].bytes += bytes;
+  }
+  std::vector<torch::Tensor> flat(packs.size());
   std::vector<Work> pending;
-  for (auto& parameter : module.parameters()) pending.push_back(group.broadcast(parameter, root));
-  for (auto& buffer : module.buffers()) pending.push_back(group.broadcast(buffer, root));
-  for (auto& work : pending) work.wait();
+  for (size_t p = 0; p < packs.size(); ++p) {
+    std::vector<torch::Tensor> pieces;
+    for (size_t i : packs[p].members) pieces.push_back(tensors[i].reshape({-1}));
+    // A lone contiguous tensor is broadcast in place (reshape gives a view).
+    flat[p] = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+    pending.push_back(group.broadcast(flat[p], root));
+  }
+  for (size_t p = 0; p < packs.size(); ++p) {
+    pending[p].wait();
+    int64_t offset = 0;
+    for (size_t i : packs[p].members) {
+      auto& t = tensors[i];
+      auto piece = flat[p].slice(0, offset, offset + t.numel()).view(t.sizes());
+      offset += t.numel();
+      if (piece.data_ptr() != t.data_ptr()) t.copy_(piece);
+    }
+  }
+}
+
+void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
+  std::vector<torch::Tensor> tensors = module.parameters();
+  for (auto& buffer : module.buffers()) tensors.push_back(buffer);
+  broadcast_coalesced(std::move(tensors), group, root);
 }
 
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
-  torch::NoGradGuard no_grad;
-  std::vector<Work> pending;
-  for (auto& buffer : module.buffers()) pending.push_back(group.broadcast(buffer, root));
-  for (auto& work : pending) work.wait();
+  broadcast_coalesced(module.buffers(), group, root);
 }
 
 }  // namespace tandem::dist

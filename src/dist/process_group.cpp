@@ -10,6 +10,8 @@
 // symbol resolves in libtorch_cpu. docs/BUILD.md has the check.
 #include "tandem/dist/process_group.h"
 
+#include <atomic>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -45,6 +47,10 @@ struct Work::Impl {
   std::function<void()> then;  // runs once, after success
   std::mutex mutex;
   bool done = false;
+  // Set by a callback on c10d's future when the collective completes
+  // (steady_clock ticks; 0 until then). Shared, not owned by the callback's
+  // capture of the Impl, which would be a cycle.
+  std::shared_ptr<std::atomic<int64_t>> finished_ticks = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 void Work::wait() {
@@ -65,6 +71,28 @@ void Work::wait() {
 
 bool Work::completed() const { return impl_ && (impl_->done || impl_->work->isCompleted()); }
 
+std::optional<std::chrono::steady_clock::time_point> Work::finished_at() const {
+  if (!impl_) return std::nullopt;
+  int64_t ticks = impl_->finished_ticks->load();
+  if (ticks == 0) return std::nullopt;
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(ticks));
+}
+
+Work& Work::then(std::function<void()> f) {
+  TANDEM_CHECK(impl_, "then() on an empty Work");
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  TANDEM_CHECK(!impl_->done, "then() on a Work already waited for");
+  if (impl_->then) {
+    impl_->then = [first = std::move(impl_->then), second = std::move(f)] {
+      first();
+      second();
+    };
+  } else {
+    impl_->then = std::move(f);
+  }
+  return *this;
+}
+
 // ---- ProcessGroup -------------------------------------------------------------
 
 struct ProcessGroup::Impl {
@@ -82,6 +110,15 @@ struct ProcessGroup::Impl {
                                  " (", backend, ")");
     impl->timeout = options.timeout;
     impl->then = std::move(then);
+    // Record when it completes; send/recv works of some backends have no
+    // future, and then there is no time to report.
+    try {
+      impl->work->getFuture()->addCallback(
+          [ticks = impl->finished_ticks](c10::ivalue::Future&) {
+            ticks->store(std::chrono::steady_clock::now().time_since_epoch().count());
+          });
+    } catch (const std::exception&) {
+    }
     return Work(std::move(impl));
   }
 

@@ -1,7 +1,9 @@
 #include "tandem/parallel/ddp.h"
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
+#include <unordered_set>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -47,26 +49,83 @@ void check_same_parameters(torch::nn::Module& module, dist::ProcessGroup& group)
   }
 }
 
+// A tensor over flat[offset, offset + p.numel()) shaped and strided like p
+// (contiguous when p's strides are not dense). Made with set_ rather than
+// slice/view, so autograd does not see a view: libtorch's
+// Optimizer::zero_grad() calls detach_() on every gradient, which views
+// refuse.
+torch::Tensor alias_of(const torch::Tensor& flat, int64_t offset, const torch::Tensor& p) {
+  std::vector<int64_t> strides(p.dim());
+  if (p.is_non_overlapping_and_dense()) {
+    strides = p.strides().vec();
+  } else {
+    int64_t stride = 1;
+    for (int64_t d = p.dim() - 1; d >= 0; --d) {
+      strides[d] = stride;
+      stride *= std::max<int64_t>(p.size(d), 1);
+    }
+  }
+  torch::NoGradGuard no_grad;
+  auto alias = torch::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, p.sizes(), strides);
+  return alias;
+}
+
 }  // namespace
+
+double hidden_share(const DdpTimeline& t) {
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>>
+      spans;
+  for (size_t b = 0; b < t.launched.size() && b < t.finished.size(); ++b) {
+    if (t.finished[b] > t.launched[b]) spans.emplace_back(t.launched[b], t.finished[b]);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::chrono::duration<double> total{0}, hidden{0};
+  auto add = [&](auto begin, auto end) {
+    total += end - begin;
+    if (begin < t.backward_end) hidden += std::min(end, t.backward_end) - begin;
+  };
+  for (size_t i = 0; i < spans.size();) {  // merge overlapping spans into one
+    auto begin = spans[i].first, end = spans[i].second;
+    for (++i; i < spans.size() && spans[i].first <= end; ++i) end = std::max(end, spans[i].second);
+    add(begin, end);
+  }
+  return total.count() > 0 ? hidden.count() / total.count() : 1.0;
+}
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<dist::ProcessGroup> group,
                                                  DdpOptions options)
-    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   TANDEM_CHECK(module_ && group_, "DistributedDataParallel: a module and a group are required");
+  hook_ = options_.comm_hook ? options_.comm_hook : make_comm_hook("allreduce");
   check_same_parameters(*module_, *group_);
   dist::broadcast_module(*module_, *group_, 0);
 
   std::vector<ParameterInfo> info;
-  for (auto& p : module_->parameters()) {
-    if (!p.requires_grad()) continue;
-    parameters_.push_back(p);
-    info.push_back({p.numel() * static_cast<int64_t>(p.element_size()), kind_of(p)});
+  for (auto& p : module_->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    parameters_.push_back(p.value());
+    names_.push_back(p.key());
+    info.push_back({p.value().numel() * static_cast<int64_t>(p.value().element_size()),
+                    kind_of(p.value())});
   }
   buckets_ = plan_buckets(info, options_.buckets);
   bucket_of_.resize(parameters_.size());
+  views_.resize(parameters_.size());
+  // Note [gradients are bucket views]
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (size_t k : buckets_[b].parameters) bucket_of_[k] = b;
+    int64_t numel = 0;
+    for (size_t k : buckets_[b].parameters) numel += parameters_[k].numel();
+    flat_.push_back(torch::zeros({numel}, parameters_[buckets_[b].parameters[0]].options()));
+    int64_t offset = 0;
+    for (size_t k : buckets_[b].parameters) {
+      const auto& p = parameters_[k];
+      views_[k] = alias_of(flat_[b], offset, p);
+      offset += p.numel();
+      bucket_of_[k] = b;
+      if (p.grad().defined()) adopt_view(k);
+    }
   }
   for (size_t k = 0; k < parameters_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
@@ -80,41 +139,95 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
 }
 
+bool DistributedDataParallel::grad_is_view(size_t k) const {
+  const auto& g = parameters_[k].grad();
+  return g.defined() && g.data_ptr() == views_[k].data_ptr() && g.strides() == views_[k].strides();
+}
+
+void DistributedDataParallel::adopt_view(size_t k) {
+  torch::NoGradGuard no_grad;
+  auto& p = parameters_[k];
+  views_[k].copy_(p.grad());
+  p.mutable_grad() = views_[k];
+}
+
+void DistributedDataParallel::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& flat : flat_) flat.zero_();
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    if (parameters_[k].grad().defined() && !grad_is_view(k)) parameters_[k].mutable_grad() = views_[k];
+  }
+}
+
 void DistributedDataParallel::before_forward() {
   if (options_.broadcast_buffers) dist::broadcast_buffers(*module_, *group_, 0);
   std::lock_guard<std::mutex> lock(mutex_);
   missing_.assign(buckets_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = static_cast<int64_t>(buckets_[b].parameters.size());
   seen_.assign(parameters_.size(), false);
+  unused_.assign(parameters_.size(), false);
   next_launch_ = 0;
-  flat_.assign(buckets_.size(), torch::Tensor());
   work_.assign(buckets_.size(), dist::Work());
   timeline_ = DdpTimeline{};
   timeline_.launched.resize(buckets_.size());
   timeline_.finished.resize(buckets_.size());
 }
 
-void DistributedDataParallel::gradient_ready(size_t parameter) {
+void DistributedDataParallel::prepare_for_backward(const torch::Tensor& loss) {
+  if (!options_.find_unused_parameters || !sync_) return;
+  std::unordered_set<torch::autograd::Node*> reached;
+  std::vector<torch::autograd::Node*> stack;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function && reached.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+    }
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync_ || seen_.empty() || seen_[parameter]) return;  // used twice: fires twice
-  seen_[parameter] = true;
-  if (--missing_[bucket_of_[parameter]] == 0) launch_in_order();
+  TANDEM_CHECK(!seen_.empty(), "DistributedDataParallel: prepare_for_backward() without before_forward()");
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    if (reached.count(accumulators_[k].get()) || seen_[k] || unused_[k]) continue;
+    unused_[k] = true;
+    --missing_[bucket_of_[k]];
+  }
+  launch_in_order();
+}
+
+void DistributedDataParallel::gradient_ready(size_t k) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!grad_is_view(k)) adopt_view(k);
+  if (!sync_ || seen_.empty()) return;
+  if (seen_[k] || unused_[k]) {
+    // A second gradient in one step (or one for a parameter the graph walk
+    // found unreachable): harmless while its bucket waits, since it summed
+    // into the bucket; an error once the bucket is on the wire.
+    TANDEM_CHECK(bucket_of_[k] >= next_launch_, "DistributedDataParallel: parameter '", names_[k],
+                 "' received a gradient after its bucket's all-reduce had started (a second "
+                 "backward pass in one step? use no_sync() for all but the last)");
+    return;
+  }
+  seen_[k] = true;
+  if (--missing_[bucket_of_[k]] == 0) launch_in_order();
 }
 
 void DistributedDataParallel::launch_in_order() {
-  while (next_launch_ < buckets_.size() && missing_[next_launch_] == 0) launch(next_launch_++);
-}
-
-void DistributedDataParallel::launch(size_t b) {
-  std::vector<torch::Tensor> pieces;
-  for (size_t k : buckets_[b].parameters) {
-    const auto& p = parameters_[k];
-    auto grad = p.grad();
-    pieces.push_back(grad.defined() ? grad.reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  while (next_launch_ < buckets_.size() && missing_[next_launch_] == 0) {
+    size_t b = next_launch_++;
+    // Note [unused parameters]: no gradient this step; an undefined one
+    // counts as zero.
+    for (size_t k : buckets_[b].parameters) {
+      if (seen_[k]) continue;
+      if (!parameters_[k].grad().defined()) {
+        views_[k].zero_();
+      } else if (!grad_is_view(k)) {
+        adopt_view(k);
+      }
+    }
+    timeline_.launched[b] = std::chrono::steady_clock::now();
+    work_[b] = hook_->reduce(*group_, flat_[b]);
   }
-  flat_[b] = torch::cat(pieces);
-  timeline_.launched[b] = std::chrono::steady_clock::now();
-  work_[b] = group_->all_reduce(flat_[b], dist::ReduceOp::kAvg);
 }
 
 void DistributedDataParallel::after_backward() {
@@ -122,24 +235,29 @@ void DistributedDataParallel::after_backward() {
   if (!sync_) return;  // accumulating (no_sync): the next synchronised step reduces the sums
   TANDEM_CHECK(!seen_.empty(), "DistributedDataParallel: after_backward() without before_forward()");
   timeline_.backward_end = std::chrono::steady_clock::now();
-  // Unused parameters: their buckets are complete now, with zeros.
+  // Parameters without a gradient: their buckets are complete now.
+  std::vector<bool> had_grad(parameters_.size());
+  for (size_t k = 0; k < parameters_.size(); ++k) had_grad[k] = parameters_[k].grad().defined();
   for (auto& m : missing_) m = 0;
   launch_in_order();
+  // With find_unused_parameters: which parameters got a gradient on any rank.
+  torch::Tensor used;
+  dist::Work used_work;
+  if (options_.find_unused_parameters) {
+    used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
+    auto* flag = used.data_ptr<int32_t>();
+    for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = seen_[k] ? 1 : 0;
+    used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     work_[b].wait();
-    timeline_.finished[b] = std::chrono::steady_clock::now();
-    int64_t offset = 0;
-    torch::NoGradGuard no_grad;
-    for (size_t k : buckets_[b].parameters) {
-      auto& p = parameters_[k];
-      auto averaged = flat_[b].slice(0, offset, offset + p.numel()).view_as(p);
-      offset += p.numel();
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(averaged);
-      } else {
-        p.mutable_grad() = averaged.clone();
-      }
-    }
+    timeline_.finished[b] = work_[b].finished_at().value_or(std::chrono::steady_clock::now());
+  }
+  if (used.defined()) used_work.wait();
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    if (had_grad[k]) continue;  // its gradient is the view, averaged in place
+    bool unused_everywhere = used.defined() && used.data_ptr<int32_t>()[k] == 0;
+    if (!unused_everywhere) parameters_[k].mutable_grad() = views_[k];
   }
   seen_.clear();  // the next step starts with before_forward()
 }

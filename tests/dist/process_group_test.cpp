@@ -13,44 +13,20 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/util/check.h"
+#include "testing.h"
 
 namespace tandem::dist {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Runs fn(group) on `world` ranks, one thread each; returns each rank's error
-// message ("" when it finished).
+// fn(group) on `world` ranks (threads): testing::run_ranks with a reference.
 std::vector<std::string> run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
                                    GroupOptions options = {}, int port = 0) {
-  if (port == 0) port = pick_free_port();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Rendezvous rv;
-        rv.port = port;
-        rv.rank = r;
-        rv.world_size = world;
-        rv.local_rank = r;
-        rv.local_world_size = world;
-        rv.source = "test";
-        ProcessGroup group(rv, options);
-        fn(group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-        if (errors[r].empty()) errors[r] = "(empty message)";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return testing::run_ranks(world, [&](std::shared_ptr<ProcessGroup> g) { fn(*g); }, options, port);
 }
 
-void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using testing::expect_no_errors;
 
 TEST(ProcessGroupTest, AllReduceOps) {
   const int world = 3;
@@ -157,6 +133,44 @@ TEST(ProcessGroupTest, AverageGradientsEqualsTheWholeBatchGradient) {
     average_gradients(*model, g);
     EXPECT_TRUE(torch::allclose(model->weight.grad(), reference->weight.grad(), 1e-6, 1e-7));
     EXPECT_TRUE(torch::allclose(model->bias.grad(), reference->bias.grad(), 1e-6, 1e-7));
+  }));
+}
+
+// Mixed dtypes, a non-contiguous tensor, an empty one, and a cap so small
+// that every tensor is its own pack: all end equal to the root's.
+TEST(ProcessGroupTest, BroadcastCoalescedEqualsTheRootsTensors) {
+  for (int64_t cap : {int64_t(1) << 20, int64_t(8)}) {
+    expect_no_errors(run_ranks(3, [cap](ProcessGroup& g) {
+      auto fill = [](int64_t r) {
+        torch::manual_seed(10 + r);
+        return std::vector<torch::Tensor>{torch::randn({3, 4}), torch::randint(0, 100, {5}, torch::kInt64),
+                                          torch::randn({4, 6}).t(), torch::empty({0}),
+                                          torch::randn({2}, torch::kFloat64)};
+      };
+      auto mine = fill(g.rank());
+      auto want = fill(1);
+      broadcast_coalesced(mine, g, /*root=*/1, cap);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        EXPECT_TRUE(torch::equal(mine[i], want[i])) << "tensor " << i << " on rank " << g.rank();
+      }
+    }));
+  }
+}
+
+// A collective's completion time is recorded by the backend, and then()
+// runs after the division of an average.
+TEST(ProcessGroupTest, WorkRecordsCompletionAndRunsThen) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    auto t = torch::full({4}, static_cast<float>(g.rank() + 1));
+    auto before = std::chrono::steady_clock::now();
+    auto work = g.all_reduce(t, ReduceOp::kAvg);
+    float seen = 0;
+    work.then([&] { seen = t[0].item<float>(); });
+    work.wait();
+    EXPECT_EQ(seen, 1.5f);
+    ASSERT_TRUE(work.finished_at().has_value());
+    EXPECT_GE(*work.finished_at(), before);
+    EXPECT_LE(*work.finished_at(), std::chrono::steady_clock::now());
   }));
 }
 

@@ -10,32 +10,12 @@
 
 #include "tandem/parallel/ddp.h"
 #include "tandem/util/check.h"
+#include "testing.h"
 
 namespace tandem::parallel {
 namespace {
 
-std::vector<std::string> run_ranks(int world, const std::function<void(std::shared_ptr<dist::ProcessGroup>)>& fn) {
-  int port = dist::pick_free_port();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        dist::Rendezvous rv;
-        rv.port = port;
-        rv.rank = r;
-        rv.world_size = world;
-        rv.local_rank = r;
-        rv.local_world_size = world;
-        fn(std::make_shared<dist::ProcessGroup>(rv));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::run_ranks;
 
 // A small MLP with one parameter that forward never uses.
 struct NetImpl : torch::nn::Module {
@@ -73,7 +53,12 @@ std::vector<torch::Tensor> reference(const torch::Tensor& inputs, const torch::T
   return out;
 }
 
-void check_ddp_equals_one_process(int world, BucketOptions buckets) {
+// zero: how gradients are cleared between steps. "ddp": ddp.zero_grad(), in
+// place, so the gradients stay bucket storage; "optimizer": the optimizer's
+// default, which sets them to undefined.
+void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::string& zero = "optimizer",
+                                  std::shared_ptr<CommHook> hook = nullptr, double rtol = 1e-5,
+                                  double atol = 1e-6) {
   torch::manual_seed(0);
   auto inputs = torch::randn({kSteps * kBatch, 6});
   auto targets = torch::randint(0, 3, {kSteps * kBatch}, torch::kInt64);
@@ -89,12 +74,20 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets) {
       auto dst = net->parameters();
       for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
     }
-    DistributedDataParallel ddp(net.ptr(), group, DdpOptions{buckets});
+    DdpOptions options;
+    options.buckets = buckets;
+    options.comm_hook = hook;
+    DistributedDataParallel ddp(net.ptr(), group, options);
     if (buckets.bucket_bytes < 1000) EXPECT_GE(ddp.buckets().size(), 3u);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     const int64_t per_rank = kBatch / world;
+    std::vector<void*> storage;  // where the gradients were after the first step
     for (int s = 0; s < kSteps; ++s) {
-      sgd.zero_grad();
+      if (zero == "ddp") {
+        ddp.zero_grad();
+      } else {
+        sgd.zero_grad();
+      }
       ddp.before_forward();
       auto begin = s * kBatch + group->rank() * per_rank;
       auto x = inputs.slice(0, begin, begin + per_rank);
@@ -102,10 +95,15 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets) {
       torch::nn::functional::cross_entropy(net->forward(x), y).backward();
       ddp.after_backward();
       sgd.step();
+      // Note [gradients are bucket views]: the gradients stay where they are.
+      std::vector<void*> now;
+      for (auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
+      if (s == 0) storage = now;
+      if (zero == "ddp") EXPECT_EQ(now, storage) << "step " << s;
     }
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(params[i], expected[i], 1e-5, 1e-6))
+      EXPECT_TRUE(torch::allclose(params[i], expected[i], rtol, atol))
           << "parameter " << i << " on rank " << group->rank() << ", max difference "
           << (params[i] - expected[i]).abs().max().item<double>();
     }
@@ -117,6 +115,139 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets) {
 TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) { check_ddp_equals_one_process(2, {}); }
 TEST(DdpTest, ThreeRanksWithManySmallBuckets) { check_ddp_equals_one_process(3, {64, 256}); }
 TEST(DdpTest, FourRanksOneBucketEach) { check_ddp_equals_one_process(4, {1, 1}); }
+TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {
+  check_ddp_equals_one_process(2, {64, 256}, "ddp");
+  check_ddp_equals_one_process(3, {}, "ddp");
+}
+// Compressed hooks round each contribution: close to, not equal to, the
+// reference after five steps.
+TEST(DdpTest, Fp16AndBf16HooksTrainCloseToTheReference) {
+  check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4);
+  check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("bf16"), 2e-2, 2e-3);
+}
+
+// The gradients of one step land on every rank as the hook's arithmetic
+// says: each rank's gradient divided by the world size and rounded to the
+// compressed type, summed in it, cast back.
+TEST(DdpTest, CompressionHooksReduceInTheirDtype) {
+  for (auto [name, dtype] : {std::pair{"fp16", torch::kHalf}, std::pair{"bf16", torch::kBFloat16}}) {
+    SCOPED_TRACE(name);
+    const int world = 2;
+    auto inputs = torch::randn({world, 4, 6});
+    torch::manual_seed(3);
+    torch::nn::Linear start(6, 3);
+    std::vector<torch::Tensor> local(world);  // each rank's own weight gradient
+    for (int r = 0; r < world; ++r) {
+      torch::nn::Linear copy(6, 3);
+      torch::NoGradGuard no_grad;
+      copy->weight.copy_(start->weight);
+      copy->bias.copy_(start->bias);
+      torch::GradMode::set_enabled(true);
+      copy->forward(inputs[r]).pow(2).sum().backward();
+      local[r] = copy->weight.grad().clone();
+    }
+    auto want = ((local[0] / world).to(dtype) + (local[1] / world).to(dtype)).to(torch::kFloat);
+    auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      torch::nn::Linear net(6, 3);
+      {
+        torch::NoGradGuard no_grad;
+        net->weight.copy_(start->weight);
+        net->bias.copy_(start->bias);
+      }
+      DdpOptions options;
+      options.comm_hook = make_comm_hook(name);
+      DistributedDataParallel ddp(net.ptr(), group, options);
+      EXPECT_EQ(ddp.comm_hook().name(), name);
+      ddp.before_forward();
+      net->forward(inputs[group->rank()]).pow(2).sum().backward();
+      ddp.after_backward();
+      EXPECT_TRUE(torch::equal(net->weight.grad(), want))
+          << "rank " << group->rank() << ": max difference "
+          << (net->weight.grad() - want).abs().max().item<double>();
+    });
+    testing::expect_no_errors(errors);
+  }
+}
+
+TEST(DdpTest, UnknownCommHookIsNamed) {
+  EXPECT_EQ(testing::error_of([] { make_comm_hook("int8"); }),
+            "--ddp-comm-hook: expected allreduce, fp16 or bf16, got 'int8'");
+}
+
+// Note [unused parameters]: with find_unused_parameters the graph walk marks
+// `unused` ready before backward, so every bucket starts during backward
+// (without it, the bucket holding `unused` waits for after_backward); a
+// parameter unused on every rank keeps an undefined gradient, and one used
+// on only one rank gets that rank's gradient averaged over both.
+TEST(DdpTest, FindUnusedParametersLaunchesEarlyAndLeavesGloballyUnusedAlone) {
+  for (bool find_unused : {false, true}) {
+    SCOPED_TRACE(find_unused ? "find_unused_parameters" : "default");
+    auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      torch::manual_seed(5);
+      Net net;
+      auto extra = net->register_parameter("extra", torch::ones({3}));  // used by rank 0 only
+      DdpOptions options;
+      options.buckets = {64, 256};
+      options.find_unused_parameters = find_unused;
+      DistributedDataParallel ddp(net.ptr(), group, options);
+      ddp.before_forward();
+      auto loss = net->forward(torch::ones({2, 6})).sum();
+      if (group->rank() == 0) loss = loss + extra.sum() * 4;
+      ddp.prepare_for_backward(loss);
+      loss.backward();
+      ddp.after_backward();
+      const auto& t = ddp.last_timeline();
+      int early = 0;
+      for (const auto& launched : t.launched) early += launched < t.backward_end;
+      int buckets = static_cast<int>(ddp.buckets().size());
+      if (find_unused) {
+        EXPECT_EQ(early, buckets);
+        EXPECT_FALSE(net->unused.grad().defined());
+      } else {
+        EXPECT_LT(early, buckets);
+        EXPECT_TRUE(torch::equal(net->unused.grad(), torch::zeros({4})));
+      }
+      EXPECT_TRUE(torch::equal(extra.grad(), torch::full({3}, 2.0f)));  // (4 + 0) / 2
+    });
+    testing::expect_no_errors(errors);
+  }
+}
+
+// A second backward pass in one step, after the buckets went out: a clear
+// error rather than a silently wrong gradient.
+TEST(DdpTest, SecondBackwardInOneStepIsAnError) {
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    torch::nn::Linear net(4, 2);
+    DistributedDataParallel ddp(net.ptr(), group);
+    ddp.before_forward();
+    auto x = torch::randn({3, 4});
+    net->forward(x).sum().backward();
+    net->forward(x).sum().backward();
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("parameter 'bias' received a gradient after its bucket's all-reduce had "
+                     "started (a second backward pass in one step? use no_sync() for all but the "
+                     "last)"),
+              std::string::npos)
+        << e;
+  }
+}
+
+TEST(DdpTest, HiddenShareIsTheCommunicationBeforeBackwardEnded) {
+  using namespace std::chrono_literals;
+  DdpTimeline t;
+  auto t0 = std::chrono::steady_clock::time_point{};
+  EXPECT_EQ(hidden_share(t), 1.0);  // nothing to hide
+  t.backward_end = t0 + 10ms;
+  // [2, 6] and [4, 8] overlap into [2, 8]; [12, 14] is after backward.
+  t.launched = {t0 + 2ms, t0 + 4ms, t0 + 12ms};
+  t.finished = {t0 + 6ms, t0 + 8ms, t0 + 14ms};
+  EXPECT_DOUBLE_EQ(hidden_share(t), 6.0 / 8.0);
+  // [9, 13]: 1 ms of 4 before the end.
+  t.launched = {t0 + 9ms};
+  t.finished = {t0 + 13ms};
+  EXPECT_DOUBLE_EQ(hidden_share(t), 0.25);
+}
 
 // Note [bucket launch order]: with every parameter used, the hooks start
 // buckets during backward, before after_backward(); each rank launches all

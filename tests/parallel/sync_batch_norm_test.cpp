@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "tandem/parallel/sync_batch_norm.h"
+#include "testing.h"
 #include "tandem/util/check.h"
 
 namespace tandem::parallel {
@@ -50,22 +51,10 @@ void expect_close(const torch::Tensor& a, const torch::Tensor& b, const char* wh
 void run_case(int world) {
   const int64_t per_rank = 3;
   auto ref = reference(per_rank * world);
-  int port = dist::pick_free_port();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        std::shared_ptr<dist::ProcessGroup> group;
-        if (world > 1) {
-          dist::Rendezvous rv;
-          rv.port = port;
-          rv.rank = rank;
-          rv.world_size = world;
-          rv.local_rank = rank;
-          rv.local_world_size = world;
-          group = std::make_shared<dist::ProcessGroup>(rv);
-        }
+  auto errors = testing::run_ranks(
+      world,
+      [&](std::shared_ptr<dist::ProcessGroup> group) {
+        const int64_t rank = group ? group->rank() : 0;
         SyncBatchNorm bn(SyncBatchNormOptions{3}, group);
         {
           torch::NoGradGuard no_grad;
@@ -93,13 +82,9 @@ void run_case(int world) {
                      torch::batch_norm(shard(ref.input), ref.weight, ref.bias, ref.running_mean,
                                        ref.running_var, false, 0.1, 1e-5, false),
                      "eval output", rank);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+      },
+      {}, 0, /*null_group_for_one=*/true);
+  testing::expect_no_errors(errors);
 }
 
 TEST(SyncBatchNormTest, OneProcessEqualsBatchNorm) { run_case(1); }

@@ -1,3 +1,4 @@
+#include <thread>
 #include "testing.h"
 
 #include <sys/wait.h>
@@ -171,6 +172,44 @@ std::string error_of(const std::function<void()>& f) {
   }
   ADD_FAILURE() << "no tandem::Error";
   return "";
+}
+
+}  // namespace tandem::testing
+
+namespace tandem::testing {
+
+std::vector<std::string> run_ranks(int world, const RankFn& fn, dist::GroupOptions options, int port,
+                                   bool null_group_for_one) {
+  if (port == 0) port = dist::pick_free_port();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::shared_ptr<dist::ProcessGroup> group;
+        if (world > 1 || !null_group_for_one) {
+          dist::Rendezvous rv;
+          rv.port = port;
+          rv.rank = r;
+          rv.world_size = world;
+          rv.local_rank = r;
+          rv.local_world_size = world;
+          rv.source = "test";
+          group = std::make_shared<dist::ProcessGroup>(rv, options);
+        }
+        fn(group);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "(empty message)";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 }  // namespace tandem::testing

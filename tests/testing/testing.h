@@ -3,11 +3,15 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
+
+#include "tandem/dist/process_group.h"
 
 namespace tandem::testing {
 
@@ -67,6 +71,17 @@ std::string read_text(const std::string& path);
 
 // The last line of a --metrics-out file, parsed; null when there is none.
 nlohmann::json last_metrics(const std::string& path);
+
+// Runs fn(group) on `world` ranks, one thread each, joined in a Gloo group
+// on 127.0.0.1 (at `port`, or a free one); returns each rank's error message
+// ("" when it finished). With `null_group_for_one`, a world of 1 gets a null
+// group (the single-process code path) instead of a group of one.
+using RankFn = std::function<void(std::shared_ptr<dist::ProcessGroup>)>;
+std::vector<std::string> run_ranks(int world, const RankFn& fn, dist::GroupOptions options = {},
+                                   int port = 0, bool null_group_for_one = false);
+
+// EXPECTs every message of run_ranks to be empty.
+void expect_no_errors(const std::vector<std::string>& errors);
 
 // The message of the tandem::Error that f throws; a test failure if none.
 std::string error_of(const std::function<void()>& f);

@@ -14,8 +14,16 @@ namespace tandem::dist {
 // set on every rank, or the ranks fall out of step).
 void average_gradients(torch::nn::Module& module, ProcessGroup& group);
 
-// Broadcasts every parameter and buffer of `module` from `root`, in
-// registration order (how DDP starts all ranks from the same weights).
+// Broadcasts `tensors` from `root` in place, coalesced: tensors of one dtype
+// and device are packed into flat buffers of at most `bucket_bytes` (a
+// tensor larger than that goes alone), one broadcast each, and unpacked
+// again. Far fewer collectives than one per tensor (a ResNet-18 has 60
+// BatchNorm buffers).
+void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group, int64_t root = 0,
+                         int64_t bucket_bytes = int64_t(256) << 20);
+
+// Broadcasts every parameter and buffer of `module` from `root` (how DDP
+// starts all ranks from the same weights).
 void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);
 
 // Broadcasts only the buffers (BatchNorm running statistics), as DDP does

@@ -17,7 +17,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,13 @@ class Work {
   void wait();
   // Whether it has finished (successfully or not), without blocking.
   bool completed() const;
+  // When the collective itself finished (recorded by the backend's thread,
+  // not by wait()); empty while it runs, or where the backend cannot say.
+  std::optional<std::chrono::steady_clock::time_point> finished_at() const;
+  // Runs `f` inside wait(), once, after the collective succeeded and after
+  // any step already registered (e.g. the division of an average): how a
+  // communication hook decompresses its result.
+  Work& then(std::function<void()> f);
   struct Impl;
   explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

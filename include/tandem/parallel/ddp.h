@@ -2,8 +2,10 @@
 //
 //   DistributedDataParallel ddp(model, group);
 //   for (...) {
+//     ddp.zero_grad();                    // zeroes the buckets (gradients are views of them)
 //     ddp.before_forward();               // buffers from rank 0
 //     loss = loss_fn(model->forward(x));
+//     ddp.prepare_for_backward(loss);     // only needed with find_unused_parameters
 //     loss.backward();                    // buckets are all-reduced as they fill
 //     ddp.after_backward();               // waits; gradients are now averaged
 //     optimizer.step();
@@ -14,16 +16,38 @@
 // buffers are broadcast from rank 0, and the gradients are planned into
 // buckets (bucket_plan.h).
 //
+// Note [gradients are bucket views]: each bucket is one flat tensor and each
+// parameter's .grad() aliases its slice (with the parameter's strides), so
+// backward accumulates straight into the bucket, the all-reduce runs on it
+// in place, and the averaged gradient needs no copy back (PyTorch's
+// gradient_as_bucket_view=True). The aliases are plain tensors sharing the
+// bucket's storage, not autograd views, so libtorch's Optimizer::zero_grad()
+// (which detach_()es every gradient) still works. Zero gradients in place to
+// keep this free: ddp.zero_grad(), or optimizer.zero_grad(false). The
+// optimizer's default zero_grad() sets them to undefined; the next backward
+// then makes fresh ones, which the hooks copy into the bucket and replace by
+// the aliases again: one copy per step, as without bucket views.
+//
 // Note [bucket launch order]: a hook on each parameter's gradient
 // accumulator counts the gradients of its bucket; when a bucket is complete
-// its gradients are copied into one flat tensor and an asynchronous
-// all-reduce (average) starts, while backward goes on with the other layers.
-// Buckets are launched strictly in plan order (a complete bucket waits for
-// the ones before it), so every rank issues the same collectives in the same
-// order even when gradients arrive in a different order. after_backward()
-// launches what is left, a parameter without a gradient (unused in this
-// step) contributing zeros, waits for each bucket in order and copies the
-// averaged values back into the parameters' gradients.
+// the communication hook (comm_hook.h) starts its reduction, asynchronously,
+// while backward goes on with the other layers. Buckets are launched
+// strictly in plan order (a complete bucket waits for the ones before it),
+// so every rank issues the same collectives in the same order even when
+// gradients arrive in a different order. after_backward() launches what is
+// left, waits for each bucket in order, and leaves the averages in the
+// gradients.
+//
+// Note [unused parameters]: a parameter that got no gradient this step
+// contributes its current .grad() (zero after zero_grad(), or what no_sync()
+// steps accumulated); its bucket is launched at after_backward() at the
+// latest. With find_unused_parameters, prepare_for_backward(loss) walks the
+// autograd graph first and marks the parameters it cannot reach as ready at
+// once, so their buckets need not wait for the end of backward, and a flag
+// per parameter is all-reduced so that a parameter unused on every rank
+// keeps an undefined gradient (as in PyTorch) instead of a zero one. A
+// gradient that arrives twice in one step (two backward passes without
+// no_sync) after its bucket was launched is an error.
 #pragma once
 
 #include <chrono>
@@ -35,6 +59,7 @@
 
 #include "tandem/dist/process_group.h"
 #include "tandem/parallel/bucket_plan.h"
+#include "tandem/parallel/comm_hook.h"
 
 namespace torch::autograd {
 struct Node;
@@ -44,15 +69,22 @@ namespace tandem::parallel {
 
 struct DdpOptions {
   BucketOptions buckets;
-  bool broadcast_buffers = true;  // before every forward, as PyTorch's default
+  bool broadcast_buffers = true;         // before every forward, as PyTorch's default
+  bool find_unused_parameters = false;   // Note [unused parameters]
+  std::shared_ptr<CommHook> comm_hook;   // null: all-reduce average (comm_hook.h)
 };
 
-// When each bucket's all-reduce started and finished, and when backward
-// ended, for measuring how much communication the backward pass hid.
+// When each bucket's reduction started and finished, and when backward
+// ended: how much communication the backward pass hid.
 struct DdpTimeline {
   std::chrono::steady_clock::time_point backward_end;
   std::vector<std::chrono::steady_clock::time_point> launched, finished;
 };
+
+// The share of communication time that ran before backward ended: with U the
+// union of the buckets' [launched, finished] intervals, |U before
+// backward_end| / |U|. 1 when there was no communication.
+double hidden_share(const DdpTimeline& timeline);
 
 class DistributedDataParallel {
  public:
@@ -62,7 +94,12 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
+  // Zeroes every gradient in place (one fill per bucket).
+  void zero_grad();
   void before_forward();
+  // Optional; with find_unused_parameters it finds the parameters `loss`
+  // does not depend on (Note [unused parameters]).
+  void prepare_for_backward(const torch::Tensor& loss);
   void after_backward();
 
   // Gradient accumulation: while a NoSync is alive, backward passes only
@@ -82,29 +119,36 @@ class DistributedDataParallel {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const DdpTimeline& last_timeline() const { return timeline_; }
+  const CommHook& comm_hook() const { return *hook_; }
 
   // Called by the gradient hooks (Note [bucket launch order]).
   void gradient_ready(size_t parameter);
 
  private:
-  void launch_in_order();  // requires mutex_
-  void launch(size_t bucket);
+  void mark_ready(size_t parameter);  // requires mutex_
+  void launch_in_order();             // requires mutex_
+  bool grad_is_view(size_t parameter) const;
+  void adopt_view(size_t parameter);  // p.grad() into the bucket, then p.grad() = view
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<dist::ProcessGroup> group_;
   DdpOptions options_;
+  std::shared_ptr<CommHook> hook_;
   std::vector<torch::Tensor> parameters_;  // those that require gradients
+  std::vector<std::string> names_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;            // parameter -> bucket
+  std::vector<size_t> bucket_of_;  // parameter -> bucket
+  std::vector<torch::Tensor> flat_;   // one per bucket
+  std::vector<torch::Tensor> views_;  // per parameter, into flat_
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
   bool sync_ = true;  // false inside no_sync()
   std::mutex mutex_;  // guards the per-step state below
   std::vector<int64_t> missing_;  // gradients still to come, per bucket
-  std::vector<bool> seen_;        // per parameter, this step
+  std::vector<bool> seen_;        // per parameter, this step: a gradient arrived
+  std::vector<bool> unused_;      // per parameter, this step: unreachable from the loss
   size_t next_launch_ = 0;
-  std::vector<torch::Tensor> flat_;
   std::vector<dist::Work> work_;
   DdpTimeline timeline_;
 };
