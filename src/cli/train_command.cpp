@@ -55,7 +55,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("batch-size", "N", &o.batch_size, "global batch size", 1);
   flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0);
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
-  flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup length in epochs", 0);
+  flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup from 0 to --lr, in epochs (fractions allowed)", 0);
   flags.add_double("momentum", "X", &o.momentum, "SGD momentum", 0);
   flags.add_switch("nesterov", &o.nesterov, "use Nesterov momentum");
   flags.add_double("weight-decay", "X", &o.weight_decay, "L2 weight decay", 0);
@@ -73,6 +73,11 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
                    "depend on the number of ranks");
+  flags.add_choice("ddp-comm-hook", &o.ddp_comm_hook, {"allreduce", "fp16", "bf16"},
+                   "how DDP reduces gradient buckets: allreduce in float32, or compressed to "
+                   "fp16 / bf16 on the wire (half the bytes, rounded)");
+  flags.add_double("bucket-cap-mb", "MB", &o.bucket_cap_mb,
+                   "DDP gradient bucket size in MiB (after a first bucket of 1 MiB)", 1e-3);
   flags.add_choice("dist-backend", &o.dist_backend, {"auto", "gloo", "nccl"},
                    "collective backend; auto: nccl on CUDA, gloo on CPU");
   flags.add_double("dist-timeout", "SECONDS", &o.dist_timeout,

@@ -159,7 +159,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_ = models::make_model(o.model, model_options);
   model_->to(device_);
   if (group_ && world_ > 1 && o.strategy != "allreduce") {
-    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_);
+    parallel::DdpOptions ddp_options;
+    ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
+    ddp_options.buckets.first_bucket_bytes =
+        std::min(ddp_options.buckets.first_bucket_bytes, ddp_options.buckets.bucket_bytes);
+    ddp_options.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
+    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options);
   } else if (group_) {
     dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
   }
@@ -293,11 +298,12 @@ TrainResult Trainer::run() {
       optim::set_lr(optimizer, lr);
       auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
-      optimizer.zero_grad();
       if (ddp_) {
+        ddp_->zero_grad();       // in place: gradients are bucket views
         ddp_->before_forward();  // BatchNorm statistics from rank 0
-      } else if (group_) {
-        dist::broadcast_buffers(*model_, *group_);
+      } else {
+        optimizer.zero_grad();
+        if (group_) dist::broadcast_buffers(*model_, *group_);
       }
       auto logits = model_->forward(inputs);
       auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);

@@ -28,7 +28,7 @@ struct TrainOptions {
   int64_t batch_size = 256;  // global batch
   double lr = 0.1;           // peak learning rate
   double min_lr = 0.0;
-  double warmup_epochs = 0.0;
+  double warmup_epochs = 0.2;  // a short linear warmup: steadier first epochs at lr 0.1
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 5e-4;
@@ -38,6 +38,8 @@ struct TrainOptions {
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
   std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
+  std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
+  double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   std::string dist_backend = "auto";  // auto | gloo | nccl
   double dist_timeout = 300;          // seconds any collective may wait
   int64_t nproc_per_node = 0;         // CLI: > 0 launches that many local workers of itself
