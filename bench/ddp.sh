@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Data-parallel step time, tandem's DistributedDataParallel against PyTorch's
+# (same wheel, Gloo on 127.0.0.1, one compute thread per rank, processes
+# started by `tandem launch` and torchrun), interleaved in one run.
+#
+#   bench/ddp.sh [ROUNDS] [GLOBAL_BATCH]     (defaults: 3 rounds, batch 32)
+#
+# Per round and implementation: one process without DDP, one rank of DDP,
+# two ranks of DDP, each at the same global batch on resnet18 (CIFAR stem,
+# random 3x32 inputs). Prints the medians and:
+#  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks))
+#  (b) step time at 2 ranks, tandem / PyTorch
+#  (c) share of all-reduce time hidden behind backward (tandem's timeline)
+#  (d) DDP overhead on one rank: t(1 rank DDP) / t(no DDP) - 1
+# Results belong in docs/PERFORMANCE.md.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$repo/scripts/setup" >&2
+build=${TANDEM_BUILD:-$repo/build}
+py=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv-torch-2.11.0/bin/python
+rounds=${1:-3}
+batch=${2:-32}
+common=(--model resnet18 --batch "$batch" --steps 6 --warmup 2 --threads 1)
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
+tandem_run() {  # RANKS MODE
+  if [[ $2 == none ]]; then
+    "$build/bench/ddp_step" --mode none "${common[@]}"
+  else
+    "$build/tandem" launch --nproc-per-node "$1" -- "$build/bench/ddp_step" --mode "$2" "${common[@]}" |
+      sed 's/^\[rank 0\] //'
+  fi
+}
+pytorch_run() {  # RANKS MODE
+  if [[ $2 == none ]]; then
+    "$py" -W ignore "$repo/bench/ddp_step.py" --mode none "${common[@]}"
+  else
+    OMP_NUM_THREADS=1 "$py" -W ignore -m torch.distributed.run --standalone --nproc-per-node "$1" \
+      "$repo/bench/ddp_step.py" --mode "$2" "${common[@]}" 2>/dev/null
+  fi
+}
+
+declare -A ms
+hidden=()
+for ((i = 0; i < rounds; i++)); do
+  for impl in tandem pytorch; do
+    for config in "1 none" "1 ddp" "2 ddp"; do
+      out=$(${impl}_run $config)
+      key="$impl ${config// /-}"
+      ms[$key]+="$(echo "$out" | field step_ms) "
+      if [[ $impl == tandem && $config == "2 ddp" ]]; then hidden+=("$(echo "$out" | field hidden_share)"); fi
+    done
+  done
+done
+
+med() { printf '%s\n' ${ms[$1]} | median; }
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); resnet18 (CIFAR stem), 3x32, global batch $batch, 1 thread per rank, $rounds rounds"
+for impl in tandem pytorch; do
+  printf '%-8s no DDP %8.1f ms   DDP 1 rank %8.1f ms   DDP 2 ranks %8.1f ms\n' "$impl" \
+    "$(med "$impl 1-none")" "$(med "$impl 1-ddp")" "$(med "$impl 2-ddp")"
+done
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+t1=$(med "tandem 1-none"); t1d=$(med "tandem 1-ddp"); t2=$(med "tandem 2-ddp")
+p1=$(med "pytorch 1-none"); p1d=$(med "pytorch 1-ddp"); p2=$(med "pytorch 2-ddp")
+echo "(a) scaling efficiency 1->2 ranks: tandem $(ratio "$t1" "$(awk -v x="$t2" 'BEGIN {print 2 * x}')")   pytorch $(ratio "$p1" "$(awk -v x="$p2" 'BEGIN {print 2 * x}')")"
+echo "(b) step time at 2 ranks, tandem / pytorch: $(ratio "$t2" "$p2")"
+echo "(c) all-reduce time hidden behind backward (tandem, 2 ranks, median of rounds): $(printf '%s\n' "${hidden[@]}" | median)"
+echo "(d) DDP overhead on one rank: tandem $(awk -v a="$t1d" -v b="$t1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')   pytorch $(awk -v a="$p1d" -v b="$p1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')"

@@ -1,0 +1,128 @@
+// bench/ddp_step: the time of one data-parallel training step, per rank.
+//
+// Every rank trains a tandem model on one fixed random batch of
+// global / world images (the data pipeline is not what is measured here):
+// zero_grad, forward, cross-entropy, backward, gradient reduction, SGD step.
+// Run it under `tandem launch` (or alone for one rank without a group).
+// Rank 0 prints one JSON line: the median step time over the timed steps and
+// the median share of all-reduce time hidden behind backward (DdpTimeline).
+// bench/ddp.sh compares it with bench/ddp_step.py (PyTorch DDP) in one run.
+//
+//   tandem launch --nproc-per-node 2 -- ddp_step --mode ddp --model resnet18 --batch 64
+//   ddp_step --mode none --batch 64                        (one process, no DDP)
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "tandem/cli/flags.h"
+#include "tandem/dist/collectives.h"
+#include "tandem/dist/process_group.h"
+#include "tandem/models/registry.h"
+#include "tandem/parallel/ddp.h"
+#include "tandem/util/allocator.h"
+#include "tandem/util/check.h"
+#include "tandem/util/stopwatch.h"
+
+using namespace tandem;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tune_malloc_for_training();  // as the tandem binary does
+  std::string model_name = "resnet18", mode = "ddp", hook = "allreduce";
+  int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
+  double bucket_cap_mb = 25;
+  cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
+  flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
+  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce"},
+                   "none: no gradient reduction (one rank); ddp: DistributedDataParallel; "
+                   "allreduce: average_gradients after backward");
+  flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
+  flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
+  flags.add_int("batch", "N", &batch, "global batch", 1);
+  flags.add_int("image-size", "N", &size, "random 3xNxN inputs", 4);
+  flags.add_int("steps", "N", &steps, "timed steps", 1);
+  flags.add_int("warmup", "N", &warmup, "untimed steps first", 0);
+  flags.add_int("threads", "N", &threads, "compute threads per rank", 1);
+  try {
+    flags.parse({argv + 1, argv + argc});
+    if (flags.help_requested()) {
+      std::printf("%s", flags.help().c_str());
+      return 0;
+    }
+    at::set_num_threads(static_cast<int>(threads));
+    std::shared_ptr<dist::ProcessGroup> group;
+    if (auto rv = dist::rendezvous_from_env()) group = std::make_shared<dist::ProcessGroup>(*rv);
+    int64_t world = group ? group->size() : 1, rank = group ? group->rank() : 0;
+    TANDEM_CHECK(mode != "none" || world == 1, "--mode none runs one rank, not ", world);
+    TANDEM_CHECK(mode == "none" || group, "--mode ", mode, " needs a group: run under tandem launch");
+    TANDEM_CHECK(batch % world == 0, "--batch ", batch, " is not divisible by ", world, " ranks");
+
+    torch::manual_seed(0);
+    models::ModelOptions o;
+    o.in_channels = 3;
+    o.image_size = size;
+    o.num_classes = 10;
+    auto model = models::make_model(model_name, o);
+    model->train();
+    torch::manual_seed(1 + rank);
+    auto inputs = torch::randn({batch / world, 3, size, size});
+    auto targets = torch::randint(0, 10, {batch / world}, torch::kInt64);
+    std::unique_ptr<parallel::DistributedDataParallel> ddp;
+    if (mode == "ddp") {
+      parallel::DdpOptions options;
+      options.buckets.bucket_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
+      options.comm_hook = parallel::make_comm_hook(hook);
+      ddp = std::make_unique<parallel::DistributedDataParallel>(model.ptr(), group, options);
+    } else if (group) {
+      dist::broadcast_module(*model, *group);
+    }
+    torch::optim::SGD sgd(model->parameters(),
+                          torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
+    std::vector<double> step_ms, hidden;
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      Stopwatch clock;
+      if (ddp) {
+        ddp->zero_grad();
+        ddp->before_forward();
+      } else {
+        sgd.zero_grad();
+        if (group) dist::broadcast_buffers(*model, *group);
+      }
+      auto loss = torch::nn::functional::cross_entropy(model->forward(inputs), targets);
+      loss.backward();
+      if (ddp) {
+        ddp->after_backward();
+      } else if (group) {
+        dist::average_gradients(*model, *group);
+      }
+      sgd.step();
+      if (i < warmup) continue;
+      step_ms.push_back(clock.seconds() * 1e3);
+      if (ddp) hidden.push_back(parallel::hidden_share(ddp->last_timeline()));
+    }
+    if (rank == 0) {
+      std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
+                  "\"threads\": %d, \"step_ms\": %.2f, \"hidden_share\": %.3f}\n",
+                  mode.c_str(), static_cast<long long>(world), static_cast<long long>(batch),
+                  at::get_num_threads(), median(step_ms), ddp ? median(hidden) : 0.0);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::fprintf(stderr, "ddp_step: error: %s\n", what.substr(0, what.find('\n')).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,69 @@
+"""PyTorch peer of bench/ddp_step.cpp: the same model, batch and step under
+torch.nn.parallel.DistributedDataParallel (Gloo), from the same wheel.
+
+Run under torchrun (python -m torch.distributed.run), or alone with
+--mode none. Rank 0 prints one JSON line with the median step time.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_throughput import resnet18_cifar, convnet  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--mode", default="ddp", choices=["none", "ddp"])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--gradient-as-bucket-view", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    world, rank = 1, 0
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        world, rank = dist.get_world_size(), dist.get_rank()
+    if a.mode == "none" and world != 1:
+        raise SystemExit("--mode none runs one rank")
+    torch.manual_seed(0)
+    model = resnet18_cifar(3, 10) if a.model == "resnet18" else convnet(3, 10, a.image_size)
+    model.train()
+    torch.manual_seed(1 + rank)
+    x = torch.randn(a.batch // world, 3, a.image_size, a.image_size)
+    y = torch.randint(0, 10, (a.batch // world,))
+    net = model
+    if a.mode == "ddp":
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=a.bucket_cap_mb, gradient_as_bucket_view=a.gradient_as_bucket_view)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    times = []
+    for i in range(a.warmup + a.steps):
+        t = time.perf_counter()
+        sgd.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        sgd.step()
+        if i >= a.warmup:
+            times.append((time.perf_counter() - t) * 1e3)
+    if rank == 0:
+        print(json.dumps({"impl": "pytorch", "mode": a.mode, "world": world, "batch": a.batch,
+                          "threads": torch.get_num_threads(),
+                          "step_ms": round(statistics.median(times), 2)}), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
