@@ -57,9 +57,9 @@ void Work::wait() {
   TANDEM_CHECK(impl_, "wait() on an empty Work");
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (impl_->done) return;
-  bool finished = false;
+  bool finished = !impl_->work;  // no c10d work: done locally (a group of one)
   try {
-    finished = impl_->work->wait(impl_->timeout);
+    if (impl_->work) finished = impl_->work->wait(impl_->timeout);
   } catch (const std::exception& e) {
     TANDEM_FAIL(impl_->what, " failed: ", first_line(e.what()));
   }
@@ -69,7 +69,9 @@ void Work::wait() {
   impl_->done = true;
 }
 
-bool Work::completed() const { return impl_ && (impl_->done || impl_->work->isCompleted()); }
+bool Work::completed() const {
+  return impl_ && (impl_->done || !impl_->work || impl_->work->isCompleted());
+}
 
 std::optional<std::chrono::steady_clock::time_point> Work::finished_at() const {
   if (!impl_) return std::nullopt;
@@ -119,6 +121,17 @@ struct ProcessGroup::Impl {
           });
     } catch (const std::exception&) {
     }
+    return Work(std::move(impl));
+  }
+
+  // A group of one: all_reduce and broadcast change nothing, so they finish
+  // here, with no backend call (`then` still runs in wait()).
+  Work local(std::function<void()> then = nullptr) {
+    auto impl = std::make_shared<Work::Impl>();
+    impl->what = "local";
+    impl->timeout = options.timeout;
+    impl->then = std::move(then);
+    impl->finished_ticks->store(std::chrono::steady_clock::now().time_since_epoch().count());
     return Work(std::move(impl));
   }
 
@@ -209,6 +222,7 @@ const std::string& ProcessGroup::backend() const { return impl_->backend; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
 
 Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  if (size() == 1) return impl_->local();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
@@ -220,6 +234,7 @@ Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 // c10d's allreduce takes a list of copies of one tensor (one per device);
 // different tensors in one operation are allreduce_coalesced.
 Work ProcessGroup::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+  if (size() == 1) return impl_->local();
   c10d::AllreduceCoalescedOptions o;
   o.reduceOp = to_c10d(op);
   o.timeout = impl_->options.timeout;
@@ -228,6 +243,7 @@ Work ProcessGroup::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) 
 }
 
 Work ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  if (size() == 1 && root == 0) return impl_->local();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;

@@ -141,11 +141,12 @@ TEST(ProcessGroupTest, AverageGradientsEqualsTheWholeBatchGradient) {
 TEST(ProcessGroupTest, BroadcastCoalescedEqualsTheRootsTensors) {
   for (int64_t cap : {int64_t(1) << 20, int64_t(8)}) {
     expect_no_errors(run_ranks(3, [cap](ProcessGroup& g) {
-      auto fill = [](int64_t r) {
-        torch::manual_seed(10 + r);
-        return std::vector<torch::Tensor>{torch::randn({3, 4}), torch::randint(0, 100, {5}, torch::kInt64),
-                                          torch::randn({4, 6}).t(), torch::empty({0}),
-                                          torch::randn({2}, torch::kFloat64)};
+      auto fill = [](int64_t r) {  // a generator of its own: ranks are threads
+        auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(10 + r));
+        return std::vector<torch::Tensor>{
+            torch::randn({3, 4}, gen), torch::randint(0, 100, {5}, gen, torch::kInt64),
+            torch::randn({4, 6}, gen).t(), torch::empty({0}),
+            torch::randn({2}, gen, torch::TensorOptions().dtype(torch::kFloat64))};
       };
       auto mine = fill(g.rank());
       auto want = fill(1);

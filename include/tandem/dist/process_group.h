@@ -11,6 +11,10 @@
 // timeout). Ranks must call collectives in the same order with matching
 // shapes, as with torch.distributed.
 //
+// In a group of one, all_reduce and broadcast complete at once without a
+// backend call (they could only copy a tensor onto itself); the other
+// collectives still go through the backend.
+//
 // Thread safety: one thread issues the collectives of a group; a Work may be
 // waited on from another thread.
 #pragma once
