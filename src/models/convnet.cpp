@@ -24,4 +24,17 @@ Sequence convnet(const ModelOptions& o) {
   return net;
 }
 
+Sequence mlp(const ModelOptions& o) {
+  namespace nn = torch::nn;
+  TANDEM_CHECK(o.image_size >= 1, "mlp: image size must be positive, got ", o.image_size);
+  Sequence net;
+  net->push_back("flatten", nn::Flatten());
+  net->push_back("fc1", nn::Linear(o.in_channels * o.image_size * o.image_size, 256));
+  net->push_back("relu1", nn::ReLU());
+  net->push_back("fc2", nn::Linear(256, 128));
+  net->push_back("relu2", nn::ReLU());
+  net->push_back("fc3", nn::Linear(128, o.num_classes));
+  return net;
+}
+
 }  // namespace tandem::models

@@ -19,7 +19,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, ModelFactory> factories{
-      {"convnet", convnet},   {"resnet18", resnet18},       {"resnet34", resnet34},
+      {"convnet", convnet},   {"mlp", mlp},                 {"resnet18", resnet18},       {"resnet34", resnet34},
       {"resnet50", resnet50}, {"mobilenetv2", mobilenetv2},
   };
 };

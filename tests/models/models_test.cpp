@@ -43,7 +43,7 @@ TEST(ModelsTest, OutputShapesForEveryModelAndStem) {
     std::string name;
     int64_t channels, size;
   };
-  for (const auto& c : std::vector<Case>{{"convnet", 1, 28}, {"convnet", 3, 32}, {"resnet18", 3, 32},
+  for (const auto& c : std::vector<Case>{{"convnet", 1, 28}, {"convnet", 3, 32}, {"mlp", 1, 28}, {"resnet18", 3, 32},
                                          {"resnet18", 3, 112}, {"resnet50", 1, 32},
                                          {"mobilenetv2", 3, 64}}) {
     ModelOptions o;
@@ -115,7 +115,7 @@ TEST(ModelsTest, RegistryNamesUnknownModelsAndTakesNewOnes) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
-                 "unknown model 'resnet9000' (known: convnet, mobilenetv2, resnet18, resnet34, resnet50)");
+                 "unknown model 'resnet9000' (known: convnet, mlp, mobilenetv2, resnet18, resnet34, resnet50)");
   }
   register_model("tiny", [](const ModelOptions& o) {
     Sequence s;
