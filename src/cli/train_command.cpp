@@ -1,7 +1,11 @@
 // tandem train: flags -> TrainOptions -> Trainer -> summary table.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <thread>
+
+#include <torch/cuda.h>
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
@@ -12,6 +16,7 @@
 #include "tandem/launch/launcher.h"
 #include "tandem/util/env.h"
 #include "tandem/models/registry.h"
+#include "tandem/util/parse.h"
 #include "tandem/util/table.h"
 
 namespace tandem::cli {
@@ -49,6 +54,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3);
   flags.add_choice("stem", &o.stem, {"auto", "imagenet", "cifar"},
                    "resnet stem; auto picks cifar for images up to 64 px");
+  flags.add_choice("dtype", &o.dtype, {"float32", "float64"},
+                   "parameter and compute precision (float64 for exact comparisons)");
 
   flags.section("optimisation");
   flags.add_int("epochs", "N", &o.epochs, "passes over the training data", 1);
@@ -63,9 +70,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
 
   flags.section("distributed");
-  flags.add_int("nproc-per-node", "N", &o.nproc_per_node,
-                "launch N local worker processes of this command (tandem launch's short form); "
-                "0: run in this process", 0);
+  flags.add_string("nproc-per-node", "N|auto", &o.nproc_per_node,
+                   "launch N local worker processes of this command (tandem launch's short form); "
+                   "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
+                   "0: run in this process");
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce"},
                    "data parallelism over the ranks; auto: ddp when there are several "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
@@ -107,6 +115,45 @@ std::string self_executable() {
   return std::string(path, static_cast<size_t>(n));
 }
 
+// --nproc-per-node: N, or auto (GPUs for a CUDA device, else up to 4 CPU
+// workers); 0 runs in this process.
+int64_t local_workers(const engine::TrainOptions& o) {
+  if (o.nproc_per_node == "auto") {
+    if (o.device.rfind("cuda", 0) == 0) {
+      auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+      if (gpus == 0) throw Error("--nproc-per-node auto --device " + o.device + ": no CUDA device here");
+      return gpus;
+    }
+    return std::min<int64_t>(4, std::max<unsigned>(1, std::thread::hardware_concurrency()));
+  }
+  auto n = parse_int(o.nproc_per_node);
+  if (!n || *n < 0) {
+    throw UsageError("--nproc-per-node: expected a number >= 0 or auto, got '" + o.nproc_per_node + "'");
+  }
+  return *n;
+}
+
+// Seed 002's table: what the run's devices, batches and epochs came to.
+void print_devices_table(const engine::TrainOptions& o, const engine::TrainResult& r) {
+  std::vector<double> seconds;
+  for (const auto& m : r.epochs) {
+    if (!m.partial) seconds.push_back(m.epoch_seconds);
+  }
+  if (seconds.empty() || r.epochs.empty()) return;
+  std::sort(seconds.begin(), seconds.end());
+  size_t n = seconds.size();
+  double median = n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
+  int64_t world = r.epochs.back().world_size;
+  Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
+  const auto& last = r.epochs.back();
+  table.add_row({format("%lld x %s", static_cast<long long>(world), o.device.c_str()),
+                 std::to_string(o.batch_size), std::to_string(o.batch_size / world),
+                 format("%.1f", median),
+                 last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
+  std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
+              n == 1 ? "" : "s");
+}
+
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
   Table table({"epoch", "train loss", "train acc", "test loss", "test acc", "time (s)", "img/s"});
   for (const auto& m : r.epochs) {
@@ -119,6 +166,7 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
   }
   std::printf("\n%s", table.render().c_str());
   if (!r.epochs.empty() && r.epochs.back().partial) std::printf("* stopped by --max-steps\n");
+  print_devices_table(o, r);
   bool evaluated = !r.epochs.empty() && r.epochs.back().evaluated;
   std::string accuracy = evaluated ? format("test accuracy %.2f%%", 100 * r.epochs.back().test_acc)
                                    : std::string("not evaluated");
@@ -143,11 +191,12 @@ int train_command(const std::vector<std::string>& args) {
     std::printf("%s", flags.help().c_str());
     return 0;
   }
-  if (options.nproc_per_node > 0 && !env::get("RANK")) {
+  int64_t nproc = local_workers(options);
+  if (nproc > 0 && !env::get("RANK")) {
     // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
     // the workers run this same command line; RANK set tells them they are workers.
     launch::LaunchOptions lo;
-    lo.nproc_per_node = options.nproc_per_node;
+    lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());
     lo.command.push_back("train");
     lo.command.insert(lo.command.end(), args.begin(), args.end());

@@ -11,6 +11,7 @@
 #include "tandem/models/registry.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/util/check.h"
+#include "tandem/util/env.h"
 #include "tandem/util/progress.h"
 #include "tandem/util/stopwatch.h"
 #include "tandem/util/table.h"
@@ -41,6 +42,12 @@ data::LoaderOptions loader_options(int64_t batch_size, int64_t workers, const to
   options.pin_memory = device.is_cuda();
   return options;
 }
+// The dtype inputs are given in: the parameters' (--dtype).
+torch::ScalarType compute_dtype(torch::nn::Module& model) {
+  auto parameters = model.parameters();
+  return parameters.empty() ? torch::kFloat32 : parameters.front().scalar_type();
+}
+
 }  // namespace
 
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
@@ -64,7 +71,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   int64_t count = 0;
   while (auto batch = it->next()) {
     if (batch->size() == 0) continue;
-    auto inputs = batch->inputs.to(device);
+    auto inputs = batch->inputs.to(device, compute_dtype(*model));
     auto targets = batch->targets.to(device);
     auto logits = model->forward(inputs);
     loss_sum += torch::nn::functional::cross_entropy(
@@ -157,7 +164,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     };
   }
   model_ = models::make_model(o.model, model_options);
-  model_->to(device_);
+  TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
+               o.dtype, "'");
+  model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
   if (group_ && world_ > 1 && o.strategy != "allreduce") {
     parallel::DdpOptions ddp_options;
     ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
@@ -172,9 +181,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
-  return format("model=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
+  return format("model=%s dtype=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
+                o.model.c_str(), o.dtype.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
                 static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),
@@ -226,7 +235,18 @@ TrainResult Trainer::run() {
   std::optional<Checkpointer> checkpointer;
   if (!o.checkpoint_dir.empty()) checkpointer.emplace(CheckpointOptions{o.checkpoint_dir});
   TrainPosition position;
-  if (o.resume) {
+  // A worker restarted by the launcher (--max-restarts) resumes by itself.
+  bool resume = o.resume;
+  if (!resume && env::get_int("TANDEM_RESTART_COUNT").value_or(0) > 0) {
+    if (checkpointer) {
+      resume = true;
+      say(format("restart %lld: resuming from the newest checkpoint in %s",
+                 static_cast<long long>(*env::get_int("TANDEM_RESTART_COUNT")), o.checkpoint_dir.c_str()));
+    } else {
+      say("restarted without --checkpoint-dir: starting from the beginning");
+    }
+  }
+  if (resume) {
     if (auto path = checkpointer->latest()) {
       position = checkpointer->load(*path, *model_, optimizer, fingerprint());
       say(format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
@@ -236,7 +256,7 @@ TrainResult Trainer::run() {
     }
   }
   MetricsWriter metrics;
-  if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/o.resume && position.step > 0);
+  if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/resume && position.step > 0);
 
   if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (world_ > 1) {
@@ -296,7 +316,7 @@ TrainResult Trainer::run() {
       }
       lr = schedule.lr(position.step);
       optim::set_lr(optimizer, lr);
-      auto inputs = batch->inputs.to(device_, /*non_blocking=*/true);
+      auto inputs = batch->inputs.to(device_, compute_dtype(*model_), /*non_blocking=*/true);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
       if (ddp_) {
         ddp_->zero_grad();       // in place: gradients are bucket views

@@ -328,8 +328,8 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       return result;
     }
     ++result.restarts;
-    std::fprintf(err, "tandem launch: restarting all %lld workers (restart %lld of %lld)\n",
-                 static_cast<long long>(o.nproc_per_node), static_cast<long long>(result.restarts),
+    std::fprintf(err, "tandem launch: %s; restarting all %lld workers (restart %lld of %lld)\n",
+                 result.reason.c_str(), static_cast<long long>(o.nproc_per_node), static_cast<long long>(result.restarts),
                  static_cast<long long>(o.max_restarts));
     std::fflush(err);
   }

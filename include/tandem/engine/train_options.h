@@ -22,6 +22,7 @@ struct TrainOptions {
   std::string model = "convnet";
   double width_mult = 1.0;
   std::string stem = "auto";
+  std::string dtype = "float32";  // parameters and compute: float32 | float64
 
   // Optimisation
   int64_t epochs = 5;
@@ -42,7 +43,7 @@ struct TrainOptions {
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   std::string dist_backend = "auto";  // auto | gloo | nccl
   double dist_timeout = 300;          // seconds any collective may wait
-  int64_t nproc_per_node = 0;         // CLI: > 0 launches that many local workers of itself
+  std::string nproc_per_node = "0";   // CLI: N > 0 or auto launches local workers of itself
 
   // Run
   std::string device = "cpu";  // cpu | cuda | cuda:N
