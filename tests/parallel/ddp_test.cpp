@@ -33,6 +33,13 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.parameters();
+  auto dst = to.parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
 constexpr int kSteps = 5;
 constexpr int64_t kBatch = 12;
 
@@ -63,17 +70,11 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
   auto inputs = torch::randn({kSteps * kBatch, 6});
   auto targets = torch::randint(0, 3, {kSteps * kBatch}, torch::kInt64);
   auto expected = reference(inputs, targets);
+  torch::manual_seed(1);
+  Net start;  // the reference's start; made here, as the ranks (threads) share torch's RNG
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
-    torch::manual_seed(100 + group->rank());  // different starts: DDP must broadcast rank 0's...
-    Net net;
-    if (group->rank() == 0) {  // ...which is the reference's start
-      torch::manual_seed(1);
-      Net start;
-      torch::NoGradGuard no_grad;
-      auto src = start->parameters();
-      auto dst = net->parameters();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-    }
+    Net net;  // a different start on every rank: DDP must broadcast rank 0's...
+    if (group->rank() == 0) copy_parameters(*start, *net);  // ...which is the reference's
     DdpOptions options;
     options.buckets = buckets;
     options.comm_hook = hook;
@@ -183,7 +184,6 @@ TEST(DdpTest, FindUnusedParametersLaunchesEarlyAndLeavesGloballyUnusedAlone) {
   for (bool find_unused : {false, true}) {
     SCOPED_TRACE(find_unused ? "find_unused_parameters" : "default");
     auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
-      torch::manual_seed(5);
       Net net;
       auto extra = net->register_parameter("extra", torch::ones({3}));  // used by rank 0 only
       DdpOptions options;
@@ -280,16 +280,11 @@ TEST(DdpTest, NoSyncAccumulatesLikeOneLargerBatch) {
   torch::manual_seed(1);
   Net reference;
   torch::nn::functional::cross_entropy(reference->forward(inputs), targets).backward();
+  torch::manual_seed(1);
+  Net start;
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
     Net net;
-    {
-      torch::manual_seed(1);
-      Net start;
-      torch::NoGradGuard no_grad;
-      auto src = start->parameters();
-      auto dst = net->parameters();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-    }
+    copy_parameters(*start, *net);
     DistributedDataParallel ddp(net.ptr(), group);
     auto step = [&](int m) {
       ddp.before_forward();
