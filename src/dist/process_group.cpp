@@ -14,6 +14,19 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
+
+// Note [nccl headers]: c10d's ProcessGroupNCCL.hpp needs nccl.h and the CUDA
+// runtime headers (the CUDA toolkit's include folder, which torch's CMake
+// config adds when it finds a toolkit). ProcessGroupNCCL itself is compiled
+// into the wheel's libtorch_cuda. Without those headers this build refuses
+// --dist-backend nccl with a message saying so.
+#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>) && __has_include(<cuda_runtime_api.h>)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define TANDEM_WITH_NCCL 1
+#else
+#define TANDEM_WITH_NCCL 0
+#endif
 
 #include "tandem/util/check.h"
 
@@ -175,8 +188,13 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   if (backend == "auto") backend = options.device.rfind("cuda", 0) == 0 ? "nccl" : "gloo";
   TANDEM_CHECK(backend == "gloo" || backend == "nccl", "--dist-backend: expected auto, gloo or nccl, got '",
                options.backend, "'");
-  TANDEM_CHECK(backend == "gloo", "--dist-backend nccl: not available in this build yet; use "
-               "--dist-backend gloo (CPU tensors)");
+  if (backend == "nccl") {
+    TANDEM_CHECK(TANDEM_WITH_NCCL, "--dist-backend nccl: this build has no NCCL support (it was "
+                 "compiled without nccl.h; see docs/BUILD.md); use --dist-backend gloo");
+    TANDEM_CHECK(torch::cuda::is_available() && torch::cuda::device_count() > 0,
+                 "--dist-backend nccl: no CUDA device is visible to rank ", r.rank,
+                 " (NCCL reduces CUDA tensors; use --dist-backend gloo on CPU)");
+  }
   impl_->backend = backend;
 
   // Rendezvous: rank 0 serves the store, everyone connects (retrying until
@@ -197,6 +215,21 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
     }
     TANDEM_FAIL("rendezvous at ", r.host, ":", r.port, " (", r.source, ") failed on rank ", r.rank,
                 ": ", why);
+  }
+
+  if (backend == "nccl") {
+#if TANDEM_WITH_NCCL
+    try {
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options.timeout;
+      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          impl_->store, static_cast<int>(r.rank), static_cast<int>(r.world_size), nccl_options);
+    } catch (const std::exception& e) {
+      TANDEM_FAIL("process group (nccl) of ", r.world_size, " ranks at ", r.host, ":", r.port,
+                  " failed on rank ", r.rank, ": ", first_line(e.what()));
+    }
+#endif
+    return;
   }
 
   // Gloo: one device bound to the address rank 0's store is reached through
@@ -318,6 +351,8 @@ Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
   return impl_->call("recv",
                      [&] { return impl_->group->recv(tensors, static_cast<int>(src), tag); });
 }
+
+bool built_with_nccl() { return TANDEM_WITH_NCCL; }
 
 int pick_free_port(const std::string& host) {
   c10d::TCPStoreOptions o;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "tandem/dist/collectives.h"
@@ -244,15 +245,32 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
   }
 }
 
-TEST(ProcessGroupTest, NcclIsRefusedClearly) {
+// Without a CUDA device (CI), --dist-backend nccl is a clear error; with one
+// (the GPU machine), a group of one NCCL rank runs collectives on it.
+TEST(ProcessGroupTest, NcclNeedsACudaDevice) {
   Rendezvous rv;
+  rv.port = pick_free_port();
   GroupOptions options;
   options.backend = "nccl";
-  try {
+  options.device = "cuda:0";
+  if (!built_with_nccl()) {
+    EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
+              "--dist-backend nccl: this build has no NCCL support (it was compiled without "
+              "nccl.h; see docs/BUILD.md); use --dist-backend gloo");
+  } else if (!torch::cuda::is_available()) {
+    EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
+              "--dist-backend nccl: no CUDA device is visible to rank 0 (NCCL reduces CUDA "
+              "tensors; use --dist-backend gloo on CPU)");
+  } else {
     ProcessGroup group(rv, options);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--dist-backend nccl"), std::string::npos) << e.what();
+    EXPECT_EQ(group.backend(), "nccl");
+    auto t = torch::arange(4, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+    std::vector<torch::Tensor> out{torch::empty_like(t)};
+    group.all_gather(out, t).wait();
+    EXPECT_TRUE(torch::equal(out[0].cpu(), t.cpu()));
+    auto sum = t.clone();
+    group.reduce(sum, 0, ReduceOp::kAvg).wait();  // through NCCL: reduce has no shortcut
+    EXPECT_TRUE(torch::equal(sum.cpu(), t.cpu()));
   }
 }
 

@@ -105,6 +105,10 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether this build can make NCCL groups (Note [nccl headers] in
+// src/dist/process_group.cpp); they also need a CUDA device at run time.
+bool built_with_nccl();
+
 // A port on `host` that nobody was listening on a moment ago (a store server
 // bound to port 0 asks the kernel, then closes): for launchers and tests.
 int pick_free_port(const std::string& host = "127.0.0.1");
