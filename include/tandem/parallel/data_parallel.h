@@ -1,0 +1,119 @@
+// tandem/parallel/data_parallel.h: single-process data parallelism
+// (PyTorch's nn.DataParallel), seeds 000 and 003.
+//
+//   auto dp = parallel::DataParallel(model, {{torch::kCUDA, 0}, {torch::kCUDA, 1}});
+//   auto out = dp->forward(batch);        // scatter, replicate, parallel_apply, gather
+//   loss_fn(out).backward();              // gradients summed into model's parameters
+//
+// The four primitives, each differentiable:
+//   scatter         split a batch along dim 0 over devices, sizes as even as
+//                   possible (the first n mod k pieces one larger); a batch
+//                   smaller than the device list uses only its first devices
+//   replicate       copies of a module on the devices whose gradients flow
+//                   back and sum into the original's parameters
+//   parallel_apply  one thread per replica; the first exception is rethrown
+//                   naming its device
+//   gather          concatenate the outputs on the output device
+//
+// Note [kept replicas]: the libtorch frontend's data_parallel deep-clones the
+// module on every call (pytorch/pytorch#40581 reports it slower than one
+// GPU). A ReplicaSet clones once per device; each forward only copies the
+// original's parameter and buffer values into the replicas (in place, no
+// autograd), and a hook on each replica parameter's gradient accumulator
+// adds its gradient into the original parameter's gradient (under a lock
+// per parameter, as backward may run on several device threads) as soon as
+// backward produces it, then clears the replica's. After backward the
+// original holds the sum over replicas: the gradient of the whole batch, as
+// on one device. The original module never runs forward itself, so it may
+// live on any device (gradients are moved to it).
+//
+// Buffers follow PyTorch's DataParallel: every forward copies the original's
+// buffers into the replicas and, after it, copies the first replica's back,
+// so BatchNorm's running statistics are updated from the first device's
+// share of the batch alone. In training, each replica's BatchNorm
+// normalises over its own share. Devices may repeat (cpu,cpu or
+// cuda:0,cuda:0): replicas are then separate copies on one device, which is
+// how CI tests this without GPUs.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/types.h>
+
+namespace tandem::parallel {
+
+// The sizes scatter() splits n rows into over k devices.
+std::vector<int64_t> scatter_sizes(int64_t n, size_t k);
+
+std::vector<torch::Tensor> scatter(const torch::Tensor& input,
+                                   const std::vector<torch::Device>& devices);
+
+torch::Tensor gather(const std::vector<torch::Tensor>& outputs, const torch::Device& device);
+
+// replicas[i]->forward(inputs[i]) for every i, replica i on devices[i], one
+// thread each (grad mode and the current device follow the caller).
+std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& replicas,
+                                          const std::vector<torch::Tensor>& inputs,
+                                          const std::vector<torch::Device>& devices);
+
+// Note [kept replicas].
+class ReplicaSet {
+ public:
+  ReplicaSet(torch::nn::AnyModule module, std::vector<torch::Device> devices);
+  ~ReplicaSet();
+  ReplicaSet(const ReplicaSet&) = delete;
+  ReplicaSet& operator=(const ReplicaSet&) = delete;
+
+  // Copies the original's parameters, buffers and train/eval mode into the
+  // first `count` replicas; returns the replicas.
+  std::vector<torch::nn::AnyModule>& refresh(size_t count);
+  // After a forward: the first replica's buffers into the original.
+  void keep_buffers();
+  const std::vector<torch::Device>& devices() const { return devices_; }
+
+ private:
+  struct Shared;
+  torch::nn::AnyModule module_;
+  std::vector<torch::Device> devices_;
+  std::vector<torch::nn::AnyModule> replicas_;
+  std::shared_ptr<Shared> shared_;  // outlives this set while graphs need it
+};
+
+struct DataParallelOptions {
+  std::vector<torch::Device> devices;       // empty: every CUDA device, else {cpu}
+  std::optional<torch::Device> output_device;  // empty: devices[0]
+  bool trace = false;  // print each replica's input and output shapes and device
+};
+
+class DataParallelImpl : public torch::nn::Module {
+ public:
+  DataParallelImpl(torch::nn::AnyModule module, DataParallelOptions options);
+  template <typename M>
+  DataParallelImpl(M module, DataParallelOptions options)
+      : DataParallelImpl(torch::nn::AnyModule(std::move(module)), std::move(options)) {}
+
+  torch::Tensor forward(const torch::Tensor& input);
+  const std::vector<torch::Device>& devices() const { return replicas_->devices(); }
+
+ private:
+  torch::nn::AnyModule module_;
+  DataParallelOptions options_;
+  std::unique_ptr<ReplicaSet> replicas_;
+};
+TORCH_MODULE(DataParallel);
+
+// The functional form, for one-off use: it replicates on every call (a
+// DataParallel module keeps its replicas).
+torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& input,
+                            const std::vector<torch::Device>& devices,
+                            std::optional<torch::Device> output_device = std::nullopt);
+
+// "cpu,cpu" or "cuda:0,cuda:1" -> devices; a clear error naming --devices.
+std::vector<torch::Device> parse_devices(const std::string& text);
+
+}  // namespace tandem::parallel

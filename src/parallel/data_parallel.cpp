@@ -1,0 +1,274 @@
+#include "tandem/parallel/data_parallel.h"
+
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "tandem/util/check.h"
+#include "tandem/util/parse.h"
+
+namespace tandem::parallel {
+
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+// The first device any parameter or buffer of `module` lives on.
+std::optional<torch::Device> device_of(torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) return p.device();
+  for (const auto& b : module.buffers()) return b.device();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<int64_t> scatter_sizes(int64_t n, size_t k) {
+  TANDEM_CHECK(k > 0, "scatter: no devices");
+  TANDEM_CHECK(n >= 0, "scatter: negative size ", n);
+  auto parts = std::min<int64_t>(static_cast<int64_t>(k), n);
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < parts; ++i) sizes.push_back(n / parts + (i < n % parts ? 1 : 0));
+  return sizes;
+}
+
+std::vector<torch::Tensor> scatter(const torch::Tensor& input,
+                                   const std::vector<torch::Device>& devices) {
+  TANDEM_CHECK(input.defined() && input.dim() >= 1 && input.size(0) > 0,
+               "scatter: expected a batch with at least one row, got ",
+               input.defined() ? shape_of(input) : std::string("an undefined tensor"));
+  std::vector<torch::Tensor> pieces;
+  int64_t offset = 0;
+  auto sizes = scatter_sizes(input.size(0), devices.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    pieces.push_back(input.narrow(0, offset, sizes[i]).to(devices[i]));  // differentiable
+    offset += sizes[i];
+  }
+  return pieces;
+}
+
+torch::Tensor gather(const std::vector<torch::Tensor>& outputs, const torch::Device& device) {
+  TANDEM_CHECK(!outputs.empty(), "gather: no outputs");
+  std::vector<torch::Tensor> moved;
+  for (const auto& o : outputs) moved.push_back(o.to(device));  // differentiable
+  return torch::cat(moved, 0);
+}
+
+std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& replicas,
+                                          const std::vector<torch::Tensor>& inputs,
+                                          const std::vector<torch::Device>& devices) {
+  TANDEM_CHECK(inputs.size() <= replicas.size() && inputs.size() <= devices.size(),
+               "parallel_apply: ", inputs.size(), " inputs for ", replicas.size(), " replicas on ",
+               devices.size(), " devices");
+  const size_t n = inputs.size();
+  std::vector<torch::Tensor> outputs(n);
+  std::vector<std::exception_ptr> errors(n);
+  const bool grad = torch::GradMode::is_enabled();  // thread-local: passed on
+  auto run = [&](size_t i) {
+    try {
+      torch::AutoGradMode mode(grad);
+      std::optional<c10::DeviceGuard> guard;
+      if (devices[i].is_cuda()) guard.emplace(devices[i]);
+      outputs[i] = replicas[i].forward(inputs[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(run, i);
+  if (n > 0) run(0);
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      TANDEM_FAIL("replica ", i, " on ", devices[i].str(), " failed: ", what.substr(0, what.find('\n')));
+    }
+  }
+  return outputs;
+}
+
+// ---- ReplicaSet ---------------------------------------------------------------
+
+namespace {
+
+// Adds a replica parameter's gradient into the original's, then clears it.
+struct SumIntoOriginal : torch::autograd::FunctionPostHook {
+  SumIntoOriginal(torch::Tensor replica, torch::Tensor original, std::shared_ptr<std::mutex> lock)
+      : replica_(std::move(replica)), original_(std::move(original)), lock_(std::move(lock)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    auto grad = replica_.grad();
+    if (!grad.defined()) return outputs;
+    torch::NoGradGuard no_grad;
+    auto moved = grad.to(original_.device());
+    {
+      std::lock_guard<std::mutex> hold(*lock_);
+      if (original_.grad().defined()) {
+        original_.mutable_grad().add_(moved);
+      } else {
+        // The replica's gradient is its own (AccumulateGrad steals only
+        // unshared buffers) and is released below, so it can be taken.
+        original_.mutable_grad() = moved;
+      }
+    }
+    replica_.mutable_grad().reset();
+    return outputs;
+  }
+  torch::Tensor replica_, original_;
+  std::shared_ptr<std::mutex> lock_;
+};
+
+}  // namespace
+
+struct ReplicaSet::Shared {
+  // Keeps the replicas' gradient accumulators (and so the hooks on them)
+  // alive; a parameter holds its accumulator only weakly.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+};
+
+ReplicaSet::ReplicaSet(torch::nn::AnyModule module, std::vector<torch::Device> devices)
+    : module_(std::move(module)), devices_(std::move(devices)), shared_(std::make_shared<Shared>()) {
+  TANDEM_CHECK(!module_.is_empty(), "DataParallel: no module");
+  TANDEM_CHECK(!devices_.empty(), "DataParallel: no devices");
+  auto originals = module_.ptr()->parameters();
+  std::vector<std::shared_ptr<std::mutex>> locks;
+  for (size_t j = 0; j < originals.size(); ++j) locks.push_back(std::make_shared<std::mutex>());
+  for (const auto& device : devices_) {
+    torch::nn::AnyModule replica;
+    try {
+      replica = module_.clone(device);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      TANDEM_FAIL("DataParallel: cannot copy module ", module_.ptr()->name(), " to ", device.str(),
+                  ": ", what.substr(0, what.find('\n')),
+                  " (a module must derive from torch::nn::Cloneable to be replicated)");
+    }
+    auto params = replica.ptr()->parameters();
+    TANDEM_CHECK(params.size() == originals.size(), "DataParallel: the copy of ",
+                 module_.ptr()->name(), " has ", params.size(), " parameters, the original ",
+                 originals.size());
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!params[j].requires_grad()) continue;
+      auto accumulator = torch::autograd::impl::grad_accumulator(params[j]);
+      accumulator->add_post_hook(std::make_unique<SumIntoOriginal>(params[j], originals[j], locks[j]));
+      shared_->accumulators.push_back(std::move(accumulator));
+    }
+    replicas_.push_back(std::move(replica));
+  }
+}
+
+ReplicaSet::~ReplicaSet() = default;
+
+std::vector<torch::nn::AnyModule>& ReplicaSet::refresh(size_t count) {
+  torch::NoGradGuard no_grad;
+  auto& original = *module_.ptr();
+  auto params = original.parameters();
+  auto buffers = original.buffers();
+  for (size_t i = 0; i < count && i < replicas_.size(); ++i) {
+    auto& replica = *replicas_[i].ptr();
+    auto rp = replica.parameters();
+    auto rb = replica.buffers();
+    for (size_t j = 0; j < rp.size(); ++j) rp[j].copy_(params[j]);
+    for (size_t j = 0; j < rb.size(); ++j) rb[j].copy_(buffers[j]);
+    replica.train(original.is_training());
+  }
+  return replicas_;
+}
+
+void ReplicaSet::keep_buffers() {
+  torch::NoGradGuard no_grad;
+  auto buffers = module_.ptr()->buffers();
+  auto first = replicas_[0].ptr()->buffers();
+  for (size_t j = 0; j < buffers.size(); ++j) buffers[j].copy_(first[j]);
+}
+
+// ---- DataParallel ---------------------------------------------------------------
+
+namespace {
+
+torch::Tensor run_data_parallel(ReplicaSet& replicas, const torch::Tensor& input,
+                                const torch::Device& output_device, bool trace) {
+  const auto& devices = replicas.devices();
+  auto pieces = scatter(input, devices);
+  auto& modules = replicas.refresh(pieces.size());
+  auto outputs = parallel_apply(modules, pieces, devices);
+  replicas.keep_buffers();
+  if (trace) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      std::fprintf(stderr, "[data parallel] replica %zu on %s: input %s -> output %s\n", i,
+                   devices[i].str().c_str(), shape_of(pieces[i]).c_str(), shape_of(outputs[i]).c_str());
+    }
+  }
+  return gather(outputs, output_device);
+}
+
+std::vector<torch::Device> default_devices() {
+  std::vector<torch::Device> devices;
+  for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+    devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+  }
+  if (devices.empty()) devices.emplace_back(torch::kCPU);
+  return devices;
+}
+
+}  // namespace
+
+DataParallelImpl::DataParallelImpl(torch::nn::AnyModule module, DataParallelOptions options)
+    : module_(std::move(module)), options_(std::move(options)) {
+  TANDEM_CHECK(!module_.is_empty(), "DataParallel: no module");
+  if (options_.devices.empty()) options_.devices = default_devices();
+  if (!options_.output_device) options_.output_device = options_.devices[0];
+  register_module("module", module_.ptr());  // parameters are "module.<name>", as in PyTorch
+  replicas_ = std::make_unique<ReplicaSet>(module_, options_.devices);
+}
+
+torch::Tensor DataParallelImpl::forward(const torch::Tensor& input) {
+  return run_data_parallel(*replicas_, input, *options_.output_device, options_.trace);
+}
+
+torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& input,
+                            const std::vector<torch::Device>& devices,
+                            std::optional<torch::Device> output_device) {
+  ReplicaSet replicas(std::move(module), devices);  // hooks outlive it (Shared)
+  return run_data_parallel(replicas, input, output_device.value_or(devices.at(0)), false);
+}
+
+std::vector<torch::Device> parse_devices(const std::string& text) {
+  std::vector<torch::Device> devices;
+  for (const auto& item : split(text, ',')) {
+    std::optional<torch::Device> device;
+    try {
+      device.emplace(item);
+    } catch (const std::exception&) {
+    }
+    TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()),
+                 "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got '", text, "'");
+    if (device->is_cuda()) {
+      TANDEM_CHECK(torch::cuda::is_available(), "--devices ", text,
+                   ": no CUDA device is available on this machine");
+      if (!device->has_index()) device = torch::Device(torch::kCUDA, 0);
+      TANDEM_CHECK(device->index() < static_cast<int>(torch::cuda::device_count()), "--devices ",
+                   text, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
+    }
+    devices.push_back(*device);
+  }
+  TANDEM_CHECK(!devices.empty(), "--devices: expected at least one device");
+  return devices;
+}
+
+}  // namespace tandem::parallel

@@ -1,0 +1,176 @@
+// DataParallel and its primitives on repeated CPU devices (cpu,cpu,...):
+// outputs, gradients and training steps equal one device's, replicas kept,
+// buffers as PyTorch's DataParallel keeps them, errors naming the replica.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "tandem/models/sequence.h"
+#include "tandem/parallel/data_parallel.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::parallel {
+namespace {
+
+std::vector<torch::Device> cpus(size_t n) { return std::vector<torch::Device>(n, torch::kCPU); }
+
+// A BatchNorm-free model: outputs and gradients can match one device.
+models::Sequence mlp() {
+  models::Sequence net;
+  net->push_back("fc1", torch::nn::Linear(6, 16));
+  net->push_back("relu", torch::nn::ReLU());
+  net->push_back("fc2", torch::nn::Linear(16, 3));
+  return net;
+}
+
+models::Sequence copy_of(const models::Sequence& net) {
+  return std::dynamic_pointer_cast<models::SequenceImpl>(net->clone());
+}
+
+TEST(DataParallelTest, ScatterSizesAreAsEvenAsPossible) {
+  EXPECT_EQ(scatter_sizes(10, 3), (std::vector<int64_t>{4, 3, 3}));
+  EXPECT_EQ(scatter_sizes(8, 4), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(scatter_sizes(2, 4), (std::vector<int64_t>{1, 1}));  // fewer rows than devices
+  EXPECT_EQ(scatter_sizes(0, 2), (std::vector<int64_t>{}));
+}
+
+TEST(DataParallelTest, ScatterAndGatherAreDifferentiableInverses) {
+  auto x = torch::randn({7, 3}, torch::requires_grad());
+  auto pieces = scatter(x, cpus(3));
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].size(0), 3);
+  EXPECT_EQ(pieces[2].size(0), 2);
+  std::vector<torch::Tensor> doubled;
+  for (auto& p : pieces) doubled.push_back(p * 2);
+  auto y = gather(doubled, torch::kCPU);
+  EXPECT_TRUE(torch::equal(y, x * 2));
+  y.sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), torch::full({7, 3}, 2.0f)));
+}
+
+// Three SGD steps through DataParallel on cpu x3 equal three on one device,
+// outputs and gradients included.
+TEST(DataParallelTest, TrainingEqualsOneDevice) {
+  torch::manual_seed(0);
+  auto net = mlp();
+  auto single = copy_of(net);
+  DataParallel dp(net, DataParallelOptions{cpus(3)});
+  EXPECT_EQ(dp->named_parameters().keys()[0], "module.fc1.weight");  // PyTorch's names
+  torch::optim::SGD sgd_dp(dp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd_one(single->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({10, 6});
+    auto y = torch::randint(0, 3, {10}, torch::kInt64);
+    sgd_dp.zero_grad();
+    sgd_one.zero_grad();
+    auto out_dp = dp->forward(x);
+    auto out_one = single->forward(x);
+    EXPECT_TRUE(torch::allclose(out_dp, out_one, 1e-5, 1e-6)) << "step " << step;
+    torch::nn::functional::cross_entropy(out_dp, y).backward();
+    torch::nn::functional::cross_entropy(out_one, y).backward();
+    auto a = net->parameters(), b = single->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(a[i].grad().defined()) << "parameter " << i;
+      EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), 1e-5, 1e-6))
+          << "gradient " << i << " at step " << step << ", max difference "
+          << (a[i].grad() - b[i].grad()).abs().max().item<double>();
+    }
+    sgd_dp.step();
+    sgd_one.step();
+  }
+}
+
+// Note [kept replicas]: the same replica tensors serve every call, refreshed
+// with the original's current values.
+TEST(DataParallelTest, ReplicasAreKeptAndRefreshed) {
+  auto net = mlp();
+  ReplicaSet set(torch::nn::AnyModule(net), cpus(2));
+  auto first = set.refresh(2)[1].ptr()->parameters()[0];
+  {
+    torch::NoGradGuard no_grad;
+    net->parameters()[0].add_(1.0);
+  }
+  auto second = set.refresh(2)[1].ptr()->parameters()[0];
+  EXPECT_EQ(first.data_ptr(), second.data_ptr());
+  EXPECT_TRUE(torch::equal(second, net->parameters()[0]));
+  EXPECT_NE(second.data_ptr(), net->parameters()[0].data_ptr());  // a copy, not the original
+}
+
+// PyTorch's buffer semantics: running statistics come from the first
+// replica's share of the batch; every replica normalises its own share.
+TEST(DataParallelTest, BatchNormStatisticsComeFromTheFirstReplica) {
+  models::Sequence net;
+  net->push_back("bn", torch::nn::BatchNorm1d(4));
+  auto reference = torch::nn::BatchNorm1d(4);
+  DataParallel dp(net, DataParallelOptions{cpus(2)});
+  auto x = torch::randn({8, 4}) * 3 + 1;
+  auto out = dp->forward(x);
+  reference->forward(x.slice(0, 0, 4));
+  auto bn = net->named_buffers();
+  EXPECT_TRUE(torch::allclose(bn["bn.running_mean"], reference->running_mean));
+  EXPECT_TRUE(torch::allclose(bn["bn.running_var"], reference->running_var));
+  auto second_half = x.slice(0, 4, 8);
+  auto normalised = (second_half - second_half.mean(0)) / torch::sqrt(second_half.var(0, false) + 1e-5);
+  EXPECT_TRUE(torch::allclose(out.slice(0, 4, 8), normalised, 1e-4, 1e-5));
+}
+
+// Seed 003: only one block of a model is data parallel.
+TEST(DataParallelTest, WrappingOneSubmoduleTrainsLikeTheWholeModel) {
+  torch::manual_seed(1);
+  models::Sequence block2;
+  block2->push_back("fc", torch::nn::Linear(8, 8));
+  block2->push_back("relu", torch::nn::ReLU());
+  models::Sequence net;
+  net->push_back("block1", torch::nn::Linear(6, 8));
+  net->push_back("block2", DataParallel(block2, DataParallelOptions{cpus(2)}));
+  net->push_back("block3", torch::nn::Linear(8, 3));
+  models::Sequence plain;
+  plain->push_back("block1", torch::nn::Linear(6, 8));
+  plain->push_back("block2", copy_of(block2));
+  plain->push_back("block3", torch::nn::Linear(8, 3));
+  {
+    torch::NoGradGuard no_grad;
+    auto a = net->parameters(), b = plain->parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  auto x = torch::randn({5, 6});
+  net->forward(x).pow(2).sum().backward();
+  plain->forward(x).pow(2).sum().backward();
+  auto a = net->parameters(), b = plain->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
+struct FailOnNegativeImpl : torch::nn::Cloneable<FailOnNegativeImpl> {
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    TANDEM_CHECK(x.min().item<float>() >= 0, "negative input");
+    return x;
+  }
+};
+TORCH_MODULE(FailOnNegative);
+
+TEST(DataParallelTest, AReplicasExceptionNamesItsDevice) {
+  DataParallel dp(FailOnNegative(), DataParallelOptions{cpus(2)});
+  auto x = torch::ones({4, 2});
+  x[3][0] = -1;  // in the second replica's share
+  EXPECT_EQ(testing::error_of([&] { dp->forward(x); }), "replica 1 on cpu failed: negative input");
+}
+
+TEST(DataParallelTest, GradModeFollowsTheCaller) {
+  DataParallel dp(mlp(), DataParallelOptions{cpus(2)});
+  torch::NoGradGuard no_grad;
+  EXPECT_FALSE(dp->forward(torch::randn({4, 6})).requires_grad());
+}
+
+TEST(DataParallelTest, DeviceListsAreParsedOrNamed) {
+  EXPECT_EQ(parse_devices("cpu,cpu").size(), 2u);
+  EXPECT_EQ(testing::error_of([] { parse_devices("cpu,tpu"); }),
+            "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,tpu'");
+}
+
+}  // namespace
+}  // namespace tandem::parallel
