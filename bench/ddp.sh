@@ -3,11 +3,12 @@
 # (same wheel, Gloo on 127.0.0.1, one compute thread per rank, processes
 # started by `tandem launch` and torchrun), interleaved in one run.
 #
-#   bench/ddp.sh [ROUNDS] [GLOBAL_BATCH]     (defaults: 3 rounds, batch 32)
+#   bench/ddp.sh [ROUNDS] [GLOBAL_BATCH] [STEPS]   (defaults: 5 rounds, batch 64, 4 steps)
 #
 # Per round and implementation: one process without DDP, one rank of DDP,
 # two ranks of DDP, each at the same global batch on resnet18 (CIFAR stem,
-# random 3x32 inputs). Prints the medians and:
+# random 3x32 inputs); and, as the compute-only bound of (a), one tandem
+# process without DDP at the per-rank batch. Prints the medians and:
 #  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks))
 #  (b) step time at 2 ranks, tandem / PyTorch
 #  (c) share of all-reduce time hidden behind backward (tandem's timeline)
@@ -18,9 +19,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$repo/scripts/setup" >&2
 build=${TANDEM_BUILD:-$repo/build}
 py=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv-torch-2.11.0/bin/python
-rounds=${1:-3}
-batch=${2:-32}
-common=(--model resnet18 --batch "$batch" --steps 6 --warmup 2 --threads 1)
+rounds=${1:-5}
+batch=${2:-64}
+steps=${3:-4}
+common=(--model resnet18 --batch "$batch" --steps "$steps" --warmup 1 --threads 1)
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
@@ -42,19 +44,27 @@ pytorch_run() {  # RANKS MODE
 }
 
 declare -A ms
-hidden=()
+hidden=() exposed=() half=()
 for ((i = 0; i < rounds; i++)); do
+  half+=("$("$build/bench/ddp_step" --mode none "${common[@]}" --batch $((batch / 2)) | field step_ms)")
   for impl in tandem pytorch; do
     for config in "1 none" "1 ddp" "2 ddp"; do
       out=$(${impl}_run $config)
       key="$impl ${config// /-}"
       ms[$key]+="$(echo "$out" | field step_ms) "
-      if [[ $impl == tandem && $config == "2 ddp" ]]; then hidden+=("$(echo "$out" | field hidden_share)"); fi
+      if [[ $impl == tandem && $config == "2 ddp" ]]; then
+        hidden+=("$(echo "$out" | field hidden_share)")
+        exposed+=("$(echo "$out" | field exposed_ms)")
+      fi
     done
   done
 done
 
 med() { printf '%s\n' ${ms[$1]} | median; }
+for key in "tandem 1-none" "tandem 1-ddp" "tandem 2-ddp" "pytorch 1-none" "pytorch 1-ddp" "pytorch 2-ddp"; do
+  echo "rounds, $key (ms): ${ms[$key]}"
+done
+echo "rounds, tandem without DDP at the per-rank batch (ms): ${half[*]}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); resnet18 (CIFAR stem), 3x32, global batch $batch, 1 thread per rank, $rounds rounds"
 for impl in tandem pytorch; do
@@ -65,6 +75,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 t1=$(med "tandem 1-none"); t1d=$(med "tandem 1-ddp"); t2=$(med "tandem 2-ddp")
 p1=$(med "pytorch 1-none"); p1d=$(med "pytorch 1-ddp"); p2=$(med "pytorch 2-ddp")
 echo "(a) scaling efficiency 1->2 ranks: tandem $(ratio "$t1" "$(awk -v x="$t2" 'BEGIN {print 2 * x}')")   pytorch $(ratio "$p1" "$(awk -v x="$p2" 'BEGIN {print 2 * x}')")"
+h=$(printf '%s\n' "${half[@]}" | median)
+printf '(a) bound from compute alone: tandem without DDP at the per-rank batch %s takes %.1f ms, so t(1)/(2 x that) = %s\n' \
+  "$((batch / 2))" "$h" "$(ratio "$t1" "$(awk -v x="$h" 'BEGIN {print 2 * x}')")"
 echo "(b) step time at 2 ranks, tandem / pytorch: $(ratio "$t2" "$p2")"
-echo "(c) all-reduce time hidden behind backward (tandem, 2 ranks, median of rounds): $(printf '%s\n' "${hidden[@]}" | median)"
+echo "(c) all-reduce time hidden behind backward (tandem, 2 ranks, median of rounds): $(printf '%s\n' "${hidden[@]}" | median); exposed after backward: $(printf '%s\n' "${exposed[@]}" | median) ms"
 echo "(d) DDP overhead on one rank: tandem $(awk -v a="$t1d" -v b="$t1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')   pytorch $(awk -v a="$p1d" -v b="$p1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')"

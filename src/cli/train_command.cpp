@@ -74,10 +74,14 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "launch N local worker processes of this command (tandem launch's short form); "
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process");
-  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce"},
-                   "data parallelism over the ranks; auto: ddp when there are several "
-                   "(bucketed all-reduce overlapping backward); allreduce: every gradient "
-                   "all-reduced after backward (seed 004)");
+  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "dp"},
+                   "data parallelism; auto: ddp when there are several ranks (bucketed "
+                   "all-reduce overlapping backward); allreduce: every gradient all-reduced "
+                   "after backward (seed 004); dp: one process over --devices (DataParallel)");
+  flags.add_string("devices", "LIST", &o.devices,
+                   "devices of --strategy dp, e.g. cpu,cpu or cuda:0,cuda:1 (repeats allowed)");
+  flags.add_switch("dp-trace", &o.dp_trace,
+                   "--strategy dp: print each replica's input and output shapes and device");
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
                    "depend on the number of ranks");
@@ -146,7 +150,9 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
   int64_t world = r.epochs.back().world_size;
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
   const auto& last = r.epochs.back();
-  table.add_row({format("%lld x %s", static_cast<long long>(world), o.device.c_str()),
+  std::string devices = o.strategy == "dp" ? o.devices + " (one process)"
+                                            : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
+  table.add_row({devices,
                  std::to_string(o.batch_size), std::to_string(o.batch_size / world),
                  format("%.1f", median),
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
@@ -114,8 +116,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
   TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
-                   o.strategy == "allreduce",
-               "--strategy: expected auto, none, ddp or allreduce, got '", o.strategy, "'");
+                   o.strategy == "allreduce" || o.strategy == "dp",
+               "--strategy: expected auto, none, ddp, allreduce or dp, got '", o.strategy, "'");
+  TANDEM_CHECK(o.strategy == "dp" || (o.devices.empty() && !o.dp_trace),
+               "--devices and --dp-trace go with --strategy dp");
+  TANDEM_CHECK(o.strategy != "dp" || !o.devices.empty(),
+               "--strategy dp needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
   TANDEM_CHECK(o.dist_timeout > 0, "--dist-timeout: expected a positive number of seconds, got ",
                o.dist_timeout);
   if (auto rendezvous = dist::rendezvous_from_env()) {
@@ -123,10 +129,21 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     g.backend = o.dist_backend;
     g.device = o.device;
     g.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000));
+    // One GPU per local rank: a plain --device cuda means cuda:LOCAL_RANK.
+    if (device_.is_cuda() && !device_.has_index()) {
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                rendezvous->local_rank % torch::cuda::device_count()));
+    }
+    if (device_.is_cuda()) {  // NCCL and the caching allocator use the current device
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device_);
+      g.device = device_.str();
+    }
     group_ = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
     rank_ = group_->rank();
     world_ = group_->size();
   }
+  TANDEM_CHECK(world_ == 1 || o.strategy != "dp", "--strategy dp runs in one process (this is rank ",
+               rank_, " of ", world_, "); for several processes use --strategy ddp");
   TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
                rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
   TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
@@ -167,6 +184,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
                o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  if (o.strategy == "dp") {
+    parallel::DataParallelOptions dp_options;
+    dp_options.devices = parallel::parse_devices(o.devices);
+    dp_options.output_device = device_;
+    dp_options.trace = o.dp_trace;
+    dp_ = parallel::DataParallel(model_, dp_options);
+  }
   if (group_ && world_ > 1 && o.strategy != "allreduce") {
     parallel::DdpOptions ddp_options;
     ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
@@ -265,6 +289,12 @@ TrainResult Trainer::run() {
                group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
                static_cast<long long>(o.batch_size)));
   }
+  if (dp_) {
+    std::string names;
+    for (const auto& d : dp_->devices()) names += (names.empty() ? "" : ",") + d.str();
+    say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
+               names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
+  }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
@@ -325,7 +355,7 @@ TrainResult Trainer::run() {
         optimizer.zero_grad();
         if (group_) dist::broadcast_buffers(*model_, *group_);
       }
-      auto logits = model_->forward(inputs);
+      auto logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
       auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
       loss.backward();
       if (ddp_) {

@@ -37,7 +37,9 @@ struct TrainOptions {
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
-  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce
+  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp
+  std::string devices;                // --strategy dp: e.g. "cpu,cpu" or "cuda:0,cuda:1"
+  bool dp_trace = false;              // --strategy dp: print each replica's shapes
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)

@@ -18,6 +18,7 @@
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
+#include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
 
 namespace tandem::engine {
@@ -72,6 +73,7 @@ class Trainer {
   // torchrun, srun, mpirun): data parallel over the group's ranks.
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
+  parallel::DataParallel dp_{nullptr};                      // --strategy dp
   int64_t rank_ = 0, world_ = 1;
 };
 

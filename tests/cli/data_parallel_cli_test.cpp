@@ -1,0 +1,56 @@
+// `tandem train --strategy dp --devices LIST`: DataParallel in one process.
+#include <gtest/gtest.h>
+
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::last_metrics;
+using testing::run_tandem;
+using testing::TempDir;
+
+// Issue 5's check: one epoch of convnet on Fashion-MNIST over cpu,cpu.
+TEST(DataParallelCliTest, ConvnetOnFashionMnistOverTwoCpuReplicas) {
+  TempDir dir;
+  auto r = run_tandem("train --strategy dp --devices cpu,cpu --data fashion-mnist --model convnet "
+                      "--epochs 1 --progress lines --metrics-out " + dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("DataParallel over cpu,cpu in one process"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cpu,cpu (one process)"), std::string::npos) << r.output;
+  auto m = last_metrics(dir.file("m.jsonl"));
+  EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+}
+
+// Seed 000's trace: every replica's input and output shapes and device.
+TEST(DataParallelCliTest, TraceShowsEachReplica) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto r = run_tandem("train --strategy dp --devices cpu,cpu,cpu --dp-trace --data idx:" +
+                      dir.path() + " --batch-size 10 --max-steps 1 --progress off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"replica 0 on cpu: input [4, 1, 28, 28] -> output [4, 10]",
+                           "replica 1 on cpu: input [3, 1, 28, 28] -> output [3, 10]",
+                           "replica 2 on cpu: input [3, 1, 28, 28] -> output [3, 10]"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+}
+
+TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
+  auto r = run_tandem("train --strategy dp --devices cpu,gpu7 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--devices: expected a comma-separated list of cpu, cuda or cuda:N, got "
+                          "'cpu,gpu7'"),
+            std::string::npos)
+      << r.output;
+  r = run_tandem("train --strategy dp --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--strategy dp needs --devices"), std::string::npos) << r.output;
+  r = run_tandem("train --devices cpu,cpu --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--devices and --dp-trace go with --strategy dp"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace tandem
