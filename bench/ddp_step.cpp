@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     }
     torch::optim::SGD sgd(model->parameters(),
                           torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
-    std::vector<double> step_ms, hidden;
+    std::vector<double> step_ms, hidden, exposed_ms;
     for (int64_t i = 0; i < warmup + steps; ++i) {
       Stopwatch clock;
       if (ddp) {
@@ -110,13 +110,20 @@ int main(int argc, char** argv) {
       sgd.step();
       if (i < warmup) continue;
       step_ms.push_back(clock.seconds() * 1e3);
-      if (ddp) hidden.push_back(parallel::hidden_share(ddp->last_timeline()));
+      if (ddp) {
+        const auto& t = ddp->last_timeline();
+        hidden.push_back(parallel::hidden_share(t));
+        auto last = *std::max_element(t.finished.begin(), t.finished.end());
+        exposed_ms.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
+      }
     }
     if (rank == 0) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
-                  "\"threads\": %d, \"step_ms\": %.2f, \"hidden_share\": %.3f}\n",
+                  "\"threads\": %d, \"buckets\": %zu, \"step_ms\": %.2f, \"hidden_share\": %.3f, "
+                  "\"exposed_ms\": %.2f}\n",
                   mode.c_str(), static_cast<long long>(world), static_cast<long long>(batch),
-                  at::get_num_threads(), median(step_ms), ddp ? median(hidden) : 0.0);
+                  at::get_num_threads(), ddp ? ddp->buckets().size() : size_t(0), median(step_ms),
+                  ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0);
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {
