@@ -12,7 +12,11 @@
 #  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks))
 #  (b) step time at 2 ranks, tandem / PyTorch
 #  (c) share of all-reduce time hidden behind backward (tandem's timeline)
-#  (d) DDP overhead on one rank: t(1 rank DDP) / t(no DDP) - 1
+#  (d) DDP overhead on one rank: t(1 rank DDP) / t(no DDP) - 1, from separate
+#      processes, and from --mode paired: one process alternating steps of a
+#      plain model and of the same model under DDP in a group of one (batch
+#      16, 15 pairs a process, the median of the per-pair ratios), which
+#      cancels the machine's drift
 # Results belong in docs/PERFORMANCE.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,11 +64,18 @@ for ((i = 0; i < rounds; i++)); do
   done
 done
 
+paired_t=() paired_p=()
+for ((i = 0; i < rounds; i++)); do
+  paired_t+=("$("$build/bench/ddp_step" --mode paired --model resnet18 --batch 16 --steps 15 --warmup 1 | field ratio)")
+  paired_p+=("$("$py" -W ignore "$repo/bench/ddp_step.py" --mode paired --model resnet18 --batch 16 --steps 15 --warmup 1 | field ratio)")
+done
+
 med() { printf '%s\n' ${ms[$1]} | median; }
 for key in "tandem 1-none" "tandem 1-ddp" "tandem 2-ddp" "pytorch 1-none" "pytorch 1-ddp" "pytorch 2-ddp"; do
   echo "rounds, $key (ms): ${ms[$key]}"
 done
 echo "rounds, tandem without DDP at the per-rank batch (ms): ${half[*]}"
+echo "rounds, paired ratios DDP / plain: tandem ${paired_t[*]}; pytorch ${paired_p[*]}"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); resnet18 (CIFAR stem), 3x32, global batch $batch, 1 thread per rank, $rounds rounds"
 for impl in tandem pytorch; do
@@ -81,3 +92,5 @@ printf '(a) bound from compute alone: tandem without DDP at the per-rank batch %
 echo "(b) step time at 2 ranks, tandem / pytorch: $(ratio "$t2" "$p2")"
 echo "(c) all-reduce time hidden behind backward (tandem, 2 ranks, median of rounds): $(printf '%s\n' "${hidden[@]}" | median); exposed after backward: $(printf '%s\n' "${exposed[@]}" | median) ms"
 echo "(d) DDP overhead on one rank: tandem $(awk -v a="$t1d" -v b="$t1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')   pytorch $(awk -v a="$p1d" -v b="$p1" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')"
+pt=$(printf '%s\n' "${paired_t[@]}" | median); pp=$(printf '%s\n' "${paired_p[@]}" | median)
+echo "(d) paired, one process: tandem $(awk -v a="$pt" 'BEGIN {printf "%+.1f%%", (a - 1) * 100}')   pytorch $(awk -v a="$pp" 'BEGIN {printf "%+.1f%%", (a - 1) * 100}')"

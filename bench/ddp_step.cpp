@@ -40,14 +40,19 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
-  std::string model_name = "resnet18", mode = "ddp", hook = "allreduce";
+  std::string model_name = "resnet18", mode = "ddp", hook = "allreduce", zero = "optimizer";
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
   double bucket_cap_mb = 25;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
-  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce"},
+  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired"},
                    "none: no gradient reduction (one rank); ddp: DistributedDataParallel; "
-                   "allreduce: average_gradients after backward");
+                   "allreduce: average_gradients after backward; paired: one process "
+                   "alternating steps of a plain model and of the same model under DDP in a "
+                   "group of one (DDP's own overhead, machine drift cancelled)");
+  flags.add_choice("zero", &zero, {"optimizer", "ddp"},
+                   "how DDP's gradients are cleared: the optimizer's zero_grad (set to undefined, "
+                   "as the trainer does on CPU) or ddp.zero_grad (in place)");
   flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
   flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
   flags.add_int("batch", "N", &batch, "global batch", 1);
@@ -65,57 +70,96 @@ int main(int argc, char** argv) {
     std::shared_ptr<dist::ProcessGroup> group;
     if (auto rv = dist::rendezvous_from_env()) group = std::make_shared<dist::ProcessGroup>(*rv);
     int64_t world = group ? group->size() : 1, rank = group ? group->rank() : 0;
-    TANDEM_CHECK(mode != "none" || world == 1, "--mode none runs one rank, not ", world);
+    TANDEM_CHECK((mode != "none" && mode != "paired") || world == 1, "--mode ", mode,
+                 " runs one rank, not ", world);
+    if (mode == "paired") {
+      dist::Rendezvous alone;
+      alone.port = dist::pick_free_port();
+      group = std::make_shared<dist::ProcessGroup>(alone);
+    }
     TANDEM_CHECK(mode == "none" || group, "--mode ", mode, " needs a group: run under tandem launch");
     TANDEM_CHECK(batch % world == 0, "--batch ", batch, " is not divisible by ", world, " ranks");
 
-    torch::manual_seed(0);
     models::ModelOptions o;
     o.in_channels = 3;
     o.image_size = size;
     o.num_classes = 10;
-    auto model = models::make_model(model_name, o);
-    model->train();
     torch::manual_seed(1 + rank);
     auto inputs = torch::randn({batch / world, 3, size, size});
     auto targets = torch::randint(0, 10, {batch / world}, torch::kInt64);
-    std::unique_ptr<parallel::DistributedDataParallel> ddp;
-    if (mode == "ddp") {
-      parallel::DdpOptions options;
-      options.buckets.bucket_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
-      options.comm_hook = parallel::make_comm_hook(hook);
-      ddp = std::make_unique<parallel::DistributedDataParallel>(model.ptr(), group, options);
-    } else if (group) {
-      dist::broadcast_module(*model, *group);
-    }
-    torch::optim::SGD sgd(model->parameters(),
-                          torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
-    std::vector<double> step_ms, hidden, exposed_ms;
-    for (int64_t i = 0; i < warmup + steps; ++i) {
+    struct Run {
+      models::Sequence model{nullptr};
+      std::unique_ptr<parallel::DistributedDataParallel> ddp;
+      std::unique_ptr<torch::optim::SGD> sgd;
+      std::vector<double> step_ms, hidden, exposed_ms;
+    };
+    auto make_run = [&](bool use_ddp) {
+      auto run = std::make_unique<Run>();
+      torch::manual_seed(0);
+      run->model = models::make_model(model_name, o);
+      run->model->train();
+      if (use_ddp) {
+        parallel::DdpOptions options;
+        options.buckets.bucket_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
+        options.comm_hook = parallel::make_comm_hook(hook);
+        run->ddp = std::make_unique<parallel::DistributedDataParallel>(run->model.ptr(), group, options);
+      } else if (group && mode == "allreduce") {
+        dist::broadcast_module(*run->model, *group);
+      }
+      run->sgd = std::make_unique<torch::optim::SGD>(
+          run->model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
+      return run;
+    };
+    auto step = [&](Run& r, bool timed) {
       Stopwatch clock;
-      if (ddp) {
-        ddp->zero_grad();
-        ddp->before_forward();
+      if (r.ddp) {
+        if (zero == "optimizer") {
+          r.sgd->zero_grad();  // undefined: backward's fresh gradient is copied into the bucket
+        } else {
+          r.ddp->zero_grad();  // in place: backward accumulates into the bucket
+        }
+        r.ddp->before_forward();
       } else {
-        sgd.zero_grad();
-        if (group) dist::broadcast_buffers(*model, *group);
+        r.sgd->zero_grad();
+        if (group && mode == "allreduce") dist::broadcast_buffers(*r.model, *group);
       }
-      auto loss = torch::nn::functional::cross_entropy(model->forward(inputs), targets);
+      auto loss = torch::nn::functional::cross_entropy(r.model->forward(inputs), targets);
       loss.backward();
-      if (ddp) {
-        ddp->after_backward();
-      } else if (group) {
-        dist::average_gradients(*model, *group);
+      if (r.ddp) {
+        r.ddp->after_backward();
+      } else if (group && mode == "allreduce") {
+        dist::average_gradients(*r.model, *group);
       }
-      sgd.step();
-      if (i < warmup) continue;
-      step_ms.push_back(clock.seconds() * 1e3);
-      if (ddp) {
-        const auto& t = ddp->last_timeline();
-        hidden.push_back(parallel::hidden_share(t));
+      r.sgd->step();
+      if (!timed) return;
+      r.step_ms.push_back(clock.seconds() * 1e3);
+      if (r.ddp) {
+        const auto& t = r.ddp->last_timeline();
+        r.hidden.push_back(parallel::hidden_share(t));
         auto last = *std::max_element(t.finished.begin(), t.finished.end());
-        exposed_ms.push_back(std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
+        r.exposed_ms.push_back(
+            std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
       }
+    };
+    auto main_run = make_run(mode == "ddp" || mode == "paired");
+    std::unique_ptr<Run> plain;
+    if (mode == "paired") plain = make_run(false);
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      step(*main_run, i >= warmup);
+      if (plain) step(*plain, i >= warmup);
+    }
+    auto& ddp = main_run->ddp;
+    auto& step_ms = main_run->step_ms;
+    auto& hidden = main_run->hidden;
+    auto& exposed_ms = main_run->exposed_ms;
+    if (plain && rank == 0) {
+      std::vector<double> ratios;
+      for (size_t i = 0; i < step_ms.size(); ++i) ratios.push_back(step_ms[i] / plain->step_ms[i]);
+      std::printf("{\"impl\": \"tandem\", \"mode\": \"paired\", \"batch\": %lld, \"threads\": %d, "
+                  "\"plain_ms\": %.2f, \"ddp_ms\": %.2f, \"ratio\": %.4f}\n",
+                  static_cast<long long>(batch), at::get_num_threads(), median(plain->step_ms),
+                  median(step_ms), median(ratios));
+      return 0;
     }
     if (rank == 0) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "

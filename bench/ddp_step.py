@@ -22,7 +22,7 @@ from train_throughput import resnet18_cifar, convnet  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--mode", default="ddp", choices=["none", "ddp"])
+    p.add_argument("--mode", default="ddp", choices=["none", "ddp", "paired"])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=8)
@@ -36,32 +36,54 @@ def main():
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
         world, rank = dist.get_world_size(), dist.get_rank()
-    if a.mode == "none" and world != 1:
-        raise SystemExit("--mode none runs one rank")
-    torch.manual_seed(0)
-    model = resnet18_cifar(3, 10) if a.model == "resnet18" else convnet(3, 10, a.image_size)
-    model.train()
+    elif a.mode == "paired":  # a group of one, in this process
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if a.mode in ("none", "paired") and world != 1:
+        raise SystemExit(f"--mode {a.mode} runs one rank")
+    def make(use_ddp):
+        torch.manual_seed(0)
+        model = resnet18_cifar(3, 10) if a.model == "resnet18" else convnet(3, 10, a.image_size)
+        model.train()
+        net = model
+        if use_ddp:
+            net = torch.nn.parallel.DistributedDataParallel(
+                model, bucket_cap_mb=a.bucket_cap_mb,
+                gradient_as_bucket_view=a.gradient_as_bucket_view)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+        return net, sgd, []
+
     torch.manual_seed(1 + rank)
     x = torch.randn(a.batch // world, 3, a.image_size, a.image_size)
     y = torch.randint(0, 10, (a.batch // world,))
-    net = model
-    if a.mode == "ddp":
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=a.bucket_cap_mb, gradient_as_bucket_view=a.gradient_as_bucket_view)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    times = []
+    runs = [make(a.mode in ("ddp", "paired"))]
+    if a.mode == "paired":
+        runs.append(make(False))
     for i in range(a.warmup + a.steps):
-        t = time.perf_counter()
-        sgd.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        sgd.step()
-        if i >= a.warmup:
-            times.append((time.perf_counter() - t) * 1e3)
-    if rank == 0:
+        for net, sgd, times in runs:
+            t = time.perf_counter()
+            sgd.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            sgd.step()
+            if i >= a.warmup:
+                times.append((time.perf_counter() - t) * 1e3)
+    times = runs[0][2]
+    if a.mode == "paired":
+        plain = runs[1][2]
+        print(json.dumps({"impl": "pytorch", "mode": "paired", "batch": a.batch,
+                          "threads": torch.get_num_threads(),
+                          "plain_ms": round(statistics.median(plain), 2),
+                          "ddp_ms": round(statistics.median(times), 2),
+                          "ratio": round(statistics.median(d / p for d, p in zip(times, plain)), 4)}),
+              flush=True)
+    elif rank == 0:
         print(json.dumps({"impl": "pytorch", "mode": a.mode, "world": world, "batch": a.batch,
                           "threads": torch.get_num_threads(),
                           "step_ms": round(statistics.median(times), 2)}), flush=True)
-    if world > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

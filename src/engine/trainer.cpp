@@ -349,7 +349,15 @@ TrainResult Trainer::run() {
       auto inputs = batch->inputs.to(device_, compute_dtype(*model_), /*non_blocking=*/true);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
       if (ddp_) {
-        ddp_->zero_grad();       // in place: gradients are bucket views
+        // Note [gradients are bucket views]: on CPU, letting backward's fresh
+        // gradient be copied into the bucket once measured faster than
+        // zeroing the bucket and accumulating into it (bench/ddp.sh,
+        // docs/PERFORMANCE.md); on CUDA the in-place form saves the memory.
+        if (device_.is_cuda()) {
+          ddp_->zero_grad();
+        } else {
+          optimizer.zero_grad();
+        }
         ddp_->before_forward();  // BatchNorm statistics from rank 0
       } else {
         optimizer.zero_grad();
