@@ -21,13 +21,12 @@ class CompressHook : public CommHook {
   CompressHook(std::string name, torch::ScalarType dtype) : name_(std::move(name)), dtype_(dtype) {}
   std::string name() const override { return name_; }
   dist::Work reduce(dist::ProcessGroup& group, torch::Tensor bucket) override {
-    if (bucket.scalar_type() == dtype_ || !bucket.is_floating_point()) {
-      return group.all_reduce(bucket, dist::ReduceOp::kAvg);
-    }
-    // Divide before the cast so that the sum of the world's contributions
+    if (!bucket.is_floating_point()) return group.all_reduce(bucket, dist::ReduceOp::kAvg);
+    // Divide before summing so that the sum of the world's contributions
     // stays in range (float16 ends at 65504).
     torch::NoGradGuard no_grad;
     bucket.div_(group.size());
+    if (bucket.scalar_type() == dtype_) return group.all_reduce(bucket, dist::ReduceOp::kSum);
     auto compressed = bucket.to(dtype_);
     auto work = group.all_reduce(compressed, dist::ReduceOp::kSum);
     work.then([bucket, compressed]() mutable { bucket.copy_(compressed); });

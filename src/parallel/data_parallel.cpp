@@ -163,6 +163,9 @@ ReplicaSet::ReplicaSet(torch::nn::AnyModule module, std::vector<torch::Device> d
                  module_.ptr()->name(), " has ", params.size(), " parameters, the original ",
                  originals.size());
     for (size_t j = 0; j < params.size(); ++j) {
+      // clone() re-creates parameters with requires_grad set; a frozen
+      // original keeps its replicas frozen.
+      params[j].set_requires_grad(originals[j].requires_grad());
       if (!params[j].requires_grad()) continue;
       auto accumulator = torch::autograd::impl::grad_accumulator(params[j]);
       accumulator->add_post_hook(std::make_unique<SumIntoOriginal>(params[j], originals[j], locks[j]));
@@ -183,7 +186,11 @@ std::vector<torch::nn::AnyModule>& ReplicaSet::refresh(size_t count) {
     auto& replica = *replicas_[i].ptr();
     auto rp = replica.parameters();
     auto rb = replica.buffers();
-    for (size_t j = 0; j < rp.size(); ++j) rp[j].copy_(params[j]);
+    // Through .data(): the values change but not the replica's version
+    // counter, whose bump would fail the backward of a graph that saved the
+    // parameter (two forwards before one backward). Between those forwards
+    // the values are the same, unless the optimizer stepped in between.
+    for (size_t j = 0; j < rp.size(); ++j) rp[j].data().copy_(params[j]);
     for (size_t j = 0; j < rb.size(); ++j) rb[j].copy_(buffers[j]);
     replica.train(original.is_training());
   }

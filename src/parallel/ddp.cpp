@@ -37,10 +37,16 @@ std::string kind_of(const torch::Tensor& t) {
 void check_same_parameters(torch::nn::Module& module, dist::ProcessGroup& group) {
   std::ostringstream text;
   for (const auto& p : module.named_parameters()) text << p.key() << p.value().sizes() << ";";
-  auto mine = torch::tensor({static_cast<int64_t>(std::hash<std::string>{}(text.str()) >> 1)},
-                            torch::kInt64);
+  // On the parameters' device: NCCL takes CUDA tensors only.
+  torch::Device device = torch::kCPU;
+  for (const auto& p : module.parameters()) {
+    device = p.device();
+    break;
+  }
+  auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  auto mine = torch::tensor({static_cast<int64_t>(std::hash<std::string>{}(text.str()) >> 1)}, options);
   std::vector<torch::Tensor> all(group.size());
-  for (auto& t : all) t = torch::empty({1}, torch::kInt64);
+  for (auto& t : all) t = torch::empty({1}, options);
   group.all_gather(all, mine).wait();
   for (int64_t r = 0; r < group.size(); ++r) {
     TANDEM_CHECK(torch::equal(all[r], all[0]), "DistributedDataParallel: rank ", r,
@@ -197,6 +203,9 @@ void DistributedDataParallel::prepare_for_backward(const torch::Tensor& loss) {
 
 void DistributedDataParallel::gradient_ready(size_t k) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // The hook also runs when the incoming gradient was undefined (a path that
+  // carries none); with no gradient yet, the parameter counts as unused.
+  if (!parameters_[k].grad().defined()) return;
   if (!grad_is_view(k)) adopt_view(k);
   if (!sync_ || seen_.empty()) return;
   if (seen_[k] || unused_[k]) {
@@ -244,16 +253,21 @@ void DistributedDataParallel::after_backward() {
   torch::Tensor used;
   dist::Work used_work;
   if (options_.find_unused_parameters) {
+    // Used: has a gradient now, from this step or from no_sync steps before.
     used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
     auto* flag = used.data_ptr<int32_t>();
-    for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = seen_[k] ? 1 : 0;
+    for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = had_grad[k] ? 1 : 0;
+    if (!parameters_.empty()) used = used.to(parameters_[0].device());  // NCCL: CUDA only
     used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     work_[b].wait();
     timeline_.finished[b] = work_[b].finished_at().value_or(std::chrono::steady_clock::now());
   }
-  if (used.defined()) used_work.wait();
+  if (used.defined()) {
+    used_work.wait();
+    used = used.cpu();
+  }
   for (size_t k = 0; k < parameters_.size(); ++k) {
     if (had_grad[k]) continue;  // its gradient is the view, averaged in place
     bool unused_everywhere = used.defined() && used.data_ptr<int32_t>()[k] == 0;

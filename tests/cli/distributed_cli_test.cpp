@@ -39,6 +39,17 @@ TEST(DistributedCliTest, TwoRanksTrainOneModel) {
   EXPECT_TRUE(std::ifstream(dir.file("w.safetensors")).good());
 }
 
+// Issue 4's check, verbatim: one epoch on Fashion-MNIST over 2 ranks.
+TEST(DistributedCliTest, TwoRanksOnFashionMnistReach85Percent) {
+  TempDir dir;
+  auto r = run_tandem("train --nproc-per-node 2 --data fashion-mnist --model convnet --epochs 1 "
+                      "--progress off --metrics-out " + dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto m = last_metrics(dir.file("m.jsonl"));
+  EXPECT_EQ(m["world_size"].get<int>(), 2);
+  EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+}
+
 TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 64, 16);

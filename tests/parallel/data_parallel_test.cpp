@@ -160,6 +160,26 @@ TEST(DataParallelTest, AReplicasExceptionNamesItsDevice) {
   EXPECT_EQ(testing::error_of([&] { dp->forward(x); }), "replica 1 on cpu failed: negative input");
 }
 
+// A frozen parameter stays frozen (its replicas too), and two forwards
+// before one backward give the gradient of both.
+TEST(DataParallelTest, FrozenParametersAndTwoForwardsBeforeBackward) {
+  torch::manual_seed(2);
+  auto net = mlp();
+  auto single = copy_of(net);
+  net->named_parameters()["fc1.weight"].set_requires_grad(false);
+  single->named_parameters()["fc1.weight"].set_requires_grad(false);
+  DataParallel dp(net, DataParallelOptions{cpus(2)});
+  auto x1 = torch::randn({4, 6}), x2 = torch::randn({6, 6});
+  (dp->forward(x1).sum() + dp->forward(x2).pow(2).sum()).backward();
+  (single->forward(x1).sum() + single->forward(x2).pow(2).sum()).backward();
+  EXPECT_FALSE(net->named_parameters()["fc1.weight"].grad().defined());
+  for (const char* name : {"fc1.bias", "fc2.weight", "fc2.bias"}) {
+    EXPECT_TRUE(torch::allclose(net->named_parameters()[name].grad(),
+                                single->named_parameters()[name].grad(), 1e-5, 1e-6))
+        << name;
+  }
+}
+
 TEST(DataParallelTest, GradModeFollowsTheCaller) {
   DataParallel dp(mlp(), DataParallelOptions{cpus(2)});
   torch::NoGradGuard no_grad;

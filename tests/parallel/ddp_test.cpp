@@ -213,6 +213,40 @@ TEST(DdpTest, FindUnusedParametersLaunchesEarlyAndLeavesGloballyUnusedAlone) {
   }
 }
 
+// Passes no gradient back: its input is reachable, but gets none.
+struct NoGradientThrough : torch::autograd::Function<NoGradientThrough> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    return {torch::Tensor()};
+  }
+};
+
+// A parameter the graph reaches but that receives an undefined gradient,
+// with gradients set to none between steps: no error, and it contributes
+// zero (not last step's average).
+TEST(DdpTest, AReachableParameterWithoutAGradientCountsAsUnused) {
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    Net net;
+    auto extra = net->register_parameter("extra", torch::ones({3}));
+    DistributedDataParallel ddp(net.ptr(), group);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      sgd.zero_grad();
+      ddp.before_forward();
+      auto loss = net->forward(torch::ones({2, 6})).sum() + NoGradientThrough::apply(extra).sum();
+      if (step == 0) loss = loss + extra.sum();  // a real gradient in the first step only
+      loss.backward();
+      ddp.after_backward();
+      EXPECT_TRUE(torch::equal(extra.grad(), torch::full({3}, step == 0 ? 1.0f : 0.0f)))
+          << "step " << step << " on rank " << group->rank();
+    }
+  });
+  testing::expect_no_errors(errors);
+}
+
 // A second backward pass in one step, after the buckets went out: a clear
 // error rather than a silently wrong gradient.
 TEST(DdpTest, SecondBackwardInOneStepIsAnError) {

@@ -47,7 +47,8 @@ class Work {
   // Blocks until done; throws tandem::Error on failure or timeout. Waiting
   // twice is allowed (the second returns at once).
   void wait();
-  // Whether it has finished (successfully or not), without blocking.
+  // Whether the collective has finished (successfully or not), without
+  // blocking; the steps registered with then() run only in wait().
   bool completed() const;
   // When the collective itself finished (recorded by the backend's thread,
   // not by wait()); empty while it runs, or where the backend cannot say.
