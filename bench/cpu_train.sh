@@ -7,14 +7,9 @@
 # For each case it alternates the two implementations ROUNDS times (one
 # process each, a few timed windows per process) and prints the medians and
 # their ratio. Results belong in docs/PERFORMANCE.md.
-set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$repo/scripts/setup" >&2
-build=${TANDEM_BUILD:-$repo/build}
-py=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv-torch-2.11.0/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ips() { grep -o '"images_per_second": [0-9.]*' | awk '{print $2}'; }
 
 run_case() {

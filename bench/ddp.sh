@@ -18,17 +18,12 @@
 #      16, 15 pairs a process, the median of the per-pair ratios), which
 #      cancels the machine's drift
 # Results belong in docs/PERFORMANCE.md.
-set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$repo/scripts/setup" >&2
-build=${TANDEM_BUILD:-$repo/build}
-py=${TANDEM_CACHE:-$HOME/.cache/tandem}/venv-torch-2.11.0/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 batch=${2:-64}
 steps=${3:-4}
 common=(--model resnet18 --batch "$batch" --steps "$steps" --warmup 1 --threads 1)
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
 tandem_run() {  # RANKS MODE
   if [[ $2 == none ]]; then

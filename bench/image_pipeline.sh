@@ -10,12 +10,7 @@
 # records, and an ImageFolder of 640 photo-like JPEGs of about 500 x 375
 # (quality 90). Prints median images/s for all workers and per worker, and
 # the ratio. Results belong in docs/PERFORMANCE.md.
-set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$repo/scripts/setup" >&2
-build=${TANDEM_BUILD:-$repo/build}
-cache=${TANDEM_CACHE:-$HOME/.cache/tandem}
-py=$cache/venv-torch-2.11.0/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-3}
 data=$cache/bench-data
 if [ ! -f "$data/cifar/test_batch.bin" ]; then
@@ -27,7 +22,6 @@ if [ ! -d "$data/folder/class015" ]; then
   mv "$data/folder.tmp" "$data/folder"
 fi
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ips() { grep -o '"images_per_second": [0-9.]*' | awk '{print $2}'; }
 
 run_case() {

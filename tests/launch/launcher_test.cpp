@@ -118,19 +118,29 @@ TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {
   EXPECT_NE(fail.output.find("exited with code 5 (after 1 restarts)"), std::string::npos) << fail.output;
 }
 
+// Starts `tandem launch --nproc-per-node 2 -- sh -c 'exec sleep MARKER'` in
+// the background, output to `out`, and waits until both workers run.
+// Returns the launcher's pid, or 0 (a test failure recorded) if the launcher
+// or its two workers did not appear.
+pid_t start_sleeping_job(const std::string& marker, const std::string& out) {
+  run(std::string(TANDEM_CLI) + " launch --nproc-per-node 2 -- sh -c 'exec sleep " + marker +
+      "' > " + out + " 2>&1 &");
+  pid_t launcher = pid_of("^[^ ]*tandem launch .*sleep " + marker);
+  for (int i = 0; i < 50 && launcher > 0 && count_processes("sleep " + marker) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(launcher, 0) << "no launcher for sleep " << marker;
+  EXPECT_EQ(count_processes("sleep " + marker), 2) << "workers of sleep " << marker;
+  return launcher > 0 && count_processes("sleep " + marker) == 2 ? launcher : 0;
+}
+
 // SIGTERM to the launcher reaches the workers; the launcher then exits with
 // 128 + 15, and nothing is left.
 TEST(LaunchTest, SigtermIsForwarded) {
   TempDir dir;
   const std::string marker = "61.75";
-  run(std::string(TANDEM_CLI) + " launch --nproc-per-node 2 -- sh -c 'exec sleep " + marker +
-      "' > " + dir.file("out") + " 2>&1 &");
-  pid_t launcher = pid_of("^[^ ]*tandem launch .*sleep " + marker);
+  pid_t launcher = start_sleeping_job(marker, dir.file("out"));
   ASSERT_GT(launcher, 0);
-  for (int i = 0; i < 50 && count_processes("sleep " + marker) < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_EQ(count_processes("sleep " + marker), 2);
   kill(launcher, SIGTERM);
   for (int i = 0; i < 100 && kill(launcher, 0) == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -144,14 +154,8 @@ TEST(LaunchTest, SigtermIsForwarded) {
 // Even a launcher killed with SIGKILL leaves no worker behind.
 TEST(LaunchTest, WorkersDieWithAKilledLauncher) {
   const std::string marker = "61.875";
-  run(std::string(TANDEM_CLI) + " launch --nproc-per-node 2 -- sh -c 'exec sleep " + marker +
-      "' > /dev/null 2>&1 &");
-  pid_t launcher = pid_of("^[^ ]*tandem launch .*sleep " + marker);
+  pid_t launcher = start_sleeping_job(marker, "/dev/null");
   ASSERT_GT(launcher, 0);
-  for (int i = 0; i < 50 && count_processes("sleep " + marker) < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_EQ(count_processes("sleep " + marker), 2);
   kill(launcher, SIGKILL);
   for (int i = 0; i < 50 && count_processes("sleep " + marker) > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
