@@ -36,6 +36,7 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
   size_t size() const { return modules_.size(); }
   const std::string& name(size_t index) const { return names_.at(index); }
   torch::nn::AnyModule& at(size_t index) { return modules_.at(index); }
+  const torch::nn::AnyModule& at(size_t index) const { return modules_.at(index); }
 
   void reset() override {}
   std::shared_ptr<torch::nn::Module> clone(

@@ -1,0 +1,134 @@
+// tandem/parallel/pipeline.h: pipeline parallelism (seed 001), GPipe and 1F1B.
+//
+// A model cut into stages (stage_split.h), one device per stage. Each
+// training step cuts the batch into M micro-batches (sizes as even as
+// possible) and runs a schedule (pipeline_schedule.h): stage s runs F(i),
+// the forward of micro-batch i, once stage s - 1 has sent it F(i)'s output,
+// and B(i) once stage s + 1 has sent it the gradient of that output. While
+// stage 1 works on micro-batch i, stage 0 already works on i + 1: seed
+// 001's split_size loop, generalised to S stages and either schedule.
+//
+//   Pipeline pipe(model, /*sizes=*/{4, 8}, {cpu, cpu}, {/*micro_batches=*/4, "1f1b"});
+//   auto step = pipe.train_step(images, labels, loss_fn);  // gradients are in model
+//   optimizer.step();
+//
+// Arithmetic: the last stage scales micro-batch i's mean loss by n_i / N, so
+// the gradients that accumulate in the parameters over the M backwards are
+// those of the batch's mean loss, as without a pipeline (up to rounding);
+// step.loss is that mean. A stage's input is the previous stage's output,
+// detached and marked as requiring grad; its gradient is what goes back.
+// BatchNorm normalises over each micro-batch, as in GPipe.
+//
+// Two executors run the same per-stage action lists:
+//   Pipeline             one process, one thread per stage; activations and
+//                        gradients move between stages by Tensor::to(device)
+//   DistributedPipeline  one stage per rank of a process group; activations
+//                        and gradients go by send/recv (each preceded by a
+//                        small header with its dtype and shape), sends are
+//                        asynchronous and waited for at the end of the step
+//
+// Failure: in one process, a stage that throws stops the others (they are
+// woken, not left waiting) and train_step rethrows its error, naming the
+// stage and device. Across processes, a receive that waits longer than the
+// group's timeout, or on a peer that died, throws naming the stage.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/models/sequence.h"
+#include "tandem/parallel/model_parallel.h"
+#include "tandem/parallel/pipeline_schedule.h"
+
+namespace tandem::parallel {
+
+struct PipelineOptions {
+  int64_t micro_batches = 4;       // --micro-batches
+  std::string schedule = "1f1b";   // --schedule: gpipe | 1f1b
+};
+
+// One micro-batch's loss: the mean over its rows (e.g. cross-entropy).
+using PipelineLoss =
+    std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+
+// What one stage did in a step. Times are seconds since the step began; an
+// action's interval excludes the wait for its input, so busy time over the
+// step's length is the stage's utilisation.
+struct PipelineStageTrace {
+  std::vector<PipelineAction> actions;
+  std::vector<double> start, end;
+  int64_t max_in_flight = 0;  // most micro-batches whose forward ran and backward had not
+  double busy() const;
+};
+
+struct PipelineStep {
+  torch::Tensor loss;    // the batch's mean loss (detached); undefined off the last stage
+  torch::Tensor output;  // the last stage's outputs, concatenated (detached); likewise
+  int64_t micro_batches = 0;
+  double seconds = 0;    // the step's wall time
+  std::vector<PipelineStageTrace> stages;  // Pipeline: every stage; DistributedPipeline: this rank's
+  // Per traced stage: 1 - busy / seconds (the bubble, plus any overhead).
+  std::vector<double> idle_share() const;
+};
+
+class Pipeline {
+ public:
+  // Cuts `model` into stages of `sizes` children, stage s on devices[s]
+  // (moved there). Throws tandem::Error for mismatched sizes and devices, an
+  // unknown schedule or micro_batches < 1.
+  Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
+           std::vector<torch::Device> devices, PipelineOptions options = {});
+  ~Pipeline();
+
+  // Forward and backward of one batch through the schedule; the gradients
+  // accumulate into the model's parameters. `input` and `target` may be on
+  // any device (moved to the first and last stage's). A batch of fewer rows
+  // than micro-batches uses one micro-batch per row.
+  PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
+                          const PipelineLoss& loss);
+
+  // The whole batch through the stages in turn, no micro-batches (for
+  // evaluation); the output is on the last stage's device.
+  torch::Tensor forward(const torch::Tensor& input) { return chain_->forward(input); }
+
+  const std::vector<torch::Device>& devices() const { return chain_->devices(); }
+  const std::vector<models::Sequence>& stages() const { return chain_->stages(); }
+  const PipelineOptions& options() const { return options_; }
+
+ private:
+  PipelineOptions options_;
+  ModelParallel chain_{nullptr};
+};
+
+class DistributedPipeline {
+ public:
+  // This rank runs stage group->rank() of group->size(), `stage` on
+  // `device`. Every rank must use the same options.
+  DistributedPipeline(models::Sequence stage, torch::Device device,
+                      std::shared_ptr<dist::ProcessGroup> group, PipelineOptions options = {});
+  ~DistributedPipeline();
+
+  // `input` is read on the first stage, `target` on the last (others may
+  // pass undefined tensors). The batch must have at least `micro_batches`
+  // rows. step.loss is broadcast to every rank; step.output stays on the
+  // last.
+  PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
+                          const PipelineLoss& loss);
+
+  int64_t stage_index() const;
+  int64_t stage_count() const;
+
+ private:
+  models::Sequence stage_;
+  torch::Device device_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  PipelineOptions options_;
+};
+
+}  // namespace tandem::parallel

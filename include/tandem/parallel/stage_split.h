@@ -1,0 +1,59 @@
+// tandem/parallel/stage_split.h: cutting a model into pipeline stages.
+//
+// A models::Sequence's top-level children are the units a split cuts
+// between: a split is the number of children in each stage, in order, every
+// stage at least one. Three ways to choose it (seed 001 cuts ResNet-50 by
+// hand; torchgpipe balances by parameters or by time):
+//
+//   split_at_names   explicit: the names of the children that begin stages
+//                    2, 3, ... ("conv2,fc1" cuts convnet in three)
+//   balance_stages   contiguous stages minimising the largest stage's cost,
+//                    for costs per child from either of
+//     parameter_costs  the number of parameters (cheap, deterministic)
+//     measured_costs   forward + backward seconds on a sample batch,
+//                      measured on a copy of the model (the model's
+//                      parameters, gradients and statistics are untouched)
+//
+// split_sequence() then makes the stage modules; they share the children
+// (and so the parameters) with the model they were cut from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tandem/models/sequence.h"
+
+namespace tandem::parallel {
+
+// Children per stage. Throws tandem::Error for an unknown name, names out of
+// order, or a count of names that does not give `stages` stages.
+std::vector<int64_t> split_at_names(const models::Sequence& model, const std::string& names,
+                                    int64_t stages);
+
+// The contiguous split of costs.size() children into `stages` non-empty
+// stages whose largest total cost is smallest; among those, the one whose
+// earlier stages are heaviest (so the result is deterministic). Throws
+// tandem::Error when there are fewer children than stages or a cost is
+// negative.
+std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t stages);
+
+std::vector<double> parameter_costs(const models::Sequence& model);
+
+// The median over `repeats` of each child's forward plus backward time on
+// `sample` (in seconds), measured on a clone of `model` on sample's device.
+std::vector<double> measured_costs(const models::Sequence& model, const torch::Tensor& sample,
+                                   int64_t repeats = 3);
+
+// The stages' modules: stage s holds the next sizes[s] children of `model`
+// under their own names (shared, not copied). Throws unless the sizes are
+// positive and add up to model->size().
+std::vector<models::Sequence> split_sequence(const models::Sequence& model,
+                                             const std::vector<int64_t>& sizes);
+
+// "conv1..pool1 | conv2..fc2" for logs.
+std::string describe_split(const models::Sequence& model, const std::vector<int64_t>& sizes);
+
+}  // namespace tandem::parallel

@@ -1,0 +1,164 @@
+#include "tandem/parallel/pipeline.h"
+
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "pipeline_stage.h"
+#include "tandem/parallel/stage_split.h"
+#include "tandem/util/check.h"
+
+namespace tandem::parallel {
+
+namespace {
+
+// Thrown in a stage woken because another stage failed; never the error
+// train_step reports.
+struct Aborted : std::exception {
+  const char* what() const noexcept override { return "pipeline stopped by another stage"; }
+};
+
+// Tensors handed from one stage thread to another, by micro-batch.
+class Mailbox {
+ public:
+  void put(int64_t key, torch::Tensor t) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      items_[key] = std::move(t);
+    }
+    ready_.notify_all();
+  }
+  torch::Tensor take(int64_t key) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [&] { return aborted_ || items_.count(key) > 0; });
+    if (aborted_) throw Aborted();
+    auto t = std::move(items_[key]);
+    items_.erase(key);
+    return t;
+  }
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      aborted_ = true;
+    }
+    ready_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::map<int64_t, torch::Tensor> items_;
+  bool aborted_ = false;
+};
+
+// Stage s's links: forward[s] carries activations from s into s + 1,
+// backward[s] gradients from s + 1 into s. Tensors are moved to the
+// receiving stage's device by the sender.
+class ThreadLinks : public detail::StageLinks {
+ public:
+  ThreadLinks(std::vector<Mailbox>& forward, std::vector<Mailbox>& backward,
+              const std::vector<torch::Device>& devices, size_t stage)
+      : forward_(forward), backward_(backward), devices_(devices), s_(stage) {}
+  torch::Tensor recv_activation(int64_t i) override { return forward_[s_ - 1].take(i); }
+  void send_activation(int64_t i, const torch::Tensor& t) override {
+    forward_[s_].put(i, t.to(devices_[s_ + 1]));
+  }
+  torch::Tensor recv_gradient(int64_t i) override { return backward_[s_].take(i); }
+  void send_gradient(int64_t i, const torch::Tensor& g) override {
+    backward_[s_ - 1].put(i, g.to(devices_[s_ - 1]));
+  }
+
+ private:
+  std::vector<Mailbox>& forward_;
+  std::vector<Mailbox>& backward_;
+  const std::vector<torch::Device>& devices_;
+  size_t s_;
+};
+
+}  // namespace
+
+Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
+                   std::vector<torch::Device> devices, PipelineOptions options)
+    : options_(std::move(options)) {
+  TANDEM_CHECK(options_.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
+               options_.micro_batches);
+  make_pipeline_schedule(options_.schedule, 1, 1);  // names --schedule if unknown
+  TANDEM_CHECK(sizes.size() == devices.size(), "pipeline: ", sizes.size(), " stages but ",
+               devices.size(), " devices; give one device per stage");
+  chain_ = ModelParallel(split_sequence(model, sizes), std::move(devices));
+}
+
+Pipeline::~Pipeline() = default;
+
+PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target,
+                                  const PipelineLoss& loss) {
+  TANDEM_CHECK(input.defined() && input.dim() >= 1 && input.size(0) > 0,
+               "pipeline: expected a batch with at least one row");
+  TANDEM_CHECK(target.defined() && target.size(0) == input.size(0), "pipeline: ",
+               input.size(0), " inputs but ", target.defined() ? target.size(0) : 0, " targets");
+  const auto& devices = chain_->devices();
+  const size_t stages = devices.size();
+  auto sizes = detail::micro_batch_sizes(input.size(0), options_.micro_batches);
+  const auto m = static_cast<int64_t>(sizes.size());
+  auto schedule = make_pipeline_schedule(options_.schedule, static_cast<int64_t>(stages), m);
+
+  std::vector<Mailbox> forward(stages), backward(stages);
+  std::vector<std::unique_ptr<ThreadLinks>> links;
+  std::vector<detail::StageJob> jobs(stages);
+  auto origin = std::chrono::steady_clock::now();
+  for (size_t s = 0; s < stages; ++s) {
+    links.push_back(std::make_unique<ThreadLinks>(forward, backward, devices, s));
+    auto& job = jobs[s];
+    job.module = chain_->stages()[s];
+    job.device = devices[s];
+    job.first = s == 0;
+    job.last = s + 1 == stages;
+    job.actions = &schedule.actions[s];
+    job.links = links.back().get();
+    job.origin = origin;
+  }
+  jobs.front().inputs = input.split_with_sizes(sizes);
+  auto& last = jobs.back();
+  last.targets = target.to(devices.back()).split_with_sizes(sizes);
+  for (auto n : sizes) last.weights.push_back(double(n) / double(input.size(0)));
+  last.loss = &loss;
+
+  std::vector<detail::StageOutcome> outcomes(stages);
+  std::vector<std::exception_ptr> errors(stages);
+  auto run = [&](size_t s) {
+    try {
+      outcomes[s] = detail::run_stage(jobs[s]);
+    } catch (...) {
+      errors[s] = std::current_exception();
+      for (auto& box : forward) box.abort();
+      for (auto& box : backward) box.abort();
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    for (size_t s = 1; s < stages; ++s) threads.emplace_back(run, s);
+    run(0);
+    for (auto& t : threads) t.join();
+  }
+  for (size_t s = 0; s < stages; ++s) {  // the first error that is not a wake-up
+    if (!errors[s]) continue;
+    try {
+      std::rethrow_exception(errors[s]);
+    } catch (const Aborted&) {
+    } catch (const std::exception& e) {
+      TANDEM_FAIL("pipeline stage ", s, " (", devices[s].str(), "): ", e.what());
+    }
+  }
+
+  PipelineStep step;
+  step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - origin).count();
+  step.micro_batches = m;
+  step.loss = outcomes.back().loss;
+  step.output = torch::cat(outcomes.back().outputs, 0);
+  for (auto& o : outcomes) step.stages.push_back(std::move(o.trace));
+  return step;
+}
+
+}  // namespace tandem::parallel

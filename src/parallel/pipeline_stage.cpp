@@ -1,0 +1,109 @@
+#include "pipeline_stage.h"
+
+#include <map>
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/autograd.h>
+#include <torch/cuda.h>
+
+#include "tandem/parallel/data_parallel.h"
+#include "tandem/util/check.h"
+
+namespace tandem::parallel {
+
+double PipelineStageTrace::busy() const {
+  double total = 0;
+  for (size_t i = 0; i < start.size(); ++i) total += end[i] - start[i];
+  return total;
+}
+
+std::vector<double> PipelineStep::idle_share() const {
+  std::vector<double> shares;
+  for (const auto& s : stages) shares.push_back(seconds > 0 ? 1.0 - s.busy() / seconds : 0.0);
+  return shares;
+}
+
+namespace detail {
+
+std::vector<int64_t> micro_batch_sizes(int64_t n, int64_t m) {
+  TANDEM_CHECK(m >= 1, "--micro-batches: expected a positive integer, got ", m);
+  return scatter_sizes(n, static_cast<size_t>(m));
+}
+
+StageOutcome run_stage(StageJob& job) {
+  using Clock = std::chrono::steady_clock;
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - job.origin).count(); };
+  c10::OptionalDeviceGuard guard;
+  if (job.device.is_cuda()) guard.reset_device(job.device);
+
+  struct InFlight {
+    torch::Tensor input;   // what F(i) consumed (requires grad past the first stage)
+    torch::Tensor result;  // its output, or on the last stage its weighted loss
+  };
+  std::map<int64_t, InFlight> in_flight;
+  StageOutcome outcome;
+  // An action's interval: from when its input was there to when its compute
+  // ended (CUDA runs asynchronously, so that waits for the kernels), before
+  // its result is sent.
+  auto record = [&](const PipelineAction& action, Clock::time_point begin) {
+    if (job.device.is_cuda()) torch::cuda::synchronize(job.device.index());
+    outcome.trace.actions.push_back(action);
+    outcome.trace.start.push_back(since(begin));
+    outcome.trace.end.push_back(since(Clock::now()));
+  };
+  outcome.outputs.resize(job.last ? job.targets.size() : 0);
+  for (const auto& action : *job.actions) {
+    const int64_t i = action.micro_batch;
+    torch::Tensor x;
+    if (action.op == PipelineOp::kForward) {
+      if (job.first) {
+        x = job.inputs.at(i).to(job.device);
+      } else {
+        x = job.links->recv_activation(i);
+        if (x.is_floating_point()) x.requires_grad_(true);
+      }
+      auto begin = Clock::now();
+      auto y = job.module->forward(x);
+      torch::Tensor result;
+      if (job.last) {
+        result = (*job.loss)(y, job.targets.at(i)) * job.weights.at(i);
+        outcome.loss = outcome.loss.defined() ? outcome.loss + result.detach() : result.detach();
+        outcome.outputs[i] = y.detach();
+      } else {
+        result = y;
+      }
+      record(action, begin);
+      if (!job.last) job.links->send_activation(i, y.detach());
+      in_flight[i] = InFlight{x, result};
+      outcome.trace.max_in_flight =
+          std::max<int64_t>(outcome.trace.max_in_flight, static_cast<int64_t>(in_flight.size()));
+    } else {
+      auto found = in_flight.find(i);
+      TANDEM_CHECK(found != in_flight.end(), "pipeline: backward of micro-batch ", i,
+                   " before its forward");
+      torch::Tensor grad;
+      if (!job.last) grad = job.links->recv_gradient(i);
+      auto begin = Clock::now();
+      auto& f = found->second;
+      if (f.result.requires_grad()) {
+        if (job.last) {
+          f.result.backward();
+        } else {
+          torch::autograd::backward({f.result}, {grad});
+        }
+      }
+      record(action, begin);
+      if (!job.first) {
+        auto g = f.input.grad();
+        job.links->send_gradient(i, g.defined() ? g : torch::zeros_like(f.input));
+      }
+      in_flight.erase(found);
+    }
+  }
+  TANDEM_CHECK(in_flight.empty(), "pipeline: ", in_flight.size(),
+               " micro-batch(es) ran forward but not backward");
+  return outcome;
+}
+
+}  // namespace detail
+}  // namespace tandem::parallel

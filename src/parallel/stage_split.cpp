@@ -1,0 +1,159 @@
+#include "tandem/parallel/stage_split.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "tandem/util/check.h"
+#include "tandem/util/parse.h"
+#include "tandem/util/stopwatch.h"
+
+namespace tandem::parallel {
+
+std::vector<int64_t> split_at_names(const models::Sequence& model, const std::string& names,
+                                    int64_t stages) {
+  auto wanted = split(names, ',');
+  TANDEM_CHECK(static_cast<int64_t>(wanted.size()) == stages - 1, "--pipeline-split '", names,
+               "': expected ", stages - 1, " name(s) of the layers that begin stages 2..", stages,
+               " (one stage per device), got ", wanted.size());
+  std::string known;
+  for (size_t i = 0; i < model->size(); ++i) known += (i ? ", " : "") + model->name(i);
+  std::vector<int64_t> sizes;
+  int64_t begin = 0;
+  for (const auto& name : wanted) {
+    int64_t index = -1;
+    for (size_t i = 0; i < model->size(); ++i) {
+      if (model->name(i) == name) index = static_cast<int64_t>(i);
+    }
+    TANDEM_CHECK(index >= 0, "--pipeline-split: no layer '", name, "' in the model (its layers: ",
+                 known, ")");
+    TANDEM_CHECK(index > begin, "--pipeline-split: layer '", name,
+                 "' does not come after the previous cut; names must be in model order and "
+                 "every stage needs at least one layer");
+    sizes.push_back(index - begin);
+    begin = index;
+  }
+  sizes.push_back(static_cast<int64_t>(model->size()) - begin);
+  return sizes;
+}
+
+std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t stages) {
+  const auto n = static_cast<int64_t>(costs.size());
+  TANDEM_CHECK(stages >= 1, "pipeline: expected at least one stage, got ", stages);
+  TANDEM_CHECK(n >= stages, "pipeline: the model has ", n, " layers, fewer than the ", stages,
+               " stages (one per device); give fewer devices");
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    TANDEM_CHECK(costs[i] >= 0, "pipeline: negative cost ", costs[i], " for layer ", i);
+    prefix[i + 1] = prefix[i] + costs[i];
+  }
+  auto cost = [&](int64_t from, int64_t to) { return prefix[to] - prefix[from]; };
+  // best[k][i]: the smallest largest-stage cost over the first i children
+  // in k stages.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
+  best[0][0] = 0.0;
+  for (int64_t k = 1; k <= stages; ++k) {
+    for (int64_t i = k; i <= n; ++i) {
+      for (int64_t j = k - 1; j < i; ++j) {
+        best[k][i] = std::min(best[k][i], std::max(best[k - 1][j], cost(j, i)));
+      }
+    }
+  }
+  const double limit = best[stages][n];
+  // Greedy from the front under that limit: each stage takes as many
+  // children as fit, leaving one for each later stage. (A greedy packing is
+  // ahead of any feasible split; where the reserve binds, each later stage
+  // gets one child, whose cost is within the limit.)
+  std::vector<int64_t> sizes;
+  int64_t begin = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    int64_t end = begin + 1;
+    const int64_t last_allowed = n - (stages - s - 1);
+    if (s == stages - 1) {
+      end = n;
+    } else {
+      while (end < last_allowed && cost(begin, end + 1) <= limit) ++end;
+    }
+    sizes.push_back(end - begin);
+    begin = end;
+  }
+  return sizes;
+}
+
+std::vector<double> parameter_costs(const models::Sequence& model) {
+  std::vector<double> costs;
+  for (size_t i = 0; i < model->size(); ++i) {
+    double count = 0;
+    for (const auto& p : model->at(i).ptr()->parameters()) count += static_cast<double>(p.numel());
+    costs.push_back(count);
+  }
+  return costs;
+}
+
+std::vector<double> measured_costs(const models::Sequence& model, const torch::Tensor& sample,
+                                   int64_t repeats) {
+  TANDEM_CHECK(repeats >= 1, "measured_costs: expected at least one repeat, got ", repeats);
+  auto copy = std::dynamic_pointer_cast<models::SequenceImpl>(model->clone(sample.device()));
+  const size_t n = copy->size();
+  std::vector<std::vector<double>> seconds(n);
+  auto sync = [&] {
+    if (sample.is_cuda()) torch::cuda::synchronize(sample.device().index());
+  };
+  for (int64_t r = 0; r <= repeats; ++r) {  // the first pass warms up
+    torch::Tensor x = sample;
+    for (size_t i = 0; i < n; ++i) {
+      x = x.detach();
+      if (x.is_floating_point()) x.requires_grad_(true);
+      sync();
+      Stopwatch clock;
+      auto y = copy->at(i).forward(x);
+      if (y.requires_grad()) y.backward(torch::ones_like(y));
+      sync();
+      if (r > 0) seconds[i].push_back(clock.seconds());
+      x = y.detach();
+    }
+  }
+  std::vector<double> costs;
+  for (auto& s : seconds) {
+    std::sort(s.begin(), s.end());
+    costs.push_back(s[s.size() / 2]);
+  }
+  return costs;
+}
+
+std::vector<models::Sequence> split_sequence(const models::Sequence& model,
+                                             const std::vector<int64_t>& sizes) {
+  int64_t total = 0;
+  for (auto size : sizes) {
+    TANDEM_CHECK(size > 0, "pipeline: every stage needs at least one layer");
+    total += size;
+  }
+  TANDEM_CHECK(total == static_cast<int64_t>(model->size()), "pipeline: the stages hold ", total,
+               " layers but the model has ", model->size());
+  std::vector<models::Sequence> stages;
+  size_t next = 0;
+  for (auto size : sizes) {
+    models::Sequence stage;
+    for (int64_t k = 0; k < size; ++k, ++next) stage->push_back_any(model->name(next), model->at(next));
+    stage->train(model->is_training());
+    stages.push_back(stage);
+  }
+  return stages;
+}
+
+std::string describe_split(const models::Sequence& model, const std::vector<int64_t>& sizes) {
+  std::string text;
+  size_t next = 0;
+  for (auto size : sizes) {
+    if (!text.empty()) text += " | ";
+    text += model->name(next);
+    if (size > 1) text += ".." + model->name(next + size - 1);
+    next += size;
+  }
+  return text;
+}
+
+}  // namespace tandem::parallel

@@ -1,0 +1,361 @@
+// Pipeline parallelism on repeated CPU devices: stage splits, a model split
+// over devices (seed 003), and GPipe / 1F1B in one process (threads) and
+// over ranks (Gloo on 127.0.0.1) against no pipeline.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <torch/torch.h>
+
+#include "tandem/models/registry.h"
+#include "tandem/parallel/model_parallel.h"
+#include "tandem/parallel/pipeline.h"
+#include "tandem/parallel/stage_split.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::parallel {
+namespace {
+
+using testing::error_of;
+
+std::vector<torch::Device> cpus(size_t n) { return std::vector<torch::Device>(n, torch::kCPU); }
+
+// BatchNorm-free, so micro-batches change nothing but rounding.
+models::Sequence small_convnet() {
+  namespace nn = torch::nn;
+  models::Sequence net;
+  net->push_back("conv1", nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)));
+  net->push_back("relu1", nn::ReLU());
+  net->push_back("pool", nn::MaxPool2d(2));
+  net->push_back("flatten", nn::Flatten());
+  net->push_back("fc1", nn::Linear(4 * 4 * 4, 16));
+  net->push_back("relu2", nn::ReLU());
+  net->push_back("fc2", nn::Linear(16, 5));
+  return net;
+}
+
+models::Sequence copy_of(const models::Sequence& net) {
+  return std::dynamic_pointer_cast<models::SequenceImpl>(net->clone());
+}
+
+torch::Tensor cross_entropy(const torch::Tensor& out, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out, target);
+}
+
+// max |a - b| / max(|b|, 1e-3) over each pair of gradients.
+void expect_same_gradients(torch::nn::Module& got, torch::nn::Module& want, double tolerance,
+                           const std::string& what) {
+  auto g = got.named_parameters(), w = want.named_parameters();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_TRUE(g[i].value().grad().defined()) << what << ": " << g[i].key();
+    auto diff = (g[i].value().grad() - w[i].value().grad()).abs().max().item<double>();
+    auto scale = std::max(w[i].value().grad().abs().max().item<double>(), 1e-3);
+    EXPECT_LE(diff / scale, tolerance) << what << ": " << g[i].key();
+  }
+}
+
+// --- splits ------------------------------------------------------------------
+
+TEST(StageSplitTest, BalanceMinimisesTheLargestStage) {
+  EXPECT_EQ(balance_stages({1, 1, 1, 1}, 2), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(balance_stages({4, 1, 1, 1, 1}, 2), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(balance_stages({1, 2, 3, 4, 5, 6, 7, 8, 9}, 3), (std::vector<int64_t>{5, 2, 2}));
+  // Every stage gets a layer even when costs are zero; ties go to earlier stages.
+  EXPECT_EQ(balance_stages({0, 0, 0, 5}, 3), (std::vector<int64_t>{2, 1, 1}));
+  EXPECT_EQ(balance_stages({3}, 1), (std::vector<int64_t>{1}));
+  EXPECT_NE(error_of([] { balance_stages({1, 1}, 3); }).find("fewer than the 3 stages"),
+            std::string::npos);
+}
+
+// Brute force over every split of up to 8 layers into up to 4 stages.
+TEST(StageSplitTest, BalanceIsOptimalAgainstBruteForce) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    int n = 1 + trial % 8, stages = 1 + (trial / 8) % std::min(n, 4);
+    std::vector<double> costs;
+    for (int i = 0; i < n; ++i) costs.push_back(static_cast<double>(rng() % 10));
+    double best = 1e300;
+    for (uint32_t mask = 0; mask < (1u << (n - 1)); ++mask) {  // bit i: a cut after layer i
+      if (__builtin_popcount(mask) != stages - 1) continue;
+      double largest = 0, sum = 0;
+      for (int i = 0; i < n; ++i) {
+        sum += costs[i];
+        if (i == n - 1 || (mask >> i & 1)) {
+          largest = std::max(largest, sum);
+          sum = 0;
+        }
+      }
+      best = std::min(best, largest);
+    }
+    auto sizes = balance_stages(costs, stages);
+    ASSERT_EQ(static_cast<int>(sizes.size()), stages);
+    double largest = 0;
+    size_t next = 0;
+    for (auto size : sizes) {
+      ASSERT_GT(size, 0);
+      double sum = 0;
+      for (int64_t k = 0; k < size; ++k) sum += costs[next++];
+      largest = std::max(largest, sum);
+    }
+    EXPECT_EQ(next, costs.size());
+    EXPECT_EQ(largest, best) << "trial " << trial;
+  }
+}
+
+TEST(StageSplitTest, ExplicitSplitByLayerNames) {
+  auto net = small_convnet();
+  EXPECT_EQ(split_at_names(net, "fc1", 2), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(split_at_names(net, "pool,fc2", 3), (std::vector<int64_t>{2, 4, 1}));
+  EXPECT_EQ(describe_split(net, {2, 4, 1}), "conv1..relu1 | pool..relu2 | fc2");
+  EXPECT_NE(error_of([&] { split_at_names(net, "fc9", 2); }).find("no layer 'fc9' in the model (its layers: conv1, relu1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { split_at_names(net, "fc1,pool", 3); }).find("does not come after"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { split_at_names(net, "conv1", 2); }).find("does not come after"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { split_at_names(net, "fc1", 3); }).find("expected 2 name(s)"),
+            std::string::npos);
+}
+
+TEST(StageSplitTest, CostsByParametersAndByTime) {
+  auto net = small_convnet();
+  EXPECT_EQ(parameter_costs(net), (std::vector<double>{40, 0, 0, 0, 64 * 16 + 16, 0, 16 * 5 + 5}));
+  // Measuring runs a copy: the model's weights, gradients and mode are untouched.
+  auto before = copy_of(net);
+  auto costs = measured_costs(net, torch::randn({8, 1, 8, 8}), 2);
+  ASSERT_EQ(costs.size(), net->size());
+  for (double c : costs) EXPECT_GE(c, 0.0);
+  for (const auto& p : net->named_parameters()) {
+    EXPECT_FALSE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::equal(p.value(), before->named_parameters()[p.key()])) << p.key();
+  }
+}
+
+TEST(StageSplitTest, StagesShareTheModelsParameters) {
+  auto net = small_convnet();
+  auto stages = split_sequence(net, {4, 3});
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[1]->named_parameters().keys(),
+            (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}));
+  EXPECT_TRUE(stages[1]->named_parameters()["fc2.weight"].is_same(net->named_parameters()["fc2.weight"]));
+  EXPECT_NE(error_of([&] { split_sequence(net, {4, 2}); }).find("the stages hold 6 layers but the model has 7"),
+            std::string::npos);
+}
+
+// --- seed 003: a model whose parts live on different devices -----------------
+
+// An embedding computed on one device, the rest on another: outputs and
+// gradients equal the unsplit model's exactly, and training moves along.
+TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
+  std::vector<torch::Device> devices{torch::kCPU, torch::kCPU};
+  if (torch::cuda::is_available()) devices[1] = torch::Device(torch::kCUDA, 0);
+  torch::manual_seed(3);
+  models::Sequence net;
+  net->push_back("embedding", torch::nn::Embedding(1000, 10));
+  net->push_back("rnn", torch::nn::Linear(10, 10));
+  auto whole = copy_of(net);
+  ModelParallel split(split_sequence(net, {1, 1}), devices);
+  EXPECT_EQ(split->stages()[1]->parameters()[0].device(), devices[1]);
+  torch::optim::SGD sgd_split(split->parameters(), 0.5), sgd_whole(whole->parameters(), 0.5);
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randint(1000, {16, 5}, torch::kInt64);
+    auto out_split = split->forward(x);
+    auto out_whole = whole->forward(x);
+    EXPECT_EQ(out_split.device(), devices[1]);
+    EXPECT_TRUE(torch::allclose(out_split.cpu(), out_whole, 1e-6, 1e-6));
+    sgd_split.zero_grad();
+    sgd_whole.zero_grad();
+    out_split.pow(2).mean().backward();
+    out_whole.pow(2).mean().backward();
+    expect_same_gradients(*split, *whole, 1e-6, "step " + std::to_string(step));
+    sgd_split.step();
+    sgd_whole.step();
+  }
+  EXPECT_NE(error_of([&] { ModelParallel(split_sequence(net, {1, 1}), cpus(3)); })
+                .find("2 stages but 3 devices"),
+            std::string::npos);
+}
+
+// --- one process, one thread per stage ---------------------------------------
+
+struct PipelineCase {
+  std::vector<int64_t> sizes;
+  int64_t micro_batches;
+  std::string schedule;
+};
+
+// GPipe and 1F1B give the loss and gradients of no pipeline within 1e-5,
+// for 2 and 3 stages and micro-batch counts that do and do not divide the
+// batch; the outputs come back in the batch's order.
+TEST(PipelineTest, SchedulesEqualNoPipeline) {
+  const std::vector<PipelineCase> cases = {
+      {{4, 3}, 1, "gpipe"}, {{4, 3}, 4, "gpipe"}, {{4, 3}, 4, "1f1b"}, {{2, 3, 2}, 3, "1f1b"},
+      {{2, 3, 2}, 5, "gpipe"}, {{1, 1, 3, 2}, 8, "1f1b"}, {{4, 3}, 16, "1f1b"}};
+  for (const auto& c : cases) {
+    std::string what = describe_split(small_convnet(), c.sizes) + " " + c.schedule + " m=" +
+                       std::to_string(c.micro_batches);
+    torch::manual_seed(11);
+    auto net = small_convnet();
+    auto reference = copy_of(net);
+    auto x = torch::randn({12, 1, 8, 8});
+    auto y = torch::randint(5, {12}, torch::kInt64);
+    Pipeline pipe(net, c.sizes, cpus(c.sizes.size()), {c.micro_batches, c.schedule});
+    auto step = pipe.train_step(x, y, cross_entropy);
+    auto out = reference->forward(x);
+    auto loss = cross_entropy(out, y);
+    loss.backward();
+    EXPECT_EQ(step.micro_batches, std::min<int64_t>(c.micro_batches, 12)) << what;
+    EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), 1e-5 * loss.item<double>()) << what;
+    EXPECT_TRUE(torch::allclose(step.output, out.detach(), 1e-5, 1e-6)) << what;
+    expect_same_gradients(*net, *reference, 1e-5, what);
+  }
+}
+
+// Gradients accumulate across steps like any backward; an optimizer step
+// after each keeps pipeline and reference together.
+TEST(PipelineTest, TrainingStepsEqualNoPipeline) {
+  torch::manual_seed(5);
+  auto net = small_convnet();
+  auto reference = copy_of(net);
+  Pipeline pipe(net, {3, 4}, cpus(2), {4, "1f1b"});
+  torch::optim::SGD a(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD b(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    auto x = torch::randn({10, 1, 8, 8});
+    auto y = torch::randint(5, {10}, torch::kInt64);
+    a.zero_grad();
+    b.zero_grad();
+    pipe.train_step(x, y, cross_entropy);
+    cross_entropy(reference->forward(x), y).backward();
+    a.step();
+    b.step();
+  }
+  for (const auto& p : net->named_parameters()) {
+    auto want = reference->named_parameters()[p.key()];
+    EXPECT_TRUE(torch::allclose(p.value(), want, 1e-5, 1e-6)) << p.key();
+  }
+  // forward(): the whole batch through the stages, as the unsplit model.
+  auto x = torch::randn({6, 1, 8, 8});
+  EXPECT_TRUE(torch::allclose(pipe.forward(x), reference->forward(x), 1e-5, 1e-6));
+}
+
+// Measured on the running executor, not the simulation: 1F1B holds at most
+// S - s micro-batches on stage s (never more than the number of stages);
+// GPipe holds all M. Each stage ran every F and B once, in schedule order.
+TEST(PipelineTest, MicroBatchesInFlightPerStage) {
+  for (std::string schedule : {"1f1b", "gpipe"}) {
+    auto net = small_convnet();
+    Pipeline pipe(net, {1, 2, 2, 2}, cpus(4), {8, schedule});
+    auto step = pipe.train_step(torch::randn({16, 1, 8, 8}), torch::randint(5, {16}, torch::kInt64),
+                                cross_entropy);
+    auto plan = make_pipeline_schedule(schedule, 4, 8);
+    ASSERT_EQ(step.stages.size(), 4u);
+    for (int64_t s = 0; s < 4; ++s) {
+      const auto& trace = step.stages[s];
+      EXPECT_EQ(trace.actions, plan.actions[s]) << schedule << " stage " << s;
+      EXPECT_EQ(trace.max_in_flight, schedule == "1f1b" ? 4 - s : 8) << schedule << " stage " << s;
+      for (size_t k = 0; k < trace.start.size(); ++k) {
+        EXPECT_LE(trace.start[k], trace.end[k]);
+        if (k > 0) EXPECT_LE(trace.end[k - 1], trace.start[k]);
+      }
+    }
+    // F(i) on stage s + 1 begins after F(i) on stage s ended.
+    for (int64_t s = 0; s + 1 < 4; ++s) {
+      for (size_t k = 0; k < step.stages[s + 1].actions.size(); ++k) {
+        const auto& a = step.stages[s + 1].actions[k];
+        if (a.op != PipelineOp::kForward) continue;
+        for (size_t j = 0; j < step.stages[s].actions.size(); ++j) {
+          if (step.stages[s].actions[j] == a) EXPECT_LE(step.stages[s].end[j], step.stages[s + 1].start[k]);
+        }
+      }
+    }
+    for (double idle : step.idle_share()) {
+      EXPECT_GE(idle, 0.0);
+      EXPECT_LT(idle, 1.0);
+    }
+  }
+}
+
+// A stage that throws stops the others (no hang) and its error comes back
+// naming the stage and its device.
+TEST(PipelineTest, AFailingStageEndsTheStepWithItsError) {
+  namespace nn = torch::nn;
+  models::Sequence net;
+  net->push_back("fc1", nn::Linear(6, 8));
+  net->push_back("fc2", nn::Linear(7, 3));  // wrong input width: fails on stage 1
+  Pipeline pipe(net, {1, 1}, cpus(2), {4, "1f1b"});
+  auto message = error_of([&] {
+    pipe.train_step(torch::randn({8, 6}), torch::randint(3, {8}, torch::kInt64), cross_entropy);
+  });
+  EXPECT_NE(message.find("pipeline stage 1 (cpu): "), std::string::npos) << message;
+  EXPECT_NE(message.find("mat1 and mat2 shapes cannot be multiplied"), std::string::npos) << message;
+}
+
+TEST(PipelineTest, BadOptionsAreNamed) {
+  auto net = small_convnet();
+  EXPECT_NE(error_of([&] { Pipeline(net, {4, 3}, cpus(2), {4, "zigzag"}); }).find("--schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Pipeline(net, {4, 3}, cpus(2), {0, "gpipe"}); }).find("--micro-batches"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Pipeline(net, {4, 3}, cpus(3), {2, "gpipe"}); }).find("2 stages but 3 devices"),
+            std::string::npos);
+}
+
+// --- across ranks: one stage per rank, send/recv over Gloo ------------------
+
+// Each rank runs its stage of the same model; the loss (on every rank) and
+// each stage's gradients equal no pipeline within 1e-5.
+TEST(DistributedPipelineTest, SchedulesEqualNoPipeline) {
+  const std::vector<PipelineCase> cases = {
+      {{4, 3}, 4, "gpipe"}, {{4, 3}, 4, "1f1b"}, {{2, 3, 2}, 3, "1f1b"}, {{2, 3, 2}, 5, "gpipe"}};
+  for (const auto& c : cases) {
+    std::string what = describe_split(small_convnet(), c.sizes) + " " + c.schedule;
+    torch::manual_seed(13);  // outside the rank threads: they share the generator
+    auto net = small_convnet();
+    auto x = torch::randn({11, 1, 8, 8});
+    auto y = torch::randint(5, {11}, torch::kInt64);
+    auto reference = copy_of(net);
+    auto want = cross_entropy(reference->forward(x), y);
+    want.backward();
+    const int world = static_cast<int>(c.sizes.size());
+    std::vector<models::Sequence> copies;
+    for (int r = 0; r < world; ++r) copies.push_back(copy_of(net));  // as if each rank built it
+    std::vector<double> losses(world);
+    testing::expect_no_errors(testing::run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto r = group->rank();
+      auto stage = split_sequence(copies[r], c.sizes)[r];
+      DistributedPipeline pipe(stage, torch::kCPU, group, {c.micro_batches, c.schedule});
+      EXPECT_EQ(pipe.stage_index(), r);
+      auto step = pipe.train_step(r == 0 ? x : torch::Tensor(), r == world - 1 ? y : torch::Tensor(),
+                                  cross_entropy);
+      losses[r] = step.loss.item<double>();
+      EXPECT_EQ(step.output.defined(), r == world - 1);
+      ASSERT_EQ(step.stages.size(), 1u);
+      EXPECT_LE(step.stages[0].max_in_flight, c.schedule == "1f1b" ? world - r : c.micro_batches);
+    }));
+    for (int r = 0; r < world; ++r) {
+      EXPECT_NEAR(losses[r], want.item<double>(), 1e-5 * want.item<double>()) << what << " rank " << r;
+      auto mine = split_sequence(copies[r], c.sizes)[r];
+      auto theirs = split_sequence(reference, c.sizes)[r];
+      expect_same_gradients(*mine, *theirs, 1e-5, what + " rank " + std::to_string(r));
+    }
+  }
+}
+
+TEST(DistributedPipelineTest, TooFewRowsForTheMicroBatchesIsAnError) {
+  auto net = small_convnet();
+  std::vector<models::Sequence> copies{copy_of(net), copy_of(net)};
+  auto errors = testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto r = group->rank();
+    DistributedPipeline pipe(split_sequence(copies[r], {4, 3})[r], torch::kCPU, group, {4, "gpipe"});
+    pipe.train_step(torch::randn({3, 1, 8, 8}), torch::randint(5, {3}, torch::kInt64), cross_entropy);
+  }, dist::GroupOptions{"gloo", "cpu", std::chrono::seconds(20)});
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("a batch of 3 rows cannot be cut into --micro-batches 4"), std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::parallel
