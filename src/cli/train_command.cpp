@@ -74,14 +74,28 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "launch N local worker processes of this command (tandem launch's short form); "
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process");
-  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "dp"},
-                   "data parallelism; auto: ddp when there are several ranks (bucketed "
-                   "all-reduce overlapping backward); allreduce: every gradient all-reduced "
-                   "after backward (seed 004); dp: one process over --devices (DataParallel)");
+  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "dp", "pipeline"},
+                   "how to use several devices; auto: ddp when there are several ranks "
+                   "(bucketed all-reduce overlapping backward); allreduce: every gradient "
+                   "all-reduced after backward (seed 004); dp: one process over --devices "
+                   "(DataParallel); pipeline: the model cut into one stage per device of "
+                   "--devices, micro-batches flowing through them");
   flags.add_string("devices", "LIST", &o.devices,
-                   "devices of --strategy dp, e.g. cpu,cpu or cuda:0,cuda:1 (repeats allowed)");
+                   "devices of --strategy dp or pipeline, e.g. cpu,cpu or cuda:0,cuda:1 "
+                   "(repeats allowed)");
   flags.add_switch("dp-trace", &o.dp_trace,
                    "--strategy dp: print each replica's input and output shapes and device");
+  flags.add_int("micro-batches", "M", &o.micro_batches,
+                "--strategy pipeline: micro-batches each batch is cut into", 1);
+  flags.add_choice("schedule", &o.schedule, {"gpipe", "1f1b"},
+                   "--strategy pipeline: gpipe (all forwards, then all backwards) or 1f1b "
+                   "(at most one micro-batch per later stage in flight; same bubble, less memory)");
+  flags.add_string("pipeline-split", "NAMES", &o.pipeline_split,
+                   "--strategy pipeline: the layers that begin stages 2, 3, ..., e.g. "
+                   "conv2 (default: balanced, see --pipeline-balance)");
+  flags.add_choice("pipeline-balance", &o.pipeline_balance, {"time", "params"},
+                   "--strategy pipeline without --pipeline-split: balance the stages by "
+                   "measured forward+backward time or by parameter count");
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
                    "depend on the number of ranks");
@@ -150,7 +164,8 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
   int64_t world = r.epochs.back().world_size;
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
   const auto& last = r.epochs.back();
-  std::string devices = o.strategy == "dp" ? o.devices + " (one process)"
+  std::string devices = o.strategy == "dp"         ? o.devices + " (one process)"
+                        : o.strategy == "pipeline" ? o.devices + " (pipeline, one process)"
                                             : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
   table.add_row({devices,
                  std::to_string(o.batch_size), std::to_string(o.batch_size / world),

@@ -7,6 +7,7 @@
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
+#include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/safetensors.h"
@@ -53,7 +54,8 @@ torch::ScalarType compute_dtype(torch::nn::Module& model) {
 }  // namespace
 
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device, int64_t workers, dist::ProcessGroup* group) {
+                    const torch::Device& device, int64_t workers, dist::ProcessGroup* group,
+                    const Forward& forward) {
   torch::NoGradGuard no_grad;
   bool was_training = model->is_training();
   model->eval();
@@ -75,7 +77,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     if (batch->size() == 0) continue;
     auto inputs = batch->inputs.to(device, compute_dtype(*model));
     auto targets = batch->targets.to(device);
-    auto logits = model->forward(inputs);
+    auto logits = forward ? forward(inputs) : model->forward(inputs);
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     correct += logits.argmax(1).eq(targets).sum();
@@ -116,12 +118,22 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
   TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
-                   o.strategy == "allreduce" || o.strategy == "dp",
-               "--strategy: expected auto, none, ddp, allreduce or dp, got '", o.strategy, "'");
-  TANDEM_CHECK(o.strategy == "dp" || (o.devices.empty() && !o.dp_trace),
-               "--devices and --dp-trace go with --strategy dp");
-  TANDEM_CHECK(o.strategy != "dp" || !o.devices.empty(),
-               "--strategy dp needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
+                   o.strategy == "allreduce" || o.strategy == "dp" || o.strategy == "pipeline",
+               "--strategy: expected auto, none, ddp, allreduce, dp or pipeline, got '", o.strategy, "'");
+  const bool pipeline = o.strategy == "pipeline";
+  TANDEM_CHECK(o.strategy == "dp" || pipeline || o.devices.empty(),
+               "--devices goes with --strategy dp or pipeline");
+  TANDEM_CHECK(o.strategy == "dp" || !o.dp_trace, "--dp-trace goes with --strategy dp");
+  TANDEM_CHECK((o.strategy != "dp" && !pipeline) || !o.devices.empty(), "--strategy ", o.strategy,
+               " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
+  TANDEM_CHECK(pipeline || (o.micro_batches == 4 && o.schedule == "1f1b" && o.pipeline_split.empty() &&
+                            o.pipeline_balance == "time"),
+               "--micro-batches, --schedule, --pipeline-split and --pipeline-balance go with "
+               "--strategy pipeline");
+  TANDEM_CHECK(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
+               o.micro_batches);
+  TANDEM_CHECK(o.pipeline_balance == "time" || o.pipeline_balance == "params",
+               "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
   TANDEM_CHECK(o.dist_timeout > 0, "--dist-timeout: expected a positive number of seconds, got ",
                o.dist_timeout);
   if (auto rendezvous = dist::rendezvous_from_env()) {
@@ -142,8 +154,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     rank_ = group_->rank();
     world_ = group_->size();
   }
-  TANDEM_CHECK(world_ == 1 || o.strategy != "dp", "--strategy dp runs in one process (this is rank ",
-               rank_, " of ", world_, "); for several processes use --strategy ddp");
+  TANDEM_CHECK(world_ == 1 || (o.strategy != "dp" && !pipeline), "--strategy ", o.strategy,
+               " runs in one process over --devices (this is rank ", rank_, " of ", world_,
+               "); for several processes use --strategy ddp");
   TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
                rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
   TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
@@ -191,6 +204,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     dp_options.trace = o.dp_trace;
     dp_ = parallel::DataParallel(model_, dp_options);
   }
+  if (pipeline) make_pipeline(info);
   if (group_ && world_ > 1 && o.strategy != "allreduce") {
     parallel::DdpOptions ddp_options;
     ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
@@ -201,6 +215,34 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   } else if (group_) {
     dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
   }
+}
+
+// --strategy pipeline: cut the model into one stage per device, by
+// --pipeline-split or balanced by --pipeline-balance, and move the stages.
+void Trainer::make_pipeline(const data::DatasetInfo& info) {
+  const auto& o = options_;
+  auto devices = parallel::parse_devices(o.devices);
+  const auto stages = static_cast<int64_t>(devices.size());
+  std::vector<int64_t> sizes;
+  std::string how;
+  if (!o.pipeline_split.empty()) {
+    sizes = parallel::split_at_names(model_, o.pipeline_split, stages);
+    how = "--pipeline-split";
+  } else if (o.pipeline_balance == "params") {
+    sizes = parallel::balance_stages(parallel::parameter_costs(model_), stages);
+    how = "balanced by parameter count";
+  } else {
+    // Timed on a copy, on the first device, at the micro-batch size.
+    auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
+    auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
+                              torch::TensorOptions().dtype(compute_dtype(*model_)).device(devices[0]));
+    sizes = parallel::balance_stages(parallel::measured_costs(model_, sample), stages);
+    how = "balanced by measured time";
+  }
+  pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
+  pipeline_ = std::make_unique<parallel::Pipeline>(
+      model_, sizes, devices, parallel::PipelineOptions{o.micro_batches, o.schedule});
+  device_ = devices.back();  // outputs, targets and the loss live on the last stage
 }
 
 std::string Trainer::fingerprint() const {
@@ -295,6 +337,13 @@ TrainResult Trainer::run() {
     say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
                names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
   }
+  if (pipeline_) {
+    std::string names;
+    for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
+    say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule",
+               names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
+               o.schedule.c_str()));
+  }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
@@ -317,6 +366,8 @@ TrainResult Trainer::run() {
     }
     Stopwatch epoch_clock;
     int64_t images_this_run = 0;
+    std::vector<double> stage_idle(pipeline_ ? pipeline_->devices().size() : 0, 0.0);
+    int64_t pipeline_steps = 0;
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
@@ -363,9 +414,21 @@ TrainResult Trainer::run() {
         optimizer.zero_grad();
         if (group_) dist::broadcast_buffers(*model_, *group_);
       }
-      auto logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
-      auto loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
-      loss.backward();
+      torch::Tensor logits, loss;
+      if (pipeline_) {  // forward and backward, micro-batch by micro-batch
+        auto step = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& out, const torch::Tensor& target) {
+          return torch::nn::functional::cross_entropy(out, target, loss_options);
+        });
+        logits = step.output;
+        loss = step.loss;
+        auto idle = step.idle_share();
+        for (size_t s = 0; s < idle.size(); ++s) stage_idle[s] += idle[s];
+        ++pipeline_steps;
+      } else {
+        logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
+        loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
+        loss.backward();
+      }
       if (ddp_) {
         ddp_->after_backward();  // buckets were all-reduced during backward
       } else if (group_) {
@@ -404,13 +467,24 @@ TrainResult Trainer::run() {
     m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
     if (data_.test) {
-      auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers, group_.get());
+      Forward forward;
+      if (pipeline_) forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
+      auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers,
+                           group_.get(), forward);
       m.test_loss = eval.loss;
       m.test_acc = eval.accuracy;
     } else {
       m.evaluated = false;
     }
     report_warnings();
+    if (pipeline_steps > 0) {  // the measured bubble against the textbook one
+      std::string shares;
+      for (double idle : stage_idle) shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / pipeline_steps);
+      auto p = static_cast<double>(stage_idle.size());
+      auto m_ = static_cast<double>(o.micro_batches);
+      say(format("pipeline: stage idle share %s (mean over %lld steps; (p-1)/(m+p-1) = %.2f)",
+                 shares.c_str(), static_cast<long long>(pipeline_steps), (p - 1) / (m_ + p - 1)));
+    }
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;

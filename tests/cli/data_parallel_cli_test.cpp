@@ -48,7 +48,7 @@ TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
   EXPECT_NE(r.output.find("--strategy dp needs --devices"), std::string::npos) << r.output;
   r = run_tandem("train --devices cpu,cpu --max-steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--devices and --dp-trace go with --strategy dp"), std::string::npos)
+  EXPECT_NE(r.output.find("--devices goes with --strategy dp or pipeline"), std::string::npos)
       << r.output;
 }
 

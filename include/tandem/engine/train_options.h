@@ -37,9 +37,13 @@ struct TrainOptions {
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
-  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp
-  std::string devices;                // --strategy dp: e.g. "cpu,cpu" or "cuda:0,cuda:1"
+  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp | pipeline
+  std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
+  int64_t micro_batches = 4;          // --strategy pipeline: micro-batches per batch
+  std::string schedule = "1f1b";      // --strategy pipeline: gpipe | 1f1b
+  std::string pipeline_split;         // --strategy pipeline: layer names that begin stages 2..S
+  std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "tandem/models/sequence.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/parallel/pipeline.h"
 
 namespace tandem::engine {
 
@@ -39,10 +41,12 @@ struct EvalResult {
 // Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no
 // grad), with `workers` loader threads. With a group, each rank evaluates the
 // samples r, r + W, ... and the sums are all-reduced: every rank returns the
-// result over the whole data set.
+// result over the whole data set. `forward`, when given, runs the model
+// instead of model->forward (e.g. a pipeline's stages on their devices).
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers = 0,
-                    dist::ProcessGroup* group = nullptr);
+                    dist::ProcessGroup* group = nullptr, const Forward& forward = {});
 
 class Trainer {
  public:
@@ -62,6 +66,7 @@ class Trainer {
 
  private:
   void say(const std::string& line) const;
+  void make_pipeline(const data::DatasetInfo& info);
   void report_warnings() const;
 
   TrainOptions options_;
@@ -74,6 +79,8 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
   parallel::DataParallel dp_{nullptr};                      // --strategy dp
+  std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline
+  std::string pipeline_split_;                              // its stages, for the log
   int64_t rank_ = 0, world_ = 1;
 };
 

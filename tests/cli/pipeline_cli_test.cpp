@@ -1,0 +1,75 @@
+// `tandem train --strategy pipeline --devices LIST`: the model cut into
+// stages, micro-batches flowing through them, in one process.
+#include <gtest/gtest.h>
+
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::last_metrics;
+using testing::run_tandem;
+using testing::TempDir;
+
+// Issue 5's check: one epoch of convnet on Fashion-MNIST over cpu,cpu with 4
+// micro-batches reaches 85% with either schedule.
+class PipelineCliTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PipelineCliTest, ConvnetOnFashionMnistOverTwoCpuStages) {
+  TempDir dir;
+  auto r = run_tandem("train --strategy pipeline --devices cpu,cpu --micro-batches 4 --schedule " +
+                      GetParam() + " --data fashion-mnist --model convnet --epochs 1 "
+                      "--progress lines --metrics-out " + dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline over cpu,cpu in one process: stages conv1.."), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("4 micro-batches, " + GetParam() + " schedule"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pipeline: stage idle share "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cpu,cpu (pipeline, one process)"), std::string::npos) << r.output;
+  auto m = last_metrics(dir.file("m.jsonl"));
+  EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineCliTest, ::testing::Values("gpipe", "1f1b"));
+
+// An explicit split and a split by parameter count are reported as given;
+// the run can be resumed from its checkpoint like any other.
+TEST(PipelineCliOptionsTest, SplitsAreReported) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto common = "train --strategy pipeline --devices cpu,cpu,cpu --data idx:" + dir.path() +
+                " --model mlp --batch-size 16 --max-steps 2 --progress lines";
+  auto r = run_tandem(common + " --pipeline-split relu1,fc3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stages flatten..fc1 | relu1..relu2 | fc3 (--pipeline-split)"),
+            std::string::npos) << r.output;
+  r = run_tandem(common + " --pipeline-balance params");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stages flatten..relu1 | fc2..relu2 | fc3 (balanced by parameter count)"),
+            std::string::npos) << r.output;
+}
+
+TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
+  auto r = run_tandem("train --strategy pipeline --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--strategy pipeline needs --devices"), std::string::npos) << r.output;
+  r = run_tandem("train --micro-batches 8 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--micro-batches, --schedule, --pipeline-split and --pipeline-balance go "
+                          "with --strategy pipeline"),
+            std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --devices cpu,cpu --pipeline-split fc9 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"),
+            std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --devices cpu,cpu --schedule zigzag --max-steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--schedule"), std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu,cpu,cpu,cpu --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the model has 6 layers, fewer than the 7 stages"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace tandem
