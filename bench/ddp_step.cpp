@@ -24,19 +24,10 @@
 #include "tandem/parallel/ddp.h"
 #include "tandem/util/allocator.h"
 #include "tandem/util/check.h"
+#include "tandem/util/stats.h"
 #include "tandem/util/stopwatch.h"
 
 using namespace tandem;
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does

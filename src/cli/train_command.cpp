@@ -17,6 +17,7 @@
 #include "tandem/util/env.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/parse.h"
+#include "tandem/util/stats.h"
 #include "tandem/util/table.h"
 
 namespace tandem::cli {
@@ -158,9 +159,7 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
     if (!m.partial) seconds.push_back(m.epoch_seconds);
   }
   if (seconds.empty() || r.epochs.empty()) return;
-  std::sort(seconds.begin(), seconds.end());
   size_t n = seconds.size();
-  double median = n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
   int64_t world = r.epochs.back().world_size;
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
   const auto& last = r.epochs.back();
@@ -169,7 +168,7 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
                                             : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
   table.add_row({devices,
                  std::to_string(o.batch_size), std::to_string(o.batch_size / world),
-                 format("%.1f", median),
+                 format("%.1f", median(seconds)),
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
   std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
               n == 1 ? "" : "s");

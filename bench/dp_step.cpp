@@ -1,0 +1,138 @@
+// bench/dp_step: DataParallel's cost per training step on repeated CPU
+// devices, against one device, in one process (configurations interleaved
+// step by step, so the machine's drift hits them alike).
+//
+// A step: zero_grad, forward, cross-entropy, backward, SGD. Configurations:
+//   plain-1   the model alone, 1 compute thread
+//   dp-cpu    DataParallel over one device (cpu): scatter, refresh of the
+//             kept replica, gather and gradient hooks with nothing to run in
+//             parallel, 1 thread: DataParallel's own overhead
+//   plain-2   the model alone, 2 compute threads (intra-op parallelism)
+//   dp-cpu2   DataParallel over cpu,cpu, one replica thread each running its
+//             ops on 1 thread: the same 2 cores used by replicas (but
+//             backward on CPU runs on the one thread that called it)
+//   dp-cpu2-t2  the same with 2 compute threads (as `tandem train` runs it)
+//   torch-dp2 libtorch's torch::nn::parallel::data_parallel over cpu,cpu (it
+//             deep-clones the module every call), when it accepts CPU devices
+// Prints one JSON line with the median step time of each and the ratios
+// dp-cpu / plain-1 (overhead), and dp-cpu2 and dp-cpu2-t2 over plain-2.
+//
+//   dp_step --model convnet --image-size 28 --channels 1 --batch 256
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/nn/parallel/data_parallel.h>
+#include <torch/torch.h>
+
+#include "tandem/cli/flags.h"
+#include "tandem/models/registry.h"
+#include "tandem/parallel/data_parallel.h"
+#include "tandem/util/allocator.h"
+#include "tandem/util/check.h"
+#include "tandem/util/stats.h"
+#include "tandem/util/stopwatch.h"
+#include "tandem/util/table.h"
+
+using namespace tandem;
+
+int main(int argc, char** argv) {
+  tune_malloc_for_training();  // as the tandem binary does
+  std::string model_name = "convnet";
+  int64_t batch = 256, size = 28, channels = 1, steps = 10, warmup = 2;
+  cli::FlagSet flags("dp_step", "DataParallel on repeated CPU devices against one device.");
+  flags.add_string("model", "NAME", &model_name, "model");
+  flags.add_int("batch", "N", &batch, "batch", 2);
+  flags.add_int("image-size", "N", &size, "random CxNxN inputs", 4);
+  flags.add_int("channels", "C", &channels, "input channels", 1);
+  flags.add_int("steps", "N", &steps, "timed steps per configuration", 1);
+  flags.add_int("warmup", "N", &warmup, "untimed rounds first", 0);
+  try {
+    flags.parse({argv + 1, argv + argc});
+    if (flags.help_requested()) {
+      std::printf("%s", flags.help().c_str());
+      return 0;
+    }
+    models::ModelOptions o;
+    o.in_channels = channels;
+    o.image_size = size;
+    o.num_classes = 10;
+    torch::manual_seed(0);
+    auto inputs = torch::randn({batch, channels, size, size});
+    auto targets = torch::randint(0, 10, {batch}, torch::kInt64);
+    const torch::Device cpu(torch::kCPU);
+
+    struct Config {
+      std::string name;
+      int threads;
+      models::Sequence model{nullptr};
+      std::function<torch::Tensor(const torch::Tensor&)> forward;
+      std::unique_ptr<torch::optim::SGD> sgd;
+      std::vector<double> ms;
+      std::string error;
+    };
+    std::vector<std::unique_ptr<Config>> configs;
+    auto add = [&](std::string name, int threads) {
+      auto c = std::make_unique<Config>();
+      c->name = std::move(name);
+      c->threads = threads;
+      torch::manual_seed(0);
+      c->model = models::make_model(model_name, o);
+      c->sgd = std::make_unique<torch::optim::SGD>(c->model->parameters(),
+                                                   torch::optim::SGDOptions(0.01).momentum(0.9));
+      configs.push_back(std::move(c));
+      return configs.back().get();
+    };
+    auto* plain1 = add("plain-1", 1);
+    plain1->forward = [m = plain1->model](const torch::Tensor& x) mutable { return m->forward(x); };
+    auto* dp1 = add("dp-cpu", 1);
+    parallel::DataParallel one(dp1->model, parallel::DataParallelOptions{{cpu}});
+    dp1->forward = [one](const torch::Tensor& x) mutable { return one->forward(x); };
+    auto* plain2 = add("plain-2", 2);
+    plain2->forward = [m = plain2->model](const torch::Tensor& x) mutable { return m->forward(x); };
+    auto* dp2 = add("dp-cpu2", 1);
+    parallel::DataParallel two(dp2->model, parallel::DataParallelOptions{{cpu, cpu}});
+    dp2->forward = [two](const torch::Tensor& x) mutable { return two->forward(x); };
+    auto* dp2t = add("dp-cpu2-t2", 2);
+    parallel::DataParallel two_t(dp2t->model, parallel::DataParallelOptions{{cpu, cpu}});
+    dp2t->forward = [two_t](const torch::Tensor& x) mutable { return two_t->forward(x); };
+    auto* torch2 = add("torch-dp2", 1);
+    torch2->forward = [m = torch2->model, cpu](const torch::Tensor& x) mutable {
+      return torch::nn::parallel::data_parallel(m, x, std::vector<torch::Device>{cpu, cpu});
+    };
+
+    for (int64_t round = 0; round < warmup + steps; ++round) {
+      for (auto& c : configs) {
+        if (!c->error.empty()) continue;
+        at::set_num_threads(c->threads);
+        try {
+          Stopwatch clock;
+          c->sgd->zero_grad();
+          auto loss = torch::nn::functional::cross_entropy(c->forward(inputs), targets);
+          loss.backward();
+          c->sgd->step();
+          if (round >= warmup) c->ms.push_back(1e3 * clock.seconds());
+        } catch (const std::exception& e) {
+          c->error = e.what();
+          c->error = c->error.substr(0, c->error.find('\n'));
+        }
+      }
+    }
+    std::map<std::string, double> ms;
+    std::string fields;
+    for (auto& c : configs) {
+      ms[c->name] = median(c->ms);
+      fields += c->error.empty() ? format("\"%s_ms\": %.2f, ", c->name.c_str(), ms[c->name])
+                                 : format("\"%s_error\": \"%s\", ", c->name.c_str(), c->error.c_str());
+    }
+    std::printf("{\"model\": \"%s\", \"batch\": %lld, %s\"dp_overhead\": %.4f, \"dp2_vs_plain2\": %.3f, \"dp2t2_vs_plain2\": %.3f}\n",
+                model_name.c_str(), static_cast<long long>(batch), fields.c_str(),
+                ms["dp-cpu"] / ms["plain-1"] - 1, ms["dp-cpu2"] / ms["plain-2"], ms["dp-cpu2-t2"] / ms["plain-2"]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp_step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The measured pipeline bubble against the textbook (p-1)/(m+p-1), for both
+# schedules and m = 1, 2, 4, 8 (bench/pipeline_step.cpp says how).
+#
+#   bench/pipeline.sh [ROUNDS] [STAGES]   (defaults: 5 rounds, 2 stages; a stage needs a core)
+#
+# Each round runs pipeline_step once per schedule (15 timed steps per m);
+# the script prints, per schedule and m, the medians over rounds of: the
+# mean idle share of the stages, its ratio to the textbook share (goal:
+# within 10%), the speed-up over the unsplit model in one thread (and the
+# ideal p m / (m + p - 1)), and how much longer a step took than its own
+# measured actions replayed with instant hand-offs (the executor's cost).
+# Results belong in docs/PERFORMANCE.md.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+rounds=${1:-5}
+stages=${2:-2}
+
+field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
+declare -A lines
+for ((i = 0; i < rounds; i++)); do
+  for schedule in gpipe 1f1b; do
+    while read -r line; do
+      m=$(echo "$line" | field m)
+      lines[$schedule-$m]+="$line"$'\n'
+    done < <("$build/bench/pipeline_step" --schedule "$schedule" --stages "$stages" --micro-batches 1,2,4,8)
+  done
+done
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "$stages stages of Linear(512,512)+ReLU blocks on cpu x $stages, 64 rows per micro-batch, 1 thread per stage, $rounds rounds"
+printf '%-6s %3s %10s %9s %7s %9s %7s %12s\n' schedule m idle textbook ratio speedup ideal over_replay
+for schedule in gpipe 1f1b; do
+  for m in 1 2 4 8; do
+    all=${lines[$schedule-$m]}
+    med() { echo -n "$all" | field "$1" | median; }
+    printf '%-6s %3s %10.3f %9.3f %7.3f %9.3f %7.3f %12.3f\n' "$schedule" "$m" "$(med idle_share)" \
+      "$(med textbook)" "$(med ratio)" "$(med speedup)" "$(med ideal_speedup)" "$(med over_replay)"
+  done
+done

@@ -1,0 +1,159 @@
+// bench/pipeline_step: the measured pipeline bubble against the textbook
+// (p - 1) / (m + p - 1), and the step time against no pipeline.
+//
+// The model is a stack of identical Linear(W, W) + ReLU blocks cut into p
+// equal stages on repeated CPU devices, one compute thread per stage (so p
+// stages need p cores). Each micro-batch has --rows rows, so a batch of m
+// micro-batches has m * rows rows and every action takes the same time
+// whatever m is: the conditions under which the textbook bubble holds. Per
+// m, the program times --steps steps (after --warmup) of the pipeline and,
+// interleaved, of the unsplit model on the same batch in one thread, and
+// prints one JSON line: the median over steps of the mean idle share of the
+// stages (1 - busy / step time), the textbook share, their ratio, the step
+// times, the speed-up against the ideal p m / (m + p - 1), and over_replay:
+// how much longer the step took than the schedule replayed with its own
+// measured action times and instant hand-offs (replayed_seconds).
+//
+//   pipeline_step --stages 2 --micro-batches 1,2,4,8 --schedule 1f1b
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "tandem/cli/flags.h"
+#include "tandem/parallel/pipeline.h"
+#include "tandem/util/check.h"
+#include "tandem/util/parse.h"
+#include "tandem/util/stats.h"
+#include "tandem/util/stopwatch.h"
+
+using namespace tandem;
+
+namespace {
+
+// The makespan the schedule would have with the step's measured action
+// durations and instant hand-offs: each action starts when its stage is
+// free and its input is there (F(i) after F(i) on the stage before, B(i)
+// after B(i) on the stage after). Measured / replayed - 1 is what the
+// executor and the machine add (thread wake-ups, copies, other load).
+double replayed_seconds(const parallel::PipelineStep& step) {
+  const size_t stages = step.stages.size();
+  std::vector<size_t> next(stages, 0);
+  std::vector<double> free_at(stages, 0.0);
+  std::vector<std::map<std::pair<int, int64_t>, double>> done(stages);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (size_t s = 0; s < stages; ++s) {
+      const auto& t = step.stages[s];
+      while (next[s] < t.actions.size()) {
+        const auto& a = t.actions[next[s]];
+        double ready = free_at[s];
+        bool forward = a.op == parallel::PipelineOp::kForward;
+        if (forward && s > 0) {
+          auto it = done[s - 1].find({0, a.micro_batch});
+          if (it == done[s - 1].end()) break;
+          ready = std::max(ready, it->second);
+        } else if (!forward && s + 1 < stages) {
+          auto it = done[s + 1].find({1, a.micro_batch});
+          if (it == done[s + 1].end()) break;
+          ready = std::max(ready, it->second);
+        }
+        free_at[s] = ready + (t.end[next[s]] - t.start[next[s]]);
+        done[s][{forward ? 0 : 1, a.micro_batch}] = free_at[s];
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string schedule = "1f1b", counts = "1,2,4,8";
+  bool trace = false;
+  int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3;
+  cli::FlagSet flags("pipeline_step", "Measured pipeline bubble against (p-1)/(m+p-1).");
+  flags.add_choice("schedule", &schedule, {"gpipe", "1f1b"}, "pipeline schedule");
+  flags.add_int("stages", "P", &stages, "stages (one compute thread each)", 1);
+  flags.add_string("micro-batches", "LIST", &counts, "micro-batch counts m to measure");
+  flags.add_int("blocks", "N", &blocks, "Linear + ReLU blocks (a multiple of --stages)", 1);
+  flags.add_int("width", "W", &width, "features of each Linear", 1);
+  flags.add_int("rows", "N", &rows, "rows per micro-batch", 1);
+  flags.add_int("steps", "N", &steps, "timed steps per m", 1);
+  flags.add_int("warmup", "N", &warmup, "untimed steps first", 0);
+  flags.add_switch("trace", &trace, "print every stage's actions (start-end ms) of the last step");
+  try {
+    flags.parse({argv + 1, argv + argc});
+    if (flags.help_requested()) {
+      std::printf("%s", flags.help().c_str());
+      return 0;
+    }
+    TANDEM_CHECK(blocks % stages == 0, "--blocks ", blocks, " is not a multiple of --stages ", stages);
+    at::set_num_threads(1);  // each stage computes on its own thread alone
+    torch::manual_seed(0);
+    models::Sequence model;
+    for (int64_t b = 0; b < blocks; ++b) {
+      model->push_back("fc" + std::to_string(b), torch::nn::Linear(width, width));
+      model->push_back("relu" + std::to_string(b), torch::nn::ReLU());
+    }
+    std::vector<int64_t> sizes(stages, 2 * blocks / stages);
+    auto loss = [](const torch::Tensor& out, const torch::Tensor& target) {
+      return torch::nn::functional::cross_entropy(out, target);
+    };
+    for (const auto& text : split(counts, ',')) {
+      auto m = parse_int(text);
+      TANDEM_CHECK(m && *m >= 1, "--micro-batches: expected positive integers, got '", counts, "'");
+      parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU),
+                              {*m, schedule});
+      auto x = torch::randn({*m * rows, width});
+      auto y = torch::randint(width, {*m * rows}, torch::kInt64);
+      std::vector<double> idle, pipe_ms, plain_ms, added;
+      for (int64_t i = 0; i < warmup + steps; ++i) {
+        model->zero_grad();
+        auto step = pipe.train_step(x, y, loss);
+        if (trace && i + 1 == warmup + steps) {
+          for (size_t s = 0; s < step.stages.size(); ++s) {
+            const auto& t = step.stages[s];
+            std::printf("m=%lld stage %zu:", static_cast<long long>(*m), s);
+            for (size_t k = 0; k < t.actions.size(); ++k) {
+              std::printf(" %s%lld %.1f-%.1f", t.actions[k].op == parallel::PipelineOp::kForward ? "F" : "B",
+                          static_cast<long long>(t.actions[k].micro_batch), 1e3 * t.start[k], 1e3 * t.end[k]);
+            }
+            std::printf("  (step %.1f ms)\n", 1e3 * step.seconds);
+          }
+        }
+        model->zero_grad();
+        Stopwatch clock;
+        loss(model->forward(x), y).backward();
+        double plain = clock.seconds();
+        if (i < warmup) continue;
+        double sum = 0;
+        for (double share : step.idle_share()) sum += share;
+        idle.push_back(sum / static_cast<double>(stages));
+        pipe_ms.push_back(1e3 * step.seconds);
+        added.push_back(step.seconds / replayed_seconds(step) - 1);
+        plain_ms.push_back(1e3 * plain);
+      }
+      double p = static_cast<double>(stages), mm = static_cast<double>(*m);
+      double textbook = (p - 1) / (mm + p - 1), measured = median(idle);
+      double speedup = median(plain_ms) / median(pipe_ms);
+      std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
+                  "\"textbook\": %.4f, \"ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
+                  "\"speedup\": %.3f, \"ideal_speedup\": %.3f, \"over_replay\": %.3f}\n",
+                  schedule.c_str(), static_cast<long long>(stages), static_cast<long long>(*m),
+                  measured, textbook, textbook > 0 ? measured / textbook : 0.0, median(pipe_ms),
+                  median(plain_ms), speedup, p * mm / (mm + p - 1), median(added));
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
