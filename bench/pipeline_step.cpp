@@ -5,7 +5,9 @@
 // equal stages on repeated CPU devices, one compute thread per stage (so p
 // stages need p cores). Each micro-batch has --rows rows, so a batch of m
 // micro-batches has m * rows rows and every action takes the same time
-// whatever m is: the conditions under which the textbook bubble holds. Per
+// whatever m is, and the input requires grad, so the first stage's backward
+// does what every other stage's does (the gradient of its input): the
+// conditions under which the textbook bubble holds. Per
 // m, the program times --steps steps (after --warmup) of the pipeline and,
 // interleaved, of the unsplit model on the same batch in one thread, and
 // prints one JSON line: the median over steps of the mean idle share of the
@@ -25,6 +27,7 @@
 
 #include "tandem/cli/flags.h"
 #include "tandem/parallel/pipeline.h"
+#include "tandem/util/allocator.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stats.h"
@@ -75,6 +78,7 @@ double replayed_seconds(const parallel::PipelineStep& step) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tune_malloc_for_training();  // as the tandem binary does
   std::string schedule = "1f1b", counts = "1,2,4,8";
   bool trace = false;
   int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3;
@@ -111,7 +115,9 @@ int main(int argc, char** argv) {
       TANDEM_CHECK(m && *m >= 1, "--micro-batches: expected positive integers, got '", counts, "'");
       parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU),
                               {*m, schedule});
-      auto x = torch::randn({*m * rows, width});
+      // The input requires grad so that stage 0's backward, like every other
+      // stage's, also computes the gradient of its input: equal stages.
+      auto x = torch::randn({*m * rows, width}).requires_grad_(true);
       auto y = torch::randint(width, {*m * rows}, torch::kInt64);
       std::vector<double> idle, pipe_ms, plain_ms, added;
       for (int64_t i = 0; i < warmup + steps; ++i) {
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
           }
         }
         model->zero_grad();
+        x.mutable_grad() = torch::Tensor();
         Stopwatch clock;
         loss(model->forward(x), y).backward();
         double plain = clock.seconds();
