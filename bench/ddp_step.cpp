@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "bench_main.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/process_group.h"
@@ -51,12 +52,7 @@ int main(int argc, char** argv) {
   flags.add_int("steps", "N", &steps, "timed steps", 1);
   flags.add_int("warmup", "N", &warmup, "untimed steps first", 0);
   flags.add_int("threads", "N", &threads, "compute threads per rank", 1);
-  try {
-    flags.parse({argv + 1, argv + argc});
-    if (flags.help_requested()) {
-      std::printf("%s", flags.help().c_str());
-      return 0;
-    }
+  return bench::run("ddp_step", flags, argc, argv, [&] {
     at::set_num_threads(static_cast<int>(threads));
     std::shared_ptr<dist::ProcessGroup> group;
     if (auto rv = dist::rendezvous_from_env()) group = std::make_shared<dist::ProcessGroup>(*rv);
@@ -150,7 +146,7 @@ int main(int argc, char** argv) {
                   "\"plain_ms\": %.2f, \"ddp_ms\": %.2f, \"ratio\": %.4f}\n",
                   static_cast<long long>(batch), at::get_num_threads(), median(plain->step_ms),
                   median(step_ms), median(ratios));
-      return 0;
+      return;
     }
     if (rank == 0) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
@@ -161,10 +157,5 @@ int main(int argc, char** argv) {
                   ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0);
       std::fflush(stdout);
     }
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    std::fprintf(stderr, "ddp_step: error: %s\n", what.substr(0, what.find('\n')).c_str());
-    return 1;
-  }
-  return 0;
+  });
 }

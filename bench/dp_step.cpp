@@ -27,6 +27,7 @@
 #include <torch/nn/parallel/data_parallel.h>
 #include <torch/torch.h>
 
+#include "bench_main.h"
 #include "tandem/cli/flags.h"
 #include "tandem/models/registry.h"
 #include "tandem/parallel/data_parallel.h"
@@ -49,12 +50,7 @@ int main(int argc, char** argv) {
   flags.add_int("channels", "C", &channels, "input channels", 1);
   flags.add_int("steps", "N", &steps, "timed steps per configuration", 1);
   flags.add_int("warmup", "N", &warmup, "untimed rounds first", 0);
-  try {
-    flags.parse({argv + 1, argv + argc});
-    if (flags.help_requested()) {
-      std::printf("%s", flags.help().c_str());
-      return 0;
-    }
+  return bench::run("dp_step", flags, argc, argv, [&] {
     models::ModelOptions o;
     o.in_channels = channels;
     o.image_size = size;
@@ -130,9 +126,5 @@ int main(int argc, char** argv) {
     std::printf("{\"model\": \"%s\", \"batch\": %lld, %s\"dp_overhead\": %.4f, \"dp2_vs_plain2\": %.3f, \"dp2t2_vs_plain2\": %.3f}\n",
                 model_name.c_str(), static_cast<long long>(batch), fields.c_str(),
                 ms["dp-cpu"] / ms["plain-1"] - 1, ms["dp-cpu2"] / ms["plain-2"], ms["dp-cpu2-t2"] / ms["plain-2"]);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dp_step: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  });
 }

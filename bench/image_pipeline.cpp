@@ -8,6 +8,7 @@
 //   image_pipeline --data imagefolder:DIR --augment heavy --image-size 224 --workers 2
 #include <cstdio>
 
+#include "bench_main.h"
 #include "tandem/cli/flags.h"
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
@@ -27,12 +28,7 @@ int main(int argc, char** argv) {
   flags.add_int("workers", "N", &workers, "loader threads", 1);
   flags.add_int("batch", "N", &batch, "batch size", 1);
   flags.add_int("batches", "N", &batches, "timed batches (after one untimed)", 1);
-  try {
-    flags.parse({argv + 1, argv + argc});
-    if (flags.help_requested()) {
-      std::printf("%s", flags.help().c_str());
-      return 0;
-    }
+  return bench::run("image_pipeline", flags, argc, argv, [&] {
     data::DataOptions options;
     options.augment = augment;
     options.image_size = image_size;
@@ -54,9 +50,5 @@ int main(int argc, char** argv) {
                 "\"workers\": %lld, \"images_per_second\": %.1f}\n",
                 spec.substr(0, spec.find(':')).c_str(), augment.c_str(),
                 static_cast<long long>(image_size), static_cast<long long>(workers), n / seconds);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "image_pipeline: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  });
 }

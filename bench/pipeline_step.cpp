@@ -29,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "bench_main.h"
 #include "tandem/cli/flags.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/util/allocator.h"
@@ -96,12 +97,7 @@ int main(int argc, char** argv) {
   flags.add_int("steps", "N", &steps, "timed steps per m", 1);
   flags.add_int("warmup", "N", &warmup, "untimed steps first", 0);
   flags.add_switch("trace", &trace, "print every stage's actions (start-end ms) of the last step");
-  try {
-    flags.parse({argv + 1, argv + argc});
-    if (flags.help_requested()) {
-      std::printf("%s", flags.help().c_str());
-      return 0;
-    }
+  return bench::run("pipeline_step", flags, argc, argv, [&] {
     TANDEM_CHECK(blocks % stages == 0, "--blocks ", blocks, " is not a multiple of --stages ", stages);
     at::set_num_threads(1);  // each stage computes on its own thread alone
     torch::manual_seed(0);
@@ -170,9 +166,5 @@ int main(int argc, char** argv) {
                   median(over_textbook));
       std::fflush(stdout);
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "pipeline_step: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  });
 }

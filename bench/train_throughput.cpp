@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "bench_main.h"
 #include "tandem/cli/flags.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/source.h"
@@ -36,12 +37,7 @@ int main(int argc, char** argv) {
   flags.add_int("steps", "N", &steps, "timed steps per round", 1);
   flags.add_int("warmup", "N", &warmup, "untimed steps before the first round", 0);
   flags.add_int("rounds", "N", &rounds, "rounds (one JSON line each)", 1);
-  try {
-    flags.parse({argv + 1, argv + argc});
-    if (flags.help_requested()) {
-      std::printf("%s", flags.help().c_str());
-      return 0;
-    }
+  return bench::run("train_throughput", flags, argc, argv, [&] {
     torch::manual_seed(0);
     auto device = engine::parse_device(device_text);
 
@@ -110,10 +106,5 @@ int main(int argc, char** argv) {
                   steps * batch / seconds);
       std::fflush(stdout);
     }
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    std::fprintf(stderr, "train_throughput: error: %s\n", what.substr(0, what.find('\n')).c_str());
-    return 1;
-  }
-  return 0;
+  });
 }
