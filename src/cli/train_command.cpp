@@ -57,6 +57,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "resnet stem; auto picks cifar for images up to 64 px");
   flags.add_choice("dtype", &o.dtype, {"float32", "float64"},
                    "parameter and compute precision (float64 for exact comparisons)");
+  flags.add_choice("amp", &o.amp, {"off", "bf16", "fp16"},
+                   "mixed precision: autocast the forward pass to bf16 or fp16 (fp16 with "
+                   "dynamic loss scaling); parameters stay float32");
 
   flags.section("optimisation");
   flags.add_int("epochs", "N", &o.epochs, "passes over the training data", 1);

@@ -68,6 +68,8 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   archive.write("epoch_loss_sum", c10::IValue(p.epoch_loss_sum));
   archive.write("epoch_correct", c10::IValue(p.epoch_correct));
   archive.write("epoch_seen", c10::IValue(p.epoch_seen));
+  archive.write("loss_scale", c10::IValue(p.loss_scale));
+  archive.write("scale_growth_tracker", c10::IValue(p.scale_growth_tracker));
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   model.save(model_archive);
   optimizer.save(optimizer_archive);
@@ -111,6 +113,11 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     p.epoch_loss_sum = read_double(archive, "epoch_loss_sum");
     p.epoch_correct = read_int(archive, "epoch_correct");
     p.epoch_seen = read_int(archive, "epoch_seen");
+    c10::IValue scale;  // absent from checkpoints written before --amp
+    if (archive.try_read("loss_scale", scale)) {
+      p.loss_scale = scale.toDouble();
+      p.scale_growth_tracker = read_int(archive, "scale_growth_tracker");
+    }
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);

@@ -12,6 +12,7 @@
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
+#include "tandem/optim/amp.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
@@ -197,6 +198,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
                o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  amp_ = optim::parse_amp(o.amp);
+  TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
+               "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK(!amp_ || o.strategy != "pipeline", "--amp ", o.amp,
+               " does not work with --strategy pipeline yet");
+  if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
   if (o.strategy == "dp") {
     parallel::DataParallelOptions dp_options;
     dp_options.devices = parallel::parse_devices(o.devices);
@@ -247,9 +254,9 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
-  return format("model=%s dtype=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
+  return format("model=%s dtype=%s amp=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), o.dtype.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
+                o.model.c_str(), o.dtype.c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
                 static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),
@@ -315,6 +322,9 @@ TrainResult Trainer::run() {
   if (resume) {
     if (auto path = checkpointer->latest()) {
       position = checkpointer->load(*path, *model_, optimizer, fingerprint());
+      if (scaler_ && position.loss_scale > 0) {
+        scaler_->load_state(position.loss_scale, position.scale_growth_tracker);
+      }
       say(format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
                  static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step)));
     } else {
@@ -337,6 +347,11 @@ TrainResult Trainer::run() {
     say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
                names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
   }
+  if (amp_) {
+    say(amp_ == torch::kHalf
+            ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"
+            : "mixed precision: bf16 autocast");
+  }
   if (pipeline_) {
     std::string names;
     for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
@@ -349,6 +364,10 @@ TrainResult Trainer::run() {
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
              device_.str().c_str()));
   auto save = [&] {
+    if (scaler_) {
+      position.loss_scale = scaler_->get_scale();
+      position.scale_growth_tracker = scaler_->growth_tracker();
+    }
     if (checkpointer && rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
   };
 
@@ -367,6 +386,7 @@ TrainResult Trainer::run() {
     Stopwatch epoch_clock;
     int64_t images_this_run = 0;
     std::vector<double> stage_idle(pipeline_ ? pipeline_->devices().size() : 0, 0.0);
+    int64_t skipped_steps = 0;  // --amp fp16: steps skipped for inf/NaN gradients
     int64_t pipeline_steps = 0;
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
@@ -425,16 +445,24 @@ TrainResult Trainer::run() {
         for (size_t s = 0; s < idle.size(); ++s) stage_idle[s] += idle[s];
         ++pipeline_steps;
       } else {
-        logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
-        loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
-        loss.backward();
+        {
+          optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
+          logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
+          loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
+        }
+        (scaler_ ? scaler_->scale(loss) : loss).backward();
       }
       if (ddp_) {
         ddp_->after_backward();  // buckets were all-reduced during backward
       } else if (group_) {
         dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
       }
-      optimizer.step();
+      if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
+        if (!scaler_->step(optimizer)) ++skipped_steps;
+        scaler_->update();
+      } else {
+        optimizer.step();
+      }
 
       int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
       loss_sum += loss.detach().to(torch::kFloat64) * batch->size();
@@ -468,7 +496,14 @@ TrainResult Trainer::run() {
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
     if (data_.test) {
       Forward forward;
-      if (pipeline_) forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
+      if (pipeline_) {
+        forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
+      } else if (amp_) {
+        forward = [this](const torch::Tensor& x) {
+          optim::AutocastGuard autocast(device_.type(), amp_);
+          return model_->forward(x);
+        };
+      }
       auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers,
                            group_.get(), forward);
       m.test_loss = eval.loss;
@@ -477,6 +512,10 @@ TrainResult Trainer::run() {
       m.evaluated = false;
     }
     report_warnings();
+    if (scaler_) {
+      say(format("fp16 loss scale %g after this epoch; %lld step(s) skipped for inf/NaN gradients",
+                 scaler_->get_scale(), static_cast<long long>(skipped_steps)));
+    }
     if (pipeline_steps > 0) {  // the measured bubble against the textbook one
       std::string shares;
       for (double idle : stage_idle) shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / pipeline_steps);

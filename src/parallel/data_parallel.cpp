@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -75,10 +76,12 @@ std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& rep
   const size_t n = inputs.size();
   std::vector<torch::Tensor> outputs(n);
   std::vector<std::exception_ptr> errors(n);
-  const bool grad = torch::GradMode::is_enabled();  // thread-local: passed on
+  // Grad mode, autocast and the rest of the caller's thread-local state go
+  // with each replica's thread.
+  const at::ThreadLocalState caller;
   auto run = [&](size_t i) {
     try {
-      torch::AutoGradMode mode(grad);
+      at::ThreadLocalStateGuard state(caller);
       std::optional<c10::DeviceGuard> guard;
       if (devices[i].is_cuda()) guard.emplace(devices[i]);
       outputs[i] = replicas[i].forward(inputs[i]);

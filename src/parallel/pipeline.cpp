@@ -6,6 +6,8 @@
 #include <mutex>
 #include <thread>
 
+#include <ATen/ThreadLocalState.h>
+
 #include "pipeline_stage.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/util/check.h"
@@ -127,8 +129,10 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
 
   std::vector<detail::StageOutcome> outcomes(stages);
   std::vector<std::exception_ptr> errors(stages);
+  const at::ThreadLocalState caller;  // grad mode, autocast, ... for every stage thread
   auto run = [&](size_t s) {
     try {
+      at::ThreadLocalStateGuard state(caller);
       outcomes[s] = detail::run_stage(jobs[s]);
     } catch (...) {
       errors[s] = std::current_exception();

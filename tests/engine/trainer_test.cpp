@@ -103,6 +103,31 @@ TEST_F(TrainerTest, ResumedRunEqualsUninterruptedRun) {
   EXPECT_EQ(rest.epochs[0].test_acc, whole_result.epochs[1].test_acc);
 }
 
+// Mixed precision on the CPU: bf16 autocast learns the task; fp16 with its
+// loss scaler, stopped and resumed, ends with the uninterrupted run's
+// weights, so the scaler's state (scale, clean-step count) is in the
+// checkpoint.
+TEST_F(TrainerTest, MixedPrecisionLearnsAndResumesExactly) {
+  auto o = small_run(data_.path());
+  o.amp = "bf16";
+  Trainer bf16(o, nullptr);
+  EXPECT_GT(bf16.run().epochs.back().test_acc, 0.9);
+
+  o.amp = "fp16";
+  Trainer whole(o, nullptr);
+  EXPECT_GT(whole.run().epochs.back().test_acc, 0.9);
+  TempDir checkpoints;
+  o.checkpoint_dir = checkpoints.path();
+  o.max_steps = 11;
+  Trainer first(o, nullptr);
+  first.run();
+  o.max_steps = 0;
+  o.resume = true;
+  Trainer second(o, nullptr);
+  second.run();
+  expect_equal_states(state_of(whole), state_of(second));
+}
+
 TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
   TempDir checkpoints;
   auto o = small_run(data_.path());

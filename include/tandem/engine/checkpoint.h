@@ -24,6 +24,8 @@ struct TrainPosition {
   double epoch_loss_sum = 0.0;  // sums over the batches of `epoch` so far
   int64_t epoch_correct = 0;
   int64_t epoch_seen = 0;
+  double loss_scale = 0.0;           // --amp fp16: the gradient scaler's state (0: none)
+  int64_t scale_growth_tracker = 0;
 };
 
 struct CheckpointOptions {

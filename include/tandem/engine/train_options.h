@@ -23,6 +23,7 @@ struct TrainOptions {
   double width_mult = 1.0;
   std::string stem = "auto";
   std::string dtype = "float32";  // parameters and compute: float32 | float64
+  std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
 
   // Optimisation
   int64_t epochs = 5;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
+#include "tandem/optim/grad_scaler.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/parallel/pipeline.h"
@@ -81,6 +83,8 @@ class Trainer {
   parallel::DataParallel dp_{nullptr};                      // --strategy dp
   std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline
   std::string pipeline_split_;                              // its stages, for the log
+  std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
+  std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
   int64_t rank_ = 0, world_ = 1;
 };
 
