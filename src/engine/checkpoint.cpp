@@ -1,8 +1,16 @@
 #include "tandem/engine/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
+#include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
@@ -15,7 +23,74 @@ namespace tandem::engine {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kFormatVersion = 2;
+
+// Note [checkpoint trailer]: after the libtorch archive (a zip file) come
+// kTrailerSize bytes: the magic "TANDEMCK", the archive's length (8 bytes,
+// little-endian) and its CRC-32 (4 bytes, little-endian, zlib's). A file cut
+// short or altered anywhere fails the check before anything is loaded.
+constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'C', 'K'};
+constexpr size_t kTrailerSize = 8 + 8 + 4;
+
+uint32_t crc_of(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t done = 0;
+  while (done < bytes.size()) {  // zlib takes uInt lengths
+    auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), n);
+    done += n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+void put_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
+  return value;
+}
+
+// Writes all of `bytes` to a new file at `path`; a short write (a full disk)
+// is an error naming the path and the system's reason.
+void write_file(const std::string& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TANDEM_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      TANDEM_FAIL(path, ": cannot write the checkpoint (", done, " of ", bytes.size(),
+                  " bytes written): ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  TANDEM_CHECK(::close(fd) == 0, path, ": cannot write the checkpoint: ", std::strerror(errno));
+}
+
+// The archive inside a checkpoint file, once its trailer checks out.
+std::string verified_archive(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TANDEM_CHECK(in, "cannot open it: ", std::strerror(errno));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  TANDEM_CHECK(bytes.size() >= kTrailerSize &&
+                   std::memcmp(bytes.data() + bytes.size() - kTrailerSize, kMagic, 8) == 0,
+               "damaged: no tandem checksum trailer at its end (cut short, or not a tandem "
+               "checkpoint of format ", kFormatVersion, ")");
+  const char* trailer = bytes.data() + bytes.size() - kTrailerSize;
+  uint64_t length = get_le(trailer + 8, 8);
+  auto crc = static_cast<uint32_t>(get_le(trailer + 16, 4));
+  TANDEM_CHECK(length == bytes.size() - kTrailerSize, "damaged: the trailer records ", length,
+               " bytes of archive but the file holds ", bytes.size() - kTrailerSize);
+  bytes.resize(length);
+  TANDEM_CHECK(crc_of(bytes) == crc, "damaged: its CRC-32 does not match the one recorded when it "
+                                     "was written (altered on disk)");
+  return bytes;
+}
 
 // checkpoint-<step>.pt files of `dir`, oldest first.
 std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& dir) {
@@ -80,10 +155,38 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   std::string path = (fs::path(options_.dir) / format("checkpoint-%08lld.pt",
                                                       static_cast<long long>(p.step)))
                          .string();
-  write_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+  std::ostringstream zip;
+  archive.save_to(zip);
+  std::string bytes = zip.str();
+  const uint32_t crc = crc_of(bytes);
+  const uint64_t length = bytes.size();
+  bytes.append(kMagic, 8);  // Note [checkpoint trailer]
+  put_le(bytes, length, 8);
+  put_le(bytes, crc, 4);
+  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, bytes); });
   auto all = list_checkpoints(options_.dir);
   for (size_t i = 0; i + options_.keep < all.size(); ++i) fs::remove(all[i].second, ec);
   return path;
+}
+
+std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& position,
+                                                          torch::nn::Module& model,
+                                                          torch::optim::Optimizer& optimizer,
+                                                          const std::string& fingerprint,
+                                                          std::vector<std::string>* warnings) const {
+  auto all = list_checkpoints(options_.dir);
+  std::string damaged;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      position = load(it->second.string(), model, optimizer, fingerprint);
+      return it->second.string();
+    } catch (const DamagedCheckpoint& e) {  // an older one may be good: atomic writes keep it
+      if (warnings) warnings->push_back(std::string(e.what()) + "; trying the one before it");
+      damaged += std::string("\n  ") + e.what();
+    }
+  }
+  TANDEM_CHECK(damaged.empty(), "--resume: no usable checkpoint in ", options_.dir, ":", damaged);
+  return std::nullopt;
 }
 
 std::optional<std::string> Checkpointer::latest() const {
@@ -97,8 +200,14 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
                                  const std::string& fingerprint) const {
   torch::serialize::InputArchive archive;
   TrainPosition p;
+  std::string bytes;
   try {
-    archive.load_from(path);
+    bytes = verified_archive(path);
+  } catch (const tandem::Error& e) {
+    throw DamagedCheckpoint("cannot resume from " + path + ": " + e.what());
+  }
+  try {
+    archive.load_from(bytes.data(), bytes.size());
     int64_t version = read_int(archive, "format_version");
     TANDEM_CHECK(version == kFormatVersion, "format version ", version, ", expected ",
                  kFormatVersion);

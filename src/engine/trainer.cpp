@@ -320,8 +320,12 @@ TrainResult Trainer::run() {
     }
   }
   if (resume) {
-    if (auto path = checkpointer->latest()) {
-      position = checkpointer->load(*path, *model_, optimizer, fingerprint());
+    std::vector<std::string> damaged;
+    auto path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+    for (const auto& line : damaged) {
+      if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+    }
+    if (path) {
       if (scaler_ && position.loss_scale > 0) {
         scaler_->load_state(position.loss_scale, position.scale_growth_tracker);
       }

@@ -4,16 +4,20 @@
 // position in training (epoch, batch within the epoch, optimizer step), the
 // running sums of the epoch in progress, the model's parameters and buffers,
 // the optimizer state, the default CPU generator's state, and a fingerprint of
-// the flags that must not change on resume. Files are written atomically; the
-// newest `keep` are kept. See docs/CHECKPOINTS.md.
+// the flags that must not change on resume, followed by a checksum trailer.
+// Files are written atomically; the newest `keep` are kept. See
+// docs/CHECKPOINTS.md.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+
+#include "tandem/util/check.h"
 
 namespace tandem::engine {
 
@@ -26,6 +30,13 @@ struct TrainPosition {
   int64_t epoch_seen = 0;
   double loss_scale = 0.0;           // --amp fp16: the gradient scaler's state (0: none)
   int64_t scale_growth_tracker = 0;
+};
+
+// A checkpoint file that is cut short, altered, or not a tandem checkpoint:
+// its checksum trailer (docs/CHECKPOINTS.md) does not check out.
+class DamagedCheckpoint : public Error {
+ public:
+  using Error::Error;
 };
 
 struct CheckpointOptions {
@@ -44,8 +55,19 @@ class Checkpointer {
   // The newest checkpoint in the directory, if any.
   std::optional<std::string> latest() const;
 
-  // Restores model, optimizer and generator from `path`. Throws tandem::Error
-  // naming the file if it is unreadable or was written with other flags.
+  // Loads the newest checkpoint whose checksum holds, newest first: a
+  // damaged one is passed over with a line in `warnings`. Returns its path,
+  // or nullopt for an empty folder. Throws if every checkpoint is damaged,
+  // listing them, or (like load) for other settings.
+  std::optional<std::string> load_newest_good(TrainPosition& position, torch::nn::Module& model,
+                                              torch::optim::Optimizer& optimizer,
+                                              const std::string& fingerprint,
+                                              std::vector<std::string>* warnings) const;
+
+  // Restores model, optimizer and generator from `path`. Throws
+  // DamagedCheckpoint if its checksum fails (nothing is loaded then), and
+  // tandem::Error naming the file if it is unreadable or was written with
+  // other flags.
   TrainPosition load(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
 
