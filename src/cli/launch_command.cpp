@@ -26,6 +26,10 @@ FlagSet launch_flags(launch::LaunchOptions& o, int64_t& port) {
                 "after a failure, restart all workers up to K times", 0);
   flags.add_double("stop-grace", "SECONDS", &o.stop_grace_seconds,
                    "after SIGTERM, wait this long before SIGKILL", 0);
+  flags.add_string("job-token", "TOKEN", &o.job_token,
+                   "a process must carry this token to join the job (TANDEM_JOB_TOKEN); "
+                   "default: a random one on a single node, none on several (give each "
+                   "node the same)");
   return flags;
 }
 

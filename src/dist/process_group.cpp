@@ -10,7 +10,13 @@
 // symbol resolves in libtorch_cpu. docs/BUILD.md has the check.
 #include "tandem/dist/process_group.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -35,6 +41,47 @@ namespace tandem::dist {
 namespace {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Note [store address]: c10d's TCPStore server listens on every interface.
+// Rank 0 instead binds the listening socket itself, to the address the job
+// was given (127.0.0.1 for a single-node job), and hands it to the store
+// (TCPStoreOptions::masterListenFd): a single-node job is then unreachable
+// from other hosts. Returns the socket, or throws naming the address.
+int bound_listener(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  TANDEM_CHECK(rc == 0, "rendezvous: cannot resolve ", host, ": ", ::gai_strerror(rc));
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    int err = errno;
+    ::close(fd);
+    if (err == EADDRINUSE) {
+      ::freeaddrinfo(found);
+      TANDEM_FAIL("rendezvous: port ", port, " on ", host,
+                  " is already in use (pick another MASTER_PORT / --master-port)");
+    }
+    why = std::strerror(err);
+  }
+  ::freeaddrinfo(found);
+  TANDEM_FAIL("rendezvous: cannot listen on ", host, ":", port, ": ", why);
+}
+
+constexpr const char* kTokenKey = "tandem/job_token";
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -205,8 +252,26 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   store_options.numWorkers = static_cast<size_t>(r.world_size);
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  if (r.rank == 0) store_options.masterListenFd = bound_listener(r.host, r.port);  // Note [store address]
   try {
     impl_->store = c10::make_intrusive<c10d::TCPStore>(r.host, store_options);
+    // Note [job token]: rank 0 posts the job's token; the others compare
+    // theirs before they join the group, so a stray process leaves nothing
+    // behind in the store. (A guard against mistakes, not an attacker: the
+    // store is open to anyone who reaches the port; docs/DISTRIBUTED.md.)
+    if (r.rank == 0) {
+      impl_->store->set(kTokenKey, std::vector<uint8_t>(r.job_token.begin(), r.job_token.end()));
+    } else {
+      auto posted = impl_->store->get(kTokenKey);
+      if (std::string(posted.begin(), posted.end()) != r.job_token) {
+        throw Error(r.job_token.empty() ? "the job has a job token and this process none"
+                                        : "this process's job token does not match the job's");
+      }
+    }
+  } catch (const Error& e) {
+    TANDEM_FAIL("rendezvous at ", r.host, ":", r.port, " refused rank ", r.rank, ": ", e.what(),
+                " (TANDEM_JOB_TOKEN / --job-token): it belongs to another job, or was started "
+                "with the wrong token");
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
     if (r.rank == 0 && why.find("EADDRINUSE") != std::string::npos) {

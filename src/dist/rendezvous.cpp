@@ -69,6 +69,7 @@ std::optional<Rendezvous> rendezvous_from_env(const EnvLookup& lookup) {
                    r.world_size, " ranks on several nodes needs MASTER_ADDR (rank 0's host)");
     }
     if (auto port = lookup("MASTER_PORT")) r.port = parse_port(*port, "MASTER_PORT");
+    if (auto token = lookup("TANDEM_JOB_TOKEN")) r.job_token = *token;
     check_ranks(r);
     return r;
   }

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "tandem/util/check.h"
@@ -20,6 +21,14 @@
 namespace tandem::launch {
 
 namespace {
+
+// 128 random bits as 32 hex digits: a job's token.
+std::string random_token() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += format("%08x", device());
+  return token;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -136,6 +145,9 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   int64_t cores = std::max<unsigned>(std::thread::hardware_concurrency(), 1u);
   int64_t omp_threads = std::max<int64_t>(cores / o.nproc_per_node, 1);
 
+  std::string token = o.job_token;
+  if (token.empty() && o.nnodes == 1) token = random_token();
+
   SignalScope signals;
   const pid_t launcher = getpid();
   LaunchResult result;
@@ -166,6 +178,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       set("MASTER_ADDR", o.master_addr);
       set("MASTER_PORT", std::to_string(port));
       set("TANDEM_RESTART_COUNT", std::to_string(attempt));
+      if (!token.empty()) set("TANDEM_JOB_TOKEN", token);
       if (!omp_set) set("OMP_NUM_THREADS", std::to_string(omp_threads));
       for (const auto& [k, v] : o.extra_env) set(k, v);
       std::vector<char*> envp, argv;

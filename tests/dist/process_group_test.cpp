@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include <torch/cuda.h>
@@ -243,6 +245,85 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Note [job token]: a process whose token differs from rank 0's is refused
+// with a clear message and leaves nothing behind; the right rank 1 then
+// joins and the job runs.
+TEST(ProcessGroupTest, AWrongJobTokenIsRefusedAndTheJobGoesOn) {
+  auto rendezvous = [port = pick_free_port()](int64_t rank, const std::string& token) {
+    Rendezvous rv;
+    rv.port = port;
+    rv.rank = rank;
+    rv.world_size = 2;
+    rv.source = "test";
+    rv.job_token = token;
+    return rv;
+  };
+  GroupOptions options;
+  options.timeout = 20s;
+  std::string rank0_error;
+  float sum = 0;
+  std::thread rank0([&] {
+    try {
+      ProcessGroup group(rendezvous(0, "alpha"), options);
+      auto t = torch::ones({1});
+      group.all_reduce(t).wait();
+      sum = t.item<float>();
+    } catch (const std::exception& e) {
+      rank0_error = e.what();
+    }
+  });
+  for (std::string wrong : {"beta", ""}) {
+    try {
+      ProcessGroup stray(rendezvous(1, wrong), options);
+      ADD_FAILURE() << "a process with token '" << wrong << "' joined";
+    } catch (const Error& e) {
+      std::string message = e.what();
+      EXPECT_NE(message.find("refused rank 1: "), std::string::npos) << message;
+      EXPECT_NE(message.find(wrong.empty() ? "the job has a job token and this process none"
+                                           : "this process's job token does not match the job's"),
+                std::string::npos) << message;
+      EXPECT_EQ(message.find("alpha"), std::string::npos) << "the message shows the token: " << message;
+    }
+  }
+  std::string rank1_error;
+  try {
+    ProcessGroup group(rendezvous(1, "alpha"), options);
+    auto t = torch::full({1}, 2.0f);
+    group.all_reduce(t).wait();
+  } catch (const std::exception& e) {
+    rank1_error = e.what();
+  }
+  rank0.join();
+  EXPECT_EQ(rank0_error, "");
+  EXPECT_EQ(rank1_error, "");
+  EXPECT_EQ(sum, 3.0f);
+}
+
+// Note [store address]: rank 0's store listens on the address it was given
+// (loopback here), not on every interface.
+TEST(ProcessGroupTest, TheStoreListensOnlyOnItsAddress) {
+  Rendezvous rv;
+  rv.port = pick_free_port();
+  ProcessGroup group(rv);
+  char wanted[8];
+  std::snprintf(wanted, sizeof wanted, "%04X", rv.port);
+  std::vector<std::string> listening;  // local addresses on that port, state LISTEN (0A)
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(testing::read_text(table));
+    std::string line;
+    std::getline(lines, line);  // header
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state == "0A" && local.substr(local.find(':') + 1) == wanted) {
+        listening.push_back(local.substr(0, local.find(':')));
+      }
+    }
+  }
+  EXPECT_EQ(listening, (std::vector<std::string>{"0100007F"}));  // 127.0.0.1 only
 }
 
 // Without a CUDA device (CI), --dist-backend nccl is a clear error; with one

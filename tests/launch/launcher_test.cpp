@@ -69,6 +69,34 @@ TEST(LaunchTest, WorkersGetTorchrunsEnvironmentAndPrefixedOutput) {
   EXPECT_EQ(same, 3) << r.output;
 }
 
+// Note [job token]: every worker of a single-node job gets the same fresh
+// random token (a new one per job); --job-token sets it.
+TEST(LaunchTest, WorkersShareAJobToken) {
+  auto tokens_of = [](const std::string& flags) {
+    auto r = run_tandem("launch --nproc-per-node 2 " + flags + " -- sh -c 'echo token $TANDEM_JOB_TOKEN'");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::string> tokens;
+    for (int rank = 0; rank < 2; ++rank) {
+      std::string prefix = "[rank " + std::to_string(rank) + "] token ";
+      auto at = r.output.find(prefix);
+      EXPECT_NE(at, std::string::npos) << r.output;
+      if (at != std::string::npos) {
+        at += prefix.size();
+        tokens.push_back(r.output.substr(at, r.output.find('\n', at) - at));
+      }
+    }
+    return tokens;
+  };
+  auto first = tokens_of(""), second = tokens_of("");
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(first[0], first[1]);
+  EXPECT_EQ(first[0].size(), 32u);
+  EXPECT_EQ(first[0].find_first_not_of("0123456789abcdef"), std::string::npos) << first[0];
+  EXPECT_NE(first[0], second[0]) << "two jobs got the same token";
+  EXPECT_EQ(tokens_of("--job-token s3cret"), (std::vector<std::string>{"s3cret", "s3cret"}));
+}
+
 TEST(LaunchTest, OmpThreadsAreLeftAloneWhenSet) {
   auto r = run("OMP_NUM_THREADS=7 " + std::string(TANDEM_CLI) +
                " launch --nproc-per-node 2 -- sh -c 'echo omp $OMP_NUM_THREADS' 2>&1");

@@ -9,7 +9,7 @@
 //   Open MPI (mpirun)          OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                              OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
 // and MASTER_ADDR / MASTER_PORT for the store (default 127.0.0.1:29500 when
-// the job is on one node). Or from a URL, tcp://HOST:PORT, with the rank and
+// the job is on one node), and TANDEM_JOB_TOKEN (Note [job token]). Or from a URL, tcp://HOST:PORT, with the rank and
 // world size given explicitly (seed 002's init_method).
 #pragma once
 
@@ -28,6 +28,10 @@ struct Rendezvous {
   int64_t local_rank = 0;
   int64_t local_world_size = 1;
   std::string source;  // "torchrun", "slurm", "mpi" or "url", for messages
+  // Note [job token]: every process of a job carries the same token
+  // (TANDEM_JOB_TOKEN, set by tandem launch); one whose token differs from
+  // rank 0's is refused before it touches the group. Empty: no token.
+  std::string job_token;
 };
 
 // Reads a variable; nullopt when unset. Tests pass their own.

@@ -39,6 +39,10 @@ struct LaunchOptions {
   double stop_grace_seconds = 5;  // SIGTERM, then SIGKILL after this long
   std::vector<std::string> command;  // argv of every worker
   std::vector<std::pair<std::string, std::string>> extra_env;  // added to every worker's
+  // TANDEM_JOB_TOKEN for the workers (Note [job token] in dist/rendezvous.h).
+  // Empty: a fresh random one for a single-node job; for several nodes none
+  // is set (give every node the same --job-token).
+  std::string job_token;
 };
 
 struct LaunchResult {
