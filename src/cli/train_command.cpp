@@ -123,7 +123,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_switch("resume", &o.resume, "continue from the newest checkpoint in --checkpoint-dir");
   flags.add_string("metrics-out", "FILE", &o.metrics_out, "write one JSON line per epoch");
   flags.add_string("export-weights", "FILE", &o.export_weights,
-                   "write the final parameters and buffers as safetensors");
+                   "write the final parameters and buffers as safetensors (rank 0; a "
+                   "{rank} in FILE makes every rank write its own)");
   flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
                    "live bar on a terminal (auto), plain lines, or nothing");
   return flags;

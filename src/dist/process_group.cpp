@@ -10,7 +10,9 @@
 // symbol resolves in libtorch_cpu. docs/BUILD.md has the check.
 #include "tandem/dist/process_group.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -81,6 +83,38 @@ int bound_listener(const std::string& host, int port) {
   TANDEM_FAIL("rendezvous: cannot listen on ", host, ":", port, ": ", why);
 }
 
+// The address of this host's interface that reaches `host` (the kernel's
+// routing choice, read back from a connected UDP socket; nothing is sent).
+// Gloo binds its connections there: 127.0.0.1 for a single-node job, the
+// right interface on each node of a multi-node one.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found);
+  TANDEM_CHECK(rc == 0, "rendezvous: cannot resolve ", host, ": ", ::gai_strerror(rc));
+  std::string address;
+  for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw = local.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  TANDEM_CHECK(!address.empty(), "rendezvous: no local interface reaches ", host);
+  return address;
+}
+
 constexpr const char* kTokenKey = "tandem/job_token";
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -121,7 +155,12 @@ void Work::wait() {
   try {
     if (impl_->work) finished = impl_->work->wait(impl_->timeout);
   } catch (const std::exception& e) {
-    TANDEM_FAIL(impl_->what, " failed: ", first_line(e.what()));
+    std::string why = first_line(e.what());
+    bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos;
+    TANDEM_FAIL(impl_->what, " failed: ", why,
+                timed_out ? detail::str_cat(" (a peer did not answer within the --dist-timeout of ",
+                                            impl_->timeout.count() / 1000.0, " s)")
+                          : std::string());
   }
   TANDEM_CHECK(finished, impl_->what, " did not finish within the timeout of ",
                impl_->timeout.count() / 1000.0, " s (--dist-timeout)");
@@ -297,11 +336,12 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
     return;
   }
 
-  // Gloo: one device bound to the address rank 0's store is reached through
-  // (loopback for a local job), so ranks talk over the same interface.
+  // Gloo: one device bound to this host's address on the route to rank 0's
+  // store (loopback for a local job), so ranks talk over the job's network.
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(r.host));
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(r.host)));
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         impl_->store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
   } catch (const std::exception& e) {

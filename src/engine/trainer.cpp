@@ -556,13 +556,16 @@ TrainResult Trainer::run() {
   }
 
   // --- Finish ----------------------------------------------------------------
-  if (!o.export_weights.empty() && rank_ == 0) {
+  // "{rank}" in the name: every rank writes its own copy (to compare them).
+  const auto rank_field = o.export_weights.find("{rank}");
+  if (!o.export_weights.empty() && (rank_ == 0 || rank_field != std::string::npos)) {
+    std::string path = o.export_weights;
+    if (rank_field != std::string::npos) path.replace(rank_field, 6, std::to_string(rank_));
     NamedTensors tensors;
     for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
-    write_safetensors(o.export_weights, tensors,
-                      {{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}});
-    say("weights written to " + o.export_weights);
+    write_safetensors(path, tensors, {{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}});
+    say("weights written to " + path);
   }
   result.steps = position.step;
   result.seconds = run_clock.seconds();

@@ -1,0 +1,131 @@
+// Multi-node over real network hosts: two network namespaces joined by a
+// veth pair stand in for two machines (CTest label `netns`; creating them
+// needs root, which these machines give: the test fails, not skips, without
+// it). Each host runs `tandem launch --nnodes 2 --node-rank R
+// --nproc-per-node 2`; the master is the first host's address.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "tandem/dist/process_group.h"
+#include "testing.h"
+
+namespace tandem {
+namespace {
+
+using testing::run;
+using testing::TempDir;
+
+// Two namespaces, host A at 10.231.N.1 and host B at 10.231.N.2, removed
+// (with their veth pair) when this goes, even after a failure.
+class TwoHosts {
+ public:
+  TwoHosts() {
+    const auto id = std::to_string(::getpid() % 100000);
+    a_ = "tandem-a-" + id;
+    b_ = "tandem-b-" + id;
+    subnet_ = "10.231." + std::to_string(::getpid() % 250) + ".";
+    auto r = run("set -e; ip netns add " + a_ + "; ip netns add " + b_ +
+                 "; ip link add va" + id + " netns " + a_ + " type veth peer name vb" + id +
+                 " netns " + b_ + "; ip -n " + a_ + " addr add " + address_a() + "/24 dev va" + id +
+                 "; ip -n " + b_ + " addr add " + address_b() + "/24 dev vb" + id +
+                 "; for n in " + a_ + " " + b_ + "; do ip -n $n link set lo up; done; ip -n " + a_ +
+                 " link set va" + id + " up; ip -n " + b_ + " link set vb" + id + " up 2>&1");
+    ok_ = r.exit_code == 0;
+    error_ = r.output;
+    link_a_ = "va" + id;
+  }
+  ~TwoHosts() { run("ip netns del " + a_ + " 2>/dev/null; ip netns del " + b_ + " 2>/dev/null"); }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+  std::string address_a() const { return subnet_ + "1"; }
+  std::string address_b() const { return subnet_ + "2"; }
+  std::string on_a(const std::string& command) const { return "ip netns exec " + a_ + " " + command; }
+  std::string on_b(const std::string& command) const { return "ip netns exec " + b_ + " " + command; }
+  std::string cut_link() const { return "ip -n " + a_ + " link set " + link_a_ + " down"; }
+
+ private:
+  std::string a_, b_, subnet_, link_a_, error_;
+  bool ok_ = false;
+};
+
+std::string launch_on(const TwoHosts& hosts, int node, int port, const std::string& train) {
+  std::string launch = std::string(TANDEM_CLI) + " launch --nnodes 2 --node-rank " +
+                       std::to_string(node) + " --nproc-per-node 2 --master-addr " +
+                       hosts.address_a() + " --master-port " + std::to_string(port) +
+                       " --job-token netns-test -- " + TANDEM_CLI + " " + train;
+  return node == 0 ? hosts.on_a(launch) : hosts.on_b(launch);
+}
+
+// Four ranks on two hosts end with the same weights, each equal (byte for
+// byte) to those of the same job's four ranks on one host.
+TEST(NetnsTest, TwoHostsTrainLikeOne) {
+  TwoHosts hosts;
+  ASSERT_TRUE(hosts.ok()) << "creating network namespaces needs root and iproute2: " << hosts.error();
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 128);
+  std::string train = "train --data idx:" + dir.path() +
+                      " --model mlp --batch-size 64 --epochs 1 --max-steps 6 --progress off "
+                      "--dist-timeout 60 --export-weights " + dir.path();
+  const int port = dist::pick_free_port();
+  auto r = run("(" + launch_on(hosts, 0, port, train + "/two-{rank}.st") + " > " + dir.file("a.log") +
+               " 2>&1; echo $? > " + dir.file("a.rc") + ") & (" +
+               launch_on(hosts, 1, port, train + "/two-{rank}.st") + " > " + dir.file("b.log") +
+               " 2>&1; echo $? > " + dir.file("b.rc") + ") & wait");
+  auto log_a = testing::read_text(dir.file("a.log")), log_b = testing::read_text(dir.file("b.log"));
+  ASSERT_EQ(testing::read_text(dir.file("a.rc")), "0\n") << log_a;
+  ASSERT_EQ(testing::read_text(dir.file("b.rc")), "0\n") << log_b;
+  auto one = run(std::string(TANDEM_CLI) + " " + train + "/one-{rank}.st --nproc-per-node 4 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto reference = testing::read_text(dir.file("one-0.st"));
+  ASSERT_GT(reference.size(), 100000u);
+  for (const char* name : {"two-0.st", "two-1.st", "two-2.st", "two-3.st", "one-1.st", "one-2.st", "one-3.st"}) {
+    EXPECT_TRUE(testing::read_text(dir.file(name)) == reference) << name << " differs from one-0.st";
+  }
+}
+
+// The link between the hosts goes down mid-training: both hosts' jobs end,
+// non-zero, within --dist-timeout + 30 s, with an error naming the
+// collective that could not finish.
+TEST(NetnsTest, ACutLinkEndsTheJobOnBothHosts) {
+  TwoHosts hosts;
+  ASSERT_TRUE(hosts.ok()) << "creating network namespaces needs root and iproute2: " << hosts.error();
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 128);
+  const int timeout = 10;
+  std::string train = "train --data idx:" + dir.path() +
+                      " --model mlp --batch-size 64 --epochs 1000 --progress lines --dist-timeout " +
+                      std::to_string(timeout);
+  const int port = dist::pick_free_port();
+  auto r = run("(" + launch_on(hosts, 0, port, train) + " > " + dir.file("a.log") + " 2>&1; echo $? > " +
+               dir.file("a.rc") + ") & (" + launch_on(hosts, 1, port, train) + " > " + dir.file("b.log") +
+               " 2>&1; echo $? > " + dir.file("b.rc") + ") & "
+               "for i in $(seq 300); do grep -q 'epoch 3/' " + dir.file("a.log") +
+               " && break; sleep 0.2; done; date +%s.%N > " + dir.file("cut") + "; " + hosts.cut_link() +
+               "; wait; date +%s.%N > " + dir.file("end"));
+  auto log_a = testing::read_text(dir.file("a.log")), log_b = testing::read_text(dir.file("b.log"));
+  ASSERT_NE(log_a.find("epoch 3/"), std::string::npos) << "training never got going:\n" << log_a;
+  double seconds = std::stod(testing::read_text(dir.file("end"))) - std::stod(testing::read_text(dir.file("cut")));
+  EXPECT_LT(seconds, timeout + 30) << log_a << log_b;
+  const std::regex named(R"((all_reduce|broadcast|barrier|all_gather|recv|send)[^\n]* on rank \d of 4 \(gloo\) (failed|did not finish))");
+  for (const auto& [rc, log] : {std::pair{dir.file("a.rc"), log_a}, std::pair{dir.file("b.rc"), log_b}}) {
+    EXPECT_NE(testing::read_text(rc), "0\n") << log;
+    EXPECT_TRUE(std::regex_search(log, named)) << log;
+    EXPECT_NE(log.find("tandem launch: rank "), std::string::npos) << log;
+  }
+  std::printf("link cut: both hosts ended %.1f s later (--dist-timeout %d)\n", seconds, timeout);
+  for (const auto& log : {log_a, log_b}) {  // what each host said, for the record
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("error") != std::string::npos || line.find("tandem launch:") == 0) {
+        std::printf("  %s\n", line.c_str());
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
