@@ -72,12 +72,26 @@ torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
     TANDEM_CHECK(file.read(raw, 4, path) == 4, path, ": truncated in the dimension sizes");
     dim = big_endian(raw);
     TANDEM_CHECK(dim > 0 && dim <= (int64_t(1) << 31), path, ": implausible dimension size ", dim);
+    // Checked before multiplying: the product of three sizes up to 2^31
+    // overflows int64 (a fuzzing find, fuzz/regressions/idx).
+    TANDEM_CHECK(count <= (int64_t(1) << 36) / dim, path, ": implausible total size");
     count *= dim;
-    TANDEM_CHECK(count <= (int64_t(1) << 36), path, ": implausible total size");
   }
-  auto tensor = torch::empty(shape, torch::kUInt8);
-  int64_t got = file.read(tensor.data_ptr<uint8_t>(), count, path);
+  // The header's size is a claim: memory grows with the bytes that actually
+  // arrive (doubling from 16 MiB), so a lying header cannot make the reader
+  // allocate gigabytes before it finds the file truncated (a fuzzing find,
+  // fuzz/regressions/idx).
+  auto data = torch::empty({std::min<int64_t>(count, int64_t(1) << 24)}, torch::kUInt8);
+  int64_t got = 0;
+  while (got < count) {
+    if (got == data.numel()) data.resize_({std::min<int64_t>(count, 2 * data.numel())});
+    int64_t want = data.numel() - got;
+    int64_t n = file.read(data.data_ptr<uint8_t>() + got, want, path);
+    got += n;
+    if (n < want) break;  // the end of the file
+  }
   TANDEM_CHECK(got == count, path, ": truncated: expected ", count, " bytes of data, found ", got);
+  auto tensor = data.view(shape);
   unsigned char extra;
   TANDEM_CHECK(file.read(&extra, 1, path) == 0, path, ": unexpected bytes after the ", count,
                " bytes of data");

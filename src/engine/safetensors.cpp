@@ -106,7 +106,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
       }
       continue;
     }
-    auto where = [&] { return path + ": tensor '" + name + "'"; };
+    const std::string& key = name;  // a lambda may not capture a structured binding (C++17)
+    auto where = [&] { return path + ": tensor '" + key + "'"; };
     TANDEM_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
                      entry.contains("data_offsets"),
                  where(), ": expected dtype, shape and data_offsets");

@@ -70,6 +70,27 @@ TEST(IdxTest, TrailingBytesAreRejected) {
             std::string::npos);
 }
 
+// Found by fuzz/fuzz_idx (fuzz/regressions/idx): a header whose sizes
+// multiply past int64 was an uncaught libtorch error; a header claiming
+// gigabytes over a short file made the reader allocate them first. Both are
+// now clear errors, and memory follows the bytes that actually arrive.
+TEST(IdxTest, LyingHeadersAreClearErrors) {
+  testing::TempDir dir;
+  auto write = [&](const std::string& name, const std::vector<unsigned char>& bytes) {
+    std::ofstream out(dir.file(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return dir.file(name);
+  };
+  auto overflow = write("overflow", {0, 0, 8, 3, 0x7f, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff,
+                                     0x7f, 0xff, 0xff, 0xff, 1, 2, 3});
+  EXPECT_NE(error_of([&] { read_idx(overflow, 3); }).find(overflow + ": implausible total size"),
+            std::string::npos);
+  auto huge = write("huge", {0, 0, 8, 3, 0, 0, 0, 2, 0x10, 0, 0, 0, 0, 0, 0, 2, 1, 2, 3});
+  EXPECT_NE(error_of([&] { read_idx(huge, 3); })
+                .find(huge + ": truncated: expected 1073741824 bytes of data, found 3"),
+            std::string::npos) << error_of([&] { read_idx(huge, 3); });
+}
+
 TEST(IdxTest, MissingDirectoryAndMissingFileAreNamed) {
   EXPECT_EQ(error_of([] { open_data("idx:/no/such/dir"); }), "idx:/no/such/dir: no such directory");
   TempDir dir;
