@@ -266,7 +266,43 @@ ImageFormat sniff_image_format(const uint8_t* data, size_t size) {
   return ImageFormat::kUnknown;
 }
 
+namespace {
+
+// Note [decompression bombs]: a few hundred bytes of JPEG or PNG can declare
+// 65535 x 65535 pixels (12.9 GB decoded). Like PIL, which refuses images
+// over 2 x 89,478,485 pixels (DecompressionBombError), tandem refuses to
+// decode images larger than kMaxImagePixels, before allocating anything.
+// (fuzz/fuzz_image found the allocation; fuzz/regressions/image.)
+constexpr int64_t kMaxImagePixels = 2 * 89478485;
+
+void check_declared_size(const uint8_t* data, size_t size, const std::string& name) {
+  int64_t height = 0, width = 0;
+  auto format = sniff_image_format(data, size);
+  if (format == ImageFormat::kJpeg) {
+    int h = 0, w = 0;
+    bool cmyk = false;
+    JpegErrorState err;
+    if (!read_jpeg_size_raw(data, size, &h, &w, &cmyk, &err)) return;  // the decoder reports it
+    height = h;
+    width = w;
+  } else if (format == ImageFormat::kPng && size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) {
+    auto be32 = [&](size_t at) {
+      return (int64_t(data[at]) << 24) | (int64_t(data[at + 1]) << 16) | (int64_t(data[at + 2]) << 8) |
+             int64_t(data[at + 3]);
+    };
+    width = be32(16);
+    height = be32(20);
+  }
+  if (height > 0 && width > 0 && height * width > kMaxImagePixels) {
+    throw ImageError(detail::str_cat(name, ": declares ", width, " x ", height, " pixels, over the limit of ",
+                                     kMaxImagePixels, " (a decompression bomb?); not decoded"));
+  }
+}
+
+}  // namespace
+
 torch::Tensor decode_image(const uint8_t* data, size_t size, const std::string& name) {
+  check_declared_size(data, size, name);  // Note [decompression bombs]
   RawImage raw;
   switch (sniff_image_format(data, size)) {
     case ImageFormat::kJpeg: {
@@ -321,6 +357,7 @@ torch::Tensor decode_image_box(const uint8_t* data, size_t size, const std::stri
     check_box(box, image.size(1), image.size(2));
     return slice(image, box, 0, 0);
   }
+  check_declared_size(data, size, name);  // Note [decompression bombs]
   auto box = choose(height, width);
   check_box(box, height, width);
   // A margin around the box keeps libjpeg's edge handling (chroma

@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "tandem/data/image_io.h"
+#include "tandem/data/transform.h"
 #include "testing.h"
 
 namespace tandem::data {
@@ -190,6 +191,46 @@ TEST(ImageIoTest, CorruptPngIsAnError) {
   for (size_t i = 60; i < bytes.size() - 20; ++i) bytes[i] = static_cast<char>(bytes[i] ^ 0x5a);
   write_bytes(dir.file("bad.png"), bytes);
   EXPECT_NE(expect_image_error(dir.file("bad.png")).find("not a readable PNG"), std::string::npos);
+}
+
+// Note [decompression bombs], found by fuzz/fuzz_image: a small file that
+// declares 60000 x 60000 pixels is refused before anything is allocated,
+// whole or cropped, JPEG or PNG.
+TEST(ImageIoTest, DecompressionBombsAreRefused) {
+  TempDir dir;
+  auto image = torch::full({3, 16, 16}, 100, torch::kUInt8);
+  write_jpeg(dir.file("a.jpg"), image);
+  write_png(dir.file("a.png"), image);
+  auto jpeg = read_file_bytes(dir.file("a.jpg"));
+  auto png = read_file_bytes(dir.file("a.png"));
+  auto put16 = [](std::vector<uint8_t>& b, size_t at, int v) {
+    b[at] = static_cast<uint8_t>(v >> 8);
+    b[at + 1] = static_cast<uint8_t>(v & 0xff);
+  };
+  bool patched = false;
+  for (size_t i = 2; i + 9 < jpeg.size(); ++i) {  // SOF0: FF C0, length, precision, height, width
+    if (jpeg[i] == 0xff && jpeg[i + 1] == 0xc0) {
+      put16(jpeg, i + 5, 60000);
+      put16(jpeg, i + 7, 60000);
+      patched = true;
+      break;
+    }
+  }
+  ASSERT_TRUE(patched);
+  put16(png, 18, 60000);  // IHDR width and height, big-endian 32-bit
+  put16(png, 22, 60000);
+  const std::string want = "declares 60000 x 60000 pixels, over the limit of 178956970";
+  auto whole = [](const std::vector<uint8_t>& b) {
+    return testing::error_of([&] { decode_image(b.data(), b.size(), "bomb"); });
+  };
+  auto cropped = [](const std::vector<uint8_t>& b) {
+    return testing::error_of([&] {
+      decode_image_box(b.data(), b.size(), "bomb", [](int64_t, int64_t) { return CropBox{0, 0, 8, 8}; });
+    });
+  };
+  EXPECT_NE(whole(jpeg).find("bomb: " + want), std::string::npos) << whole(jpeg);
+  EXPECT_NE(cropped(jpeg).find("bomb: " + want), std::string::npos) << cropped(jpeg);
+  EXPECT_NE(whole(png).find("bomb: " + want), std::string::npos) << whole(png);
 }
 
 TEST(ImageIoTest, NotAnImageIsAnError) {
