@@ -57,6 +57,12 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "resnet stem; auto picks cifar for images up to 64 px");
   flags.add_choice("dtype", &o.dtype, {"float32", "float64"},
                    "parameter and compute precision (float64 for exact comparisons)");
+  flags.add_switch("channels-last", &o.channels_last,
+                   "keep 4-D weights and inputs in NHWC memory order (channels last: faster "
+                   "convolutions with cuDNN and tensor cores)");
+  flags.add_switch("cudnn-benchmark", &o.cudnn_benchmark,
+                   "let cuDNN time the convolution algorithms for each input shape and keep "
+                   "the fastest (CUDA only)");
   flags.add_choice("amp", &o.amp, {"off", "bf16", "fp16"},
                    "mixed precision: autocast the forward pass to bf16 or fp16 (fp16 with "
                    "dynamic loss scaling); parameters stay float32");

@@ -198,6 +198,18 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
                o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  // --channels-last: 4-D weights in NHWC order (set_data keeps the
+  // parameters' identity for the optimizer and DDP); inputs follow in the
+  // step and in evaluation.
+  if (o.channels_last) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters()) {
+      if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+  }
+  TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
+               "runs only on CUDA devices), got --device ", o.device);
+  if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
@@ -422,6 +434,7 @@ TrainResult Trainer::run() {
       lr = schedule.lr(position.step);
       optim::set_lr(optimizer, lr);
       auto inputs = batch->inputs.to(device_, compute_dtype(*model_), /*non_blocking=*/true);
+      if (o.channels_last && inputs.dim() == 4) inputs = inputs.contiguous(torch::MemoryFormat::ChannelsLast);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
       if (ddp_) {
         // Note [gradients are bucket views]: on CPU, letting backward's fresh
@@ -502,10 +515,11 @@ TrainResult Trainer::run() {
       Forward forward;
       if (pipeline_) {
         forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
-      } else if (amp_) {
+      } else if (amp_ || o.channels_last) {
         forward = [this](const torch::Tensor& x) {
           optim::AutocastGuard autocast(device_.type(), amp_);
-          return model_->forward(x);
+          bool nhwc = options_.channels_last && x.dim() == 4;
+          return model_->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
         };
       }
       auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers,

@@ -131,6 +131,34 @@ TEST_F(TrainerTest, MixedPrecisionLearnsAndResumesExactly) {
   expect_equal_states(state_of(whole), state_of(second));
 }
 
+// --channels-last: the convolution weights are NHWC, and training ends
+// where the default memory order does (to rounding: other kernels).
+TEST_F(TrainerTest, ChannelsLastTrainsLikeTheDefaultOrder) {
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  Trainer plain(o, nullptr);
+  plain.run();
+  o.channels_last = true;
+  Trainer nhwc(o, nullptr);
+  auto weight = nhwc.model()->named_parameters()["conv2.weight"];  // conv1 has one input channel: both orders coincide
+  EXPECT_TRUE(weight.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(weight.is_contiguous());
+  auto result = nhwc.run();
+  EXPECT_GT(result.epochs.back().test_acc, 0.8);
+  for (const auto& p : plain.model()->named_parameters()) {
+    auto other = nhwc.model()->named_parameters()[p.key()];
+    EXPECT_TRUE(torch::allclose(p.value(), other, 1e-3, 1e-4)) << p.key();
+  }
+  o.channels_last = false;
+  o.cudnn_benchmark = true;
+  try {
+    Trainer cpu(o, nullptr);
+    FAIL() << "--cudnn-benchmark accepted on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cudnn-benchmark needs --device cuda"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
   TempDir checkpoints;
   auto o = small_run(data_.path());

@@ -24,6 +24,8 @@ struct TrainOptions {
   std::string stem = "auto";
   std::string dtype = "float32";  // parameters and compute: float32 | float64
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
+  bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
+  bool cudnn_benchmark = false;   // let cuDNN time its convolution algorithms (CUDA only)
 
   // Optimisation
   int64_t epochs = 5;
