@@ -4,7 +4,11 @@
 // it). Each host runs `tandem launch --nnodes 2 --node-rank R
 // --nproc-per-node 2`; the master is the first host's address.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <regex>
 #include <sstream>
@@ -125,6 +129,52 @@ TEST(NetnsTest, ACutLinkEndsTheJobOnBothHosts) {
       }
     }
   }
+}
+
+// A rank on the second host is SIGKILLed mid-training: both launchers exit
+// non-zero within 30 s, the second naming the rank and the signal, and no
+// process of the job is left on either host.
+TEST(NetnsTest, AKilledRankEndsTheJobOnBothHosts) {
+  TwoHosts hosts;
+  ASSERT_TRUE(hosts.ok()) << "creating network namespaces needs root and iproute2: " << hosts.error();
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 128);
+  std::string train = "train --data idx:" + dir.path() +
+                      " --model mlp --batch-size 64 --epochs 1000 --progress lines --dist-timeout 60";
+  const int port = dist::pick_free_port();
+  run("(" + launch_on(hosts, 0, port, train) + " > " + dir.file("a.log") + " 2>&1; echo $? > " +
+      dir.file("a.rc") + ") > /dev/null 2>&1 & (" + launch_on(hosts, 1, port, train) + " > " +
+      dir.file("b.log") + " 2>&1; echo $? > " + dir.file("b.rc") + ") > /dev/null 2>&1 &");
+  // Rank 3 (on the second host) once training runs: its environment says RANK=3.
+  pid_t victim = 0;
+  for (int i = 0; i < 300 && victim == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (testing::read_text(dir.file("a.log")).find("epoch 3/") == std::string::npos) continue;
+    auto pids = run("pgrep -f -- '^[^ ]*tandem train --data idx:" + dir.path() + " ' || true").output;
+    std::istringstream list(pids);
+    for (std::string pid; list >> pid;) {
+      auto environ = testing::read_text("/proc/" + pid + "/environ");
+      if (environ.find(std::string("\0RANK=3\0", 8)) != std::string::npos) victim = std::stoi(pid);
+    }
+  }
+  ASSERT_GT(victim, 0) << testing::read_text(dir.file("a.log"));
+  auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  for (int i = 0; i < 600; ++i) {
+    if (!testing::read_text(dir.file("a.rc")).empty() && !testing::read_text(dir.file("b.rc")).empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  auto log_a = testing::read_text(dir.file("a.log")), log_b = testing::read_text(dir.file("b.log"));
+  EXPECT_LT(seconds, 30) << log_a << log_b;
+  EXPECT_NE(testing::read_text(dir.file("a.rc")), "") << log_a;
+  EXPECT_NE(testing::read_text(dir.file("a.rc")), "0\n") << log_a;
+  EXPECT_NE(testing::read_text(dir.file("b.rc")), "0\n") << log_b;
+  EXPECT_NE(log_b.find("rank 3 (pid " + std::to_string(victim) + ") was killed by signal 9 (SIGKILL)"),
+            std::string::npos) << log_b;
+  EXPECT_NE(log_a.find("tandem launch: rank "), std::string::npos) << log_a;
+  EXPECT_EQ(run("pgrep -f -- '^[^ ]*tandem (train|launch) .*" + dir.path() + "' || true").output, "");
+  std::printf("rank 3 SIGKILLed on the second host: both hosts ended within %.1f s\n", seconds);
 }
 
 }  // namespace
