@@ -64,6 +64,20 @@ std::string launch_on(const TwoHosts& hosts, int node, int port, const std::stri
   return node == 0 ? hosts.on_a(launch) : hosts.on_b(launch);
 }
 
+// A shell fragment that starts the job on both hosts in the background,
+// each launcher's output in DIR/a.log or b.log and its exit status, once it
+// ends, in DIR/a.rc or b.rc.
+std::string start_on_both(const TwoHosts& hosts, int port, const std::string& train,
+                          const TempDir& dir) {
+  std::string shell;
+  for (int node : {0, 1}) {
+    std::string host = node == 0 ? "a" : "b";
+    shell += "(" + launch_on(hosts, node, port, train) + " > " + dir.file(host + ".log") +
+             " 2>&1; echo $? > " + dir.file(host + ".rc") + ") > /dev/null 2>&1 & ";
+  }
+  return shell;
+}
+
 // Four ranks on two hosts end with the same weights, each equal (byte for
 // byte) to those of the same job's four ranks on one host.
 TEST(NetnsTest, TwoHostsTrainLikeOne) {
@@ -75,10 +89,7 @@ TEST(NetnsTest, TwoHostsTrainLikeOne) {
                       " --model mlp --batch-size 64 --epochs 1 --max-steps 6 --progress off "
                       "--dist-timeout 60 --export-weights " + dir.path();
   const int port = dist::pick_free_port();
-  auto r = run("(" + launch_on(hosts, 0, port, train + "/two-{rank}.st") + " > " + dir.file("a.log") +
-               " 2>&1; echo $? > " + dir.file("a.rc") + ") & (" +
-               launch_on(hosts, 1, port, train + "/two-{rank}.st") + " > " + dir.file("b.log") +
-               " 2>&1; echo $? > " + dir.file("b.rc") + ") & wait");
+  run(start_on_both(hosts, port, train + "/two-{rank}.st", dir) + "wait");
   auto log_a = testing::read_text(dir.file("a.log")), log_b = testing::read_text(dir.file("b.log"));
   ASSERT_EQ(testing::read_text(dir.file("a.rc")), "0\n") << log_a;
   ASSERT_EQ(testing::read_text(dir.file("b.rc")), "0\n") << log_b;
@@ -104,9 +115,7 @@ TEST(NetnsTest, ACutLinkEndsTheJobOnBothHosts) {
                       " --model mlp --batch-size 64 --epochs 1000 --progress lines --dist-timeout " +
                       std::to_string(timeout);
   const int port = dist::pick_free_port();
-  auto r = run("(" + launch_on(hosts, 0, port, train) + " > " + dir.file("a.log") + " 2>&1; echo $? > " +
-               dir.file("a.rc") + ") & (" + launch_on(hosts, 1, port, train) + " > " + dir.file("b.log") +
-               " 2>&1; echo $? > " + dir.file("b.rc") + ") & "
+  run(start_on_both(hosts, port, train, dir) +
                "for i in $(seq 300); do grep -q 'epoch 3/' " + dir.file("a.log") +
                " && break; sleep 0.2; done; date +%s.%N > " + dir.file("cut") + "; " + hosts.cut_link() +
                "; wait; date +%s.%N > " + dir.file("end"));
@@ -142,9 +151,7 @@ TEST(NetnsTest, AKilledRankEndsTheJobOnBothHosts) {
   std::string train = "train --data idx:" + dir.path() +
                       " --model mlp --batch-size 64 --epochs 1000 --progress lines --dist-timeout 60";
   const int port = dist::pick_free_port();
-  run("(" + launch_on(hosts, 0, port, train) + " > " + dir.file("a.log") + " 2>&1; echo $? > " +
-      dir.file("a.rc") + ") > /dev/null 2>&1 & (" + launch_on(hosts, 1, port, train) + " > " +
-      dir.file("b.log") + " 2>&1; echo $? > " + dir.file("b.rc") + ") > /dev/null 2>&1 &");
+  run(start_on_both(hosts, port, train, dir));
   // Rank 3 (on the second host) once training runs: its environment says RANK=3.
   pid_t victim = 0;
   for (int i = 0; i < 300 && victim == 0; ++i) {
