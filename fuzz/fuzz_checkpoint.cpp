@@ -2,11 +2,9 @@
 //
 // Two paths, chosen by the input's first byte: the file as given (which the
 // CRC-32 trailer must refuse unless it is whole), or the rest of the input
-// as the archive with a valid trailer added by this harness, so that the
+// as the archive, sealed with a valid trailer (engine::seal_checkpoint), so that the
 // fuzzer gets past the checksum into the archive's parsing (libtorch's zip
 // reader and tandem's reading of the keys).
-#include <zlib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -23,16 +21,6 @@ struct Tiny {
   torch::nn::Linear model{2, 2};
   torch::optim::SGD sgd{model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
 };
-
-// Note [checkpoint trailer] in src/engine/checkpoint.cpp.
-std::string with_trailer(const uint8_t* data, size_t size) {
-  std::string bytes(reinterpret_cast<const char*>(data), size);
-  uint32_t crc = static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), data, static_cast<uInt>(size)));
-  bytes.append("TANDEMCK", 8);
-  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((uint64_t(size) >> (8 * i)) & 0xff));
-  for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
-  return bytes;
-}
 
 }  // namespace
 
@@ -66,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] % 2 == 0) {
     tandem::fuzz::write_bytes(path, data + 1, size - 1);
   } else {
-    auto bytes = with_trailer(data + 1, size - 1);
+    auto bytes = tandem::engine::seal_checkpoint(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
     tandem::fuzz::write_bytes(path, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   }
   Tiny tiny;

@@ -26,12 +26,31 @@ namespace tandem::data {
 
 namespace {
 
+// Note [decompression bombs]: a few hundred bytes of JPEG or PNG can declare
+// 65535 x 65535 pixels (12.9 GB decoded). Like PIL, which refuses images
+// over 2 x 89,478,485 pixels (DecompressionBombError), tandem refuses to
+// decode images larger than kMaxImagePixels: each decoder checks the size
+// its header declares before it allocates anything, and says so in its
+// state (`too_large`). (fuzz/fuzz_image found the allocation;
+// fuzz/regressions/image.)
+constexpr int64_t kMaxImagePixels = 2 * 89478485;
+
+bool too_many_pixels(int64_t height, int64_t width) { return height * width > kMaxImagePixels; }
+
+[[noreturn]] void refuse_bomb(const std::string& name, int64_t height, int64_t width) {
+  throw ImageError(detail::str_cat(name, ": declares ", width, " x ", height,
+                                   " pixels, over the limit of ", kMaxImagePixels,
+                                   " (a decompression bomb?); not decoded"));
+}
+
 // ---- JPEG ----------------------------------------------------------------
 
 struct JpegErrorState {
   jpeg_error_mgr mgr;  // first member: libjpeg hands us a pointer to it
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
+  bool too_large = false;  // Note [decompression bombs]; then the declared size:
+  int64_t height = 0, width = 0;
 };
 
 [[noreturn]] void jpeg_fail(j_common_ptr cinfo) {
@@ -69,6 +88,13 @@ bool decode_jpeg_raw(const uint8_t* data, size_t size, RawImage* out, JpegErrorS
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  if (too_many_pixels(cinfo.image_height, cinfo.image_width)) {  // Note [decompression bombs]
+    err->too_large = true;
+    err->height = cinfo.image_height;
+    err->width = cinfo.image_width;
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
   bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(&cinfo);
@@ -170,6 +196,8 @@ struct PngState {
   size_t size;
   size_t offset;
   char message[256];
+  bool too_large = false;  // Note [decompression bombs]; then the declared size:
+  int64_t height = 0, width = 0;
 };
 
 void png_read_memory(png_structp png, png_bytep out, png_size_t n) {
@@ -207,6 +235,12 @@ bool decode_png_raw(PngState* state, RawImage* out) {
   if (info == nullptr) png_error(png, "out of memory");
   png_set_read_fn(png, state, png_read_memory);
   png_read_info(png, info);
+  state->height = png_get_image_height(png, info);
+  state->width = png_get_image_width(png, info);
+  if (too_many_pixels(state->height, state->width)) {  // Note [decompression bombs]
+    state->too_large = true;
+    png_error(png, "too many pixels");
+  }
   int depth = png_get_bit_depth(png, info);
   int type = png_get_color_type(png, info);
   // To 8-bit RGB the way PIL's convert("RGB") does: palette expanded, grey
@@ -266,48 +300,13 @@ ImageFormat sniff_image_format(const uint8_t* data, size_t size) {
   return ImageFormat::kUnknown;
 }
 
-namespace {
-
-// Note [decompression bombs]: a few hundred bytes of JPEG or PNG can declare
-// 65535 x 65535 pixels (12.9 GB decoded). Like PIL, which refuses images
-// over 2 x 89,478,485 pixels (DecompressionBombError), tandem refuses to
-// decode images larger than kMaxImagePixels, before allocating anything.
-// (fuzz/fuzz_image found the allocation; fuzz/regressions/image.)
-constexpr int64_t kMaxImagePixels = 2 * 89478485;
-
-void check_declared_size(const uint8_t* data, size_t size, const std::string& name) {
-  int64_t height = 0, width = 0;
-  auto format = sniff_image_format(data, size);
-  if (format == ImageFormat::kJpeg) {
-    int h = 0, w = 0;
-    bool cmyk = false;
-    JpegErrorState err;
-    if (!read_jpeg_size_raw(data, size, &h, &w, &cmyk, &err)) return;  // the decoder reports it
-    height = h;
-    width = w;
-  } else if (format == ImageFormat::kPng && size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) {
-    auto be32 = [&](size_t at) {
-      return (int64_t(data[at]) << 24) | (int64_t(data[at + 1]) << 16) | (int64_t(data[at + 2]) << 8) |
-             int64_t(data[at + 3]);
-    };
-    width = be32(16);
-    height = be32(20);
-  }
-  if (height > 0 && width > 0 && height * width > kMaxImagePixels) {
-    throw ImageError(detail::str_cat(name, ": declares ", width, " x ", height, " pixels, over the limit of ",
-                                     kMaxImagePixels, " (a decompression bomb?); not decoded"));
-  }
-}
-
-}  // namespace
-
 torch::Tensor decode_image(const uint8_t* data, size_t size, const std::string& name) {
-  check_declared_size(data, size, name);  // Note [decompression bombs]
   RawImage raw;
   switch (sniff_image_format(data, size)) {
     case ImageFormat::kJpeg: {
       JpegErrorState err;
       if (!decode_jpeg_raw(data, size, &raw, &err)) {
+        if (err.too_large) refuse_bomb(name, err.height, err.width);
         throw ImageError(detail::str_cat(name, ": not a readable JPEG (", err.message, ")"));
       }
       if (raw.channels == 4) {
@@ -324,6 +323,7 @@ torch::Tensor decode_image(const uint8_t* data, size_t size, const std::string& 
     case ImageFormat::kPng: {
       PngState state{data, size, 0, {}};
       if (!decode_png_raw(&state, &raw)) {
+        if (state.too_large) refuse_bomb(name, state.height, state.width);
         throw ImageError(detail::str_cat(name, ": not a readable PNG (", state.message, ")"));
       }
       return to_tensor(raw);
@@ -357,7 +357,7 @@ torch::Tensor decode_image_box(const uint8_t* data, size_t size, const std::stri
     check_box(box, image.size(1), image.size(2));
     return slice(image, box, 0, 0);
   }
-  check_declared_size(data, size, name);  // Note [decompression bombs]
+  if (too_many_pixels(height, width)) refuse_bomb(name, height, width);  // Note [decompression bombs]
   auto box = choose(height, width);
   check_box(box, height, width);
   // A margin around the box keeps libjpeg's edge handling (chroma

@@ -74,9 +74,12 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 // The archive inside a checkpoint file, once its trailer checks out.
 std::string verified_archive(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   TANDEM_CHECK(in, "cannot open it: ", std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes(static_cast<size_t>(in.tellg()), '\0');  // one read, not a byte at a time
+  in.seekg(0);
+  TANDEM_CHECK(in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())), "cannot read it: ",
+               std::strerror(errno));
   TANDEM_CHECK(bytes.size() >= kTrailerSize &&
                    std::memcmp(bytes.data() + bytes.size() - kTrailerSize, kMagic, 8) == 0,
                "damaged: no tandem checksum trailer at its end (cut short, or not a tandem "
@@ -123,6 +126,15 @@ double read_double(torch::serialize::InputArchive& archive, const char* key) {
 
 }  // namespace
 
+std::string seal_checkpoint(std::string archive) {
+  const uint32_t crc = crc_of(archive);
+  const uint64_t length = archive.size();
+  archive.append(kMagic, 8);  // Note [checkpoint trailer]
+  put_le(archive, length, 8);
+  put_le(archive, crc, 4);
+  return archive;
+}
+
 Checkpointer::Checkpointer(CheckpointOptions options) : options_(std::move(options)) {
   TANDEM_CHECK(!options_.dir.empty(), "checkpoint directory is empty");
   TANDEM_CHECK(options_.keep >= 1, "checkpoints kept must be at least 1");
@@ -157,12 +169,7 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
                          .string();
   std::ostringstream zip;
   archive.save_to(zip);
-  std::string bytes = zip.str();
-  const uint32_t crc = crc_of(bytes);
-  const uint64_t length = bytes.size();
-  bytes.append(kMagic, 8);  // Note [checkpoint trailer]
-  put_le(bytes, length, 8);
-  put_le(bytes, crc, 4);
+  const std::string bytes = seal_checkpoint(zip.str());
   write_atomically(path, [&](const std::string& tmp) { write_file(tmp, bytes); });
   auto all = list_checkpoints(options_.dir);
   for (size_t i = 0; i + options_.keep < all.size(); ++i) fs::remove(all[i].second, ec);

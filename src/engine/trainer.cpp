@@ -127,8 +127,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.strategy == "dp" || !o.dp_trace, "--dp-trace goes with --strategy dp");
   TANDEM_CHECK((o.strategy != "dp" && !pipeline) || !o.devices.empty(), "--strategy ", o.strategy,
                " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
-  TANDEM_CHECK(pipeline || (o.micro_batches == 4 && o.schedule == "1f1b" && o.pipeline_split.empty() &&
-                            o.pipeline_balance == "time"),
+  const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
+  TANDEM_CHECK(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
+                            o.pipeline_split == defaults.pipeline_split &&
+                            o.pipeline_balance == defaults.pipeline_balance),
                "--micro-batches, --schedule, --pipeline-split and --pipeline-balance go with "
                "--strategy pipeline");
   TANDEM_CHECK(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",

@@ -1,6 +1,7 @@
 // JPEG and PNG decoding: against PIL's pixels, and the error for every kind
 // of bad file.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -219,6 +220,9 @@ TEST(ImageIoTest, DecompressionBombsAreRefused) {
   ASSERT_TRUE(patched);
   put16(png, 18, 60000);  // IHDR width and height, big-endian 32-bit
   put16(png, 22, 60000);
+  // A real bomb's IHDR has a valid CRC (over the chunk type and data).
+  uint32_t crc = static_cast<uint32_t>(crc32(0L, png.data() + 12, 17));
+  for (int i = 0; i < 4; ++i) png[29 + i] = static_cast<uint8_t>(crc >> (24 - 8 * i));
   const std::string want = "declares 60000 x 60000 pixels, over the limit of 178956970";
   auto whole = [](const std::vector<uint8_t>& b) {
     return testing::error_of([&] { decode_image(b.data(), b.size(), "bomb"); });

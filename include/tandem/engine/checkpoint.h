@@ -39,6 +39,11 @@ class DamagedCheckpoint : public Error {
   using Error::Error;
 };
 
+// A checkpoint file's bytes: `archive` (a libtorch archive) followed by its
+// checksum trailer (Note [checkpoint trailer] in src/engine/checkpoint.cpp),
+// as save() writes them; fuzz/fuzz_checkpoint seals its inputs with it.
+std::string seal_checkpoint(std::string archive);
+
 struct CheckpointOptions {
   std::string dir;
   int64_t keep = 2;  // newest checkpoints kept
