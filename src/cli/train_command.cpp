@@ -63,6 +63,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_switch("cudnn-benchmark", &o.cudnn_benchmark,
                    "let cuDNN time the convolution algorithms for each input shape and keep "
                    "the fastest (CUDA only)");
+  flags.add_switch("cuda-graph", &o.cuda_graph,
+                   "capture the training step (forward, backward, SGD) as a CUDA graph after 3 "
+                   "eager steps and replay it (one process, one CUDA device; not with --amp fp16)");
   flags.add_choice("amp", &o.amp, {"off", "bf16", "fp16"},
                    "mixed precision: autocast the forward pass to bf16 or fp16 (fp16 with "
                    "dynamic loss scaling); parameters stay float32");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "tandem/data/loader.h"
@@ -10,10 +11,12 @@
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
 #include "tandem/engine/checkpoint.h"
+#include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/optim/schedule.h"
+#include "tandem/optim/sgd.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/progress.h"
@@ -212,11 +215,22 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
                "runs only on CUDA devices), got --device ", o.device);
   if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
+  // --cuda-graph: one process, one device, a step that never waits on the
+  // host (Note [what a captured step may do] in engine/cuda_graph.h).
+  TANDEM_CHECK(!o.cuda_graph || device_.is_cuda(), "--cuda-graph needs --device cuda (a CUDA graph "
+               "replays GPU kernels), got --device ", o.device);
+  TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
+               "libtorch without CUDA");
+  TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && world_ == 1),
+               "--cuda-graph captures the step of one process on one device; it does not work with "
+               "--strategy ", o.strategy, " or several ranks (this is rank ", rank_, " of ", world_, ")");
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK(!amp_ || o.strategy != "pipeline", "--amp ", o.amp,
                " does not work with --strategy pipeline yet");
+  TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
+               "loss scaler decides on the host whether to take each step; use --amp bf16");
   if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
   if (o.strategy == "dp") {
     parallel::DataParallelOptions dp_options;
@@ -309,10 +323,10 @@ TrainResult Trainer::run() {
                           loader_options(o.batch_size / world_, o.workers, device_));
   const int64_t steps_per_epoch = loader.num_batches();
   TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
-  torch::optim::SGD optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
-                                                        .momentum(o.momentum)
-                                                        .nesterov(o.nesterov)
-                                                        .weight_decay(o.weight_decay));
+  optim::Sgd optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
+                                                 .momentum(o.momentum)
+                                                 .nesterov(o.nesterov)
+                                                 .weight_decay(o.weight_decay));
   optim::CosineSchedule schedule(
       {o.lr, o.min_lr, o.epochs * steps_per_epoch,
        static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
@@ -389,6 +403,32 @@ TrainResult Trainer::run() {
     if (checkpointer && rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
   };
 
+  // --cuda-graph: the plain step, captured after a few eager ones and then
+  // replayed (engine/cuda_graph.h); the learning rate is read from a tensor.
+  std::unique_ptr<CudaGraphStep> graphed;
+  if (o.cuda_graph) {
+    optimizer.use_lr_tensor();
+    graphed = std::make_unique<CudaGraphStep>(device_, [&](const torch::Tensor& x, const torch::Tensor& y) {
+      optimizer.zero_grad();  // to none: the captured backward assigns the gradients
+      StepOutputs out;
+      {
+        optim::AutocastGuard autocast(device_.type(), amp_);
+        // Casts cached across a captured region would be stale on replay
+        // (PyTorch's advice: autocast(cache_enabled=False) with graphs).
+        bool cache = at::autocast::is_autocast_cache_enabled();
+        at::autocast::set_autocast_cache_enabled(false);
+        out.logits = model_->forward(x);
+        out.loss = torch::nn::functional::cross_entropy(out.logits, y, loss_options);
+        at::autocast::set_autocast_cache_enabled(cache);
+      }
+      out.loss.backward();
+      optimizer.step();
+      return out;
+    });
+    say(format("CUDA graph: the step is captured after %lld eager steps and replayed (a batch of "
+               "another size runs eagerly)", static_cast<long long>(CudaGraphOptions{}.warmup_steps)));
+  }
+
   // --- Epochs ----------------------------------------------------------------
   bool stop = false;
   for (; position.epoch < o.epochs && !stop; ++position.epoch) {
@@ -438,49 +478,55 @@ TrainResult Trainer::run() {
       auto inputs = batch->inputs.to(device_, compute_dtype(*model_), /*non_blocking=*/true);
       if (o.channels_last && inputs.dim() == 4) inputs = inputs.contiguous(torch::MemoryFormat::ChannelsLast);
       auto targets = batch->targets.to(device_, /*non_blocking=*/true);
-      if (ddp_) {
-        // Note [gradients are bucket views]: on CPU, letting backward's fresh
-        // gradient be copied into the bucket once measured faster than
-        // zeroing the bucket and accumulating into it (bench/ddp.sh,
-        // docs/PERFORMANCE.md); on CUDA the in-place form saves the memory.
-        if (device_.is_cuda()) {
-          ddp_->zero_grad();
+      torch::Tensor logits, loss;
+      if (graphed) {  // --cuda-graph: copy in, replay
+        auto out = graphed->run(inputs, targets);
+        logits = out.logits;
+        loss = out.loss;
+      } else {
+        if (ddp_) {
+          // Note [gradients are bucket views]: on CPU, letting backward's fresh
+          // gradient be copied into the bucket once measured faster than
+          // zeroing the bucket and accumulating into it (bench/ddp.sh,
+          // docs/PERFORMANCE.md); on CUDA the in-place form saves the memory.
+          if (device_.is_cuda()) {
+            ddp_->zero_grad();
+          } else {
+            optimizer.zero_grad();
+          }
+          ddp_->before_forward();  // BatchNorm statistics from rank 0
         } else {
           optimizer.zero_grad();
+          if (group_) dist::broadcast_buffers(*model_, *group_);
         }
-        ddp_->before_forward();  // BatchNorm statistics from rank 0
-      } else {
-        optimizer.zero_grad();
-        if (group_) dist::broadcast_buffers(*model_, *group_);
-      }
-      torch::Tensor logits, loss;
-      if (pipeline_) {  // forward and backward, micro-batch by micro-batch
-        auto step = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& out, const torch::Tensor& target) {
-          return torch::nn::functional::cross_entropy(out, target, loss_options);
-        });
-        logits = step.output;
-        loss = step.loss;
-        auto idle = step.idle_share();
-        for (size_t s = 0; s < idle.size(); ++s) stage_idle[s] += idle[s];
-        ++pipeline_steps;
-      } else {
-        {
-          optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
-          logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
-          loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
+        if (pipeline_) {  // forward and backward, micro-batch by micro-batch
+          auto step = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& out, const torch::Tensor& target) {
+            return torch::nn::functional::cross_entropy(out, target, loss_options);
+          });
+          logits = step.output;
+          loss = step.loss;
+          auto idle = step.idle_share();
+          for (size_t s = 0; s < idle.size(); ++s) stage_idle[s] += idle[s];
+          ++pipeline_steps;
+        } else {
+          {
+            optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
+            logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
+            loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
+          }
+          (scaler_ ? scaler_->scale(loss) : loss).backward();
         }
-        (scaler_ ? scaler_->scale(loss) : loss).backward();
-      }
-      if (ddp_) {
-        ddp_->after_backward();  // buckets were all-reduced during backward
-      } else if (group_) {
-        dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
-      }
-      if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
-        if (!scaler_->step(optimizer)) ++skipped_steps;
-        scaler_->update();
-      } else {
-        optimizer.step();
+        if (ddp_) {
+          ddp_->after_backward();  // buckets were all-reduced during backward
+        } else if (group_) {
+          dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+        }
+        if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
+          if (!scaler_->step(optimizer)) ++skipped_steps;
+          scaler_->update();
+        } else {
+          optimizer.step();
+        }
       }
 
       int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
@@ -582,6 +628,12 @@ TrainResult Trainer::run() {
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
     write_safetensors(path, tensors, {{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}});
     say("weights written to " + path);
+  }
+  if (graphed) {
+    result.graph_replays = graphed->replays();
+    result.graph_eager_steps = graphed->eager_steps();
+    say(format("CUDA graph: %lld step(s) replayed, %lld run eagerly",
+               static_cast<long long>(result.graph_replays), static_cast<long long>(result.graph_eager_steps)));
   }
   result.steps = position.step;
   result.seconds = run_clock.seconds();

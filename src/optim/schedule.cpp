@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tandem/optim/sgd.h"
 #include "tandem/util/check.h"
 
 namespace tandem::optim {
@@ -33,6 +34,8 @@ void CosineSchedule::apply(torch::optim::Optimizer& optimizer, int64_t step) con
 
 void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+  // Note [learning rate in a tensor]
+  if (auto* sgd = dynamic_cast<Sgd*>(&optimizer)) sgd->refresh_lr_tensor();
 }
 
 }  // namespace tandem::optim

@@ -159,6 +159,50 @@ TEST_F(TrainerTest, ChannelsLastTrainsLikeTheDefaultOrder) {
   }
 }
 
+// --cuda-graph refuses what it cannot capture, by name; on a GPU it trains
+// like the eager step (the same arithmetic, up to the rounding of -lr * d and
+// cuDNN's choices), replaying all but the warm-up steps and the short last
+// batch of each epoch.
+TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOrSaysWhyNot) {
+  auto o = small_run(data_.path());
+  o.batch_size = 48;  // 512 samples: 10 full batches and one of 32 per epoch
+  o.cuda_graph = true;
+  auto expect_refused = [&](const TrainOptions& options, const std::string& why) {
+    try {
+      Trainer trainer(options, nullptr);
+      FAIL() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  if (!torch::cuda::is_available()) {
+    expect_refused(o, "--cuda-graph needs --device cuda");
+    return;
+  }
+  o.device = "cuda";
+  auto fp16 = o;
+  fp16.amp = "fp16";
+  expect_refused(fp16, "--cuda-graph does not work with --amp fp16");
+  auto dp = o;
+  dp.strategy = "dp";
+  dp.devices = "cuda:0,cuda:0";
+  expect_refused(dp, "--cuda-graph captures the step of one process on one device");
+
+  Trainer graphed(o, nullptr);
+  auto result = graphed.run();
+  o.cuda_graph = false;
+  Trainer eager(o, nullptr);
+  auto reference = eager.run();
+  ASSERT_EQ(result.steps, reference.steps);
+  EXPECT_EQ(result.graph_eager_steps, 3 + 2);  // warm-up, and each epoch's short last batch
+  EXPECT_EQ(result.graph_replays, result.steps - result.graph_eager_steps);
+  EXPECT_NEAR(result.epochs.back().test_acc, reference.epochs.back().test_acc, 0.02);
+  for (const auto& p : eager.model()->named_parameters()) {
+    auto other = graphed.model()->named_parameters()[p.key()];
+    EXPECT_TRUE(torch::allclose(p.value(), other, 1e-2, 1e-3)) << p.key();
+  }
+}
+
 TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
   TempDir checkpoints;
   auto o = small_run(data_.path());

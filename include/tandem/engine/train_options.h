@@ -26,6 +26,7 @@ struct TrainOptions {
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
   bool cudnn_benchmark = false;   // let cuDNN time its convolution algorithms (CUDA only)
+  bool cuda_graph = false;        // capture the step as a CUDA graph (engine/cuda_graph.h)
 
   // Optimisation
   int64_t epochs = 5;

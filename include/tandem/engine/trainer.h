@@ -32,6 +32,8 @@ struct TrainResult {
   int64_t steps = 0;                 // optimizer steps taken in all
   double seconds = 0.0;              // wall time of this run
   std::string last_checkpoint;       // empty when none was written
+  int64_t graph_replays = 0;         // --cuda-graph: steps replayed from the graph
+  int64_t graph_eager_steps = 0;     // --cuda-graph: steps run eagerly (warm-up, odd-sized batches)
 };
 
 struct EvalResult {

@@ -36,7 +36,8 @@ class CosineSchedule {
   CosineOptions options_;
 };
 
-// Sets every parameter group's learning rate (any libtorch optimizer).
+// Sets every parameter group's learning rate (any libtorch optimizer), and
+// an optim::Sgd's learning-rate tensor when it has one (optim/sgd.h).
 void set_lr(torch::optim::Optimizer& optimizer, double lr);
 
 }  // namespace tandem::optim
