@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "tandem/data/device_prefetcher.h"
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
@@ -73,14 +74,14 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   }
   data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}), sampler,
                           loader_options(batch_size, workers, device));
-  auto it = loader.epoch(0);
+  data::DevicePrefetcher batches(loader.epoch(0), data::PrefetchOptions{device, compute_dtype(*model)});
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   int64_t count = 0;
-  while (auto batch = it->next()) {
+  while (auto batch = batches.next()) {
     if (batch->size() == 0) continue;
-    auto inputs = batch->inputs.to(device, compute_dtype(*model));
-    auto targets = batch->targets.to(device);
+    const auto& inputs = batch->inputs;
+    const auto& targets = batch->targets;
     auto logits = forward ? forward(inputs) : model->forward(inputs);
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
@@ -464,8 +465,11 @@ TrainResult Trainer::run() {
       loss_sum.zero_();
       correct.zero_();
     };
-    auto it = loader.epoch(position.epoch, position.batch_in_epoch);
-    while (auto batch = it->next()) {
+    // Batch k + 1 is copied to the device while step k runs (Note [prefetch stream]).
+    std::optional<data::DevicePrefetcher> batches;
+    batches.emplace(loader.epoch(position.epoch, position.batch_in_epoch),
+                    data::PrefetchOptions{device_, compute_dtype(*model_), o.channels_last});
+    while (auto batch = batches->next()) {
       TANDEM_CHECK(batch->size() > 0 || world_ == 1, "rank ", rank_, ": every image of batch ",
                    position.batch_in_epoch, " was unreadable; with several ranks a rank cannot "
                    "skip a step (the others would wait for it)");
@@ -475,9 +479,8 @@ TrainResult Trainer::run() {
       }
       lr = schedule.lr(position.step);
       optim::set_lr(optimizer, lr);
-      auto inputs = batch->inputs.to(device_, compute_dtype(*model_), /*non_blocking=*/true);
-      if (o.channels_last && inputs.dim() == 4) inputs = inputs.contiguous(torch::MemoryFormat::ChannelsLast);
-      auto targets = batch->targets.to(device_, /*non_blocking=*/true);
+      const auto& inputs = batch->inputs;  // on device_ already
+      const auto& targets = batch->targets;
       torch::Tensor logits, loss;
       if (graphed) {  // --cuda-graph: copy in, replay
         auto out = graphed->run(inputs, targets);
@@ -549,7 +552,7 @@ TrainResult Trainer::run() {
       }
       if (stop) break;
     }
-    it.reset();
+    batches.reset();
     sync_sums();
     double train_seconds = epoch_clock.seconds();
     if (progress) progress->freeze();
