@@ -5,6 +5,8 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -133,6 +135,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       if (p.grad().defined()) adopt_view(k);
     }
   }
+  // Note [communication stream]
+  if (!parameters_.empty() && parameters_[0].is_cuda()) {
+    auto device = parameters_[0].device();
+    comm_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+    for (size_t b = 0; b < buckets_.size(); ++b) launch_events_.emplace_back(device.type());
+    reduced_event_.emplace(device.type());
+  }
   for (size_t k = 0; k < parameters_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
     hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this, k)));
@@ -235,8 +244,21 @@ void DistributedDataParallel::launch_in_order() {
       }
     }
     timeline_.launched[b] = std::chrono::steady_clock::now();
+    if (!comm_stream_) {
+      work_[b] = hook_->reduce(*group_, flat_[b]);
+      continue;
+    }
+    // Note [communication stream]: after what this thread's stream queued
+    // (the bucket's last gradients, the zeroing above).
+    launch_events_[b].record(current_stream());
+    launch_events_[b].block(*comm_stream_);
+    c10::StreamGuard guard(*comm_stream_);
     work_[b] = hook_->reduce(*group_, flat_[b]);
   }
+}
+
+c10::Stream DistributedDataParallel::current_stream() const {
+  return c10::impl::getDeviceGuardImpl(comm_stream_->device_type())->getStream(comm_stream_->device());
 }
 
 void DistributedDataParallel::after_backward() {
@@ -261,8 +283,17 @@ void DistributedDataParallel::after_backward() {
     used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    work_[b].wait();
+    if (comm_stream_) {  // the stream waits, and the hook's last steps run there
+      c10::StreamGuard guard(*comm_stream_);
+      work_[b].wait();
+    } else {
+      work_[b].wait();
+    }
     timeline_.finished[b] = work_[b].finished_at().value_or(std::chrono::steady_clock::now());
+  }
+  if (comm_stream_) {  // Note [communication stream]: the averages before the optimizer
+    reduced_event_->record(*comm_stream_);
+    reduced_event_->block(current_stream());
   }
   if (used.defined()) {
     used_work.wait();

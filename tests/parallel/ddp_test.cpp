@@ -63,9 +63,11 @@ std::vector<torch::Tensor> reference(const torch::Tensor& inputs, const torch::T
 // zero: how gradients are cleared between steps. "ddp": ddp.zero_grad(), in
 // place, so the gradients stay bucket storage; "optimizer": the optimizer's
 // default, which sets them to undefined.
+// device: where every rank's model and data live (Gloo reduces CUDA tensors
+// too; there, DDP reduces on its own stream: Note [communication stream]).
 void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::string& zero = "optimizer",
                                   std::shared_ptr<CommHook> hook = nullptr, double rtol = 1e-5,
-                                  double atol = 1e-6) {
+                                  double atol = 1e-6, torch::Device device = torch::kCPU) {
   torch::manual_seed(0);
   auto inputs = torch::randn({kSteps * kBatch, 6});
   auto targets = torch::randint(0, 3, {kSteps * kBatch}, torch::kInt64);
@@ -75,6 +77,7 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
     Net net;  // a different start on every rank: DDP must broadcast rank 0's...
     if (group->rank() == 0) copy_parameters(*start, *net);  // ...which is the reference's
+    net->to(device);
     DdpOptions options;
     options.buckets = buckets;
     options.comm_hook = hook;
@@ -91,8 +94,8 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
       }
       ddp.before_forward();
       auto begin = s * kBatch + group->rank() * per_rank;
-      auto x = inputs.slice(0, begin, begin + per_rank);
-      auto y = targets.slice(0, begin, begin + per_rank);
+      auto x = inputs.slice(0, begin, begin + per_rank).to(device);
+      auto y = targets.slice(0, begin, begin + per_rank).to(device);
       torch::nn::functional::cross_entropy(net->forward(x), y).backward();
       ddp.after_backward();
       sgd.step();
@@ -104,16 +107,26 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
     }
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(params[i], expected[i], rtol, atol))
-          << "parameter " << i << " on rank " << group->rank() << ", max difference "
-          << (params[i] - expected[i]).abs().max().item<double>();
+      auto mine = params[i].cpu();
+      EXPECT_TRUE(torch::allclose(mine, expected[i], rtol, atol))
+          << "parameter " << i << " on rank " << group->rank() << " (" << device << "), max difference "
+          << (mine - expected[i]).abs().max().item<double>();
     }
-    EXPECT_TRUE(torch::equal(net->unused, torch::ones({4})));  // zero gradient, no hang
+    EXPECT_TRUE(torch::equal(net->unused.cpu(), torch::ones({4})));  // zero gradient, no hang
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
-TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) { check_ddp_equals_one_process(2, {}); }
+TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) {
+  check_ddp_equals_one_process(2, {});
+  // On a GPU machine, both ranks on cuda:0 (Gloo; NCCL refuses two ranks on
+  // one GPU), through the communication stream, in place and not.
+  if (torch::cuda::is_available()) {
+    const torch::Device cuda(torch::kCUDA, 0);
+    check_ddp_equals_one_process(2, {64, 256}, "optimizer", nullptr, 1e-4, 1e-5, cuda);
+    check_ddp_equals_one_process(2, {64, 256}, "ddp", nullptr, 1e-4, 1e-5, cuda);
+  }
+}
 TEST(DdpTest, ThreeRanksWithManySmallBuckets) { check_ddp_equals_one_process(3, {64, 256}); }
 TEST(DdpTest, FourRanksOneBucketEach) { check_ddp_equals_one_process(4, {1, 1}); }
 TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {
@@ -125,6 +138,10 @@ TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {
 TEST(DdpTest, Fp16AndBf16HooksTrainCloseToTheReference) {
   check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4);
   check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("bf16"), 2e-2, 2e-3);
+  if (torch::cuda::is_available()) {  // the hook's casts run on the communication stream
+    const torch::Device cuda(torch::kCUDA, 0);
+    check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4, cuda);
+  }
 }
 
 // The gradients of one step land on every rank as the hook's arithmetic

@@ -38,6 +38,24 @@
 // left, waits for each bucket in order, and leaves the averages in the
 // gradients.
 //
+// Note [communication stream]: on CUDA, each bucket's reduction runs on a
+// side stream of DDP's own, so the hook's own kernels (the division and casts
+// of the compressing hooks) and the collective do not queue behind backward's
+// kernels. Which stream waits on which event:
+//   - at launch (in the autograd thread), an event recorded on that thread's
+//     current stream, after the bucket's last gradient, is waited on by the
+//     communication stream; the hook then runs with that stream current, and
+//     c10d's collective (NCCL's own stream, or Gloo's copies) orders itself
+//     after it;
+//   - in after_backward(), each Work is waited on with the communication
+//     stream current (NCCL: that stream waits, the host does not block), the
+//     hook's last steps run there, and one event recorded after them is
+//     waited on by the caller's stream: the optimizer reads the averages only
+//     after they are complete.
+// The buckets live as long as DDP, so no record_stream is needed for them; a
+// hook's temporaries are made on the communication stream itself. On the CPU
+// there are no streams and none of this applies.
+//
 // Note [unused parameters]: a parameter that got no gradient this step
 // contributes its current .grad() (zero after zero_grad(), or what no_sync()
 // steps accumulated); its bucket is launched at after_backward() at the
@@ -53,8 +71,11 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <torch/nn/module.h>
 
 #include "tandem/dist/process_group.h"
@@ -128,6 +149,7 @@ class DistributedDataParallel {
   void mark_ready(size_t parameter);  // requires mutex_
   void launch_in_order();             // requires mutex_
   bool grad_is_view(size_t parameter) const;
+  c10::Stream current_stream() const;  // this thread's, on comm_stream_'s device
   void adopt_view(size_t parameter);  // p.grad() into the bucket, then p.grad() = view
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -141,6 +163,10 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> flat_;   // one per bucket
   std::vector<torch::Tensor> views_;  // per parameter, into flat_
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // Note [communication stream]: CUDA only.
+  std::optional<c10::Stream> comm_stream_;
+  std::vector<c10::Event> launch_events_;  // per bucket
+  std::optional<c10::Event> reduced_event_;
   std::vector<uintptr_t> hook_keys_;
 
   bool sync_ = true;  // false inside no_sync()
