@@ -2,12 +2,17 @@
 //
 // Each step gathers a batch (index_select + normalisation, as the trainer's
 // IDX loader does), runs forward, cross-entropy, backward and an SGD step
-// (momentum 0.9, weight decay 5e-4). Prints one JSON line per round so that
-// bench/cpu_train.sh can interleave it with the PyTorch peer
-// (bench/train_throughput.py), which does the same work.
+// (momentum 0.9, weight decay 5e-4; optim::Sgd, foreach kernels as PyTorch's
+// default on CUDA). Prints one JSON line per round so that bench/cpu_train.sh
+// and scripts/gpu-check can interleave it with the PyTorch peer
+// (bench/train_throughput.py), which does the same work. With random data
+// the one fixed batch lives on the device (no copy per step, on either side).
 //
 //   train_throughput --model convnet --data fashion-mnist --batch 256 --steps 30 --rounds 3
-//   train_throughput --model resnet18 --data random:3x32 --batch 256 ...
+//   train_throughput --model resnet18 --data random:3x32 --batch 256 --device cuda \
+//       [--amp bf16] [--channels-last] [--cuda-graph] [--ddp]
+// --ddp wraps the model in DistributedDataParallel over the group that the
+// environment describes (run it under `tandem launch --nproc-per-node 1`).
 #include <cstdio>
 
 #include <ATen/Parallel.h>
@@ -17,8 +22,13 @@
 #include "tandem/cli/flags.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/source.h"
+#include "tandem/dist/rendezvous.h"
+#include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/models/registry.h"
+#include "tandem/optim/amp.h"
+#include "tandem/optim/sgd.h"
+#include "tandem/parallel/ddp.h"
 #include "tandem/util/allocator.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stopwatch.h"
@@ -29,6 +39,8 @@ int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
   std::string model_name = "convnet", data_spec = "fashion-mnist", device_text = "cpu";
   int64_t batch = 256, steps = 30, warmup = 5, rounds = 3;
+  std::string amp = "off";
+  bool channels_last = false, cuda_graph = false, use_ddp = false;
   cli::FlagSet flags("train_throughput", "Training-step throughput of one model.");
   flags.add_string("model", "NAME", &model_name, "model");
   flags.add_string("data", "SPEC", &data_spec, "fashion-mnist, idx:DIR or random:CxS");
@@ -37,6 +49,10 @@ int main(int argc, char** argv) {
   flags.add_int("steps", "N", &steps, "timed steps per round", 1);
   flags.add_int("warmup", "N", &warmup, "untimed steps before the first round", 0);
   flags.add_int("rounds", "N", &rounds, "rounds (one JSON line each)", 1);
+  flags.add_choice("amp", &amp, {"off", "bf16"}, "autocast forward and loss to bf16");
+  flags.add_switch("channels-last", &channels_last, "NHWC weights and inputs");
+  flags.add_switch("cuda-graph", &cuda_graph, "replay the step as a CUDA graph (engine/cuda_graph.h)");
+  flags.add_switch("ddp", &use_ddp, "DistributedDataParallel over the group in the environment");
   return bench::run("train_throughput", flags, argc, argv, [&] {
     torch::manual_seed(0);
     auto device = engine::parse_device(device_text);
@@ -67,8 +83,53 @@ int main(int argc, char** argv) {
     auto model = models::make_model(model_name, o);
     model->to(device);
     model->train();
-    torch::optim::SGD sgd(model->parameters(),
-                          torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
+    if (channels_last) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) {
+        if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+      }
+    }
+    auto format = channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+    if (fixed_inputs.defined()) {
+      fixed_inputs = fixed_inputs.to(device).contiguous(format);
+      fixed_targets = fixed_targets.to(device);
+    }
+    std::shared_ptr<dist::ProcessGroup> group;
+    std::unique_ptr<parallel::DistributedDataParallel> ddp;
+    if (use_ddp) {
+      auto rendezvous = dist::rendezvous_from_env();
+      TANDEM_CHECK(rendezvous, "--ddp: no RANK/WORLD_SIZE in the environment (run under tandem launch)");
+      dist::GroupOptions g;
+      g.device = device.str();
+      group = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
+      ddp = std::make_unique<parallel::DistributedDataParallel>(model.ptr(), group);
+    }
+    auto amp_dtype = optim::parse_amp(amp);
+    optim::Sgd sgd(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
+    auto train_step = [&](const torch::Tensor& inputs, const torch::Tensor& targets) {
+      if (ddp) {
+        ddp->zero_grad();
+        ddp->before_forward();
+      } else {
+        sgd.zero_grad();
+      }
+      engine::StepOutputs out;
+      {
+        optim::AutocastGuard autocast(device.type(), amp_dtype);
+        out.logits = model->forward(inputs);
+        out.loss = torch::nn::functional::cross_entropy(out.logits, targets);
+      }
+      out.loss.backward();
+      if (ddp) ddp->after_backward();
+      sgd.step();
+      return out;
+    };
+    std::unique_ptr<engine::CudaGraphStep> graphed;
+    if (cuda_graph) {
+      TANDEM_CHECK(!ddp, "--cuda-graph and --ddp do not go together");
+      sgd.use_lr_tensor();
+      graphed = std::make_unique<engine::CudaGraphStep>(device, train_step);
+    }
     auto order = torch::randperm(dataset ? dataset->size() : batch, torch::kInt64);
     int64_t cursor = 0;
     auto step = [&] {
@@ -84,13 +145,9 @@ int main(int argc, char** argv) {
         inputs = fixed_inputs;
         targets = fixed_targets;
       }
-      inputs = inputs.to(device);
+      inputs = inputs.to(device).contiguous(format);
       targets = targets.to(device);
-      sgd.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(model->forward(inputs), targets);
-      loss.backward();
-      sgd.step();
-      return loss;
+      return (graphed ? graphed->run(inputs, targets) : train_step(inputs, targets)).loss;
     };
     for (int64_t i = 0; i < warmup; ++i) step();
     if (device.is_cuda()) torch::cuda::synchronize();
@@ -101,8 +158,10 @@ int main(int argc, char** argv) {
       loss.item<float>();  // waits for the device
       double seconds = clock.seconds();
       std::printf("{\"impl\": \"tandem\", \"model\": \"%s\", \"batch\": %lld, \"threads\": %d, "
+                  "\"amp\": \"%s\", \"channels_last\": %s, \"cuda_graph\": %s, \"ddp\": %s, "
                   "\"images_per_second\": %.1f}\n",
-                  model_name.c_str(), static_cast<long long>(batch), at::get_num_threads(),
+                  model_name.c_str(), static_cast<long long>(batch), at::get_num_threads(), amp.c_str(),
+                  channels_last ? "true" : "false", cuda_graph ? "true" : "false", ddp ? "true" : "false",
                   steps * batch / seconds);
       std::fflush(stdout);
     }

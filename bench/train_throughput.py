@@ -51,11 +51,14 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--amp", choices=["off", "bf16"], default="off")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the stretch peer)")
     a = p.parse_args()
     torch.manual_seed(0)
     device = torch.device(a.device)
 
-    images = labels = None
+    images = labels = fixed_x = fixed_y = None
     if a.data.startswith("random:"):
         channels, size = (int(x) for x in a.data[7:].split("x"))
         fixed_x = torch.randn(a.batch, channels, size, size)
@@ -77,8 +80,14 @@ def main():
         model = torchvision.models.mobilenet_v2(num_classes=classes)
     else:
         raise SystemExit(f"unknown model {a.model}")
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     model.to(device).train()
+    model.to(memory_format=fmt)
+    if fixed_x is not None:  # the fixed batch lives on the device, as on the C++ side
+        fixed_x, fixed_y = fixed_x.to(device).contiguous(memory_format=fmt), fixed_y.to(device)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    forward = torch.compile(model) if a.compile else model
+    autocast_dtype = torch.bfloat16 if a.amp == "bf16" else None
     order = torch.randperm(images.shape[0] if images is not None else a.batch)
     cursor = 0
 
@@ -93,9 +102,10 @@ def main():
             y = labels.index_select(0, idx).long()
         else:
             x, y = fixed_x, fixed_y
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device).contiguous(memory_format=fmt), y.to(device)
         sgd.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = F.cross_entropy(forward(x), y)
         loss.backward()
         sgd.step()
         return loss
@@ -108,8 +118,9 @@ def main():
             loss = step()
         loss.item()
         dt = time.perf_counter() - t
-        print(json.dumps({"impl": "pytorch", "model": a.model, "batch": a.batch,
-                          "threads": torch.get_num_threads(),
+        print(json.dumps({"impl": "pytorch-compile" if a.compile else "pytorch", "model": a.model,
+                          "batch": a.batch, "threads": torch.get_num_threads(), "amp": a.amp,
+                          "channels_last": a.channels_last,
                           "images_per_second": round(a.steps * a.batch / dt, 1)}), flush=True)
 
 
