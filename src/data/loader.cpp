@@ -102,7 +102,10 @@ EpochIterator::~EpochIterator() {
 // Note [loader order]: workers claim batch positions in increasing order but
 // may finish out of order; a worker only claims position p when p is within
 // `capacity_` of the next batch to hand out, which bounds memory, and next()
-// waits for exactly position next_out_.
+// waits for exactly position next_out_. A failed batch is an error in its
+// place: the batches before it still come out (they were claimed earlier, so
+// they are built), no position after it is claimed, and next() throws when
+// it reaches the failed position; with several failures, the first in order.
 void EpochIterator::work() {
   while (true) {
     size_t position;
@@ -112,7 +115,7 @@ void EpochIterator::work() {
         return stop_ || next_claim_ >= batches_.size() ||
                next_claim_ < next_out_ + static_cast<size_t>(capacity_);
       });
-      if (stop_ || next_claim_ >= batches_.size()) return;
+      if (stop_ || next_claim_ >= batches_.size() || (error_ && next_claim_ > error_position_)) return;
       position = next_claim_++;
     }
     try {
@@ -121,8 +124,10 @@ void EpochIterator::work() {
       done_.emplace(position, std::move(batch));
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
-      stop_ = true;
+      if (!error_ || position < error_position_) {
+        error_ = std::current_exception();
+        error_position_ = position;
+      }
     }
     ready_.notify_all();
     space_.notify_all();
@@ -135,8 +140,8 @@ std::optional<Batch> EpochIterator::next() {
     return build(next_out_++);
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  ready_.wait(lock, [&] { return error_ || done_.count(next_out_) > 0; });
-  if (error_) std::rethrow_exception(error_);
+  ready_.wait(lock, [&] { return done_.count(next_out_) > 0 || (error_ && error_position_ == next_out_); });
+  if (done_.count(next_out_) == 0) std::rethrow_exception(error_);  // this batch's own error
   auto node = done_.extract(next_out_);
   ++next_out_;
   lock.unlock();

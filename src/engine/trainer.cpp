@@ -225,6 +225,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && world_ == 1),
                "--cuda-graph captures the step of one process on one device; it does not work with "
                "--strategy ", o.strategy, " or several ranks (this is rank ", rank_, " of ", world_, ")");
+  loss_options_ = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
@@ -301,6 +302,60 @@ void Trainer::report_warnings() const {
   }
 }
 
+StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                          torch::optim::Optimizer& optimizer, StepCounters& counters) {
+  if (ddp_) {
+    // Note [gradients are bucket views]: on CPU, letting backward's fresh
+    // gradient be copied into the bucket once measured faster than zeroing
+    // the bucket and accumulating into it (bench/ddp.sh, docs/PERFORMANCE.md);
+    // on CUDA the in-place form saves the memory.
+    if (device_.is_cuda()) {
+      ddp_->zero_grad();
+    } else {
+      optimizer.zero_grad();
+    }
+    ddp_->before_forward();  // BatchNorm statistics from rank 0
+  } else {
+    optimizer.zero_grad();  // to none (under --cuda-graph: the captured backward assigns them)
+    if (group_) dist::broadcast_buffers(*model_, *group_);
+  }
+  StepOutputs out;
+  if (pipeline_) {  // forward and backward, micro-batch by micro-batch
+    auto micro = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& output, const torch::Tensor& target) {
+      return torch::nn::functional::cross_entropy(output, target, loss_options_);
+    });
+    out.logits = micro.output;
+    out.loss = micro.loss;
+    auto idle = micro.idle_share();
+    for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
+    ++counters.pipeline_steps;
+  } else {
+    {
+      optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
+      // Under --cuda-graph, casts cached across the captured region would be
+      // stale on replay (PyTorch's advice: autocast(cache_enabled=False)).
+      bool cache = at::autocast::is_autocast_cache_enabled();
+      if (options_.cuda_graph) at::autocast::set_autocast_cache_enabled(false);
+      out.logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
+      out.loss = torch::nn::functional::cross_entropy(out.logits, targets, loss_options_);
+      at::autocast::set_autocast_cache_enabled(cache);
+    }
+    (scaler_ ? scaler_->scale(out.loss) : out.loss).backward();
+  }
+  if (ddp_) {
+    ddp_->after_backward();  // buckets were all-reduced during backward
+  } else if (group_) {
+    dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+  }
+  if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
+    if (!scaler_->step(optimizer)) ++counters.skipped_steps;
+    scaler_->update();
+  } else {
+    optimizer.step();
+  }
+  return out;
+}
+
 void Trainer::say(const std::string& line) const {
   if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", line.c_str());
 }
@@ -331,7 +386,6 @@ TrainResult Trainer::run() {
   optim::CosineSchedule schedule(
       {o.lr, o.min_lr, o.epochs * steps_per_epoch,
        static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
-  auto loss_options = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
 
   // --- Resume ----------------------------------------------------------------
   std::optional<Checkpointer> checkpointer;
@@ -409,22 +463,10 @@ TrainResult Trainer::run() {
   std::unique_ptr<CudaGraphStep> graphed;
   if (o.cuda_graph) {
     optimizer.use_lr_tensor();
+    // The counters stay untouched: --cuda-graph means no pipeline and no scaler.
     graphed = std::make_unique<CudaGraphStep>(device_, [&](const torch::Tensor& x, const torch::Tensor& y) {
-      optimizer.zero_grad();  // to none: the captured backward assigns the gradients
-      StepOutputs out;
-      {
-        optim::AutocastGuard autocast(device_.type(), amp_);
-        // Casts cached across a captured region would be stale on replay
-        // (PyTorch's advice: autocast(cache_enabled=False) with graphs).
-        bool cache = at::autocast::is_autocast_cache_enabled();
-        at::autocast::set_autocast_cache_enabled(false);
-        out.logits = model_->forward(x);
-        out.loss = torch::nn::functional::cross_entropy(out.logits, y, loss_options);
-        at::autocast::set_autocast_cache_enabled(cache);
-      }
-      out.loss.backward();
-      optimizer.step();
-      return out;
+      StepCounters unused;
+      return step(x, y, optimizer, unused);
     });
     say(format("CUDA graph: the step is captured after %lld eager steps and replayed (a batch of "
                "another size runs eagerly)", static_cast<long long>(CudaGraphOptions{}.warmup_steps)));
@@ -444,9 +486,8 @@ TrainResult Trainer::run() {
     }
     Stopwatch epoch_clock;
     int64_t images_this_run = 0;
-    std::vector<double> stage_idle(pipeline_ ? pipeline_->devices().size() : 0, 0.0);
-    int64_t skipped_steps = 0;  // --amp fp16: steps skipped for inf/NaN gradients
-    int64_t pipeline_steps = 0;
+    StepCounters counters;
+    counters.stage_idle.assign(pipeline_ ? pipeline_->devices().size() : 0, 0.0);
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
@@ -481,56 +522,10 @@ TrainResult Trainer::run() {
       optim::set_lr(optimizer, lr);
       const auto& inputs = batch->inputs;  // on device_ already
       const auto& targets = batch->targets;
-      torch::Tensor logits, loss;
-      if (graphed) {  // --cuda-graph: copy in, replay
-        auto out = graphed->run(inputs, targets);
-        logits = out.logits;
-        loss = out.loss;
-      } else {
-        if (ddp_) {
-          // Note [gradients are bucket views]: on CPU, letting backward's fresh
-          // gradient be copied into the bucket once measured faster than
-          // zeroing the bucket and accumulating into it (bench/ddp.sh,
-          // docs/PERFORMANCE.md); on CUDA the in-place form saves the memory.
-          if (device_.is_cuda()) {
-            ddp_->zero_grad();
-          } else {
-            optimizer.zero_grad();
-          }
-          ddp_->before_forward();  // BatchNorm statistics from rank 0
-        } else {
-          optimizer.zero_grad();
-          if (group_) dist::broadcast_buffers(*model_, *group_);
-        }
-        if (pipeline_) {  // forward and backward, micro-batch by micro-batch
-          auto step = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& out, const torch::Tensor& target) {
-            return torch::nn::functional::cross_entropy(out, target, loss_options);
-          });
-          logits = step.output;
-          loss = step.loss;
-          auto idle = step.idle_share();
-          for (size_t s = 0; s < idle.size(); ++s) stage_idle[s] += idle[s];
-          ++pipeline_steps;
-        } else {
-          {
-            optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
-            logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
-            loss = torch::nn::functional::cross_entropy(logits, targets, loss_options);
-          }
-          (scaler_ ? scaler_->scale(loss) : loss).backward();
-        }
-        if (ddp_) {
-          ddp_->after_backward();  // buckets were all-reduced during backward
-        } else if (group_) {
-          dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
-        }
-        if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
-          if (!scaler_->step(optimizer)) ++skipped_steps;
-          scaler_->update();
-        } else {
-          optimizer.step();
-        }
-      }
+      // --cuda-graph: copy in and replay; otherwise the step itself.
+      auto out = graphed ? graphed->run(inputs, targets) : step(inputs, targets, optimizer, counters);
+      const auto& logits = out.logits;
+      const auto& loss = out.loss;
 
       int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
       loss_sum += loss.detach().to(torch::kFloat64) * batch->size();
@@ -583,15 +578,17 @@ TrainResult Trainer::run() {
     report_warnings();
     if (scaler_) {
       say(format("fp16 loss scale %g after this epoch; %lld step(s) skipped for inf/NaN gradients",
-                 scaler_->get_scale(), static_cast<long long>(skipped_steps)));
+                 scaler_->get_scale(), static_cast<long long>(counters.skipped_steps)));
     }
-    if (pipeline_steps > 0) {  // the measured bubble against the textbook one
+    if (counters.pipeline_steps > 0) {  // the measured bubble against the textbook one
       std::string shares;
-      for (double idle : stage_idle) shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / pipeline_steps);
-      auto p = static_cast<double>(stage_idle.size());
+      for (double idle : counters.stage_idle) {
+        shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / counters.pipeline_steps);
+      }
+      auto p = static_cast<double>(counters.stage_idle.size());
       auto m_ = static_cast<double>(o.micro_batches);
       say(format("pipeline: stage idle share %s (mean over %lld steps; (p-1)/(m+p-1) = %.2f)",
-                 shares.c_str(), static_cast<long long>(pipeline_steps), (p - 1) / (m_ + p - 1)));
+                 shares.c_str(), static_cast<long long>(counters.pipeline_steps), (p - 1) / (m_ + p - 1)));
     }
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;

@@ -3,7 +3,9 @@
 // With workers == 0 each batch is built on the calling thread when asked for.
 // With workers > 0, that many threads build batches ahead into a bounded
 // queue (prefetch_factor batches per worker); batches still come out in
-// sampler order. A worker's exception is rethrown by next(). Destroying an
+// sampler order. A batch that fails to build is rethrown by next() in its
+// place, after the batches before it, whichever worker finished first (as
+// PyTorch's DataLoader does); no batch after it is built. Destroying an
 // EpochIterator (finished or not) stops and joins its workers.
 //
 // Worker threads run libtorch operations with intra-op parallelism off (Note
@@ -83,7 +85,8 @@ class EpochIterator {
   std::condition_variable ready_, space_;
   size_t next_claim_ = 0;
   std::map<size_t, Batch> done_;
-  std::exception_ptr error_;
+  std::exception_ptr error_;   // the failed batch first in order...
+  size_t error_position_ = 0;  // ...and its position
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

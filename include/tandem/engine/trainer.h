@@ -17,6 +17,7 @@
 
 #include "tandem/data/dataset.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
@@ -72,6 +73,18 @@ class Trainer {
   void say(const std::string& line) const;
   void make_pipeline(const data::DatasetInfo& info);
   void report_warnings() const;
+  // What one epoch's steps add up for its report.
+  struct StepCounters {
+    std::vector<double> stage_idle;  // --strategy pipeline: per stage, summed over steps
+    int64_t pipeline_steps = 0;
+    int64_t skipped_steps = 0;  // --amp fp16: steps skipped for inf/NaN gradients
+  };
+  // One training step as the strategy says: zero the gradients, forward and
+  // loss (autocast), backward, reduce over the ranks, optimizer step (with
+  // the loss scaler). The plain form (one process, one device) is what
+  // --cuda-graph captures.
+  StepOutputs step(const torch::Tensor& inputs, const torch::Tensor& targets,
+                   torch::optim::Optimizer& optimizer, StepCounters& counters);
 
   TrainOptions options_;
   std::FILE* log_;
@@ -87,6 +100,7 @@ class Trainer {
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
+  torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   int64_t rank_ = 0, world_ = 1;
 };
 
