@@ -4,6 +4,7 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -68,6 +69,9 @@ struct CudaGraphStep::Impl {
     auto current = c10::cuda::getCurrentCUDAStream(device.index());
     static_inputs = torch::empty_like(x).copy_(x);  // keeps x's memory format
     static_targets = torch::empty_like(y).copy_(y);
+    // As torch.cuda.graph does: nothing of the warm-up still running while
+    // the capture begins.
+    c10::cuda::device_synchronize();
     wait_for(side, current);
     graph = std::make_unique<at::cuda::CUDAGraph>();
     {
