@@ -229,8 +229,6 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
-  TANDEM_CHECK(!amp_ || o.strategy != "pipeline", "--amp ", o.amp,
-               " does not work with --strategy pipeline yet");
   TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
                "loss scaler decides on the host whether to take each step; use --amp bf16");
   if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
@@ -278,7 +276,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   }
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
   pipeline_ = std::make_unique<parallel::Pipeline>(
-      model_, sizes, devices, parallel::PipelineOptions{o.micro_batches, o.schedule});
+      model_, sizes, devices, parallel::PipelineOptions{o.micro_batches, o.schedule, amp_});
   device_ = devices.back();  // outputs, targets and the loss live on the last stage
 }
 
@@ -321,9 +319,16 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   }
   StepOutputs out;
   if (pipeline_) {  // forward and backward, micro-batch by micro-batch
-    auto micro = pipeline_->train_step(inputs, targets, [&](const torch::Tensor& output, const torch::Tensor& target) {
-      return torch::nn::functional::cross_entropy(output, target, loss_options_);
-    });
+    // Autocast per micro-batch forward in the stages (PipelineOptions); the
+    // fp16 scaler scales each micro-batch's loss before its backward.
+    parallel::LossScale scale;
+    if (scaler_) scale = [this](const torch::Tensor& loss) { return scaler_->scale(loss); };
+    auto micro = pipeline_->train_step(
+        inputs, targets,
+        [&](const torch::Tensor& output, const torch::Tensor& target) {
+          return torch::nn::functional::cross_entropy(output, target, loss_options_);
+        },
+        scale);
     out.logits = micro.output;
     out.loss = micro.loss;
     auto idle = micro.idle_share();
@@ -560,7 +565,13 @@ TrainResult Trainer::run() {
     if (data_.test) {
       Forward forward;
       if (pipeline_) {
-        forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
+        forward = [this](const torch::Tensor& x) {
+          // Autocast on every kind of device the stages are on (the whole
+          // batch goes through the stages in this thread).
+          optim::AutocastGuard cpu(torch::kCPU, amp_);
+          optim::AutocastGuard cuda(torch::kCUDA, amp_);
+          return pipeline_->forward(x);
+        };
       } else if (amp_ || o.channels_last) {
         forward = [this](const torch::Tensor& x) {
           optim::AutocastGuard autocast(device_.type(), amp_);

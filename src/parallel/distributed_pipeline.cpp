@@ -92,7 +92,7 @@ int64_t DistributedPipeline::stage_count() const { return group_->size(); }
 
 PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
                                              const torch::Tensor& target,
-                                             const PipelineLoss& loss) {
+                                             const PipelineLoss& loss, const LossScale& scale) {
   const int64_t s = stage_index(), stages = stage_count();
   const int64_t m = options_.micro_batches;
   auto schedule = make_pipeline_schedule(options_.schedule, stages, m);
@@ -105,6 +105,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
   job.actions = &schedule.actions[s];
   job.links = &links;
   job.origin = std::chrono::steady_clock::now();
+  job.autocast = options_.autocast;
   auto cut = [&](const torch::Tensor& t, const char* what) {
     TANDEM_CHECK(t.defined() && t.dim() >= 1, "pipeline stage ", s, ": expected the batch's ",
                  what);
@@ -117,6 +118,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
     job.targets = cut(target.defined() ? target.to(device_) : target, "targets");
     for (const auto& t : job.targets) job.weights.push_back(double(t.size(0)) / double(target.size(0)));
     job.loss = &loss;
+    job.scale = &scale;
   }
   detail::StageOutcome outcome;
   try {

@@ -95,7 +95,7 @@ Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
 Pipeline::~Pipeline() = default;
 
 PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target,
-                                  const PipelineLoss& loss) {
+                                  const PipelineLoss& loss, const LossScale& scale) {
   TANDEM_CHECK(input.defined() && input.dim() >= 1 && input.size(0) > 0,
                "pipeline: expected a batch with at least one row");
   TANDEM_CHECK(target.defined() && target.size(0) == input.size(0), "pipeline: ",
@@ -120,12 +120,14 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
     job.actions = &schedule.actions[s];
     job.links = links.back().get();
     job.origin = origin;
+    job.autocast = options_.autocast;
   }
   jobs.front().inputs = input.split_with_sizes(sizes);
   auto& last = jobs.back();
   last.targets = target.to(devices.back()).split_with_sizes(sizes);
   for (auto n : sizes) last.weights.push_back(double(n) / double(input.size(0)));
   last.loss = &loss;
+  last.scale = &scale;
 
   std::vector<detail::StageOutcome> outcomes(stages);
   std::vector<std::exception_ptr> errors(stages);

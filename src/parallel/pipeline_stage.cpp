@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
 
@@ -63,6 +64,7 @@ StageOutcome run_stage(StageJob& job) {
         if (x.is_floating_point()) x.requires_grad_(true);
       }
       auto begin = Clock::now();
+      optim::AutocastGuard autocast(job.device.type(), job.autocast);  // forward and loss only
       auto y = job.module->forward(x);
       torch::Tensor result;
       if (job.last) {
@@ -87,7 +89,7 @@ StageOutcome run_stage(StageJob& job) {
       auto& f = found->second;
       if (f.result.requires_grad()) {
         if (job.last) {
-          f.result.backward();
+          (job.scale && *job.scale ? (*job.scale)(f.result) : f.result).backward();
         } else {
           torch::autograd::backward({f.result}, {grad});
         }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <torch/types.h>
@@ -35,6 +36,8 @@ struct StageJob {
   std::vector<torch::Tensor> targets;  // last stage: the micro-batches' targets
   std::vector<double> weights;         // last stage: rows of micro-batch i / rows of the batch
   const PipelineLoss* loss = nullptr;  // last stage
+  const LossScale* scale = nullptr;    // last stage; null or empty: backward from the loss
+  std::optional<torch::ScalarType> autocast;  // forward and loss under autocast
   StageLinks* links = nullptr;
   std::chrono::steady_clock::time_point origin;  // the step's start
 };

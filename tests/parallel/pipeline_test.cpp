@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "tandem/models/registry.h"
+#include "tandem/optim/amp.h"
 #include "tandem/parallel/model_parallel.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/parallel/stage_split.h"
@@ -239,6 +240,67 @@ TEST(PipelineTest, TrainingStepsEqualNoPipeline) {
   // forward(): the whole batch through the stages, as the unsplit model.
   auto x = torch::randn({6, 1, 8, 8});
   EXPECT_TRUE(torch::allclose(pipe.forward(x), reference->forward(x), 1e-5, 1e-6));
+}
+
+// --amp in a pipeline: each stage's forward ran under bf16 autocast (the
+// last stage's output is bf16), backward outside it, and the gradients agree
+// with the unsplit model under the same autocast to bf16's precision; in one
+// process and over two ranks.
+TEST(PipelineTest, AutocastRunsEachMicroBatchForwardInBf16) {
+  torch::manual_seed(17);
+  auto net = small_convnet();
+  auto reference = copy_of(net);
+  auto x = torch::randn({12, 1, 8, 8});
+  auto y = torch::randint(5, {12}, torch::kInt64);
+  torch::Tensor want;
+  {
+    optim::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    want = cross_entropy(reference->forward(x), y);
+  }
+  want.backward();
+  for (std::string schedule : {"gpipe", "1f1b"}) {
+    auto mine = copy_of(net);
+    Pipeline pipe(mine, {3, 4}, cpus(2), {3, schedule, torch::kBFloat16});
+    auto step = pipe.train_step(x, y, cross_entropy);
+    EXPECT_EQ(step.output.scalar_type(), torch::kBFloat16) << schedule;
+    EXPECT_EQ(step.loss.scalar_type(), torch::kFloat32) << schedule;  // losses autocast to float32
+    EXPECT_NEAR(step.loss.item<double>(), want.item<double>(), 2e-2 * want.item<double>()) << schedule;
+    for (const auto& p : mine->parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32);
+    expect_same_gradients(*mine, *reference, 5e-2, "bf16 " + schedule);
+  }
+  std::vector<models::Sequence> copies{copy_of(net), copy_of(net)};
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto r = group->rank();
+    DistributedPipeline pipe(split_sequence(copies[r], {3, 4})[r], torch::kCPU, group,
+                             {3, "1f1b", torch::kBFloat16});
+    auto step = pipe.train_step(r == 0 ? x : torch::Tensor(), r == 1 ? y : torch::Tensor(), cross_entropy);
+    EXPECT_NEAR(step.loss.item<double>(), want.item<double>(), 2e-2 * want.item<double>()) << "rank " << r;
+    if (r == 1) EXPECT_EQ(step.output.scalar_type(), torch::kBFloat16);
+  }));
+  for (int r = 0; r < 2; ++r) {
+    expect_same_gradients(*split_sequence(copies[r], {3, 4})[r], *split_sequence(reference, {3, 4})[r],
+                          5e-2, "bf16 over ranks, stage " + std::to_string(r));
+  }
+}
+
+// A loss scale (fp16's GradScaler) multiplies what backward starts from, not
+// the reported loss: with a power of two every gradient is exactly that
+// multiple of the unscaled one.
+TEST(PipelineTest, ALossScaleScalesEveryGradientExactly) {
+  torch::manual_seed(19);
+  auto net = small_convnet();
+  auto scaled = copy_of(net);
+  auto x = torch::randn({10, 1, 8, 8});
+  auto y = torch::randint(5, {10}, torch::kInt64);
+  Pipeline plain(net, {3, 4}, cpus(2), {4, "1f1b"});
+  Pipeline pipe(scaled, {3, 4}, cpus(2), {4, "1f1b"});
+  auto a = plain.train_step(x, y, cross_entropy);
+  auto b = pipe.train_step(x, y, cross_entropy, [](const torch::Tensor& loss) { return loss * 1024; });
+  EXPECT_EQ(a.loss.item<double>(), b.loss.item<double>());
+  auto want = net->named_parameters();
+  for (const auto& p : scaled->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value().grad(), want[p.key()].grad() * 1024)) << p.key();
+  }
 }
 
 // Measured on the running executor, not the simulation: 1F1B holds at most

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,20 @@ namespace tandem::parallel {
 struct PipelineOptions {
   int64_t micro_batches = 4;       // --micro-batches
   std::string schedule = "1f1b";   // --schedule: gpipe | 1f1b
+  // --amp: each micro-batch's forward (and on the last stage its loss) runs
+  // under autocast to this dtype on its stage's device; backward runs
+  // outside autocast, as PyTorch advises. Activations and their gradients
+  // cross stages in whatever dtype autocast left them.
+  std::optional<torch::ScalarType> autocast;
 };
 
 // One micro-batch's loss: the mean over its rows (e.g. cross-entropy).
 using PipelineLoss =
     std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+// What the last stage's backward starts from, given a micro-batch's
+// weighted loss: e.g. GradScaler::scale for --amp fp16. Empty: the loss.
+// The step's reported loss is never scaled.
+using LossScale = std::function<torch::Tensor(const torch::Tensor& loss)>;
 
 // What one stage did in a step. Times are seconds since the step began; an
 // action's interval excludes the wait for its input, so busy time over the
@@ -91,7 +101,7 @@ class Pipeline {
   // any device (moved to the first and last stage's). A batch of fewer rows
   // than micro-batches uses one micro-batch per row.
   PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
-                          const PipelineLoss& loss);
+                          const PipelineLoss& loss, const LossScale& scale = {});
 
   // The whole batch through the stages in turn, no micro-batches (for
   // evaluation); the output is on the last stage's device.
@@ -119,7 +129,7 @@ class DistributedPipeline {
   // rows. step.loss is broadcast to every rank; step.output stays on the
   // last.
   PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
-                          const PipelineLoss& loss);
+                          const PipelineLoss& loss, const LossScale& scale = {});
 
   int64_t stage_index() const;
   int64_t stage_count() const;
