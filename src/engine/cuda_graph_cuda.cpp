@@ -78,7 +78,11 @@ struct CudaGraphStep::Impl {
       c10::cuda::CUDAStreamGuard guard(side);
       bool begun = false;
       try {
-        graph->capture_begin();
+        // Thread-local capture mode: the loader's worker threads pin memory
+        // (cudaHostAlloc, event queries) while the step is captured, which
+        // the global mode forbids to every thread (torch.cuda.graph's
+        // capture_error_mode="thread_local").
+        graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
         begun = true;
         static_outputs = step(static_inputs, static_targets);
         graph->capture_end();

@@ -35,7 +35,10 @@
 // keeps a workspace per stream, which the warm-up creates outside the
 // capture); the side stream first waits for the current stream and the
 // current stream then waits for it (events). Replays run on the current
-// stream, after the copies into the static inputs.
+// stream, after the copies into the static inputs. The capture is
+// thread-local: other threads (the loader's workers pinning memory) may go on
+// calling CUDA while it runs; the autograd engine's thread still launches
+// its kernels on the side stream, so backward is captured too.
 #pragma once
 
 #include <cstdint>
