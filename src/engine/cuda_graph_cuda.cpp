@@ -35,6 +35,7 @@ struct CudaGraphStep::Impl {
   std::unique_ptr<at::cuda::CUDAGraph> graph;
   torch::Tensor static_inputs, static_targets;
   StepOutputs static_outputs;
+  std::vector<int64_t> first_sizes;  // the first warm-up batch's: the shape to capture
   int64_t eager = 0, replays = 0;
 
   Impl(torch::Device d, StepFunction s, CudaGraphOptions o)
@@ -47,6 +48,7 @@ struct CudaGraphStep::Impl {
 
   // Note [streams of a graphed step]: a warm-up step on the side stream.
   StepOutputs warm_up(const torch::Tensor& x, const torch::Tensor& y) {
+    if (first_sizes.empty()) first_sizes = x.sizes().vec();
     auto current = c10::cuda::getCurrentCUDAStream(device.index());
     wait_for(side, current);
     StepOutputs out;
@@ -137,6 +139,9 @@ StepOutputs CudaGraphStep::run(const torch::Tensor& inputs, const torch::Tensor&
     return s.static_outputs;
   }
   if (s.eager < s.options.warmup_steps) return s.warm_up(inputs, targets);
+  // Capture the common shape (the first batch's), not an epoch's short last
+  // batch that happens to come right after the warm-up.
+  if (inputs.sizes() != c10::IntArrayRef(s.first_sizes)) return s.warm_up(inputs, targets);
   return s.capture(inputs, targets);
 }
 

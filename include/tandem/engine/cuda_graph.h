@@ -74,9 +74,10 @@ class CudaGraphStep {
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;
 
   // One step on (inputs, targets), both on the device: the first
-  // warmup_steps calls eagerly, the next one captures and replays, later
-  // ones replay. A batch of another shape or dtype than the captured one (an
-  // epoch's short last batch) runs eagerly. The outputs of a replay are the
+  // warmup_steps calls eagerly, then the first batch of the first call's
+  // shape is captured and replayed, later ones replay. A batch of another
+  // shape or dtype than the captured one (an epoch's short last batch) runs
+  // eagerly. The outputs of a replay are the
   // graph's own tensors, overwritten by the next replay (use them before, or
   // clone them). A step that cannot be captured throws tandem::Error
   // (Note [what a captured step may do]).
