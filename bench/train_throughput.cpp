@@ -83,12 +83,7 @@ int main(int argc, char** argv) {
     auto model = models::make_model(model_name, o);
     model->to(device);
     model->train();
-    if (channels_last) {
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->parameters()) {
-        if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-      }
-    }
+    if (channels_last) models::to_channels_last(*model);
     auto format = channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
     if (fixed_inputs.defined()) {
       fixed_inputs = fixed_inputs.to(device).contiguous(format);

@@ -2,6 +2,7 @@
 // or cuda_graph_none.cpp).
 #include "tandem/engine/cuda_graph.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -78,6 +79,10 @@ struct CudaGraphStep::Impl {
     graph = std::make_unique<at::cuda::CUDAGraph>();
     {
       c10::cuda::CUDAStreamGuard guard(side);
+      // Casts autocast caches inside the captured region would be stale on
+      // replay (PyTorch's advice: autocast(cache_enabled=False) with graphs).
+      bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
       bool begun = false;
       try {
         // Thread-local capture mode: the loader's worker threads pin memory
@@ -88,6 +93,7 @@ struct CudaGraphStep::Impl {
         begun = true;
         static_outputs = step(static_inputs, static_targets);
         graph->capture_end();
+        at::autocast::set_autocast_cache_enabled(cache);
       } catch (const std::exception& e) {
         if (begun) {
           try {
@@ -96,6 +102,7 @@ struct CudaGraphStep::Impl {
           }
         }
         graph.reset();
+        at::autocast::set_autocast_cache_enabled(cache);
         TANDEM_FAIL("--cuda-graph: the training step could not be captured as a CUDA graph: ",
                     first_line(e.what()),
                     " (a captured step may not wait for the GPU on the host, e.g. .item(); run "

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "tandem/data/device_prefetcher.h"
@@ -204,15 +203,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
                o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
-  // --channels-last: 4-D weights in NHWC order (set_data keeps the
-  // parameters' identity for the optimizer and DDP); inputs follow in the
-  // step and in evaluation.
-  if (o.channels_last) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : model_->parameters()) {
-      if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
-    }
-  }
+  // --channels-last: 4-D weights in NHWC order; inputs follow in the
+  // prefetcher and in evaluation.
+  if (o.channels_last) models::to_channels_last(*model_);
   TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
                "runs only on CUDA devices), got --device ", o.device);
   if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
@@ -337,13 +330,8 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   } else {
     {
       optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
-      // Under --cuda-graph, casts cached across the captured region would be
-      // stale on replay (PyTorch's advice: autocast(cache_enabled=False)).
-      bool cache = at::autocast::is_autocast_cache_enabled();
-      if (options_.cuda_graph) at::autocast::set_autocast_cache_enabled(false);
       out.logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
       out.loss = torch::nn::functional::cross_entropy(out.logits, targets, loss_options_);
-      at::autocast::set_autocast_cache_enabled(cache);
     }
     (scaler_ ? scaler_->scale(out.loss) : out.loss).backward();
   }

@@ -67,4 +67,11 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return total;
 }
 
+void to_channels_last(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+}
+
 }  // namespace tandem::models

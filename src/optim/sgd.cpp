@@ -16,8 +16,8 @@ namespace {
 // Parameters (with a gradient) of one device and dtype: the unit a foreach
 // kernel takes.
 struct Slice {
-  std::vector<torch::Tensor> params, grads, buffers;
-  std::vector<size_t> fresh;  // positions whose momentum buffer is made this step
+  std::vector<torch::Tensor> params, grads;
+  std::vector<torch::Tensor> buffers;  // undefined: made this step (the parameter's first)
 };
 
 }  // namespace
@@ -45,7 +45,6 @@ torch::Tensor Sgd::step(LossClosure closure) {
       if (found == state_.end()) {
         TANDEM_CHECK(!neg_lr_.defined(), "optim::Sgd: a parameter has no momentum buffer yet; with "
                      "use_lr_tensor() (a CUDA graph) every parameter needs one eager step first");
-        slice.fresh.push_back(slice.params.size() - 1);
         slice.buffers.emplace_back();
       } else {
         slice.buffers.push_back(
@@ -59,10 +58,8 @@ torch::Tensor Sgd::step(LossClosure closure) {
       if (momentum != 0) {
         // Old buffers decay and take d; new ones start as d (libtorch's rule).
         std::vector<torch::Tensor> old_buffers, old_d;
-        size_t next_fresh = 0;
         for (size_t i = 0; i < slice.params.size(); ++i) {
-          if (next_fresh < slice.fresh.size() && slice.fresh[next_fresh] == i) {
-            ++next_fresh;
+          if (!slice.buffers[i].defined()) {
             auto buffer = torch::clone(d[i]).detach();
             auto state = std::make_unique<torch::optim::SGDParamState>();
             state->momentum_buffer(buffer);

@@ -29,6 +29,8 @@
 //     the captured one.
 // The gradients are set to none before the captured backward, so the graph's
 // backward assigns them (into its private memory pool) instead of adding.
+// Autocast's cache of cast weights is off during the capture (casts cached
+// there would be stale on replay), for every step function.
 //
 // Note [streams of a graphed step]: the warm-up steps and the capture run on
 // a side stream (capture is not allowed on the default stream, and cuBLAS

@@ -27,4 +27,8 @@ std::vector<std::string> model_names();
 // Number of scalar parameters (not buffers).
 int64_t count_parameters(const torch::nn::Module& module);
 
+// --channels-last: every 4-D parameter to NHWC memory order, in place
+// (set_data keeps the parameters' identity for optimizers and DDP).
+void to_channels_last(torch::nn::Module& module);
+
 }  // namespace tandem::models
