@@ -42,6 +42,10 @@ StageOutcome run_stage(StageJob& job) {
     torch::Tensor result;  // its output, or on the last stage its weighted loss
   };
   std::map<int64_t, InFlight> in_flight;
+  // First stage, when the batch requires grad: each micro-batch is computed
+  // from a leaf of its own, and at the end one backward sends all their
+  // gradients into the caller's graph (Note [first stage input]).
+  std::vector<torch::Tensor> pieces, leaves;
   StageOutcome outcome;
   // An action's interval: from when its input was there to when its compute
   // ended (CUDA runs asynchronously, so that waits for the kernels), before
@@ -59,6 +63,11 @@ StageOutcome run_stage(StageJob& job) {
     if (action.op == PipelineOp::kForward) {
       if (job.first) {
         x = job.inputs.at(i).to(job.device);
+        if (x.requires_grad()) {
+          pieces.push_back(x);
+          x = x.detach().requires_grad_(true);
+          leaves.push_back(x);
+        }
       } else {
         x = job.links->recv_activation(i);
         if (x.is_floating_point()) x.requires_grad_(true);
@@ -104,6 +113,16 @@ StageOutcome run_stage(StageJob& job) {
   }
   TANDEM_CHECK(in_flight.empty(), "pipeline: ", in_flight.size(),
                " micro-batch(es) ran forward but not backward");
+  // Note [first stage input]: backward through the batch's split, once per
+  // micro-batch, would rebuild a zero gradient of the whole batch each time
+  // (O(m) work per micro-batch) and fail on the second pass if the batch is
+  // the output of a graph that frees its saved tensors. One backward with
+  // every micro-batch's gradient does each once.
+  if (!pieces.empty()) {
+    std::vector<torch::Tensor> grads;
+    for (auto& leaf : leaves) grads.push_back(leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf));
+    torch::autograd::backward(pieces, grads);
+  }
   return outcome;
 }
 

@@ -214,6 +214,48 @@ TEST(PipelineTest, SchedulesEqualNoPipeline) {
   }
 }
 
+// A batch that requires grad gets its gradient, as from the unsplit model:
+// a leaf batch in its .grad, and a batch computed by an upstream layer in
+// that layer's parameters (one backward through the upstream graph, which
+// frees its saved tensors after the first pass). Threads and two ranks.
+TEST(PipelineTest, TheBatchsGradientReachesTheCallersGraph) {
+  torch::manual_seed(23);
+  auto net = small_convnet();
+  auto upstream = torch::nn::Linear(16, 64);
+  auto z = torch::randn({12, 16});
+  auto y = torch::randint(5, {12}, torch::kInt64);
+  auto reference = copy_of(net);
+  auto reference_up = std::dynamic_pointer_cast<torch::nn::LinearImpl>(upstream->clone());
+  auto leaf = torch::randn({12, 1, 8, 8}).requires_grad_(true);
+  auto leaf_ref = leaf.detach().clone().requires_grad_(true);
+  cross_entropy(reference->forward(reference_up->forward(z).view({12, 1, 8, 8})), y).backward();
+  cross_entropy(reference->forward(leaf_ref), y).backward();
+  for (std::string schedule : {"gpipe", "1f1b"}) {
+    net->zero_grad();
+    upstream->zero_grad();
+    leaf.mutable_grad() = torch::Tensor();
+    Pipeline pipe(net, {3, 4}, cpus(2), {4, schedule});
+    pipe.train_step(upstream->forward(z).view({12, 1, 8, 8}), y, cross_entropy);
+    pipe.train_step(leaf, y, cross_entropy);
+    expect_same_gradients(*net, *reference, 1e-5, schedule);
+    expect_same_gradients(*upstream, *reference_up, 1e-5, schedule + " upstream");
+    ASSERT_TRUE(leaf.grad().defined()) << schedule;
+    EXPECT_TRUE(torch::allclose(leaf.grad(), leaf_ref.grad(), 1e-5, 1e-7)) << schedule;
+  }
+  // Over two ranks: rank 0 holds the upstream layer and the first stage.
+  auto copies = std::vector<models::Sequence>{copy_of(net), copy_of(net)};
+  upstream->zero_grad();
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto r = group->rank();
+    auto stage = split_sequence(copies[r], {3, 4})[r];
+    DistributedPipeline pipe(stage, torch::kCPU, group, {4, "1f1b"});
+    for (auto& p : stage->parameters()) p.mutable_grad() = torch::Tensor();
+    pipe.train_step(r == 0 ? upstream->forward(z).view({12, 1, 8, 8}) : torch::Tensor(),
+                    r == 1 ? y : torch::Tensor(), cross_entropy);
+  }));
+  expect_same_gradients(*upstream, *reference_up, 1e-5, "two ranks upstream");
+}
+
 // Gradients accumulate across steps like any backward; an optimizer step
 // after each keeps pipeline and reference together.
 TEST(PipelineTest, TrainingStepsEqualNoPipeline) {
