@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -81,6 +82,56 @@ class ThreadLinks : public detail::StageLinks {
 
 }  // namespace
 
+// A thread that stays for the pipeline's lifetime and runs one task at a
+// time, so a step does not start (and warm up) a new thread per stage.
+class Pipeline::StageWorker {
+ public:
+  StageWorker() : thread_([this] { loop(); }) {}
+  ~StageWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // `task` must not throw.
+  void start(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = std::move(task);
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return !busy_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || task_; });
+      if (!task_) return;  // stopping, nothing left to run
+      auto task = std::move(task_);
+      task_ = nullptr;
+      lock.unlock();
+      task();
+      lock.lock();
+      busy_ = false;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::function<void()> task_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
 Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
                    std::vector<torch::Device> devices, PipelineOptions options)
     : options_(std::move(options)) {
@@ -90,6 +141,7 @@ Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
   TANDEM_CHECK(sizes.size() == devices.size(), "pipeline: ", sizes.size(), " stages but ",
                devices.size(), " devices; give one device per stage");
   chain_ = ModelParallel(split_sequence(model, sizes), std::move(devices));
+  for (size_t s = 1; s < sizes.size(); ++s) workers_.push_back(std::make_unique<StageWorker>());
 }
 
 Pipeline::~Pipeline() = default;
@@ -142,12 +194,9 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
       for (auto& box : backward) box.abort();
     }
   };
-  {
-    std::vector<std::thread> threads;
-    for (size_t s = 1; s < stages; ++s) threads.emplace_back(run, s);
-    run(0);
-    for (auto& t : threads) t.join();
-  }
+  for (size_t s = 1; s < stages; ++s) workers_[s - 1]->start([&run, s] { run(s); });
+  run(0);  // stage 0 on the caller's thread
+  for (auto& worker : workers_) worker->wait();
   for (size_t s = 0; s < stages; ++s) {  // the first error that is not a wake-up
     if (!errors[s]) continue;
     try {

@@ -112,8 +112,10 @@ class Pipeline {
   const PipelineOptions& options() const { return options_; }
 
  private:
+  class StageWorker;
   PipelineOptions options_;
   ModelParallel chain_{nullptr};
+  std::vector<std::unique_ptr<StageWorker>> workers_;  // stages 1.., kept across steps
 };
 
 class DistributedPipeline {
