@@ -245,11 +245,13 @@ bool decode_png_raw(PngState* state, RawImage* out) {
   int type = png_get_color_type(png, info);
   // To 8-bit RGB the way PIL's convert("RGB") does: palette expanded, grey
   // replicated, 16 bits cut to 8, alpha (and tRNS transparency) dropped.
+  // Expanding a palette turns a tRNS chunk into an alpha channel, which is
+  // then stripped like any other.
   if (depth == 16) png_set_strip_16(png);
   if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
-  if (type & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  if ((type & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS)) png_set_strip_alpha(png);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
   out->height = static_cast<int>(png_get_image_height(png, info));

@@ -1,6 +1,7 @@
 #include "tandem/data/loader.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include <dlfcn.h>
 
@@ -72,12 +73,28 @@ EpochIterator::EpochIterator(std::shared_ptr<const Dataset> dataset,
       capacity_(std::max<int64_t>(options.workers * options.prefetch_factor, 1)),
       pin_memory_(options.pin_memory) {
   for (int64_t w = 0; w < options.workers; ++w) {
-    threads_.emplace_back([this] {
-      c10::ParallelGuard serial(true);  // Note [serial loader threads]
-      make_this_thread_serial();
-      work();
-    });
+    try {
+      threads_.emplace_back([this] {
+        c10::ParallelGuard serial(true);  // Note [serial loader threads]
+        make_this_thread_serial();
+        work();
+      });
+    } catch (const std::system_error& e) {  // a thread or process limit
+      stop_threads();  // the destructor will not run: stop the ones started
+      TANDEM_FAIL("--workers ", options.workers, ": could not start loader thread ", w + 1, " (",
+                  e.what(), ")");
+    }
   }
+}
+
+void EpochIterator::stop_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  space_.notify_all();
+  for (auto& thread : threads_) thread.join();
+  threads_.clear();
 }
 
 
@@ -90,14 +107,7 @@ Batch EpochIterator::build(size_t position) const {
   return batch;
 }
 
-EpochIterator::~EpochIterator() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  space_.notify_all();
-  for (auto& thread : threads_) thread.join();
-}
+EpochIterator::~EpochIterator() { stop_threads(); }
 
 // Note [loader order]: workers claim batch positions in increasing order but
 // may finish out of order; a worker only claims position p when p is within

@@ -33,6 +33,11 @@ def main():
     Image.fromarray(np.concatenate([rgb[:, :, :1], alpha], axis=2)).save(f"{d}/pil_la.png")
     Image.fromarray(rgb).quantize(colors=50).save(f"{d}/pil_palette.png")
     Image.fromarray(rgb[:, :, 2] > 128).save(f"{d}/pil_bilevel.png")
+    # Transparency in a tRNS chunk: per palette entry, one grey level, one colour.
+    palette = Image.fromarray(rgb).quantize(colors=50)
+    palette.save(f"{d}/pil_palette_trns.png", transparency=bytes(range(0, 250, 5)))
+    Image.fromarray(rgb[:, :, 1]).save(f"{d}/pil_gray_trns.png", transparency=17)
+    Image.fromarray(rgb).save(f"{d}/pil_rgb_trns.png", transparency=(1, 2, 3))
     # Larger, photo-like, in every chroma layout: for partial decoding.
     yy, xx = np.mgrid[0:157, 0:211]
     photo = np.stack([128 + 100 * np.sin(xx / 9.0) * np.cos(yy / 13.0), (xx + 2 * yy) % 256,

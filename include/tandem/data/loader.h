@@ -70,6 +70,7 @@ class EpochIterator {
 
  private:
   void work();
+  void stop_threads();  // stops and joins the worker threads
   Batch build(size_t position) const;
 
   std::shared_ptr<const Dataset> dataset_;
