@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
@@ -203,6 +204,8 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
 
+  void connect();  // makes `group` over `store`
+
   Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name,
             std::function<void()> then = nullptr) {
     auto impl = std::make_shared<Work::Impl>();
@@ -321,13 +324,21 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
                 ": ", why);
   }
 
+  impl_->connect();
+}
+
+// The backend over `store` (NCCL, or Gloo with one device bound to this
+// host's address on the route to rank 0's store: loopback for a local job,
+// so ranks talk over the job's network).
+void ProcessGroup::Impl::connect() {
+  const auto& r = rendezvous;
   if (backend == "nccl") {
 #if TANDEM_WITH_NCCL
     try {
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = options.timeout;
-      impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          impl_->store, static_cast<int>(r.rank), static_cast<int>(r.world_size), nccl_options);
+      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          store, static_cast<int>(r.rank), static_cast<int>(r.world_size), nccl_options);
     } catch (const std::exception& e) {
       TANDEM_FAIL("process group (nccl) of ", r.world_size, " ranks at ", r.host, ":", r.port,
                   " failed on rank ", r.rank, ": ", first_line(e.what()));
@@ -335,19 +346,28 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
 #endif
     return;
   }
-
-  // Gloo: one device bound to this host's address on the route to rank 0's
-  // store (loopback for a local job), so ranks talk over the job's network.
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(r.host)));
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        impl_->store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
   } catch (const std::exception& e) {
     TANDEM_FAIL("process group (gloo) of ", r.world_size, " ranks at ", r.host, ":", r.port,
                 " failed on rank ", r.rank, ": ", first_line(e.what()));
   }
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) const {
+  auto impl = std::make_unique<Impl>();
+  impl->rendezvous = impl_->rendezvous;
+  impl->options = impl_->options;
+  impl->backend = impl_->backend;
+  impl->store = c10::make_intrusive<c10d::PrefixStore>("duplicate/" + name, impl_->store);
+  impl->connect();
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
 ProcessGroup::~ProcessGroup() = default;

@@ -271,17 +271,13 @@ void DistributedDataParallel::after_backward() {
   for (size_t k = 0; k < parameters_.size(); ++k) had_grad[k] = parameters_[k].grad().defined();
   for (auto& m : missing_) m = 0;
   launch_in_order();
-  // With find_unused_parameters: which parameters got a gradient on any rank.
-  torch::Tensor used;
-  dist::Work used_work;
-  if (options_.find_unused_parameters) {
-    // Used: has a gradient now, from this step or from no_sync steps before.
-    used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
-    auto* flag = used.data_ptr<int32_t>();
-    for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = had_grad[k] ? 1 : 0;
-    if (!parameters_.empty()) used = used.to(parameters_[0].device());  // NCCL: CUDA only
-    used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
-  }
+  // Note [unused parameters]: which parameters got a gradient on any rank.
+  // Used: has a gradient now, from this step or from no_sync steps before.
+  auto used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
+  auto* flag = used.data_ptr<int32_t>();
+  for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = had_grad[k] ? 1 : 0;
+  if (!parameters_.empty()) used = used.to(parameters_[0].device());  // NCCL: CUDA only
+  auto used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (comm_stream_) {  // the stream waits, and the hook's last steps run there
       c10::StreamGuard guard(*comm_stream_);
@@ -295,14 +291,11 @@ void DistributedDataParallel::after_backward() {
     reduced_event_->record(*comm_stream_);
     reduced_event_->block(current_stream());
   }
-  if (used.defined()) {
-    used_work.wait();
-    used = used.cpu();
-  }
+  used_work.wait();
+  used = used.cpu();
   for (size_t k = 0; k < parameters_.size(); ++k) {
     if (had_grad[k]) continue;  // its gradient is the view, averaged in place
-    bool unused_everywhere = used.defined() && used.data_ptr<int32_t>()[k] == 0;
-    if (!unused_everywhere) parameters_[k].mutable_grad() = views_[k];
+    if (used.data_ptr<int32_t>()[k] != 0) parameters_[k].mutable_grad() = views_[k];
   }
   seen_.clear();  // the next step starts with before_forward()
 }

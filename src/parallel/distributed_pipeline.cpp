@@ -14,20 +14,25 @@ namespace {
 // messages of different micro-batches and directions apart:
 // tag = 4 * micro-batch + 2 * (0 forward, 1 backward) + (0 header, 1 data).
 // With Gloo the tensors travel through host memory; with NCCL they stay on
-// the device.
+// the device. Gradients go over a group of their own (a duplicate of the
+// stages' group): with NCCL, sends and receives between two ranks run in
+// order on one stream per communicator, and a send of more than NCCL's
+// buffer waits for its receive; 1F1B has both neighbours send (an
+// activation forward, a gradient back) before they receive, which on one
+// communicator would wait on each other for ever.
 constexpr int64_t kHeader = 10;
 
 class RankLinks : public detail::StageLinks {
  public:
-  RankLinks(dist::ProcessGroup& group, torch::Device device)
-      : group_(group),
+  RankLinks(dist::ProcessGroup& forward, dist::ProcessGroup& backward, torch::Device device)
+      : groups_{&forward, &backward},
         device_(device),
-        wire_(group.backend() == "nccl" ? device : torch::Device(torch::kCPU)) {}
+        wire_(forward.backend() == "nccl" ? device : torch::Device(torch::kCPU)) {}
 
-  torch::Tensor recv_activation(int64_t i) override { return recv(group_.rank() - 1, i, 0); }
-  void send_activation(int64_t i, const torch::Tensor& t) override { send(group_.rank() + 1, i, 0, t); }
-  torch::Tensor recv_gradient(int64_t i) override { return recv(group_.rank() + 1, i, 1); }
-  void send_gradient(int64_t i, const torch::Tensor& g) override { send(group_.rank() - 1, i, 1, g); }
+  torch::Tensor recv_activation(int64_t i) override { return recv(rank() - 1, i, 0); }
+  void send_activation(int64_t i, const torch::Tensor& t) override { send(rank() + 1, i, 0, t); }
+  torch::Tensor recv_gradient(int64_t i) override { return recv(rank() + 1, i, 1); }
+  void send_gradient(int64_t i, const torch::Tensor& g) override { send(rank() - 1, i, 1, g); }
 
   // Waits for every send of the step (their buffers live until then).
   void finish() {
@@ -36,6 +41,7 @@ class RankLinks : public detail::StageLinks {
   }
 
  private:
+  int64_t rank() const { return groups_[0]->rank(); }
   static int tag(int64_t i, int direction, int part) {
     return static_cast<int>(4 * i + 2 * direction + part);
   }
@@ -48,14 +54,16 @@ class RankLinks : public detail::StageLinks {
     for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
     header = header.to(wire_);
     auto data = t.to(wire_).contiguous();
-    auto w1 = group_.send(header, peer, tag(i, direction, 0));
+    auto& group = *groups_[direction];
+    auto w1 = group.send(header, peer, tag(i, direction, 0));
     pending_.push_back({w1, {header}});
-    auto w2 = group_.send(data, peer, tag(i, direction, 1));
+    auto w2 = group.send(data, peer, tag(i, direction, 1));
     pending_.push_back({w2, {data}});
   }
   torch::Tensor recv(int64_t peer, int64_t i, int direction) {
     auto header = torch::empty({kHeader}, torch::TensorOptions().dtype(torch::kInt64).device(wire_));
-    group_.recv(header, peer, tag(i, direction, 0)).wait();
+    auto& group = *groups_[direction];
+    group.recv(header, peer, tag(i, direction, 0)).wait();
     header = header.cpu();
     auto h = header.accessor<int64_t, 1>();
     TANDEM_CHECK(h[1] >= 0 && h[1] <= kHeader - 2, "pipeline: malformed header from rank ", peer);
@@ -63,11 +71,11 @@ class RankLinks : public detail::StageLinks {
     auto data = torch::empty(shape, torch::TensorOptions()
                                         .dtype(static_cast<torch::ScalarType>(h[0]))
                                         .device(wire_));
-    group_.recv(data, peer, tag(i, direction, 1)).wait();
+    group.recv(data, peer, tag(i, direction, 1)).wait();
     return data.to(device_);
   }
 
-  dist::ProcessGroup& group_;
+  dist::ProcessGroup* groups_[2];  // activations forward, gradients back
   torch::Device device_, wire_;
   std::vector<std::pair<dist::Work, std::vector<torch::Tensor>>> pending_;
 };
@@ -79,6 +87,7 @@ DistributedPipeline::DistributedPipeline(models::Sequence stage, torch::Device d
                                          PipelineOptions options)
     : stage_(std::move(stage)), device_(device), group_(std::move(group)), options_(std::move(options)) {
   TANDEM_CHECK(group_ != nullptr, "distributed pipeline: no process group");
+  gradients_ = group_->duplicate("pipeline-gradients");  // Note [pipeline messages]
   TANDEM_CHECK(options_.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
                options_.micro_batches);
   make_pipeline_schedule(options_.schedule, 1, 1);  // names --schedule if unknown
@@ -96,7 +105,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
   const int64_t s = stage_index(), stages = stage_count();
   const int64_t m = options_.micro_batches;
   auto schedule = make_pipeline_schedule(options_.schedule, stages, m);
-  RankLinks links(*group_, device_);
+  RankLinks links(*group_, *gradients_, device_);
   detail::StageJob job;
   job.module = stage_;
   job.device = device_;

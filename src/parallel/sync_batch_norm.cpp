@@ -73,7 +73,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   double count = static_cast<double>(input.numel() / options_.num_features);
   if (group_ && group_->size() > 1) {
     local = all_reduce_sum_differentiable(local, *group_);
-    auto total = torch::tensor({count}, torch::kFloat64);
+    auto total = torch::full({1}, count, local.options());  // on the input's device, for NCCL
     group_->all_reduce(total).wait();
     count = total.item<double>();
   }

@@ -57,6 +57,41 @@ TEST(ProcessGroupTest, AllReduceOps) {
   }));
 }
 
+// A duplicate is the same ranks over connections of its own: its
+// collectives and messages are its own (a message sent on one group is not
+// received on the other, whatever the tag), and both groups keep working.
+TEST(ProcessGroupTest, ADuplicateGroupHasItsOwnTraffic) {
+  expect_no_errors(run_ranks(3, [](ProcessGroup& g) {
+    auto dup = g.duplicate("second");
+    EXPECT_EQ(dup->rank(), g.rank());
+    EXPECT_EQ(dup->size(), 3);
+    EXPECT_EQ(dup->backend(), "gloo");
+    auto a = torch::full({4}, static_cast<double>(g.rank()));
+    auto b = torch::full({4}, 10.0 * static_cast<double>(g.rank()));
+    auto wa = g.all_reduce(a);
+    auto wb = dup->all_reduce(b);
+    wb.wait();
+    wa.wait();
+    EXPECT_TRUE(torch::equal(a, torch::full({4}, 3.0)));
+    EXPECT_TRUE(torch::equal(b, torch::full({4}, 30.0)));
+    // Rank 0 sends 1 on the duplicate, then 2 on the first group, same tag;
+    // rank 1 receives from the first group first and gets 2.
+    if (g.rank() == 0) {
+      auto one = torch::full({1}, 1.0), two = torch::full({1}, 2.0);
+      auto w1 = dup->send(one, 1, 7);
+      auto w2 = g.send(two, 1, 7);
+      w1.wait();
+      w2.wait();
+    } else if (g.rank() == 1) {
+      auto first = torch::zeros({1}), second = torch::zeros({1});
+      g.recv(first, 0, 7).wait();
+      dup->recv(second, 0, 7).wait();
+      EXPECT_EQ(first.item<double>(), 2.0);
+      EXPECT_EQ(second.item<double>(), 1.0);
+    }
+  }));
+}
+
 TEST(ProcessGroupTest, RootedAndGatheringCollectives) {
   const int world = 4;
   expect_no_errors(run_ranks(world, [](ProcessGroup& g) {

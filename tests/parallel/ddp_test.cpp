@@ -101,7 +101,8 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
       sgd.step();
       // Note [gradients are bucket views]: the gradients stay where they are.
       std::vector<void*> now;
-      for (auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
+      for (auto& p : net->parameters()) now.push_back(p.grad().defined() ? p.grad().data_ptr() : nullptr);
+      EXPECT_FALSE(net->unused.grad().defined()) << "step " << s;  // unused on every rank
       if (s == 0) storage = now;
       if (zero == "ddp") EXPECT_EQ(now, storage) << "step " << s;
     }
@@ -112,7 +113,7 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
           << "parameter " << i << " on rank " << group->rank() << " (" << device << "), max difference "
           << (mine - expected[i]).abs().max().item<double>();
     }
-    EXPECT_TRUE(torch::equal(net->unused.cpu(), torch::ones({4})));  // zero gradient, no hang
+    EXPECT_TRUE(torch::equal(net->unused.cpu(), torch::ones({4})));  // no gradient, no hang
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
@@ -194,9 +195,10 @@ TEST(DdpTest, UnknownCommHookIsNamed) {
 
 // Note [unused parameters]: with find_unused_parameters the graph walk marks
 // `unused` ready before backward, so every bucket starts during backward
-// (without it, the bucket holding `unused` waits for after_backward); a
-// parameter unused on every rank keeps an undefined gradient, and one used
-// on only one rank gets that rank's gradient averaged over both.
+// (without it, the bucket holding `unused` waits for after_backward); either
+// way a parameter unused on every rank keeps an undefined gradient (as in
+// one process), and one used on only one rank gets that rank's gradient
+// averaged over both.
 TEST(DdpTest, FindUnusedParametersLaunchesEarlyAndLeavesGloballyUnusedAlone) {
   for (bool find_unused : {false, true}) {
     SCOPED_TRACE(find_unused ? "find_unused_parameters" : "default");
@@ -219,11 +221,10 @@ TEST(DdpTest, FindUnusedParametersLaunchesEarlyAndLeavesGloballyUnusedAlone) {
       int buckets = static_cast<int>(ddp.buckets().size());
       if (find_unused) {
         EXPECT_EQ(early, buckets);
-        EXPECT_FALSE(net->unused.grad().defined());
       } else {
-        EXPECT_LT(early, buckets);
-        EXPECT_TRUE(torch::equal(net->unused.grad(), torch::zeros({4})));
+        EXPECT_LT(early, buckets);  // `unused`'s bucket waited for after_backward
       }
+      EXPECT_FALSE(net->unused.grad().defined());  // unused on every rank: none, either way
       EXPECT_TRUE(torch::equal(extra.grad(), torch::full({3}, 2.0f)));  // (4 + 0) / 2
     });
     testing::expect_no_errors(errors);
@@ -242,8 +243,8 @@ struct NoGradientThrough : torch::autograd::Function<NoGradientThrough> {
 };
 
 // A parameter the graph reaches but that receives an undefined gradient,
-// with gradients set to none between steps: no error, and it contributes
-// zero (not last step's average).
+// with gradients set to none between steps: no error, and no gradient (not
+// last step's average, nor a zero one that weight decay would act on).
 TEST(DdpTest, AReachableParameterWithoutAGradientCountsAsUnused) {
   auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
     Net net;
@@ -257,8 +258,11 @@ TEST(DdpTest, AReachableParameterWithoutAGradientCountsAsUnused) {
       if (step == 0) loss = loss + extra.sum();  // a real gradient in the first step only
       loss.backward();
       ddp.after_backward();
-      EXPECT_TRUE(torch::equal(extra.grad(), torch::full({3}, step == 0 ? 1.0f : 0.0f)))
-          << "step " << step << " on rank " << group->rank();
+      if (step == 0) {
+        EXPECT_TRUE(torch::equal(extra.grad(), torch::full({3}, 1.0f))) << "rank " << group->rank();
+      } else {
+        EXPECT_FALSE(extra.grad().defined()) << "rank " << group->rank();
+      }
     }
   });
   testing::expect_no_errors(errors);

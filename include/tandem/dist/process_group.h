@@ -100,9 +100,16 @@ class ProcessGroup {
   Work send(const torch::Tensor& tensor, int64_t dst, int tag = 0);
   Work recv(torch::Tensor& tensor, int64_t src, int tag = 0);
 
+  // Another group of the same ranks and backend, over this group's store
+  // under `name`, with connections of its own (with NCCL, its own
+  // communicators and streams, so its traffic never queues behind this
+  // group's). Every rank calls it, in the same order, with the same name.
+  std::shared_ptr<ProcessGroup> duplicate(const std::string& name) const;
+
   struct Impl;
 
  private:
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

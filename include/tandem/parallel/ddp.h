@@ -59,13 +59,17 @@
 // Note [unused parameters]: a parameter that got no gradient this step
 // contributes its current .grad() (zero after zero_grad(), or what no_sync()
 // steps accumulated); its bucket is launched at after_backward() at the
-// latest. With find_unused_parameters, prepare_for_backward(loss) walks the
-// autograd graph first and marks the parameters it cannot reach as ready at
-// once, so their buckets need not wait for the end of backward, and a flag
-// per parameter is all-reduced so that a parameter unused on every rank
-// keeps an undefined gradient (as in PyTorch) instead of a zero one. A
-// gradient that arrives twice in one step (two backward passes without
-// no_sync) after its bucket was launched is an error.
+// latest, so an unused parameter never hangs the step (PyTorch's DDP stops
+// with an error unless find_unused_parameters is set). After backward a
+// flag per parameter (had a gradient) is all-reduced with the last buckets:
+// a parameter used on some rank gets the average, and one unused on every
+// rank keeps an undefined gradient, as in one process, so weight decay and
+// momentum leave it alone. With find_unused_parameters,
+// prepare_for_backward(loss) also walks the autograd graph first and marks
+// the parameters it cannot reach as ready at once, so their buckets need not
+// wait for the end of backward. A gradient that arrives twice in one step
+// (two backward passes without no_sync) after its bucket was launched is an
+// error.
 #pragma once
 
 #include <chrono>

@@ -140,6 +140,7 @@ class DistributedPipeline {
   models::Sequence stage_;
   torch::Device device_;
   std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<dist::ProcessGroup> gradients_;  // gradients' own group (Note [pipeline messages])
   PipelineOptions options_;
 };
 
