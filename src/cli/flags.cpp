@@ -51,12 +51,19 @@ void FlagSet::add_uint(const std::string& name, const std::string& metavar, uint
 }
 
 void FlagSet::add_double(const std::string& name, const std::string& metavar, double* target,
-                         const std::string& help, double min_value) {
+                         const std::string& help, double min_value, double max_value) {
   Flag flag{name, metavar, help, format("%g", *target)};
-  flag.set = [target, name, min_value](const std::string& value) {
+  flag.set = [target, name, min_value, max_value](const std::string& value) {
     auto parsed = parse_double(value);
-    if (!parsed || *parsed < min_value) {
-      std::string expected = min_value > -1e300 ? format("a number >= %g", min_value) : "a number";
+    if (!parsed || *parsed < min_value || *parsed > max_value) {
+      std::string expected = "a number";
+      if (min_value > -1e300 && max_value < 1e300) {
+        expected = format("a number from %g to %g", min_value, max_value);
+      } else if (min_value > -1e300) {
+        expected = format("a number >= %g", min_value);
+      } else if (max_value < 1e300) {
+        expected = format("a number <= %g", max_value);
+      }
       throw UsageError("--" + name + ": expected " + expected + ", got '" + value + "'");
     }
     *target = *parsed;

@@ -25,7 +25,7 @@ FlagSet launch_flags(launch::LaunchOptions& o, int64_t& port) {
   flags.add_int("max-restarts", "K", &o.max_restarts,
                 "after a failure, restart all workers up to K times", 0);
   flags.add_double("stop-grace", "SECONDS", &o.stop_grace_seconds,
-                   "after SIGTERM, wait this long before SIGKILL", 0);
+                   "after SIGTERM, wait this long before SIGKILL", 0, 86400);
   flags.add_string("job-token", "TOKEN", &o.job_token,
                    "a process must carry this token to join the job (TANDEM_JOB_TOKEN); "
                    "default: a random one on a single node, none on several (give each "

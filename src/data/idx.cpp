@@ -112,7 +112,7 @@ IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels, double mean, 
 }
 
 DatasetInfo IdxDataset::info() const {
-  return {/*channels=*/1, images_.size(1), images_.size(2), num_classes_};
+  return {/*channels=*/1, images_.size(1), images_.size(2), num_classes_, /*class_names=*/{}};
 }
 
 Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch*/) const {

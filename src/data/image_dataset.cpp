@@ -46,6 +46,7 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
   info_.height = first.size(1);
   info_.width = first.size(2);
   info_.num_classes = source_->num_classes();
+  info_.class_names = source_->class_names();
 }
 
 torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch) const {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include "tandem/engine/atomic_file.h"
@@ -93,6 +94,46 @@ std::string verified_archive(const std::string& path) {
   TANDEM_CHECK(crc_of(bytes) == crc, "damaged: its CRC-32 does not match the one recorded when it "
                                      "was written (altered on disk)");
   return bytes;
+}
+
+// Note [loading in place]: libtorch's Module::load and Optimizer::load put
+// each tensor read in place of the model's (set_, or set_data when the
+// devices differ), so a parameter came back on the device it was saved from
+// (rank 1 on cuda:1 resuming rank 0's checkpoint got cuda:0 weights) and
+// tied or aliased tensors came apart. The archive is read onto the CPU and
+// each value copied into the tensor the model already has, on its device;
+// momentum buffers follow their parameter's device.
+void load_in_place(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                   const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  auto copy_into = [&](const std::string& name, torch::Tensor& into, bool buffer) {
+    torch::Tensor saved;
+    archive.read(name, saved, buffer);
+    TANDEM_CHECK(saved.sizes() == into.sizes(), prefix, name, ": the checkpoint holds ",
+                 saved.sizes(), ", the model ", into.sizes());
+    into.copy_(saved);
+  };
+  for (auto& p : module.named_parameters(/*recurse=*/false)) copy_into(p.key(), p.value(), false);
+  for (auto& b : module.named_buffers(/*recurse=*/false)) copy_into(b.key(), b.value(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    load_in_place(*child.value(), child_archive, prefix + child.key() + ".");
+  }
+}
+
+void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
+  auto& state = optimizer.state();
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto found = state.find(p.unsafeGetTensorImpl());
+      if (found == state.end()) continue;
+      auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get());
+      TANDEM_CHECK(sgd, "the optimizer state is not SGD's; only SGD state can be resumed");
+      if (sgd->momentum_buffer().defined()) sgd->momentum_buffer(sgd->momentum_buffer().to(p.device()));
+    }
+  }
 }
 
 // checkpoint-<step>.pt files of `dir`, oldest first.
@@ -214,7 +255,7 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     throw DamagedCheckpoint("cannot resume from " + path + ": " + e.what());
   }
   try {
-    archive.load_from(bytes.data(), bytes.size());
+    archive.load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));  // Note [loading in place]
     int64_t version = read_int(archive, "format_version");
     TANDEM_CHECK(version == kFormatVersion, "format version ", version, ", expected ",
                  kFormatVersion);
@@ -237,8 +278,9 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
-    model.load(model_archive);
+    load_in_place(model, model_archive, "");
     optimizer.load(optimizer_archive);
+    move_state_to_parameters(optimizer);
     torch::Tensor rng;
     archive.read("cpu_rng", rng, /*is_buffer=*/true);
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle

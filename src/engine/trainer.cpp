@@ -88,15 +88,12 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     count += batch->size();
   }
   model->train(was_training);
-  double loss = loss_sum.item<double>(), hits = static_cast<double>(correct.item<int64_t>());
-  double total = static_cast<double>(count);
-  if (group != nullptr && group->size() > 1) {
-    auto sums = torch::tensor({loss, hits, total}, torch::kFloat64);
-    group->all_reduce(sums).wait();
-    loss = sums[0].item<double>();
-    hits = sums[1].item<double>();
-    total = sums[2].item<double>();
-  }
+  // Summed over the ranks on the device (NCCL takes CUDA tensors only).
+  auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
+                            torch::full({}, static_cast<double>(count), loss_sum.options())});
+  if (group != nullptr && group->size() > 1) group->all_reduce(sums).wait();
+  sums = sums.cpu();
+  double loss = sums[0].item<double>(), hits = sums[1].item<double>(), total = sums[2].item<double>();
   if (total == 0) return {};
   return {loss / total, hits / total, static_cast<int64_t>(total)};
 }
@@ -115,7 +112,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
                "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
   TANDEM_CHECK(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
-  TANDEM_CHECK(o.workers >= 0, "--workers: expected >= 0, got ", o.workers);
+  TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
                    o.progress == "off",
@@ -140,8 +137,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                o.micro_batches);
   TANDEM_CHECK(o.pipeline_balance == "time" || o.pipeline_balance == "params",
                "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
-  TANDEM_CHECK(o.dist_timeout > 0, "--dist-timeout: expected a positive number of seconds, got ",
+  TANDEM_CHECK(o.dist_timeout > 0 && o.dist_timeout <= 604800,
+               "--dist-timeout: expected a positive number of seconds up to a week (604800), got ",
                o.dist_timeout);
+  TANDEM_CHECK(o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6,
+               "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
   if (auto rendezvous = dist::rendezvous_from_env()) {
     dist::GroupOptions g;
     g.backend = o.dist_backend;
@@ -185,6 +185,18 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                test_info.height, "x", test_info.width, " after transforms, but ",
                info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
 
+  if (!info.class_names.empty() && !test_info.class_names.empty()) {
+    // Labels are the index of the class folder, so both must list the same.
+    auto list = [](const std::vector<std::string>& names) {
+      std::string text;
+      for (size_t i = 0; i < names.size() && i < 8; ++i) text += (i ? ", " : "") + names[i];
+      return names.size() > 8 ? text + ", ... (" + std::to_string(names.size()) + ")" : text;
+    };
+    TANDEM_CHECK(info.class_names == test_info.class_names, "--val-data ", o.val_data,
+                 ": its classes (", list(test_info.class_names), ") are not those of --data ",
+                 o.data, " (", list(info.class_names), "); labels are class folder indices, "
+                 "so both need the same class folders");
+  }
   torch::manual_seed(o.seed);
   models::ModelOptions model_options;
   model_options.in_channels = info.channels;
@@ -395,6 +407,14 @@ TrainResult Trainer::run() {
       say("restarted without --checkpoint-dir: starting from the beginning");
     }
   }
+  if (checkpointer && !resume) {
+    // Pruning keeps the newest checkpoints by step, so an earlier run's
+    // later ones would replace this run's (and a restart would resume them).
+    auto earlier = checkpointer->latest();
+    TANDEM_CHECK(!earlier, "--checkpoint-dir ", o.checkpoint_dir, " already holds checkpoints of an "
+                 "earlier run (newest: ", earlier.value_or(""), "); pass --resume to continue it, "
+                 "or give an empty or new directory");
+  }
   if (resume) {
     std::vector<std::string> damaged;
     auto path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
@@ -466,7 +486,13 @@ TrainResult Trainer::run() {
   }
 
   // --- Epochs ----------------------------------------------------------------
-  bool stop = false;
+  // Resumed at --max-steps already (the checkpoint of the run that stopped
+  // there): nothing more to train.
+  bool stop = o.max_steps > 0 && position.step >= o.max_steps;
+  if (stop) {
+    say(format("step %lld reached --max-steps %lld already: nothing to train",
+               static_cast<long long>(position.step), static_cast<long long>(o.max_steps)));
+  }
   for (; position.epoch < o.epochs && !stop; ++position.epoch) {
     model_->train();
     std::optional<Progress> progress;
@@ -487,13 +513,11 @@ TrainResult Trainer::run() {
     // Folds the device-side sums into the position; over all ranks, so every
     // rank calls it at the same steps (Note: a collective).
     auto sync_sums = [&] {
-      double loss = loss_sum.item<double>(), hits = static_cast<double>(correct.item<int64_t>());
-      if (group_) {
-        auto sums = torch::tensor({loss, hits}, torch::kFloat64);
-        group_->all_reduce(sums).wait();
-        loss = sums[0].item<double>();
-        hits = sums[1].item<double>();
-      }
+      // On the device: NCCL takes CUDA tensors only.
+      auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64)});
+      if (group_) group_->all_reduce(sums).wait();
+      sums = sums.cpu();
+      double loss = sums[0].item<double>(), hits = sums[1].item<double>();
       position.epoch_loss_sum += loss;
       position.epoch_correct += static_cast<int64_t>(std::llround(hits));
       loss_sum.zero_();

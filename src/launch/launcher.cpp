@@ -133,6 +133,8 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   TANDEM_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank: expected 0..",
                o.nnodes - 1, ", got ", o.node_rank);
   TANDEM_CHECK(o.max_restarts >= 0, "--max-restarts: expected >= 0, got ", o.max_restarts);
+  TANDEM_CHECK(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= 86400,
+               "--stop-grace: expected 0 to 86400 seconds, got ", o.stop_grace_seconds);
   TANDEM_CHECK(!o.command.empty(), "launch: no command to run (expected -- CMD ARGS...)");
   TANDEM_CHECK(o.master_port != 0 || o.nnodes == 1,
                "--master-port is required when --nnodes > 1 (every node must use the same port)");

@@ -8,6 +8,7 @@ namespace {
 struct Options {
   int64_t epochs = 5;
   double lr = 0.1;
+  double grace = 5;
   std::string name = "x";
   std::string mode = "a";
   bool fast = false;
@@ -17,6 +18,7 @@ FlagSet make(Options& o) {
   FlagSet flags("tool", "A tool.");
   flags.add_int("epochs", "N", &o.epochs, "epochs", 1);
   flags.add_double("lr", "X", &o.lr, "learning rate", 0);
+  flags.add_double("grace", "S", &o.grace, "seconds", 0, 86400);
   flags.add_string("name", "S", &o.name, "a name");
   flags.add_choice("mode", &o.mode, {"a", "b"}, "a mode");
   flags.add_switch("fast", &o.fast, "go fast");
@@ -52,6 +54,9 @@ TEST(FlagsTest, MistakesAreOneLineNamingTheFlag) {
   EXPECT_EQ(usage_error({"--epochs", "0"}), "--epochs: expected a positive integer, got '0'");
   EXPECT_EQ(usage_error({"--epochs", "three"}), "--epochs: expected a positive integer, got 'three'");
   EXPECT_EQ(usage_error({"--lr", "-1"}), "--lr: expected a number >= 0, got '-1'");
+  // An upper bound too: a huge time would overflow the clock it is added to.
+  EXPECT_EQ(usage_error({"--grace", "1e10"}), "--grace: expected a number from 0 to 86400, got '1e10'");
+  EXPECT_EQ(usage_error({"--lr", "nan"}), "--lr: expected a number >= 0, got 'nan'");
   EXPECT_EQ(usage_error({"--mode", "c"}), "--mode: expected one of a|b, got 'c'");
   EXPECT_EQ(usage_error({"--fast=yes"}), "--fast takes no value, got 'yes'");
   EXPECT_EQ(usage_error({"--epochs"}), "--epochs: missing value (N)");

@@ -55,6 +55,23 @@ TEST(ImageDataCliTest, ImageFolderWithoutValDataSkipsEvaluation) {
   EXPECT_TRUE(last_metrics(dir.file("m.jsonl"))["test_acc"].is_null());
 }
 
+// Labels are class folder indices: a --val-data whose class folders differ
+// from --data's would be scored against the wrong labels. Refused, naming both.
+TEST(ImageDataCliTest, ValDataWithOtherClassFoldersIsRefused) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.file("train"), 3, 2, 20);
+  testing::write_synthetic_image_folder(dir.file("val"), 3, 2, 20);
+  std::filesystem::rename(dir.file("val/c1"), dir.file("val/c9"));
+  auto r = run_tandem("train --data imagefolder:" + dir.file("train") + " --val-data imagefolder:" +
+                      dir.file("val") + " --image-size 16 --epochs 1 --batch-size 2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem: error: --val-data imagefolder:" + dir.file("val") +
+                          ": its classes (c0, c2, c9) are not those of --data imagefolder:" +
+                          dir.file("train") + " (c0, c1, c2)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(ImageDataCliTest, TruncatedCifarBatchIsNamed) {
   TempDir dir;
   testing::write_synthetic_cifar(dir.path(), 10, 10);

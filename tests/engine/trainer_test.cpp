@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <torch/cuda.h>
+
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
@@ -391,6 +393,82 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   o = small_run(data_.path());
   o.resume = true;
   EXPECT_THROW(Trainer(o, nullptr), Error);
+}
+
+// Note [loading in place]: a resumed run copies the checkpoint into the
+// model's own tensors (the same storage before and after, so aliases such as
+// DDP's gradient views hold) and ends with the weights that were saved; on
+// a GPU, a checkpoint written on the CPU resumes onto the run's device. A
+// run resumed at --max-steps trains no further and writes nothing new.
+TEST_F(TrainerTest, ResumeLoadsIntoTheModelsOwnTensorsAndStopsAtMaxSteps) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.max_steps = 5;
+  Trainer first(o, nullptr);
+  first.run();
+  o.resume = true;
+  Trainer again(o, nullptr);
+  std::vector<void*> storage, after;
+  for (const auto& p : again.model()->parameters()) storage.push_back(p.data_ptr());
+  auto result = again.run();
+  for (const auto& p : again.model()->parameters()) after.push_back(p.data_ptr());
+  EXPECT_EQ(storage, after);
+  EXPECT_EQ(result.steps, 5);
+  EXPECT_TRUE(result.epochs.empty());
+  expect_equal_states(state_of(first), state_of(again));
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000005.pt"}));
+  if (torch::cuda::is_available()) {
+    o.device = "cuda:0";
+    o.max_steps = 7;
+    Trainer on_gpu(o, nullptr);
+    EXPECT_EQ(on_gpu.run().steps, 7);
+    for (const auto& p : on_gpu.model()->parameters()) EXPECT_TRUE(p.is_cuda());
+  }
+}
+
+// Checkpoints are pruned by step, so a fresh run into a directory holding an
+// earlier run's later checkpoints would lose its own (and a restart would
+// resume the old run): refused, naming the directory and the way out.
+TEST_F(TrainerTest, AFreshRunRefusesADirectoryWithCheckpoints) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.checkpoint_dir = checkpoints.path();
+  Trainer(o, nullptr).run();
+  Trainer fresh(o, nullptr);
+  try {
+    fresh.run();
+    FAIL() << "a fresh run wrote into " << checkpoints.path();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), ("--checkpoint-dir " + checkpoints.path() +
+                            " already holds checkpoints of an earlier run (newest: " +
+                            checkpoints.file("checkpoint-00000008.pt") +
+                            "); pass --resume to continue it, or give an empty or new directory")
+                               .c_str());
+  }
+}
+
+TEST_F(TrainerTest, OutOfRangeNumbersAreRefusedByName) {
+  auto message = [&](auto change) {
+    auto o = small_run(data_.path());
+    change(o);
+    try {
+      Trainer t(o, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_EQ(message([](TrainOptions& o) { o.workers = 5000; }), "--workers: expected 0 to 1024, got 5000");
+  EXPECT_EQ(message([](TrainOptions& o) { o.dist_timeout = 1e16; }),
+            "--dist-timeout: expected a positive number of seconds up to a week (604800), got 1e+16");
+  EXPECT_EQ(message([](TrainOptions& o) { o.bucket_cap_mb = 1e30; }),
+            "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got 1e+30");
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ class FlagSet {
   void add_uint(const std::string& name, const std::string& metavar, uint64_t* target,
                 const std::string& help);
   void add_double(const std::string& name, const std::string& metavar, double* target,
-                  const std::string& help, double min_value = -1e300);
+                  const std::string& help, double min_value = -1e300, double max_value = 1e300);
   void add_string(const std::string& name, const std::string& metavar, std::string* target,
                   const std::string& help);
   void add_choice(const std::string& name, std::string* target,

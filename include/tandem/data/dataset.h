@@ -28,6 +28,9 @@ struct DatasetInfo {
   int64_t height = 0;
   int64_t width = 0;
   int64_t num_classes = 0;
+  // The name of each class index where the data names them (an ImageFolder's
+  // class folders), else empty.
+  std::vector<std::string> class_names;
 };
 
 class Dataset {

@@ -33,6 +33,8 @@ class ImageSource {
   virtual ~ImageSource() = default;
   virtual int64_t size() const = 0;
   virtual int64_t num_classes() const = 0;
+  // The name of each class index, where the source has names; else empty.
+  virtual std::vector<std::string> class_names() const { return {}; }
   // uint8 [C, H, W]; throws ImageError naming the file for an unreadable image.
   // Called from several loader threads at once.
   virtual torch::Tensor image(int64_t index) const = 0;

@@ -31,6 +31,7 @@ class ImageFolderSource : public ImageSource {
   std::string describe() const override;
 
   const std::vector<std::string>& classes() const { return classes_; }
+  std::vector<std::string> class_names() const override { return classes_; }
   const std::vector<std::string>& paths() const { return paths_; }
 
  private:
