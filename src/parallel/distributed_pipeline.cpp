@@ -66,8 +66,11 @@ class RankLinks : public detail::StageLinks {
     group.recv(header, peer, tag(i, direction, 0)).wait();
     header = header.cpu();
     auto h = header.accessor<int64_t, 1>();
-    TANDEM_CHECK(h[1] >= 0 && h[1] <= kHeader - 2, "pipeline: malformed header from rank ", peer);
+    TANDEM_CHECK(h[1] >= 0 && h[1] <= kHeader - 2 && h[0] >= 0 &&
+                     h[0] < static_cast<int64_t>(torch::ScalarType::NumOptions),
+                 "pipeline: malformed header from rank ", peer);
     std::vector<int64_t> shape(h.data() + 2, h.data() + 2 + h[1]);
+    for (auto size : shape) TANDEM_CHECK(size >= 0, "pipeline: malformed header from rank ", peer);
     auto data = torch::empty(shape, torch::TensorOptions()
                                         .dtype(static_cast<torch::ScalarType>(h[0]))
                                         .device(wire_));
