@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -46,6 +47,14 @@ void expect_equal_states(const std::vector<std::pair<std::string, torch::Tensor>
     EXPECT_EQ(a[i].first, b[i].first);
     EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
   }
+}
+
+// The names of the files in `dir`, sorted.
+std::vector<std::string> file_names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 class TrainerTest : public ::testing::Test {
@@ -320,11 +329,7 @@ TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   }
   EXPECT_NE(message.find(checkpoints.file("checkpoint-00000016.pt.tmp-")), std::string::npos) << message;
   EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000008.pt"}));  // no temporary left
+  EXPECT_EQ(file_names(checkpoints.path()), (std::vector<std::string>{"checkpoint-00000008.pt"}));  // no temporary left
   Trainer fresh(o, nullptr);
   torch::optim::SGD sgd(fresh.model()->parameters(), 0.1);
   TrainPosition position;
@@ -343,12 +348,8 @@ TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {
   o.epochs = 3;
   o.checkpoint_dir = checkpoints.path();
   Trainer(o, nullptr).run();
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000016.pt", "checkpoint-00000024.pt"}));
+  EXPECT_EQ(file_names(checkpoints.path()),
+            (std::vector<std::string>{"checkpoint-00000016.pt", "checkpoint-00000024.pt"}));
 }
 
 TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
@@ -417,11 +418,7 @@ TEST_F(TrainerTest, ResumeLoadsIntoTheModelsOwnTensorsAndStopsAtMaxSteps) {
   EXPECT_EQ(result.steps, 5);
   EXPECT_TRUE(result.epochs.empty());
   expect_equal_states(state_of(first), state_of(again));
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000005.pt"}));
+  EXPECT_EQ(file_names(checkpoints.path()), (std::vector<std::string>{"checkpoint-00000005.pt"}));
   if (torch::cuda::is_available()) {
     o.device = "cuda:0";
     o.max_steps = 7;
