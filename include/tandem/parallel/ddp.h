@@ -72,6 +72,7 @@
 // error.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -173,7 +174,7 @@ class DistributedDataParallel {
   std::optional<c10::Event> reduced_event_;
   std::vector<uintptr_t> hook_keys_;
 
-  bool sync_ = true;  // false inside no_sync()
+  std::atomic<bool> sync_{true};  // false inside no_sync(); read by autograd threads
   std::mutex mutex_;  // guards the per-step state below
   std::vector<int64_t> missing_;  // gradients still to come, per bucket
   std::vector<bool> seen_;        // per parameter, this step: a gradient arrived
