@@ -3,7 +3,7 @@
 #   fuzz/run.sh BINARY SECONDS [REGRESSIONS_DIR]
 # The target writes its seeds (LLVMFuzzerInitialize, TANDEM_FUZZ_SEEDS) into
 # a fresh corpus; committed inputs that once crashed (REGRESSIONS_DIR) run
-# first. Exit 0 with a line of statistics, or non-zero with libFuzzer's
+# first. TANDEM_FUZZ_RSS_MB: the memory limit (default 4096). Exit 0 with a line of statistics, or non-zero with libFuzzer's
 # report and the crashing input's path (keep it: it becomes a regression).
 set -uo pipefail
 bin=$1 seconds=$2 regressions=${3:-}
@@ -18,7 +18,7 @@ dirs=("$work/corpus")
 if [ -n "$regressions" ] && [ -d "$regressions" ]; then dirs+=("$regressions"); fi
 # Leaks inside libtorch's own start-up are not ours: LeakSanitizer is off.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} TANDEM_FUZZ_SEEDS="$work/corpus" \
-  "$bin" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+  "$bin" -max_total_time="$seconds" -timeout=20 -rss_limit_mb="${TANDEM_FUZZ_RSS_MB:-4096}" -print_final_stats=1 \
   -artifact_prefix="$work/findings/" "${dirs[@]}" > "$work/log" 2>&1
 rc=$?
 runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$')
