@@ -273,11 +273,20 @@ void DistributedDataParallel::after_backward() {
   launch_in_order();
   // Note [unused parameters]: which parameters got a gradient on any rank.
   // Used: has a gradient now, from this step or from no_sync steps before.
+  // Every rank reduces the flags every step; only a rank with a parameter
+  // that had none locally waits for the answer (no host sync otherwise:
+  // the reduction is waited for at the next step's).
+  if (used_.defined()) used_work_.wait();
   auto used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
   auto* flag = used.data_ptr<int32_t>();
-  for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = had_grad[k] ? 1 : 0;
+  bool all_had_grad = true;
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    flag[k] = had_grad[k] ? 1 : 0;
+    all_had_grad = all_had_grad && had_grad[k];
+  }
   if (!parameters_.empty()) used = used.to(parameters_[0].device());  // NCCL: CUDA only
-  auto used_work = group_->all_reduce(used, dist::ReduceOp::kMax);
+  used_ = used;
+  used_work_ = group_->all_reduce(used_, dist::ReduceOp::kMax);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (comm_stream_) {  // the stream waits, and the hook's last steps run there
       c10::StreamGuard guard(*comm_stream_);
@@ -291,11 +300,14 @@ void DistributedDataParallel::after_backward() {
     reduced_event_->record(*comm_stream_);
     reduced_event_->block(current_stream());
   }
-  used_work.wait();
-  used = used.cpu();
-  for (size_t k = 0; k < parameters_.size(); ++k) {
-    if (had_grad[k]) continue;  // its gradient is the view, averaged in place
-    if (used.data_ptr<int32_t>()[k] != 0) parameters_[k].mutable_grad() = views_[k];
+  if (!all_had_grad) {
+    used_work_.wait();
+    used = used_.cpu();
+    used_ = torch::Tensor();
+    for (size_t k = 0; k < parameters_.size(); ++k) {
+      if (had_grad[k]) continue;  // its gradient is the view, averaged in place
+      if (used.data_ptr<int32_t>()[k] != 0) parameters_[k].mutable_grad() = views_[k];
+    }
   }
   seen_.clear();  // the next step starts with before_forward()
 }

@@ -61,7 +61,8 @@
 // steps accumulated); its bucket is launched at after_backward() at the
 // latest, so an unused parameter never hangs the step (PyTorch's DDP stops
 // with an error unless find_unused_parameters is set). After backward a
-// flag per parameter (had a gradient) is all-reduced with the last buckets:
+// flag per parameter (had a gradient) is all-reduced with the last buckets
+// (a rank waits for it only when one of its parameters had none):
 // a parameter used on some rank gets the average, and one unused on every
 // rank keeps an undefined gradient, as in one process, so weight decay and
 // momentum leave it alone. With find_unused_parameters,
@@ -181,6 +182,10 @@ class DistributedDataParallel {
   std::vector<bool> unused_;      // per parameter, this step: unreachable from the loss
   size_t next_launch_ = 0;
   std::vector<dist::Work> work_;
+  // Note [unused parameters]: the last step's used flags, while their
+  // reduction may still run (waited for at the next after_backward()).
+  torch::Tensor used_;
+  dist::Work used_work_;
   DdpTimeline timeline_;
 };
 
