@@ -204,6 +204,8 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> group;
 
+  int64_t duplicates = 0;  // made so far by duplicate()
+
   void connect();  // makes `group` over `store`
 
   Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name,
@@ -360,12 +362,15 @@ void ProcessGroup::Impl::connect() {
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) const {
+std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) {
   auto impl = std::make_unique<Impl>();
   impl->rendezvous = impl_->rendezvous;
   impl->options = impl_->options;
   impl->backend = impl_->backend;
-  impl->store = c10::make_intrusive<c10d::PrefixStore>("duplicate/" + name, impl_->store);
+  // Numbered, so that a second duplicate of the same name never meets the
+  // first one's keys in the store (every rank counts the same way).
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(
+      "duplicate/" + std::to_string(impl_->duplicates++) + "/" + name, impl_->store);
   impl->connect();
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }

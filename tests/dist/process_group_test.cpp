@@ -74,6 +74,10 @@ TEST(ProcessGroupTest, ADuplicateGroupHasItsOwnTraffic) {
     wa.wait();
     EXPECT_TRUE(torch::equal(a, torch::full({4}, 3.0)));
     EXPECT_TRUE(torch::equal(b, torch::full({4}, 30.0)));
+    auto again = g.duplicate("second");  // the same name twice: a group of its own too
+    auto c = torch::full({2}, 1.0);
+    again->all_reduce(c).wait();
+    EXPECT_TRUE(torch::equal(c, torch::full({2}, 3.0)));
     // Rank 0 sends 1 on the duplicate, then 2 on the first group, same tag;
     // rank 1 receives from the first group first and gets 2.
     if (g.rank() == 0) {

@@ -104,7 +104,7 @@ class ProcessGroup {
   // under `name`, with connections of its own (with NCCL, its own
   // communicators and streams, so its traffic never queues behind this
   // group's). Every rank calls it, in the same order, with the same name.
-  std::shared_ptr<ProcessGroup> duplicate(const std::string& name) const;
+  std::shared_ptr<ProcessGroup> duplicate(const std::string& name);
 
   struct Impl;
 
