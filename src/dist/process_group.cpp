@@ -139,6 +139,7 @@ struct Work::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   std::string what;  // "all_reduce on rank 1 of 2 (gloo)"
   std::chrono::milliseconds timeout;
+  bool host_wait = true;  // false: NCCL, the current stream waits (Note [waiting on NCCL])
   std::function<void()> then;  // runs once, after success
   std::mutex mutex;
   bool done = false;
@@ -154,7 +155,7 @@ void Work::wait() {
   if (impl_->done) return;
   bool finished = !impl_->work;  // no c10d work: done locally (a group of one)
   try {
-    if (impl_->work) finished = impl_->work->wait(impl_->timeout);
+    if (impl_->work) finished = impl_->host_wait ? impl_->work->wait(impl_->timeout) : impl_->work->wait();
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
     bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos;
@@ -215,6 +216,7 @@ struct ProcessGroup::Impl {
     impl->what = detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
                                  " (", backend, ")");
     impl->timeout = options.timeout;
+    impl->host_wait = backend != "nccl";
     impl->then = std::move(then);
     // Record when it completes; send/recv works of some backends have no
     // future, and then there is no time to report.

@@ -75,6 +75,7 @@ struct CudaGraphStep::Impl {
     // As torch.cuda.graph does: nothing of the warm-up still running while
     // the capture begins.
     c10::cuda::device_synchronize();
+    if (options.before_capture) options.before_capture();
     wait_for(side, current);
     graph = std::make_unique<at::cuda::CUDAGraph>();
     {

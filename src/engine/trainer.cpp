@@ -476,11 +476,13 @@ TrainResult Trainer::run() {
   std::unique_ptr<CudaGraphStep> graphed;
   if (o.cuda_graph) {
     optimizer.use_lr_tensor();
+    CudaGraphOptions graph_options;
+    graph_options.before_capture = [&] { optimizer.freeze_state(); };
     // The counters stay untouched: --cuda-graph means no pipeline and no scaler.
     graphed = std::make_unique<CudaGraphStep>(device_, [&](const torch::Tensor& x, const torch::Tensor& y) {
       StepCounters unused;
       return step(x, y, optimizer, unused);
-    });
+    }, graph_options);
     say(format("CUDA graph: the step is captured after %lld eager steps and replayed (a batch of "
                "another size runs eagerly)", static_cast<long long>(CudaGraphOptions{}.warmup_steps)));
   }

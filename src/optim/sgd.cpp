@@ -43,8 +43,9 @@ torch::Tensor Sgd::step(LossClosure closure) {
       if (momentum == 0) continue;
       auto found = state_.find(p.unsafeGetTensorImpl());
       if (found == state_.end()) {
-        TANDEM_CHECK(!neg_lr_.defined(), "optim::Sgd: a parameter has no momentum buffer yet; with "
-                     "use_lr_tensor() (a CUDA graph) every parameter needs one eager step first");
+        TANDEM_CHECK(!frozen_, "optim::Sgd: a parameter has no momentum buffer yet, and the state is "
+                     "frozen (a CUDA graph is being captured); every parameter needs one eager step "
+                     "with a gradient first");
         slice.buffers.emplace_back();
       } else {
         slice.buffers.push_back(

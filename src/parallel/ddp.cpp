@@ -273,20 +273,25 @@ void DistributedDataParallel::after_backward() {
   launch_in_order();
   // Note [unused parameters]: which parameters got a gradient on any rank.
   // Used: has a gradient now, from this step or from no_sync steps before.
-  // Every rank reduces the flags every step; only a rank with a parameter
-  // that had none locally waits for the answer (no host sync otherwise:
-  // the reduction is waited for at the next step's).
-  if (used_.defined()) used_work_.wait();
-  auto used = torch::zeros({static_cast<int64_t>(parameters_.size())}, torch::kInt32);
-  auto* flag = used.data_ptr<int32_t>();
+  // With several ranks every rank reduces the flags every step; only a rank
+  // with a parameter that had none locally waits for the answer (no host
+  // sync otherwise: the reduction is waited for at the next step's). One
+  // rank's own flags are the answer.
   bool all_had_grad = true;
-  for (size_t k = 0; k < parameters_.size(); ++k) {
-    flag[k] = had_grad[k] ? 1 : 0;
-    all_had_grad = all_had_grad && had_grad[k];
+  for (size_t k = 0; k < parameters_.size(); ++k) all_had_grad = all_had_grad && had_grad[k];
+  const bool reduce_flags = group_->size() > 1 && !parameters_.empty();
+  if (used_.defined()) used_work_.wait();
+  if (reduce_flags) {
+    // Pinned, and copied without blocking: a copy from pageable memory
+    // would wait for the whole backward on the host every step.
+    const bool cuda = parameters_[0].is_cuda();
+    auto used = torch::empty({static_cast<int64_t>(parameters_.size())},
+                             torch::TensorOptions().dtype(torch::kInt32).pinned_memory(cuda));
+    auto* flag = used.data_ptr<int32_t>();
+    for (size_t k = 0; k < parameters_.size(); ++k) flag[k] = had_grad[k] ? 1 : 0;
+    used_ = used.to(parameters_[0].device(), /*non_blocking=*/true);  // NCCL: CUDA only
+    used_work_ = group_->all_reduce(used_, dist::ReduceOp::kMax);
   }
-  if (!parameters_.empty()) used = used.to(parameters_[0].device());  // NCCL: CUDA only
-  used_ = used;
-  used_work_ = group_->all_reduce(used_, dist::ReduceOp::kMax);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (comm_stream_) {  // the stream waits, and the hook's last steps run there
       c10::StreamGuard guard(*comm_stream_);
@@ -300,9 +305,9 @@ void DistributedDataParallel::after_backward() {
     reduced_event_->record(*comm_stream_);
     reduced_event_->block(current_stream());
   }
-  if (!all_had_grad) {
+  if (!all_had_grad && reduce_flags) {
     used_work_.wait();
-    used = used_.cpu();
+    auto used = used_.cpu();
     used_ = torch::Tensor();
     for (size_t k = 0; k < parameters_.size(); ++k) {
       if (had_grad[k]) continue;  // its gradient is the view, averaged in place

@@ -53,17 +53,19 @@ TEST(SgdTest, BitIdenticalToLibtorchSgdOnTheCpu) {
   expect_same_steps(torch::optim::SGDOptions(0.05).momentum(0.5).dampening(0.1));
 }
 
-// Note [learning rate in a tensor]: after one eager step, the tensor path
-// reads the rate set_lr() wrote; up to rounding of -lr * d before the add.
+// Note [learning rate in a tensor]: the tensor path reads the rate set_lr()
+// wrote, from the first step on (which makes the momentum buffers, as
+// CudaGraphStep's eager warm-up does); up to rounding of -lr * d before the
+// add.
 TEST(SgdTest, LearningRateTensorFollowsSetLr) {
   auto options = torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(5e-4);
   std::vector<torch::Tensor> ours = {torch::randn({6, 4}).requires_grad_(), torch::randn({4}).requires_grad_()};
   std::vector<torch::Tensor> theirs;
   for (auto& p : ours) theirs.push_back(p.detach().clone().requires_grad_());
   Sgd sgd(ours, options);
+  sgd.use_lr_tensor();
   torch::optim::SGD reference(theirs, options);
   for (int step = 0; step < 5; ++step) {
-    if (step == 1) sgd.use_lr_tensor();
     set_lr(sgd, 0.1 * (5 - step));
     set_lr(reference, 0.1 * (5 - step));
     fake_backward(ours, step);
@@ -77,16 +79,26 @@ TEST(SgdTest, LearningRateTensorFollowsSetLr) {
   EXPECT_TRUE(sgd.has_lr_tensor());
 }
 
-TEST(SgdTest, LearningRateTensorNeedsMomentumBuffersFirst) {
-  std::vector<torch::Tensor> params = {torch::randn({3}).requires_grad_()};
+// Once the state is frozen (a capture begins), a parameter that never had a
+// gradient cannot get a momentum buffer; one that has its buffer steps on.
+TEST(SgdTest, FrozenStateRefusesANewMomentumBuffer) {
+  std::vector<torch::Tensor> params = {torch::randn({3}).requires_grad_(), torch::randn({2}).requires_grad_()};
   Sgd sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));
   sgd.use_lr_tensor();
-  fake_backward(params, 0);
+  params[0].mutable_grad() = torch::ones({3});
+  sgd.step();  // the first parameter's buffer
+  sgd.freeze_state();
+  EXPECT_TRUE(sgd.state_frozen());
+  auto before = params[0].detach().clone();
+  sgd.step();
+  EXPECT_FALSE(torch::equal(before, params[0]));
+  params[1].mutable_grad() = torch::ones({2});
   try {
     sgd.step();
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no momentum buffer yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no momentum buffer yet, and the state is frozen"), std::string::npos)
+        << e.what();
   }
 }
 

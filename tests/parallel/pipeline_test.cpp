@@ -51,7 +51,8 @@ void expect_same_gradients(torch::nn::Module& got, torch::nn::Module& want, doub
   ASSERT_EQ(g.size(), w.size());
   for (size_t i = 0; i < g.size(); ++i) {
     ASSERT_TRUE(g[i].value().grad().defined()) << what << ": " << g[i].key();
-    auto diff = (g[i].value().grad() - w[i].value().grad()).abs().max().item<double>();
+    // On the CPU: the two may live on different devices (model parallelism).
+    auto diff = (g[i].value().grad().cpu() - w[i].value().grad().cpu()).abs().max().item<double>();
     auto scale = std::max(w[i].value().grad().abs().max().item<double>(), 1e-3);
     EXPECT_LE(diff / scale, tolerance) << what << ": " << g[i].key();
   }
@@ -152,6 +153,8 @@ TEST(StageSplitTest, StagesShareTheModelsParameters) {
 TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
   std::vector<torch::Device> devices{torch::kCPU, torch::kCPU};
   if (torch::cuda::is_available()) devices[1] = torch::Device(torch::kCUDA, 0);
+  // Another device's arithmetic rounds differently; on two CPUs it is exact.
+  const double tolerance = devices[1].is_cuda() ? 1e-5 : 1e-6;
   torch::manual_seed(3);
   models::Sequence net;
   net->push_back("embedding", torch::nn::Embedding(1000, 10));
@@ -165,12 +168,12 @@ TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
     auto out_split = split->forward(x);
     auto out_whole = whole->forward(x);
     EXPECT_EQ(out_split.device(), devices[1]);
-    EXPECT_TRUE(torch::allclose(out_split.cpu(), out_whole, 1e-6, 1e-6));
+    EXPECT_TRUE(torch::allclose(out_split.cpu(), out_whole, tolerance, tolerance));
     sgd_split.zero_grad();
     sgd_whole.zero_grad();
     out_split.pow(2).mean().backward();
     out_whole.pow(2).mean().backward();
-    expect_same_gradients(*split, *whole, 1e-6, "step " + std::to_string(step));
+    expect_same_gradients(*split, *whole, tolerance, "step " + std::to_string(step));
     sgd_split.step();
     sgd_whole.step();
   }

@@ -11,6 +11,16 @@
 // timeout). Ranks must call collectives in the same order with matching
 // shapes, as with torch.distributed.
 //
+// Note [waiting on NCCL]: with NCCL, wait() does not block the host. It makes
+// the calling thread's current CUDA stream wait for the collective (what
+// torch.distributed's work.wait() and PyTorch's DDP do), so later kernels,
+// copies to the host (.cpu(), .item()) included, see its result. c10d blocks
+// the host instead as soon as a timeout is passed to its wait, which would
+// stall the GPU's queue at every DDP bucket. The timeout is then enforced by
+// ProcessGroupNCCL's watchdog, created with the group's timeout: it names
+// the collective (OpType, sequence number) and ends the process, which the
+// launcher turns into the end of every rank. barrier() still blocks the host.
+//
 // In a group of one, all_reduce and broadcast complete at once without a
 // backend call (they could only copy a tensor onto itself); the other
 // collectives still go through the backend.
@@ -44,8 +54,9 @@ struct GroupOptions {
 class Work {
  public:
   Work() = default;
-  // Blocks until done; throws tandem::Error on failure or timeout. Waiting
-  // twice is allowed (the second returns at once).
+  // Blocks until done (NCCL: the current CUDA stream waits, Note [waiting on
+  // NCCL]); throws tandem::Error on failure or timeout. Waiting twice is
+  // allowed (the second returns at once).
   void wait();
   // Whether the collective has finished (successfully or not), without
   // blocking; the steps registered with then() run only in wait().

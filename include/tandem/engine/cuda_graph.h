@@ -1,6 +1,9 @@
 // tandem/engine/cuda_graph.h: a whole training step captured once as a CUDA
 // graph and replayed (--cuda-graph).
 //
+//   optimizer.use_lr_tensor();
+//   engine::CudaGraphOptions options;
+//   options.before_capture = [&] { optimizer.freeze_state(); };
 //   engine::CudaGraphStep graphed(device, [&](const torch::Tensor& x, const torch::Tensor& y) {
 //     optimizer.zero_grad();                   // set to none: backward assigns
 //     auto logits = model->forward(x);
@@ -8,7 +11,7 @@
 //     loss.backward();
 //     optimizer.step();                        // optim::Sgd with use_lr_tensor()
 //     return engine::StepOutputs{logits, loss};
-//   });
+//   }, options);
 //   for (batch : loader) { optim::set_lr(optimizer, lr); auto out = graphed.run(x, y); ... }
 //
 // A replay launches every kernel of the step at once, from one host call:
@@ -26,7 +29,7 @@
 //     steps): capture fails, and run() turns that into an error that says so;
 //   - keep its state in tensors that live on (parameters, momentum buffers,
 //     BatchNorm statistics): made in the eager warm-up steps, never inside
-//     the captured one.
+//     the captured one (CudaGraphOptions::before_capture can check that).
 // The gradients are set to none before the captured backward, so the graph's
 // backward assigns them (into its private memory pool) instead of adding.
 // Autocast's cache of cast weights is off during the capture (casts cached
@@ -60,6 +63,10 @@ using StepFunction = std::function<StepOutputs(const torch::Tensor& inputs, cons
 
 struct CudaGraphOptions {
   int64_t warmup_steps = 3;  // eager steps before the capture
+  // Called once, after the warm-up and right before the capture begins: the
+  // place to freeze state that a captured step may not make (optim::Sgd::
+  // freeze_state). May throw; run() passes the error on.
+  std::function<void()> before_capture;
 };
 
 // Whether this build of tandem can capture CUDA graphs (it was built against

@@ -20,9 +20,11 @@
 // they had, so a scheduled learning rate cannot be a scalar argument. After
 // use_lr_tensor(), step() reads -lr from a one-element tensor on the
 // parameters' device, in their dtype, which set_lr() (optim/schedule.h) refills with a
-// kernel of its own before each step, outside the graph. Every parameter
-// must then already have its momentum buffer (one eager step), since making
-// one is not capturable; step() checks.
+// kernel of its own before each step, outside the graph. Making a momentum
+// buffer is not capturable (a replay would re-copy it from the gradient every
+// step), so every parameter must already have one when the capture begins:
+// eager steps make them, and freeze_state() (CudaGraphStep's before_capture)
+// turns a parameter still without one into an error instead.
 #pragma once
 
 #include <torch/optim/sgd.h>
@@ -42,9 +44,14 @@ class Sgd : public torch::optim::SGD {
   // (set_lr calls it); all groups must share one learning rate.
   void refresh_lr_tensor();
   bool has_lr_tensor() const { return neg_lr_.defined(); }
+  // From now on step() makes no new state: a parameter with a gradient and
+  // no momentum buffer is an error (Note [learning rate in a tensor]).
+  void freeze_state() { frozen_ = true; }
+  bool state_frozen() const { return frozen_; }
 
  private:
   torch::Tensor neg_lr_;  // -lr, on the parameters' device
+  bool frozen_ = false;
 };
 
 }  // namespace tandem::optim
