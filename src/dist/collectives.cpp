@@ -20,6 +20,9 @@ void average_gradients(torch::nn::Module& module, ProcessGroup& group) {
 
 void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group, int64_t root,
                          int64_t bucket_bytes) {
+  // A group of one has nothing to send (DDP calls this every step, where
+  // packing and unpacking would be a few dozen small kernels for nothing).
+  if (group.size() == 1) return;
   torch::NoGradGuard no_grad;
   // Packs, in order, per kind (dtype, device): kinds keep their own open pack.
   struct Pack {
@@ -52,6 +55,7 @@ void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group
   }
   for (size_t p = 0; p < packs.size(); ++p) {
     pending[p].wait();
+    if (group.rank() == root) continue;  // its tensors are what was sent
     int64_t offset = 0;
     for (size_t i : packs[p].members) {
       auto& t = tensors[i];
