@@ -49,35 +49,45 @@ TEST(DataParallelTest, ScatterAndGatherAreDifferentiableInverses) {
   EXPECT_TRUE(torch::equal(x.grad(), torch::full({7, 3}, 2.0f)));
 }
 
-// Three SGD steps through DataParallel on cpu x3 equal three on one device,
-// outputs and gradients included.
-TEST(DataParallelTest, TrainingEqualsOneDevice) {
+// Three SGD steps through DataParallel on `devices` (all the same device)
+// equal three on that device alone, outputs and gradients included.
+void expect_training_equals_one_device(const std::vector<torch::Device>& devices, double rtol, double atol) {
   torch::manual_seed(0);
   auto net = mlp();
+  net->to(devices[0]);
   auto single = copy_of(net);
-  DataParallel dp(net, DataParallelOptions{cpus(3)});
+  DataParallel dp(net, DataParallelOptions{devices});
   EXPECT_EQ(dp->named_parameters().keys()[0], "module.fc1.weight");  // PyTorch's names
   torch::optim::SGD sgd_dp(dp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD sgd_one(single->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < 3; ++step) {
-    auto x = torch::randn({10, 6});
-    auto y = torch::randint(0, 3, {10}, torch::kInt64);
+    auto x = torch::randn({10, 6}).to(devices[0]);
+    auto y = torch::randint(0, 3, {10}, torch::kInt64).to(devices[0]);
     sgd_dp.zero_grad();
     sgd_one.zero_grad();
     auto out_dp = dp->forward(x);
     auto out_one = single->forward(x);
-    EXPECT_TRUE(torch::allclose(out_dp, out_one, 1e-5, 1e-6)) << "step " << step;
+    EXPECT_TRUE(torch::allclose(out_dp, out_one, rtol, atol)) << "step " << step << " on " << devices[0];
     torch::nn::functional::cross_entropy(out_dp, y).backward();
     torch::nn::functional::cross_entropy(out_one, y).backward();
     auto a = net->parameters(), b = single->parameters();
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_TRUE(a[i].grad().defined()) << "parameter " << i;
-      EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), 1e-5, 1e-6))
-          << "gradient " << i << " at step " << step << ", max difference "
+      EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), rtol, atol))
+          << "gradient " << i << " at step " << step << " on " << devices[0] << ", max difference "
           << (a[i].grad() - b[i].grad()).abs().max().item<double>();
     }
     sgd_dp.step();
     sgd_one.step();
+  }
+}
+
+TEST(DataParallelTest, TrainingEqualsOneDevice) {
+  expect_training_equals_one_device(cpus(3), 1e-5, 1e-6);
+  // On a GPU machine, issue 5's cuda:0,cuda:0 check: other batch sizes for
+  // the same kernels, so within 1e-4.
+  if (torch::cuda::is_available()) {
+    expect_training_equals_one_device({torch::Device(torch::kCUDA, 0), torch::Device(torch::kCUDA, 0)}, 1e-4, 1e-5);
   }
 }
 
