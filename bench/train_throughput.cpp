@@ -10,7 +10,7 @@
 //
 //   train_throughput --model convnet --data fashion-mnist --batch 256 --steps 30 --rounds 3
 //   train_throughput --model resnet18 --data random:3x32 --batch 256 --device cuda \
-//       [--amp bf16] [--channels-last] [--cuda-graph] [--ddp]
+//       [--amp bf16] [--channels-last] [--cudnn-benchmark] [--cuda-graph] [--ddp]
 // --ddp wraps the model in DistributedDataParallel over the group that the
 // environment describes (run it under `tandem launch --nproc-per-node 1`).
 #include <cstdio>
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   std::string model_name = "convnet", data_spec = "fashion-mnist", device_text = "cpu";
   int64_t batch = 256, steps = 30, warmup = 5, rounds = 3;
   std::string amp = "off";
-  bool channels_last = false, cuda_graph = false, use_ddp = false;
+  bool channels_last = false, cudnn_benchmark = false, cuda_graph = false, use_ddp = false;
   cli::FlagSet flags("train_throughput", "Training-step throughput of one model.");
   flags.add_string("model", "NAME", &model_name, "model");
   flags.add_string("data", "SPEC", &data_spec, "fashion-mnist, idx:DIR or random:CxS");
@@ -51,11 +51,15 @@ int main(int argc, char** argv) {
   flags.add_int("rounds", "N", &rounds, "rounds (one JSON line each)", 1);
   flags.add_choice("amp", &amp, {"off", "bf16"}, "autocast forward and loss to bf16");
   flags.add_switch("channels-last", &channels_last, "NHWC weights and inputs");
+  flags.add_switch("cudnn-benchmark", &cudnn_benchmark,
+                   "cuDNN times its convolution algorithms per shape (torch.backends.cudnn.benchmark)");
   flags.add_switch("cuda-graph", &cuda_graph, "replay the step as a CUDA graph (engine/cuda_graph.h)");
   flags.add_switch("ddp", &use_ddp, "DistributedDataParallel over the group in the environment");
   return bench::run("train_throughput", flags, argc, argv, [&] {
     torch::manual_seed(0);
     auto device = engine::parse_device(device_text);
+    TANDEM_CHECK(!cudnn_benchmark || device.is_cuda(), "--cudnn-benchmark needs --device cuda");
+    if (cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
 
     // The data: real images (gathered per step) or one fixed random batch.
     std::shared_ptr<const data::Dataset> dataset;
@@ -155,10 +159,11 @@ int main(int argc, char** argv) {
       loss.item<float>();  // waits for the device
       double seconds = clock.seconds();
       std::printf("{\"impl\": \"tandem\", \"model\": \"%s\", \"batch\": %lld, \"threads\": %d, "
-                  "\"amp\": \"%s\", \"channels_last\": %s, \"cuda_graph\": %s, \"ddp\": %s, "
+                  "\"amp\": \"%s\", \"channels_last\": %s, \"cudnn_benchmark\": %s, \"cuda_graph\": %s, \"ddp\": %s, "
                   "\"images_per_second\": %.1f}\n",
                   model_name.c_str(), static_cast<long long>(batch), at::get_num_threads(), amp.c_str(),
-                  channels_last ? "true" : "false", cuda_graph ? "true" : "false", ddp ? "true" : "false",
+                  channels_last ? "true" : "false", cudnn_benchmark ? "true" : "false",
+                  cuda_graph ? "true" : "false", ddp ? "true" : "false",
                   steps * batch / seconds);
       std::fflush(stdout);
     }

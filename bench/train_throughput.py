@@ -53,10 +53,15 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--amp", choices=["off", "bf16"], default="off")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the stretch peer)")
     a = p.parse_args()
     torch.manual_seed(0)
     device = torch.device(a.device)
+    if a.cudnn_benchmark:
+        if device.type != "cuda":
+            raise SystemExit("--cudnn-benchmark needs --device cuda")
+        torch.backends.cudnn.benchmark = True
 
     images = labels = fixed_x = fixed_y = None
     if a.data.startswith("random:"):
@@ -120,7 +125,7 @@ def main():
         dt = time.perf_counter() - t
         print(json.dumps({"impl": "pytorch-compile" if a.compile else "pytorch", "model": a.model,
                           "batch": a.batch, "threads": torch.get_num_threads(), "amp": a.amp,
-                          "channels_last": a.channels_last,
+                          "channels_last": a.channels_last, "cudnn_benchmark": a.cudnn_benchmark,
                           "images_per_second": round(a.steps * a.batch / dt, 1)}), flush=True)
 
 
