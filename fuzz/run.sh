@@ -3,8 +3,9 @@
 #   fuzz/run.sh BINARY SECONDS [REGRESSIONS_DIR]
 # The target writes its seeds (LLVMFuzzerInitialize, TANDEM_FUZZ_SEEDS) into
 # a fresh corpus; committed inputs that once crashed (REGRESSIONS_DIR) run
-# first. TANDEM_FUZZ_RSS_MB: the memory limit (default 4096). Exit 0 with a line of statistics, or non-zero with libFuzzer's
-# report and the crashing input's path (keep it: it becomes a regression).
+# first. TANDEM_FUZZ_RSS_MB: the memory limit (default 4096). Exit 0 with a
+# line of statistics, or non-zero with libFuzzer's report and the crashing
+# input's path (keep it: it becomes a regression).
 set -uo pipefail
 bin=$1 seconds=$2 regressions=${3:-}
 name=$(basename "$bin")
