@@ -17,6 +17,20 @@ namespace {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Note [detached step outputs]: the step's loss and logits come back
+// detached. Their autograd graph holds each parameter's AccumulateGrad node,
+// which remembers the stream it was made on; kept alive, the next eager step
+// on another stream (an epoch's short last batch on the current stream, after
+// a capture on the side stream) reuses those nodes, and autograd warns of the
+// mismatch ("The AccumulateGrad node's stream does not match ..."), as it
+// would for a Python loss kept across iterations. The values are the same
+// tensors' memory, so a replay still refreshes them.
+StepOutputs detached(StepOutputs out) {
+  out.logits = out.logits.detach();
+  out.loss = out.loss.detach();
+  return out;
+}
+
 // `waiter` runs what follows only after what `signaller` has queued so far.
 void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& signaller) {
   at::cuda::CUDAEvent event;
@@ -55,7 +69,7 @@ struct CudaGraphStep::Impl {
     StepOutputs out;
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      out = step(x, y);
+      out = detached(step(x, y));
     }
     wait_for(current, side);
     // Made on one stream, used on the other: the caching allocator must not
@@ -92,7 +106,7 @@ struct CudaGraphStep::Impl {
         // capture_error_mode="thread_local").
         graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
         begun = true;
-        static_outputs = step(static_inputs, static_targets);
+        static_outputs = detached(step(static_inputs, static_targets));
         graph->capture_end();
         at::autocast::set_autocast_cache_enabled(cache);
       } catch (const std::exception& e) {
@@ -138,7 +152,7 @@ StepOutputs CudaGraphStep::run(const torch::Tensor& inputs, const torch::Tensor&
   if (s.graph) {
     if (!s.fits(inputs, targets)) {  // a short last batch: eagerly, on the current stream
       ++s.eager;
-      return s.step(inputs, targets);
+      return detached(s.step(inputs, targets));
     }
     s.static_inputs.copy_(inputs, /*non_blocking=*/true);
     s.static_targets.copy_(targets, /*non_blocking=*/true);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
 
 #include "tandem/engine/checkpoint.h"
@@ -199,8 +200,20 @@ TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOrSaysWhyNot) {
   dp.devices = "cuda:0,cuda:0";
   expect_refused(dp, "--cuda-graph captures the step of one process on one device");
 
+  // Autograd's warnings, caught on this thread (its engine replays a
+  // backward's warnings on the thread that called it).
+  struct Warnings : c10::WarningHandler {
+    std::vector<std::string> seen;
+    void process(const c10::Warning& w) override { seen.push_back(w.msg()); }
+  } warnings;
   Trainer graphed(o, nullptr);
-  auto result = graphed.run();
+  TrainResult result;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    result = graphed.run();
+  }
+  // Note [detached step outputs]: no AccumulateGrad node outlives its step.
+  for (const auto& w : warnings.seen) EXPECT_EQ(w.find("AccumulateGrad"), std::string::npos) << w;
   o.cuda_graph = false;
   Trainer eager(o, nullptr);
   auto reference = eager.run();
