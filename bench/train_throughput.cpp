@@ -126,10 +126,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<engine::CudaGraphStep> graphed;
     if (cuda_graph) {
       TANDEM_CHECK(!ddp, "--cuda-graph and --ddp do not go together");
-      sgd.use_lr_tensor();
-      engine::CudaGraphOptions graph_options;
-      graph_options.before_capture = [&] { sgd.freeze_state(); };
-      graphed = std::make_unique<engine::CudaGraphStep>(device, train_step, graph_options);
+      graphed = std::make_unique<engine::CudaGraphStep>(device, train_step, engine::capture_options_for(sgd));
     }
     auto order = torch::randperm(dataset ? dataset->size() : batch, torch::kInt64);
     int64_t cursor = 0;

@@ -26,19 +26,7 @@
 namespace tandem::engine {
 
 torch::Device parse_device(const std::string& text) {
-  std::optional<torch::Device> device;
-  try {
-    device.emplace(text);
-  } catch (const std::exception&) {
-  }
-  TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()), "--device: expected cpu, cuda or cuda:N, got '", text, "'");
-  if (device->is_cuda()) {
-    TANDEM_CHECK(torch::cuda::is_available(), "--device ", text,
-                 ": no CUDA device is available on this machine");
-    TANDEM_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
-                 "--device ", text, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
-  }
-  return *device;
+  return parallel::parse_one_device(text, "--device", text, "cpu, cuda or cuda:N");
 }
 
 namespace {
@@ -475,9 +463,7 @@ TrainResult Trainer::run() {
   // replayed (engine/cuda_graph.h); the learning rate is read from a tensor.
   std::unique_ptr<CudaGraphStep> graphed;
   if (o.cuda_graph) {
-    optimizer.use_lr_tensor();
-    CudaGraphOptions graph_options;
-    graph_options.before_capture = [&] { optimizer.freeze_state(); };
+    auto graph_options = capture_options_for(optimizer);
     // The counters stay untouched: --cuda-graph means no pipeline and no scaler.
     graphed = std::make_unique<CudaGraphStep>(device_, [&](const torch::Tensor& x, const torch::Tensor& y) {
       StepCounters unused;

@@ -258,24 +258,30 @@ torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& in
   return run_data_parallel(replicas, input, output_device.value_or(devices.at(0)), false);
 }
 
+torch::Device parse_one_device(const std::string& item, const std::string& flag,
+                               const std::string& whole, const std::string& expected) {
+  std::optional<torch::Device> device;
+  try {
+    device.emplace(item);
+  } catch (const std::exception&) {
+  }
+  TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()), flag, ": expected ", expected,
+               ", got '", whole, "'");
+  if (device->is_cuda()) {
+    TANDEM_CHECK(torch::cuda::is_available(), flag, " ", whole,
+                 ": no CUDA device is available on this machine");
+    TANDEM_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
+                 flag, " ", whole, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
+  }
+  return *device;
+}
+
 std::vector<torch::Device> parse_devices(const std::string& text) {
   std::vector<torch::Device> devices;
   for (const auto& item : split(text, ',')) {
-    std::optional<torch::Device> device;
-    try {
-      device.emplace(item);
-    } catch (const std::exception&) {
-    }
-    TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()),
-                 "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got '", text, "'");
-    if (device->is_cuda()) {
-      TANDEM_CHECK(torch::cuda::is_available(), "--devices ", text,
-                   ": no CUDA device is available on this machine");
-      if (!device->has_index()) device = torch::Device(torch::kCUDA, 0);
-      TANDEM_CHECK(device->index() < static_cast<int>(torch::cuda::device_count()), "--devices ",
-                   text, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
-    }
-    devices.push_back(*device);
+    auto device = parse_one_device(item, "--devices", text, "a comma-separated list of cpu, cuda or cuda:N");
+    if (device.is_cuda() && !device.has_index()) device = torch::Device(torch::kCUDA, 0);
+    devices.push_back(device);
   }
   TANDEM_CHECK(!devices.empty(), "--devices: expected at least one device");
   return devices;

@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include "tandem/engine/checkpoint.h"
+#include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/util/check.h"
@@ -225,6 +226,27 @@ TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOrSaysWhyNot) {
     auto other = graphed.model()->named_parameters()[p.key()];
     EXPECT_TRUE(torch::allclose(p.value(), other, 1e-2, 1e-3)) << p.key();
   }
+}
+
+// capture_options_for readies an Sgd for a captured step (on any machine:
+// no graph is made): the learning rate moves into a tensor at once, and the
+// state freezes only in before_capture, after the hook given before it.
+TEST(CudaGraphOptionsTest, CaptureOptionsForSgdMoveTheLearningRateAndFreezeBeforeCapture) {
+  std::vector<torch::Tensor> params = {torch::randn({3}).requires_grad_()};
+  optim::Sgd sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<std::string> calls;
+  CudaGraphOptions given;
+  given.before_capture = [&] { calls.push_back(sgd.state_frozen() ? "frozen" : "not yet"); };
+  auto options = capture_options_for(sgd, given);
+  EXPECT_TRUE(sgd.has_lr_tensor());
+  EXPECT_FALSE(sgd.state_frozen());
+  params[0].mutable_grad() = torch::ones({3});
+  sgd.step();  // the warm-up makes the momentum buffer
+  ASSERT_TRUE(options.before_capture);
+  options.before_capture();
+  EXPECT_EQ(calls, std::vector<std::string>{"not yet"});
+  EXPECT_TRUE(sgd.state_frozen());
+  EXPECT_TRUE(capture_options_for(sgd).before_capture);  // no hook given: freezing alone
 }
 
 TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {

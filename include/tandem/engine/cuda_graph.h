@@ -1,9 +1,7 @@
 // tandem/engine/cuda_graph.h: a whole training step captured once as a CUDA
 // graph and replayed (--cuda-graph).
 //
-//   optimizer.use_lr_tensor();
-//   engine::CudaGraphOptions options;
-//   options.before_capture = [&] { optimizer.freeze_state(); };
+//   auto options = engine::capture_options_for(optimizer);  // an optim::Sgd
 //   engine::CudaGraphStep graphed(device, [&](const torch::Tensor& x, const torch::Tensor& y) {
 //     optimizer.zero_grad();                   // set to none: backward assigns
 //     auto logits = model->forward(x);
@@ -52,6 +50,8 @@
 
 #include <torch/types.h>
 
+#include "tandem/optim/sgd.h"
+
 namespace tandem::engine {
 
 struct StepOutputs {
@@ -68,6 +68,22 @@ struct CudaGraphOptions {
   // freeze_state). May throw; run() passes the error on.
   std::function<void()> before_capture;
 };
+
+// Readies `optimizer` for a captured step and returns `options` with its
+// before_capture hook extended: the learning rate moves into a device tensor
+// now (Sgd::use_lr_tensor; optim::set_lr refills it before each replay), and
+// the state is frozen right before the capture (Sgd::freeze_state), so that
+// a parameter still without a momentum buffer is an error instead of a
+// buffer the replay would never update. Call it before the first step.
+inline CudaGraphOptions capture_options_for(optim::Sgd& optimizer, CudaGraphOptions options = {}) {
+  optimizer.use_lr_tensor();
+  auto before = std::move(options.before_capture);
+  options.before_capture = [&optimizer, before] {
+    if (before) before();
+    optimizer.freeze_state();
+  };
+  return options;
+}
 
 // Whether this build of tandem can capture CUDA graphs (it was built against
 // a CUDA libtorch).

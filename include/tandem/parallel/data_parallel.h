@@ -113,7 +113,15 @@ torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& in
                             const std::vector<torch::Device>& devices,
                             std::optional<torch::Device> output_device = std::nullopt);
 
-// "cpu,cpu" or "cuda:0,cuda:1" -> devices; a clear error naming --devices.
+// "cpu,cpu" or "cuda:0,cuda:1" -> devices ("cuda" is cuda:0); a clear error
+// naming --devices.
 std::vector<torch::Device> parse_devices(const std::string& text);
+
+// One device of a device flag (engine::parse_device's --device, and each
+// item of --devices): cpu, cuda or cuda:N, with CUDA present and N in range.
+// Errors name `flag` and quote `whole` (the flag's text), and say that
+// `expected` was expected.
+torch::Device parse_one_device(const std::string& item, const std::string& flag,
+                               const std::string& whole, const std::string& expected);
 
 }  // namespace tandem::parallel
