@@ -17,13 +17,21 @@
 // Prints one JSON line with the median step time of each and the ratios
 // dp-cpu / plain-1 (overhead), and dp-cpu2 and dp-cpu2-t2 over plain-2.
 //
-//   dp_step --model convnet --image-size 28 --channels 1 --batch 256
+// With --device cuda (a GPU; the clock stops after a device synchronize):
+//   plain     the model alone on cuda:0
+//   dp-1      DataParallel over cuda:0 (its own overhead)
+//   dp-2      DataParallel over cuda:0,cuda:0 (two replicas sharing the GPU)
+//   torch-dp2 libtorch's data_parallel over cuda:0,cuda:0 (clones per call)
+// and the ratios dp-1 / plain - 1, dp-2 / plain and torch-dp2 / dp-2.
+//
+//   dp_step --model convnet --image-size 28 --channels 1 --batch 256 [--device cuda]
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/nn/parallel/data_parallel.h>
 #include <torch/torch.h>
 
@@ -41,7 +49,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
-  std::string model_name = "convnet";
+  std::string model_name = "convnet", device_name = "cpu";
   int64_t batch = 256, size = 28, channels = 1, steps = 10, warmup = 2;
   cli::FlagSet flags("dp_step", "DataParallel on repeated CPU devices against one device.");
   flags.add_string("model", "NAME", &model_name, "model");
@@ -50,15 +58,19 @@ int main(int argc, char** argv) {
   flags.add_int("channels", "C", &channels, "input channels", 1);
   flags.add_int("steps", "N", &steps, "timed steps per configuration", 1);
   flags.add_int("warmup", "N", &warmup, "untimed rounds first", 0);
+  flags.add_choice("device", &device_name, {"cpu", "cuda"}, "repeated cpu devices, or cuda:0 twice");
   return bench::run("dp_step", flags, argc, argv, [&] {
     models::ModelOptions o;
     o.in_channels = channels;
     o.image_size = size;
     o.num_classes = 10;
     torch::manual_seed(0);
-    auto inputs = torch::randn({batch, channels, size, size});
-    auto targets = torch::randint(0, 10, {batch}, torch::kInt64);
-    const torch::Device cpu(torch::kCPU);
+    const bool cuda = device_name == "cuda";
+    TANDEM_CHECK(!cuda || torch::cuda::is_available(), "--device cuda: no CUDA device is available on this machine");
+    const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
+    const torch::Device home = cuda ? gpu : cpu;
+    auto inputs = torch::randn({batch, channels, size, size}).to(home);
+    auto targets = torch::randint(0, 10, {batch}, torch::kInt64).to(home);
 
     struct Config {
       std::string name;
@@ -76,28 +88,42 @@ int main(int argc, char** argv) {
       c->threads = threads;
       torch::manual_seed(0);
       c->model = models::make_model(model_name, o);
+      c->model->to(home);
       c->sgd = std::make_unique<torch::optim::SGD>(c->model->parameters(),
                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
       configs.push_back(std::move(c));
       return configs.back().get();
     };
-    auto* plain1 = add("plain-1", 1);
-    plain1->forward = [m = plain1->model](const torch::Tensor& x) mutable { return m->forward(x); };
-    auto* dp1 = add("dp-cpu", 1);
-    parallel::DataParallel one(dp1->model, parallel::DataParallelOptions{{cpu}});
-    dp1->forward = [one](const torch::Tensor& x) mutable { return one->forward(x); };
-    auto* plain2 = add("plain-2", 2);
-    plain2->forward = [m = plain2->model](const torch::Tensor& x) mutable { return m->forward(x); };
-    auto* dp2 = add("dp-cpu2", 1);
-    parallel::DataParallel two(dp2->model, parallel::DataParallelOptions{{cpu, cpu}});
-    dp2->forward = [two](const torch::Tensor& x) mutable { return two->forward(x); };
-    auto* dp2t = add("dp-cpu2-t2", 2);
-    parallel::DataParallel two_t(dp2t->model, parallel::DataParallelOptions{{cpu, cpu}});
-    dp2t->forward = [two_t](const torch::Tensor& x) mutable { return two_t->forward(x); };
-    auto* torch2 = add("torch-dp2", 1);
-    torch2->forward = [m = torch2->model, cpu](const torch::Tensor& x) mutable {
-      return torch::nn::parallel::data_parallel(m, x, std::vector<torch::Device>{cpu, cpu});
+    // Kept alive for the whole run (the configurations' forwards hold them).
+    std::vector<parallel::DataParallel> kept;
+    auto add_dp = [&](std::string name, int threads, std::vector<torch::Device> devices) {
+      auto* c = add(std::move(name), threads);
+      kept.emplace_back(c->model, parallel::DataParallelOptions{std::move(devices)});
+      c->forward = [dp = kept.back()](const torch::Tensor& x) mutable { return dp->forward(x); };
     };
+    auto add_torch_dp = [&](std::vector<torch::Device> devices) {
+      auto* c = add("torch-dp2", 1);
+      c->forward = [m = c->model, devices](const torch::Tensor& x) mutable {
+        return torch::nn::parallel::data_parallel(m, x, devices);
+      };
+    };
+    auto add_plain = [&](std::string name, int threads) {
+      auto* c = add(std::move(name), threads);
+      c->forward = [m = c->model](const torch::Tensor& x) mutable { return m->forward(x); };
+    };
+    if (cuda) {
+      add_plain("plain", 1);
+      add_dp("dp-1", 1, {gpu});
+      add_dp("dp-2", 1, {gpu, gpu});
+      add_torch_dp({gpu, gpu});
+    } else {
+      add_plain("plain-1", 1);
+      add_dp("dp-cpu", 1, {cpu});
+      add_plain("plain-2", 2);
+      add_dp("dp-cpu2", 1, {cpu, cpu});
+      add_dp("dp-cpu2-t2", 2, {cpu, cpu});
+      add_torch_dp({cpu, cpu});
+    }
 
     for (int64_t round = 0; round < warmup + steps; ++round) {
       for (auto& c : configs) {
@@ -109,6 +135,7 @@ int main(int argc, char** argv) {
           auto loss = torch::nn::functional::cross_entropy(c->forward(inputs), targets);
           loss.backward();
           c->sgd->step();
+          if (cuda) torch::cuda::synchronize();
           if (round >= warmup) c->ms.push_back(1e3 * clock.seconds());
         } catch (const std::exception& e) {
           c->error = e.what();
@@ -122,6 +149,14 @@ int main(int argc, char** argv) {
       ms[c->name] = median(c->ms);
       fields += c->error.empty() ? format("\"%s_ms\": %.2f, ", c->name.c_str(), ms[c->name])
                                  : format("\"%s_error\": \"%s\", ", c->name.c_str(), c->error.c_str());
+    }
+    if (cuda) {
+      std::printf("{\"model\": \"%s\", \"batch\": %lld, \"device\": \"cuda\", %s\"dp_overhead\": %.4f, "
+                  "\"dp2_vs_plain\": %.3f, \"torchdp2_vs_dp2\": %.3f}\n",
+                  model_name.c_str(), static_cast<long long>(batch), fields.c_str(),
+                  ms["dp-1"] / ms["plain"] - 1, ms["dp-2"] / ms["plain"],
+                  ms.count("torch-dp2") && ms["torch-dp2"] > 0 ? ms["torch-dp2"] / ms["dp-2"] : 0.0);
+      return;
     }
     std::printf("{\"model\": \"%s\", \"batch\": %lld, %s\"dp_overhead\": %.4f, \"dp2_vs_plain2\": %.3f, \"dp2t2_vs_plain2\": %.3f}\n",
                 model_name.c_str(), static_cast<long long>(batch), fields.c_str(),
