@@ -9,7 +9,8 @@
 # two ranks of DDP, each at the same global batch on resnet18 (CIFAR stem,
 # random 3x32 inputs); and, as the compute-only bound of (a), one tandem
 # process without DDP at the per-rank batch. Prints the medians and:
-#  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks))
+#  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks)),
+#      from the medians, and per round (with the median of those)
 #  (b) step time at 2 ranks, tandem / PyTorch
 #  (c) share of all-reduce time hidden behind backward (tandem's timeline)
 #  (d) DDP overhead on one rank: t(1 rank DDP) / t(no DDP) - 1, from separate
@@ -81,6 +82,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 t1=$(med "tandem 1-none"); t1d=$(med "tandem 1-ddp"); t2=$(med "tandem 2-ddp")
 p1=$(med "pytorch 1-none"); p1d=$(med "pytorch 1-ddp"); p2=$(med "pytorch 2-ddp")
 echo "(a) scaling efficiency 1->2 ranks: tandem $(ratio "$t1" "$(awk -v x="$t2" 'BEGIN {print 2 * x}')")   pytorch $(ratio "$p1" "$(awk -v x="$p2" 'BEGIN {print 2 * x}')")"
+# Per round, each implementation's 1-process and 2-rank runs are minutes
+# apart at most, so their ratio escapes the drift between rounds that the
+# ratio of medians above carries; both are printed.
+per_round() {  # IMPL: that implementation's efficiency in each round
+  paste -d' ' <(printf '%s\n' ${ms["$1 1-none"]}) <(printf '%s\n' ${ms["$1 2-ddp"]}) |
+    awk '{printf "%.3f\n", $1 / (2 * $2)}'
+}
+echo "(a) per round: tandem $(per_round tandem | xargs)   pytorch $(per_round pytorch | xargs);" \
+  "medians: tandem $(per_round tandem | median | xargs printf '%.3f')   pytorch $(per_round pytorch | median | xargs printf '%.3f')"
 h=$(printf '%s\n' "${half[@]}" | median)
 printf '(a) bound from compute alone: tandem without DDP at the per-rank batch %s takes %.1f ms, so t(1)/(2 x that) = %s\n' \
   "$((batch / 2))" "$h" "$(ratio "$t1" "$(awk -v x="$h" 'BEGIN {print 2 * x}')")"
