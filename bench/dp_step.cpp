@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
     o.image_size = size;
     o.num_classes = 10;
     torch::manual_seed(0);
-    const bool cuda = device_name == "cuda";
-    TANDEM_CHECK(!cuda || torch::cuda::is_available(), "--device cuda: no CUDA device is available on this machine");
+    const bool cuda = parallel::parse_one_device(device_name, "--device", device_name, "cpu or cuda").is_cuda();
     const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
     const torch::Device home = cuda ? gpu : cpu;
     auto inputs = torch::randn({batch, channels, size, size}).to(home);

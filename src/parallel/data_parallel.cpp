@@ -27,13 +27,6 @@ std::string shape_of(const torch::Tensor& t) {
   return out.str();
 }
 
-// The first device any parameter or buffer of `module` lives on.
-std::optional<torch::Device> device_of(torch::nn::Module& module) {
-  for (const auto& p : module.parameters()) return p.device();
-  for (const auto& b : module.buffers()) return b.device();
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::vector<int64_t> scatter_sizes(int64_t n, size_t k) {
@@ -229,7 +222,7 @@ torch::Tensor run_data_parallel(ReplicaSet& replicas, const torch::Tensor& input
 
 std::vector<torch::Device> default_devices() {
   std::vector<torch::Device> devices;
-  for (size_t i = 0; i < torch::cuda::device_count(); ++i) {
+  for (size_t i = 0, n = torch::cuda::device_count(); i < n; ++i) {
     devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
   }
   if (devices.empty()) devices.emplace_back(torch::kCPU);
