@@ -31,7 +31,7 @@ torch::Tensor grayscale(const torch::Tensor& image) {
 // ratio * image1 + (1 - ratio) * image2, clamped to the dtype's range.
 torch::Tensor blend(const torch::Tensor& image1, const torch::Tensor& image2, double ratio) {
   auto out = image1.mul(ratio).add_(image2, 1.0 - ratio).clamp_(0, max_value(image1));
-  return image1.is_floating_point() ? out : out.to(image1.scalar_type());
+  return image1.is_floating_point() ? out : detail::float_to_uint8(out);
 }
 
 void check_factor(double factor, const char* who, const char* name) {
@@ -92,7 +92,7 @@ torch::Tensor adjust_brightness(const torch::Tensor& image, double brightness_fa
   check_color_image(image, "adjust_brightness");
   check_factor(brightness_factor, "adjust_brightness", "brightness_factor");
   auto out = image.mul(brightness_factor).clamp_(0, max_value(image));
-  return image.is_floating_point() ? out : out.to(image.scalar_type());
+  return image.is_floating_point() ? out : detail::float_to_uint8(out);
 }
 
 torch::Tensor adjust_contrast(const torch::Tensor& image, double contrast_factor) {
@@ -131,7 +131,7 @@ torch::Tensor adjust_hue(const torch::Tensor& image, double hue_factor) {
   channels[0].add_(hue_factor).remainder_(1.0);
   auto rgb = hsv_to_rgb(torch::stack(channels, 0));
   // torchvision's float -> uint8: scale by 256 - 1e-3 and truncate.
-  return fp ? rgb : rgb.mul(255 + 1.0 - 1e-3).to(torch::kUInt8);
+  return fp ? rgb : detail::float_to_uint8(rgb.mul(255 + 1.0 - 1e-3));
 }
 
 torch::Tensor to_tensor(const torch::Tensor& image) {

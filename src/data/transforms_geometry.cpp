@@ -93,19 +93,25 @@ std::array<int64_t, 2> affine_output_size(const std::array<double, 6>& matrix, i
 // multiply-adds), which changes a nearest-neighbour pick only when a source
 // coordinate lies within an ulp of a pixel boundary; the bit-exactness tests
 // against torchvision (tests/data/transforms_test.cpp) pass with it.
+//
+// The planes are handed to grid_sampler as they are, through a permuted
+// view: its CPU kernel reads a grid whose x and y lie in separate planes
+// (stride 1 along the width) as it reads an interleaved one, with the same
+// arithmetic, and interleaving them would be a copy of the whole grid
+// (60 to 100 us at 224 px).
 torch::Tensor affine_grid(torch::Tensor theta, int64_t w, int64_t h, int64_t ow, int64_t oh) {
   auto options = torch::TensorOptions().dtype(torch::kFloat32);
   auto x = torch::linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, ow, options).view({1, ow});
   auto y = torch::linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, oh, options).view({oh, 1});
   // [3, 2]: rows multiply x, y and 1; columns give the grid's x and y.
   auto t = theta.view({2, 3}).t().div(torch::tensor({0.5 * w, 0.5 * h}, options));
-  auto grid = torch::empty({1, oh, ow, 2}, options);
+  auto planes = torch::empty({1, 2, oh, ow}, options);
   for (int64_t j = 0; j < 2; ++j) {
-    auto plane = torch::add(x * t[0][j], y * t[1][j]);  // [oh, ow]
+    auto plane = planes.select(1, j).select(0, 0);  // [oh, ow]
+    at::add_out(plane, x * t[0][j], y * t[1][j]);
     plane.add_(t[2][j]);
-    grid.select(3, j).select(0, 0).copy_(plane);
   }
-  return grid;
+  return planes.permute({0, 2, 3, 1});
 }
 
 // grid_sample with torchvision's fill: an extra channel of ones marks where
@@ -143,9 +149,18 @@ torch::Tensor apply_grid(const torch::Tensor& image, const torch::Tensor& grid,
       out = out.sub_(fill_img).mul_(mask).add_(fill_img);
     }
   }
-  // Nearest sampling with a zero fill only copies pixels or zeros: the values
-  // are whole numbers already, and rounding them would be a no-op pass.
-  if (!fp) out = (nearest && !use_mask ? out : out.round_()).to(image.scalar_type());
+  if (!fp) {
+    // Nearest sampling with a zero fill only copies pixels or zeros: the
+    // values are whole numbers already, and rounding them would be a no-op.
+    if (!(nearest && !use_mask)) out.round_();
+    // The values are pixels, fills or rounded blends of the two, so they fit
+    // in int32 unless a fill does not (Note [uint8 through int32]).
+    bool int32_fill = true;
+    if (fill) {
+      for (double v : *fill) int32_fill = int32_fill && std::abs(v) < 2147483520.0;  // < 2^31 in float32
+    }
+    out = int32_fill ? detail::float_to_uint8(out) : out.to(image.scalar_type());
+  }
   return out.reshape({channels, oh, ow});
 }
 
@@ -205,7 +220,7 @@ torch::Tensor resize(const torch::Tensor& image, const ResizeOptions& options) {
     out = at::upsample_bilinear2d(img, out_size, /*align_corners=*/false, std::nullopt,
                                   std::nullopt);
   }
-  if (cast) out = out.round_().to(dtype);
+  if (cast) out = detail::float_to_uint8(out.round_());  // rounded blends of pixels
   return out.reshape({channels, new_height, new_width});
 }
 

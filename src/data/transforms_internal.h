@@ -25,6 +25,11 @@ std::array<int64_t, 4> parse_padding(const std::vector<int64_t>& padding, const 
 std::array<double, 2> parse_degrees(const std::vector<double>& degrees, const char* who,
                                     const char* name);
 
+// float32 pixel values -> uint8, the same bytes as values.to(torch::kUInt8)
+// for every value whose truncation fits in int32 (Note [uint8 through
+// int32]); the callers' values are rounded or clamped pixels.
+torch::Tensor float_to_uint8(const torch::Tensor& values);
+
 // Python's round(): halves to even.
 int64_t round_half_even(double value);
 
