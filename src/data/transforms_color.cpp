@@ -140,7 +140,17 @@ torch::Tensor to_tensor(const torch::Tensor& image) {
                image.scalar_type(), " (is ToTensor applied twice?)");
   // True division promotes uint8 to float32 and divides there: the same
   // values as torchvision's to(float32).div(255), in one pass.
-  return image.div(255);
+  //
+  // Into a contiguous [C, H, W] tensor, as torchvision's to_tensor (which
+  // permutes HWC to CHW and calls contiguous()), whatever the input's memory
+  // order: decoded and resized images are channels-last views, and a
+  // channels-last float image made Normalize's per-channel broadcast run
+  // over an innermost dimension of 3 (400 to 600 us at 224 px instead of
+  // about 45) and the batch's stack a permuting copy (about 110 us a
+  // sample). Reading the channels-last bytes here costs about 110 us
+  // instead of 45.
+  auto out = torch::empty(image.sizes(), image.options().dtype(torch::kFloat32));
+  return at::div_out(out, image, 255);
 }
 
 torch::Tensor normalize(const torch::Tensor& image, const std::vector<double>& mean,
