@@ -7,7 +7,7 @@
 # Each round runs pipeline_step once per schedule (15 timed steps per m);
 # the script prints, per schedule and m, the medians over rounds of: the
 # mean idle share of the stages, its ratio to the textbook share (goal:
-# within 10%), the speed-up over the unsplit model in one thread (and the
+# within 10%), the least and the most idle stage's own ratio, the speed-up over the unsplit model in one thread (and the
 # ideal p m / (m + p - 1)), and how much longer a step took than its own
 # measured actions replayed with instant hand-offs (the executor's cost),
 # and how much longer than the textbook step time for the stages' busy time.
@@ -28,13 +28,14 @@ for ((i = 0; i < rounds; i++)); do
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "$stages stages of Linear(512,512)+ReLU blocks on cpu x $stages, 64 rows per micro-batch, 1 thread per stage, $rounds rounds"
-printf '%-6s %3s %10s %9s %7s %9s %7s %12s %14s\n' schedule m idle textbook ratio speedup ideal over_replay over_textbook
+printf '%-6s %3s %10s %9s %7s %11s %10s %9s %7s %12s %14s\n' schedule m idle textbook ratio least_idle most_idle speedup ideal \
+  over_replay over_textbook
 for schedule in gpipe 1f1b; do
   for m in 1 2 4 8; do
     all=${lines[$schedule-$m]}
     med() { echo -n "$all" | field "$1" | median; }
-    printf '%-6s %3s %10.3f %9.3f %7.3f %9.3f %7.3f %12.3f %14.3f\n' "$schedule" "$m" "$(med idle_share)" \
-      "$(med textbook)" "$(med ratio)" "$(med speedup)" "$(med ideal_speedup)" "$(med over_replay)" \
-      "$(med over_textbook)"
+    printf '%-6s %3s %10.3f %9.3f %7.3f %11.3f %10.3f %9.3f %7.3f %12.3f %14.3f\n' "$schedule" "$m" \
+      "$(med idle_share)" "$(med textbook)" "$(med ratio)" "$(med least_idle_ratio)" "$(med most_idle_ratio)" \
+      "$(med speedup)" "$(med ideal_speedup)" "$(med over_replay)" "$(med over_textbook)"
   done
 done

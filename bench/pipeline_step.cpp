@@ -11,7 +11,8 @@
 // m, the program times --steps steps (after --warmup) of the pipeline and,
 // interleaved, of the unsplit model on the same batch in one thread, and
 // prints one JSON line: the median over steps of the mean idle share of the
-// stages (1 - busy / step time), the textbook share, their ratio, the step
+// stages (1 - busy / step time), the textbook share, their ratio, the least
+// and the most idle stage's own share against the textbook, the step
 // times, the speed-up against the ideal p m / (m + p - 1), and over_replay:
 // how much longer the step took than the schedule replayed with its own
 // measured action times and instant hand-offs (replayed_seconds), and
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
       auto x = torch::randn({*m * rows, width}).requires_grad_(true);
       auto y = torch::randint(width, {*m * rows}, torch::kInt64);
       std::vector<double> idle, pipe_ms, plain_ms, added, over_textbook;
+      std::vector<std::vector<double>> stage_idle(stages);
       for (int64_t i = 0; i < warmup + steps; ++i) {
         model->zero_grad();
         auto step = pipe.train_step(x, y, loss);
@@ -141,7 +143,11 @@ int main(int argc, char** argv) {
         double plain = clock.seconds();
         if (i < warmup) continue;
         double sum = 0;
-        for (double share : step.idle_share()) sum += share;
+        auto shares = step.idle_share();
+        for (size_t k = 0; k < shares.size(); ++k) {
+          sum += shares[k];
+          stage_idle[k].push_back(shares[k]);
+        }
         idle.push_back(sum / static_cast<double>(stages));
         pipe_ms.push_back(1e3 * step.seconds);
         added.push_back(step.seconds / replayed_seconds(step) - 1);
@@ -157,12 +163,21 @@ int main(int argc, char** argv) {
       double p = static_cast<double>(stages), mm = static_cast<double>(*m);
       double textbook = (p - 1) / (mm + p - 1), measured = median(idle);
       double speedup = median(plain_ms) / median(pipe_ms);
+      // Each stage's own idle share (median over steps) against the
+      // textbook: the least idle stage is the one that sets the pace.
+      double least = 1, most = 0;
+      for (auto& shares : stage_idle) {
+        least = std::min(least, median(shares));
+        most = std::max(most, median(shares));
+      }
       std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
-                  "\"textbook\": %.4f, \"ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
+                  "\"textbook\": %.4f, \"ratio\": %.3f, \"least_idle_ratio\": %.3f, "
+                  "\"most_idle_ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
                   "\"speedup\": %.3f, \"ideal_speedup\": %.3f, \"over_replay\": %.3f, \"over_textbook\": %.3f}\n",
                   schedule.c_str(), static_cast<long long>(stages), static_cast<long long>(*m),
-                  measured, textbook, textbook > 0 ? measured / textbook : 0.0, median(pipe_ms),
-                  median(plain_ms), speedup, p * mm / (mm + p - 1), median(added),
+                  measured, textbook, textbook > 0 ? measured / textbook : 0.0,
+                  textbook > 0 ? least / textbook : 0.0, textbook > 0 ? most / textbook : 0.0,
+                  median(pipe_ms), median(plain_ms), speedup, p * mm / (mm + p - 1), median(added),
                   median(over_textbook));
       std::fflush(stdout);
     }
