@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
@@ -94,6 +96,120 @@ std::string verified_archive(const std::string& path) {
   TANDEM_CHECK(crc_of(bytes) == crc, "damaged: its CRC-32 does not match the one recorded when it "
                                      "was written (altered on disk)");
   return bytes;
+}
+
+// Note [pickle bounds]: libtorch's unpickler believes the lengths and memo
+// indices a pickle declares: a 13 kB archive whose data.pkl stores into memo
+// slot 1.6 billion made it grow its memo table to 25.6 GB, and one that
+// declares a 4 GB string made it reserve 4 GB, before anything failed
+// (fuzz_checkpoint; docs/RELIABILITY.md). So before libtorch reads an
+// archive, its records' declared sizes are checked against the archive's,
+// and every *.pkl record is walked opcode by opcode (the pickle protocol's
+// fixed argument layout, nothing is built): a string or frame longer than
+// what is left of the record, or a memo index not below the record's length
+// (a pickler numbers its memo entries 0, 1, 2, ..., one per PUT of at least
+// two bytes), is refused. Such an archive is not one tandem wrote.
+class StringReader : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit StringReader(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& bytes_;
+};
+
+void check_pickle(const uint8_t* data, size_t size, const std::string& name) {
+  size_t at = 0;
+  auto need = [&](uint64_t n, const char* what) {
+    TANDEM_CHECK(n <= size - at, name, ": ", what, " of ", n, " bytes at offset ", at,
+                 " runs past the end of the record (", size, " bytes)");
+  };
+  auto fixed = [&](size_t n) -> uint64_t {  // a little-endian argument of n bytes
+    need(n, "an argument");
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(data[at + i]) << (8 * i);
+    at += n;
+    return v;
+  };
+  auto line = [&] {  // a newline-terminated argument
+    const void* end = std::memchr(data + at, '\n', size - at);
+    TANDEM_CHECK(end != nullptr, name, ": an unterminated text argument at offset ", at);
+    at = static_cast<const uint8_t*>(end) - data + 1;
+  };
+  auto memo = [&](uint64_t index) {
+    TANDEM_CHECK(index < size, name, ": memo index ", index, " at offset ", at,
+                 " is beyond any this record could hold (", size, " bytes)");
+  };
+  while (at < size) {
+    uint8_t op = data[at++];
+    switch (op) {
+      case '.':  // STOP
+        return;
+      case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': case 'p':
+        line();
+        break;
+      case 'c': case 'i':  // GLOBAL, INST: module and name
+        line();
+        line();
+        break;
+      case 'K': case 'h': case 0x80: case 0x82:  // BININT1, BINGET, PROTO, EXT1
+        fixed(1);
+        break;
+      case 'q':  // BINPUT
+        memo(fixed(1));
+        break;
+      case 'M': case 0x83:  // BININT2, EXT2
+        fixed(2);
+        break;
+      case 'J': case 'j': case 0x84:  // BININT, LONG_BINGET, EXT4
+        fixed(4);
+        break;
+      case 'r':  // LONG_BINPUT
+        memo(fixed(4));
+        break;
+      case 'G':  // BINFLOAT
+        fixed(8);
+        break;
+      case 'U': case 'C': case 0x8a: case 0x8c: {  // 1-byte length, then the data
+        uint64_t n = fixed(1);
+        need(n, "a string");
+        at += n;
+        break;
+      }
+      case 'T': case 'X': case 'B': case 0x8b: {  // 4-byte length
+        uint64_t n = fixed(4);
+        need(n, "a string");
+        at += n;
+        break;
+      }
+      case 0x8d: case 0x8e: case 0x96: case 0x95: {  // 8-byte length (0x95: FRAME)
+        uint64_t n = fixed(8);
+        need(n, op == 0x95 ? "a frame" : "a string");
+        if (op != 0x95) at += n;  // a frame's contents are opcodes
+        break;
+      }
+      default:  // no argument, or an opcode libtorch refuses itself
+        break;
+    }
+  }
+}
+
+void check_archive_bounds(const std::string& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<StringReader>(bytes));
+  for (const auto& name : reader.getAllRecords()) {
+    size_t declared = reader.getRecordSize(name);
+    TANDEM_CHECK(declared <= bytes.size(), name, ": declares ", declared,
+                 " bytes, more than the whole archive (", bytes.size(), ")");
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".pkl") != 0) continue;
+    auto [record, size] = reader.getRecord(name);
+    check_pickle(static_cast<const uint8_t*>(record.get()), size, name);
+  }
 }
 
 // Note [loading in place]: libtorch's Module::load and Optimizer::load put
@@ -255,6 +371,11 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     throw DamagedCheckpoint("cannot resume from " + path + ": " + e.what());
   }
   try {
+    try {
+      check_archive_bounds(bytes);  // Note [pickle bounds]
+    } catch (const tandem::Error& e) {
+      TANDEM_FAIL("not a readable tandem checkpoint (", e.what(), ")");
+    }
     archive.load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));  // Note [loading in place]
     int64_t version = read_int(archive, "format_version");
     TANDEM_CHECK(version == kFormatVersion, "format version ", version, ", expected ",

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
@@ -286,6 +287,33 @@ TEST_F(TrainerTest, GarbageCheckpointIsRefusedWithItsName) {
     EXPECT_NE(message.find("cannot resume from " + checkpoints.file("checkpoint-00000003.pt") +
                            ": damaged: no tandem checksum trailer"),
               std::string::npos) << message;
+  }
+}
+
+// Note [pickle bounds]: fuzz_checkpoint's finding (fuzz/regressions/
+// checkpoint/): a 13 kB archive, sealed with a valid trailer, whose data.pkl
+// stores into memo slot 1.6 billion, which made libtorch's unpickler grow
+// its memo table to 25.6 GB. It is refused before libtorch reads it, with
+// the record and what it declares.
+TEST(CheckpointTest, APickleThatOverstatesItsMemoIsRefusedBeforeLibtorchReadsIt) {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/fuzz/regressions/checkpoint/memo-index-1.6-billion",
+                   std::ios::binary);
+  std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(input.size(), 1u);
+  ASSERT_EQ(input[0] % 2, 1);  // the fuzzer's "archive, sealed" path
+  TempDir dir;
+  auto path = dir.file("checkpoint-00000001.pt");
+  std::ofstream(path, std::ios::binary) << seal_checkpoint(input.substr(1));
+  torch::nn::Linear model(2, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  try {
+    Checkpointer({dir.path()}).load(path, *model, sgd, "fuzz");
+    ADD_FAILURE() << "the archive loaded";
+  } catch (const tandem::Error& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("cannot resume from " + path + ": not a readable tandem checkpoint ("),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("data.pkl: memo index "), std::string::npos) << message;
   }
 }
 
