@@ -25,7 +25,7 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
     const auto& list = compose->transforms();
     if (!list.empty()) {
       crop_first_ = dynamic_cast<const CropFirst*>(list.front().get());
-      if (crop_first_) rest_.assign(list.begin() + 1, list.end());
+      if (crop_first_) rest_ = std::make_unique<Compose>(std::vector<TransformPtr>(list.begin() + 1, list.end()));
     }
   } else {
     crop_first_ = dynamic_cast<const CropFirst*>(transform_.get());
@@ -55,8 +55,7 @@ torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch) const {
   auto box = source_->image_box(
       index, [&](int64_t height, int64_t width) { return crop_first_->choose_box(height, width, rng); });
   auto image = crop_first_->after_crop(box, rng);
-  for (const auto& t : rest_) image = t->apply(image, rng);
-  return image;
+  return rest_ ? rest_->apply(image, rng) : image;
 }
 
 torch::Tensor TransformedDataset::sample_whole(int64_t index, int64_t epoch) const {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tandem/util/check.h"
+#include "transforms_internal.h"
 
 namespace tandem::data {
 namespace {
@@ -59,12 +60,30 @@ bool SampleRng::bernoulli(double p) { return uniform(0.0, 1.0) < p; }
 Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(transforms)) {
   for (size_t i = 0; i < transforms_.size(); ++i) {
     TANDEM_CHECK(transforms_[i] != nullptr, "Compose: transform ", i, " is null");
+    warps_.push_back(dynamic_cast<const PackedWarp*>(transforms_[i].get()));
   }
 }
 
+// Note [packed warp chains].
 torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
   torch::Tensor out = image;
-  for (const auto& t : transforms_) out = t->apply(out, rng);
+  size_t i = 0;
+  while (i < transforms_.size()) {
+    auto packable = [&](size_t k) {
+      return warps_[k] != nullptr && out.dim() == 3 && out.scalar_type() == torch::kUInt8 &&
+             detail::packs_pixels(out.size(0)) && warps_[k]->warps_packed(out.size(0));
+    };
+    if (!packable(i)) {
+      out = transforms_[i++]->apply(out, rng);
+      continue;
+    }
+    int64_t channels = out.size(0);
+    auto packed = detail::pack_pixels(out);
+    while (i < transforms_.size() && warps_[i] != nullptr && warps_[i]->warps_packed(channels)) {
+      packed = warps_[i++]->apply_packed(packed, rng);
+    }
+    out = detail::unpack_pixels(packed, channels);
+  }
   return out;
 }
 

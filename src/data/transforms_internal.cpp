@@ -49,6 +49,34 @@ torch::Tensor float_to_uint8(const torch::Tensor& values) {
   return values.to(torch::kInt32).to(torch::kUInt8);
 }
 
+bool packs_pixels(int64_t channels) { return channels == 2 || channels == 3; }
+
+// The sums are of whole numbers below 2^24, so every step is exact in
+// float32 whatever the kernel's order of operations.
+torch::Tensor pack_pixels(const torch::Tensor& image) {
+  int64_t channels = image.size(0), height = image.size(1), width = image.size(2);
+  TANDEM_CHECK(image.scalar_type() == torch::kUInt8 && packs_pixels(channels),
+               "pack_pixels: expected a uint8 image with 2 or 3 channels, got ", image.toString(),
+               " ", image.sizes());
+  auto pixels = image.to(torch::kFloat32);
+  auto packed = torch::empty({1, height, width}, pixels.options());
+  auto plane = packed[0];
+  at::add_out(plane, pixels[0], pixels[1], 256);
+  if (channels == 3) plane.add_(pixels[2], 65536);
+  return packed;
+}
+
+// Whole numbers below 2^24: the int32 cast is exact, and int32 -> uint8
+// keeps the low 8 bits.
+torch::Tensor unpack_pixels(const torch::Tensor& packed, int64_t channels) {
+  auto value = packed.to(torch::kInt32)[0];
+  auto out = torch::empty({channels, packed.size(1), packed.size(2)}, torch::kUInt8);
+  out[0].copy_(value);
+  out[1].copy_(at::bitwise_right_shift(value, 8));
+  if (channels == 3) out[2].copy_(at::bitwise_right_shift(value, 16));
+  return out;
+}
+
 std::array<int64_t, 2> parse_size(const std::vector<int64_t>& size, const char* who) {
   TANDEM_CHECK(size.size() == 1 || size.size() == 2, who,
                ": size must be one value (a square) or two (height, width), got ", size.size(),

@@ -30,6 +30,14 @@ std::array<double, 2> parse_degrees(const std::vector<double>& degrees, const ch
 // int32]); the callers' values are rounded or clamped pixels.
 torch::Tensor float_to_uint8(const torch::Tensor& values);
 
+// Packed pixels (Note [packed nearest warp] in transforms_geometry.cpp):
+// whether an image of this many channels packs (2 or 3; one channel has
+// nothing to gain); a uint8 [C, H, W] image -> float32 [1, H, W] holding
+// c0 + 256 c1 + 65536 c2; and back, given C.
+bool packs_pixels(int64_t channels);
+torch::Tensor pack_pixels(const torch::Tensor& image);
+torch::Tensor unpack_pixels(const torch::Tensor& packed, int64_t channels);
+
 // Python's round(): halves to even.
 int64_t round_half_even(double value);
 

@@ -24,6 +24,17 @@ std::optional<std::vector<double>> fill_or_none(const std::vector<double>& fill)
   return fill;
 }
 
+// Note [packed warp chains]: a warp runs on packed pixels when it is
+// nearest-neighbour and its fill is none or zeros, of a size apply() would
+// accept for the image (otherwise apply() runs and reports the fill).
+bool zero_fill_for(const std::vector<double>& fill, int64_t channels) {
+  if (fill.size() > 1 && static_cast<int64_t>(fill.size()) != channels) return false;
+  for (double v : fill) {
+    if (v != 0.0) return false;
+  }
+  return true;
+}
+
 std::string fill_or_none_text(const std::vector<double>& fill) {
   return fill.empty() ? "None" : detail::fill_text(fill);
 }
@@ -268,6 +279,17 @@ torch::Tensor RandomRotation::apply(const torch::Tensor& image, SampleRng& rng) 
   return functional::rotate(image, get_params(rng, degrees_).angle, grid);
 }
 
+bool RandomRotation::warps_packed(int64_t channels) const {
+  return options_.interpolation == InterpolationMode::kNearest && zero_fill_for(options_.fill, channels);
+}
+
+torch::Tensor RandomRotation::apply_packed(const torch::Tensor& packed, SampleRng& rng) const {
+  GridOptions grid;  // nearest, no fill: zero padding
+  grid.center = options_.center;
+  grid.expand = options_.expand;
+  return functional::rotate(packed, get_params(rng, degrees_).angle, grid);
+}
+
 std::string RandomRotation::describe() const {
   std::string out = "RandomRotation(degrees=" + detail::py_list({degrees_[0], degrees_[1]}) +
                     ", interpolation=" + to_string(options_.interpolation) +
@@ -344,6 +366,18 @@ torch::Tensor RandomAffine::apply(const torch::Tensor& image, SampleRng& rng) co
   grid.fill = fill_or_none(options_.fill);
   grid.center = options_.center;
   return functional::affine(image, params, grid);
+}
+
+bool RandomAffine::warps_packed(int64_t channels) const {
+  return options_.interpolation == InterpolationMode::kNearest && zero_fill_for(options_.fill, channels);
+}
+
+torch::Tensor RandomAffine::apply_packed(const torch::Tensor& packed, SampleRng& rng) const {
+  detail::check_image(packed, "RandomAffine");
+  auto params = draw_affine(rng, packed.size(1), packed.size(2), options_);
+  GridOptions grid;  // nearest, no fill: zero padding
+  grid.center = options_.center;
+  return functional::affine(packed, params, grid);
 }
 
 std::string RandomAffine::describe() const {

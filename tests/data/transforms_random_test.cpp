@@ -305,5 +305,85 @@ TEST(TransformRandomTest, ComposeAppliesInOrder) {
             ")");
 }
 
+// Note [packed warp chains]: Compose moves the pixels of a uint8 image with
+// two or three channels through runs of nearest-neighbour, zero-fill warps
+// as one packed value. The reference is the same Compose applied to each
+// channel on its own: a one-channel image is never packed, so it takes the
+// unpacked path (uint8 -> float32, grid_sampler, back) warp by warp.
+TEST(TransformRandomTest, PackedWarpRunsGiveTheBytesOfEachChannelWarpedAlone) {
+  auto rotation = [](std::vector<double> degrees, std::vector<double> fill, bool expand,
+                     InterpolationMode mode) {
+    RandomRotationOptions o;
+    o.degrees = std::move(degrees);
+    o.fill = std::move(fill);
+    o.expand = expand;
+    o.interpolation = mode;
+    return std::make_shared<RandomRotation>(o);
+  };
+  auto affine = [](std::vector<double> fill, InterpolationMode mode) {
+    RandomAffineOptions o;
+    o.degrees = {45};
+    o.translate = std::array<double, 2>{0.1, 0.2};
+    o.scale = std::array<double, 2>{0.8, 1.2};
+    o.shear = {-10, 10, -5, 5};
+    o.fill = std::move(fill);
+    o.interpolation = mode;
+    return std::make_shared<RandomAffine>(o);
+  };
+  const auto nearest = InterpolationMode::kNearest, bilinear = InterpolationMode::kBilinear;
+  // Packed runs of one, two and three warps (a zero fill, none, a quarter
+  // turn, a canvas that grows), split by a flip and by warps that cannot be
+  // packed (bilinear; a fill that is not zero).
+  Compose pipeline({rotation({45}, {0}, false, nearest), affine({}, nearest),
+                    std::make_shared<RandomHorizontalFlip>(FlipOptions{0.5}),
+                    rotation({90, 90}, {0}, false, nearest), rotation({30}, {}, true, nearest),
+                    affine({0}, nearest), affine({0}, bilinear), rotation({20}, {7}, false, nearest),
+                    rotation({60}, {0}, false, nearest)});
+  for (int64_t channels : {2, 3}) {
+    for (std::vector<int64_t> size : {std::vector<int64_t>{37, 53}, {24, 24}}) {
+      auto image = test_image({channels, size[0], size[1]}, 100 + channels);
+      for (int64_t index = 0; index < 20; ++index) {
+        SampleRng rng(5, 0, index);
+        auto packed = pipeline.apply(image, rng);
+        std::vector<torch::Tensor> alone;
+        for (int64_t c = 0; c < channels; ++c) {
+          SampleRng same(5, 0, index);
+          alone.push_back(pipeline.apply(image.slice(0, c, c + 1), same));
+        }
+        auto reference = torch::cat(alone);
+        ASSERT_EQ(packed.scalar_type(), torch::kUInt8);
+        ASSERT_TRUE(torch::equal(packed, reference))
+            << channels << " channels, " << size[0] << "x" << size[1] << ", sample " << index
+            << ": " << (packed != reference).sum().item<int64_t>() << " bytes differ";
+      }
+    }
+  }
+  // The single-warp functional form packs too (Note [packed nearest warp]).
+  auto image = test_image({3, 37, 53}, 11);
+  GridOptions zero;
+  zero.fill = std::vector<double>{0, 0, 0};
+  GridOptions zero1;
+  zero1.fill = std::vector<double>{0};
+  std::vector<torch::Tensor> alone;
+  for (int64_t c = 0; c < 3; ++c) alone.push_back(F::rotate(image.slice(0, c, c + 1), 33.3, zero1));
+  EXPECT_TRUE(torch::equal(F::rotate(image, 33.3, zero), torch::cat(alone)));
+}
+
+TEST(TransformRandomTest, APackableWarpWithAFillOfTheWrongSizeStillSaysSo) {
+  RandomRotationOptions o;
+  o.degrees = {10};
+  o.fill = {0, 0};
+  Compose pipeline({std::make_shared<RandomRotation>(o)});
+  SampleRng rng(0, 0, 0);
+  try {
+    pipeline.apply(test_image({3, 10, 12}), rng);
+    FAIL() << "a two-value fill on a three-channel image was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotate: fill must have 1 value or one per channel (3), got 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::data

@@ -82,7 +82,7 @@ class TransformedDataset : public Dataset {
   std::shared_ptr<const ImageSource> source_;
   TransformPtr transform_;
   const CropFirst* crop_first_ = nullptr;  // the first transform, if it crops first
-  std::vector<TransformPtr> rest_;         // the transforms after it
+  std::unique_ptr<Compose> rest_;          // the transforms after it
   TransformedDatasetOptions options_;
   DatasetInfo info_;
   mutable std::atomic<int64_t> skipped_{0};

@@ -71,7 +71,28 @@ class CropFirst {
   virtual torch::Tensor after_crop(const torch::Tensor& cropped, SampleRng& rng) const = 0;
 };
 
-// Applies transforms in order.
+// Note [packed warp chains]: a nearest-neighbour warp with a zero fill
+// (RandomRotation, RandomAffine) only moves whole pixels, so the two or
+// three uint8 channels of a pixel can move as one float32 value, c0 + 256 c1
+// + 65536 c2, which is exact below 2^24 (Note [packed nearest warp] in
+// src/data/transforms_geometry.cpp). Compose packs a uint8 image once before
+// a run of such transforms, warps the packed plane through each of them, and
+// splits it once after the run: the same bytes as applying them one by one,
+// with a third of the sampling work and without converting between uint8 and
+// float32 around every warp. A transform takes part by implementing
+// PackedWarp.
+class PackedWarp {
+ public:
+  virtual ~PackedWarp() = default;
+  // Whether apply() on a uint8 image with this many channels is a
+  // nearest-neighbour warp whose fill is zero (or none) and valid for it.
+  virtual bool warps_packed(int64_t channels) const = 0;
+  // apply() on packed pixels, a float32 [1, H, W] image (see the note),
+  // drawing from `rng` exactly as apply() does; returns packed pixels.
+  virtual torch::Tensor apply_packed(const torch::Tensor& packed, SampleRng& rng) const = 0;
+};
+
+// Applies transforms in order (runs of packable warps packed, as above).
 class Compose : public Transform {
  public:
   explicit Compose(std::vector<TransformPtr> transforms);
@@ -81,6 +102,7 @@ class Compose : public Transform {
 
  private:
   std::vector<TransformPtr> transforms_;
+  std::vector<const PackedWarp*> warps_;  // per transform: itself if a PackedWarp, else null
 };
 
 }  // namespace tandem::data

@@ -177,11 +177,13 @@ struct RotationParams {
   double angle = 0;
 };
 
-class RandomRotation : public Transform {
+class RandomRotation : public Transform, public PackedWarp {
  public:
   explicit RandomRotation(RandomRotationOptions options);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   std::string describe() const override;
+  bool warps_packed(int64_t channels) const override;
+  torch::Tensor apply_packed(const torch::Tensor& packed, SampleRng& rng) const override;
   static RotationParams get_params(SampleRng& rng, const std::array<double, 2>& degrees);
 
  private:
@@ -201,11 +203,13 @@ struct RandomAffineOptions {
   std::optional<std::array<double, 2>> center;
 };
 
-class RandomAffine : public Transform {
+class RandomAffine : public Transform, public PackedWarp {
  public:
   explicit RandomAffine(RandomAffineOptions options);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   std::string describe() const override;
+  bool warps_packed(int64_t channels) const override;
+  torch::Tensor apply_packed(const torch::Tensor& packed, SampleRng& rng) const override;
   // Angle, translation (whole pixels), scale and shear drawn uniformly from
   // the ranges in `options`.
   static AffineParams get_params(SampleRng& rng, int64_t height, int64_t width,
