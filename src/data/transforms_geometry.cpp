@@ -231,6 +231,19 @@ torch::Tensor resize(const torch::Tensor& image, const ResizeOptions& options) {
   }
   auto dtype = image.scalar_type();
   bool cast = dtype == torch::kUInt8 && !nearest && !native_uint8_bilinear();
+  // Note [resize a contiguous box]: libtorch's vectorised uint8 kernel reads
+  // 3- and 4-channel pixels in place only from a contiguous channels-last
+  // tensor; from any other layout it first repacks every pixel in a scalar
+  // loop. A crop of a decoded image is a channels-last view whose rows are
+  // further apart than its width, so copying the box row by row first
+  // (about 20 us for a 320 px box) saves that loop (about 140 us) and gives
+  // the same bytes (tested). A planar image is left alone: turning it
+  // channels-last costs more than the loop.
+  if (dtype == torch::kUInt8 && !nearest && !cast && (channels == 3 || channels == 4) &&
+      img.stride(1) == 1 && img.stride(3) == channels &&
+      !img.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    img = img.contiguous(at::MemoryFormat::ChannelsLast);
+  }
   if (cast) img = img.to(torch::kFloat32);
   std::vector<int64_t> out_size = {new_height, new_width};
   torch::Tensor out;

@@ -82,6 +82,17 @@ std::vector<Case> make_cases() {
   }
   add("smooth", {{"op", "resized_crop"}, {"top", 3}, {"left", 9}, {"height", 30}, {"width", 41},
                  {"size", {24, 24}}, {"interpolation", "bilinear"}, {"antialias", true}});
+  // A box of an HWC image: a channels-last view whose rows are wider than
+  // the box, as a crop of a decoded image is (Note [resize a contiguous box]).
+  for (json size : {json{24, 24}, json{50, 61}}) {
+    for (bool antialias : {true, false}) {
+      for (const char* image : {"rgb", "smooth"}) {
+        add(image, {{"op", "resized_crop"}, {"top", 3}, {"left", 9}, {"height", 30}, {"width", 41},
+                    {"size", size}, {"interpolation", "bilinear"}, {"antialias", antialias},
+                    {"channels_last", true}});
+      }
+    }
+  }
 
   for (const char* image : {"rgb", "gray"}) {
     for (auto box : std::vector<std::array<int, 4>>{{5, 7, 20, 21}, {-3, -4, 20, 30}, {30, 20, 20, 40}}) {
