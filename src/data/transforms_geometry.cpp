@@ -101,16 +101,17 @@ std::array<int64_t, 2> affine_output_size(const std::array<double, 6>& matrix, i
 // (60 to 100 us at 224 px).
 torch::Tensor affine_grid(torch::Tensor theta, int64_t w, int64_t h, int64_t ow, int64_t oh) {
   auto options = torch::TensorOptions().dtype(torch::kFloat32);
-  auto x = torch::linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, ow, options).view({1, ow});
-  auto y = torch::linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, oh, options).view({oh, 1});
+  auto x = torch::linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, ow, options).view({1, 1, ow});
+  auto y = torch::linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, oh, options).view({1, oh, 1});
   // [3, 2]: rows multiply x, y and 1; columns give the grid's x and y.
   auto t = theta.view({2, 3}).t().div(torch::tensor({0.5 * w, 0.5 * h}, options));
+  // Per plane (grid x, grid y): its multipliers of x, y and 1, as [2, 1, 1]
+  // columns, so that both planes are made by the same two broadcasts.
+  auto coefficients = t.t().contiguous().view({2, 3, 1, 1});
   auto planes = torch::empty({1, 2, oh, ow}, options);
-  for (int64_t j = 0; j < 2; ++j) {
-    auto plane = planes.select(1, j).select(0, 0);  // [oh, ow]
-    at::add_out(plane, x * t[0][j], y * t[1][j]);
-    plane.add_(t[2][j]);
-  }
+  auto both = planes[0];  // [2, oh, ow]
+  at::add_out(both, x * coefficients.select(1, 0), y * coefficients.select(1, 1));
+  both.add_(coefficients.select(1, 2));
   return planes.permute({0, 2, 3, 1});
 }
 
