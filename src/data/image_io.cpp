@@ -136,10 +136,28 @@ bool read_jpeg_size_raw(const uint8_t* data, size_t size, int* height, int* widt
   return true;
 }
 
+// Note [truncation without the tail]: libjpeg finds a truncated file only
+// when it runs out of bytes, so a decoder that stops after a crop box would
+// accept a file cut below the box. Entropy-coded data cannot contain the
+// bytes FF D9 (every FF in it is followed by 00 or a restart marker's D0 to
+// D7), so a single-scan JPEG whose scan is whole has an end-of-image marker
+// after the scan's first byte, and a truncated one has none: libjpeg would
+// run out of bytes exactly when that marker is missing. (Progressive and
+// other multi-scan files are read whole by jpeg_start_decompress, which finds
+// their truncation itself.) Looking for the marker from the end of the file
+// costs nothing for a whole file and spares entropy-decoding the rows below
+// the box, which the box decoder did before only to find truncation.
+bool has_end_after(const uint8_t* begin, const uint8_t* end) {
+  for (const uint8_t* p = end - 1; p > begin; --p) {
+    if (*p == 0xD9 && p[-1] == 0xFF) return true;
+  }
+  return false;
+}
+
 // Rows [top, top + rows) and at least columns [left, left + cols) of an RGB
 // JPEG; libjpeg widens the columns to whole iMCUs, and *x_offset says where
-// `left` landed. The rows below are still entropy-decoded (skipped), so a
-// truncated file fails here as in decode_jpeg_raw.
+// `left` landed. The rows below are not decoded; a truncated file fails here
+// as in decode_jpeg_raw (Note [truncation without the tail]).
 bool decode_jpeg_rows_raw(const uint8_t* data, size_t size, int top, int rows, int left, int cols,
                           RawImage* out, int* x_offset, JpegErrorState* err) {
   jpeg_decompress_struct cinfo;
@@ -157,6 +175,10 @@ bool decode_jpeg_rows_raw(const uint8_t* data, size_t size, int top, int rows, i
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  // The header ends with the first scan's header: its data starts here.
+  if (!jpeg_has_multiple_scans(&cinfo) && !has_end_after(cinfo.src->next_input_byte, data + size)) {
+    WARNMS(&cinfo, JWRN_JPEG_EOF);  // jpeg_message: fails as libjpeg's own would
+  }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
   JDIMENSION x = static_cast<JDIMENSION>(left), w = static_cast<JDIMENSION>(cols);
@@ -166,25 +188,14 @@ bool decode_jpeg_rows_raw(const uint8_t* data, size_t size, int top, int rows, i
   out->width = static_cast<int>(cinfo.output_width);
   out->channels = cinfo.output_components;
   size_t stride = static_cast<size_t>(out->width) * out->channels;
-  out->pixels = static_cast<unsigned char*>(std::malloc(stride * (rows + 1)));  // + a spare row
+  out->pixels = static_cast<unsigned char*>(std::malloc(stride * rows));
   if (out->pixels == nullptr) ERREXIT1(&cinfo, JERR_OUT_OF_MEMORY, 0);
   if (top > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(top));
   for (int r = 0; r < rows; ++r) {
     JSAMPROW row = out->pixels + stride * r;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
-  // Skipping straight to the end would read nothing (libjpeg-turbo then
-  // marks the input finished); skipping to the last row and reading it
-  // entropy-decodes everything in between, so a truncated file is found.
-  // The last row lands in the spare row after the box.
-  if (cinfo.output_scanline < cinfo.output_height) {
-    if (cinfo.output_scanline + 1 < cinfo.output_height) {
-      jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline - 1);
-    }
-    JSAMPROW spare = out->pixels + stride * rows;
-    jpeg_read_scanlines(&cinfo, &spare, 1);
-  }
-  jpeg_finish_decompress(&cinfo);
+  jpeg_abort_decompress(&cinfo);  // the rows below are not needed
   jpeg_destroy_decompress(&cinfo);
   return true;
 }

@@ -129,6 +129,45 @@ TEST(ImageIoTest, DecodedBoxStillFindsTruncation) {
                Error);
 }
 
+// Note [truncation without the tail]: the box decoder stops after the box
+// and finds truncation from the end-of-image marker instead, for every
+// JPEG layout (baseline 4:2:0, 4:2:2, 4:4:4, grey, and progressive, whose
+// scans libjpeg reads whole at the start).
+TEST(ImageIoTest, BoxDecodeFindsTruncationWithoutDecodingTheTail) {
+  TempDir dir;
+  auto result = testing::run(std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
+                             "/tests/data/image_reference.py " + dir.path());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  auto first_rows = [](int64_t, int64_t w) { return CropBox{0, 0, 8, w}; };
+  auto decode_box = [&](const std::string& bytes, const std::string& name) {
+    return decode_image_box(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name,
+                            first_rows);
+  };
+  for (const char* name : {"big_420.jpg", "big_422.jpg", "big_444.jpg", "big_progressive.jpg",
+                           "big_gray.jpg"}) {
+    SCOPED_TRACE(name);
+    auto whole = testing::read_text(dir.file(name));
+    ASSERT_EQ(whole.substr(whole.size() - 2), "\xFF\xD9");
+    auto reference = decode_box(whole, name);
+    // Bytes after the end marker (camera trailers, appended images) are fine.
+    EXPECT_TRUE(torch::equal(decode_box(whole + "trailing bytes", name), reference));
+    EXPECT_TRUE(torch::equal(decode_box(whole + "\xFF\xD8\xFF\xD9", name), reference));
+    // Cut anywhere after the first rows' data, down to the marker itself.
+    for (size_t keep : {whole.size() - 1, whole.size() - 2, whole.size() * 9 / 10, whole.size() / 2}) {
+      SCOPED_TRACE(keep);
+      try {
+        decode_box(whole.substr(0, keep), "cut.jpg");
+        ADD_FAILURE() << "a JPEG cut to " << keep << " of " << whole.size() << " bytes decoded";
+      } catch (const ImageError& e) {
+        EXPECT_NE(std::string(e.what()).find("cut.jpg: not a readable JPEG"), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find("Premature end of JPEG file"), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
 TEST(ImageIoTest, PngRoundTripIsExact) {
   TempDir dir;
   auto rgb = torch::randint(0, 256, {3, 19, 23}, torch::kInt64).to(torch::kUInt8);
