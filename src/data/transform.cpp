@@ -67,21 +67,26 @@ Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(t
 // Note [packed warp chains].
 torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
   torch::Tensor out = image;
+  auto packs = [&](size_t k, int64_t channels) {
+    return warps_[k] != nullptr && warps_[k]->warps_packed(channels);
+  };
+  // The channels of `out` when a packed run can start at transform k, else 0.
+  auto run_at = [&](size_t k) -> int64_t {
+    if (warps_[k] == nullptr || !out.defined() || out.dim() != 3 || out.scalar_type() != torch::kUInt8) {
+      return 0;
+    }
+    int64_t channels = out.size(0);
+    return detail::packs_pixels(channels) && packs(k, channels) ? channels : 0;
+  };
   size_t i = 0;
   while (i < transforms_.size()) {
-    auto packable = [&](size_t k) {
-      return warps_[k] != nullptr && out.dim() == 3 && out.scalar_type() == torch::kUInt8 &&
-             detail::packs_pixels(out.size(0)) && warps_[k]->warps_packed(out.size(0));
-    };
-    if (!packable(i)) {
+    int64_t channels = run_at(i);
+    if (channels == 0) {
       out = transforms_[i++]->apply(out, rng);
       continue;
     }
-    int64_t channels = out.size(0);
     auto packed = detail::pack_pixels(out);
-    while (i < transforms_.size() && warps_[i] != nullptr && warps_[i]->warps_packed(channels)) {
-      packed = warps_[i++]->apply_packed(packed, rng);
-    }
+    while (i < transforms_.size() && packs(i, channels)) packed = warps_[i++]->apply_packed(packed, rng);
     out = detail::unpack_pixels(packed, channels);
   }
   return out;

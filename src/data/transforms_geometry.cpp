@@ -149,11 +149,7 @@ torch::Tensor apply_grid(const torch::Tensor& image, const torch::Tensor& grid,
                  ": fill must have 1 value or one per channel (", channels, "), got ", fill->size());
   }
   bool nearest = options.interpolation == InterpolationMode::kNearest;
-  bool use_mask = fill.has_value();
-  if (use_mask && nearest) {
-    use_mask = false;
-    for (double v : *fill) use_mask = use_mask || v != 0.0;
-  }
+  bool use_mask = fill.has_value() && !(nearest && detail::all_zero(*fill));
   bool fp = image.scalar_type() == torch::kFloat32;
   if (!fp && nearest && !use_mask && detail::packs_pixels(channels)) {
     return packed_nearest_grid(image, grid);

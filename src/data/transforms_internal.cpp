@@ -51,6 +51,13 @@ torch::Tensor float_to_uint8(const torch::Tensor& values) {
 
 bool packs_pixels(int64_t channels) { return channels == 2 || channels == 3; }
 
+bool all_zero(const std::vector<double>& fill) {
+  for (double v : fill) {
+    if (v != 0.0) return false;
+  }
+  return true;
+}
+
 // The sums are of whole numbers below 2^24, so every step is exact in
 // float32 whatever the kernel's order of operations.
 torch::Tensor pack_pixels(const torch::Tensor& image) {

@@ -35,6 +35,9 @@ torch::Tensor float_to_uint8(const torch::Tensor& values);
 // nothing to gain); a uint8 [C, H, W] image -> float32 [1, H, W] holding
 // c0 + 256 c1 + 65536 c2; and back, given C.
 bool packs_pixels(int64_t channels);
+// Whether every fill value is 0 (true for none): a nearest-neighbour warp
+// with such a fill needs no mask and can run on packed pixels.
+bool all_zero(const std::vector<double>& fill);
 torch::Tensor pack_pixels(const torch::Tensor& image);
 torch::Tensor unpack_pixels(const torch::Tensor& packed, int64_t channels);
 

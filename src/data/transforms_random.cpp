@@ -29,10 +29,7 @@ std::optional<std::vector<double>> fill_or_none(const std::vector<double>& fill)
 // accept for the image (otherwise apply() runs and reports the fill).
 bool zero_fill_for(const std::vector<double>& fill, int64_t channels) {
   if (fill.size() > 1 && static_cast<int64_t>(fill.size()) != channels) return false;
-  for (double v : fill) {
-    if (v != 0.0) return false;
-  }
-  return true;
+  return detail::all_zero(fill);
 }
 
 std::string fill_or_none_text(const std::vector<double>& fill) {
