@@ -8,8 +8,9 @@
 # the script prints, per schedule and m, the medians over rounds of: the
 # mean idle share of the stages, its ratio to the textbook share (goal:
 # within 10%), the least and the most idle stage's own ratio, the speed-up
-# over the unsplit model in one thread (and the ideal p m / (m + p - 1)), and how much longer a step took than its own
-# measured actions replayed with instant hand-offs (the executor's cost),
+# over the unsplit model in one thread (and the ideal p m / (m + p - 1)),
+# and how much longer a step took than its own measured actions replayed
+# with instant hand-offs (the executor's cost),
 # and how much longer than the textbook step time for the stages' busy time.
 # Results belong in docs/PERFORMANCE.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
