@@ -3,6 +3,7 @@
 // over ranks (Gloo on 127.0.0.1) against no pipeline.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 
 #include <torch/torch.h>
@@ -408,6 +409,54 @@ TEST(PipelineTest, AFailingStageEndsTheStepWithItsError) {
   });
   EXPECT_NE(message.find("pipeline stage 1 (cpu): "), std::string::npos) << message;
   EXPECT_NE(message.find("mat1 and mat2 shapes cannot be multiplied"), std::string::npos) << message;
+}
+
+// Note [spinning hand-offs]: a stage that polls for its input and one that
+// sleeps on it run the same arithmetic in the same order, so the two give
+// bit-identical losses and gradients.
+TEST(PipelineTest, PollingAndSleepingHandOffsGiveTheSameStep) {
+  std::vector<torch::Tensor> losses;
+  std::vector<models::Sequence> nets;
+  for (auto spin : {std::chrono::microseconds(0), PipelineOptions{}.spin, std::chrono::microseconds(50000)}) {
+    torch::manual_seed(31);
+    auto net = small_convnet();
+    auto x = torch::randn({12, 1, 8, 8});
+    auto y = torch::randint(5, {12}, torch::kInt64);
+    PipelineOptions options{4, "1f1b"};
+    options.spin = spin;
+    Pipeline pipe(net, {2, 3, 2}, cpus(3), options);
+    losses.push_back(pipe.train_step(x, y, cross_entropy).loss);
+    nets.push_back(net);
+  }
+  for (size_t k = 1; k < nets.size(); ++k) {
+    EXPECT_TRUE(torch::equal(losses[k], losses[0])) << "spin case " << k;
+    auto got = nets[k]->named_parameters(), want = nets[0]->named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[i].value().grad(), want[i].value().grad()))
+          << "spin case " << k << ": " << got[i].key();
+    }
+  }
+}
+
+// A failure wakes a stage that is polling for its input at once, not when
+// its spin runs out: with a minute's spin the step still ends within
+// seconds, with the failing stage's error.
+TEST(PipelineTest, AFailureEndsAPollingWaitAtOnce) {
+  namespace nn = torch::nn;
+  models::Sequence net;
+  net->push_back("fc1", nn::Linear(6, 8));
+  net->push_back("fc2", nn::Linear(8, 8));
+  net->push_back("fc3", nn::Linear(7, 3));  // wrong input width: fails on stage 2
+  PipelineOptions options{4, "gpipe"};
+  options.spin = std::chrono::seconds(60);
+  Pipeline pipe(net, {1, 1, 1}, cpus(3), options);
+  auto start = std::chrono::steady_clock::now();
+  auto message = error_of([&] {
+    pipe.train_step(torch::randn({8, 6}), torch::randint(3, {8}, torch::kInt64), cross_entropy);
+  });
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(message.find("pipeline stage 2 (cpu): "), std::string::npos) << message;
+  EXPECT_LT(seconds, 10.0) << "the stages polling for their input did not notice the failure";
 }
 
 TEST(PipelineTest, BadOptionsAreNamed) {

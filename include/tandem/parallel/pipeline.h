@@ -57,6 +57,10 @@ struct PipelineOptions {
   // outside autocast, as PyTorch advises. Activations and their gradients
   // cross stages in whatever dtype autocast left them.
   std::optional<torch::ScalarType> autocast;
+  // Pipeline (threads): how long a stage waiting for an activation or a
+  // gradient polls for it, yielding between polls, before it sleeps (Note
+  // [spinning hand-offs] in src/parallel/pipeline.cpp). 0: sleep at once.
+  std::chrono::microseconds spin{1000};
 };
 
 // One micro-batch's loss: the mean over its rows (e.g. cross-entropy).
