@@ -2,7 +2,14 @@
 # The measured pipeline bubble against the textbook (p-1)/(m+p-1), for both
 # schedules and m = 1, 2, 4, 8 (bench/pipeline_step.cpp says how).
 #
-#   bench/pipeline.sh [ROUNDS] [STAGES]   (defaults: 5 rounds, 2 stages; a stage needs a core)
+#   bench/pipeline.sh [ROUNDS] [STAGES] [HOLD_US]
+#     (defaults: 5 rounds, 2 stages, 0; a computing stage needs a core)
+#
+# HOLD_US 0: stages of Linear(512, 512) + ReLU blocks that compute. HOLD_US
+# > 0: held stages (Note [held stages]): each block holds its thread for
+# HOLD_US us per 64 rows in forward and twice that in backward, around a
+# Linear(16, 16), so the stages cost the same whatever else the machine
+# runs and the figures are the schedule's and the executor's.
 #
 # Each round runs pipeline_step once per schedule (15 timed steps per m);
 # the script prints, per schedule and m, the medians over rounds of: the
@@ -16,6 +23,13 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 stages=${2:-2}
+hold=${3:-0}
+model=(--width 512)
+describe="Linear(512,512)+ReLU blocks, 1 thread per stage"
+if ((hold > 0)); then
+  model=(--width 16 --hold-us "$hold")
+  describe="held blocks (${hold} us forward, $((2 * hold)) us backward per 64 rows)"
+fi
 
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
 declare -A lines
@@ -24,11 +38,12 @@ for ((i = 0; i < rounds; i++)); do
     while read -r line; do
       m=$(echo "$line" | field m)
       lines[$schedule-$m]+="$line"$'\n'
-    done < <("$build/bench/pipeline_step" --schedule "$schedule" --stages "$stages" --micro-batches 1,2,4,8)
+    done < <("$build/bench/pipeline_step" --schedule "$schedule" --stages "$stages" "${model[@]}" \
+               --micro-batches 1,2,4,8)
   done
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "$stages stages of Linear(512,512)+ReLU blocks on cpu x $stages, 64 rows per micro-batch, 1 thread per stage, $rounds rounds"
+echo "$stages stages of $describe on cpu x $stages, 64 rows per micro-batch, $rounds rounds"
 printf '%-6s %3s %10s %9s %7s %11s %10s %9s %7s %12s %14s\n' schedule m idle textbook ratio least_idle most_idle speedup ideal \
   over_replay over_textbook
 for schedule in gpipe 1f1b; do

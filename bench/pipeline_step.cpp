@@ -21,11 +21,25 @@
 // small difference of large times: at m = 8 a step 5% over the textbook
 // time has an idle share 1.4 times the textbook's.)
 //
+// With --hold-us US each block also holds its thread for US microseconds
+// per --rows rows in forward and twice that in backward, and the Linear
+// layers are meant to be tiny (--width 16): stages of equal cost that do not
+// slow each other down, as compute on cores that share a machine does (Note
+// [held stages]). What is left above the textbook is then the schedule, the
+// executor (hand-offs, thread wake-ups) and the last stage's loss; p may
+// exceed the cores. --spin-us sets PipelineOptions::spin.
+//
 //   pipeline_step --stages 2 --micro-batches 1,2,4,8 --schedule 1f1b
+//   pipeline_step --stages 4 --hold-us 1000 --width 16 --schedule gpipe
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <vector>
+
+#include <sys/prctl.h>
+
+#include <chrono>
+#include <thread>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -42,6 +56,55 @@
 using namespace tandem;
 
 namespace {
+
+// Note [held stages]: on a machine whose cores share resources (this
+// project's 2-core VM: two single-thread 64 x 512 x 512 products at once
+// each run 10 to 30% slower than one alone, and a core that has idled runs
+// slower for a while), stages that compute at once slow each other by
+// different amounts, and the faster stage idles waiting for the slower one
+// on top of the textbook bubble. A held stage waits a fixed time instead,
+// so its actions last the same whatever runs beside it, and the executor is
+// measured alone. It sleeps to just before its end and polls the clock
+// after, so that a late wake-up does not lengthen it.
+void hold(int64_t us) {
+  thread_local bool precise = prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) == 0;
+  (void)precise;
+  using Clock = std::chrono::steady_clock;
+  const auto until = Clock::now() + std::chrono::microseconds(us);
+  // Asleep to within kWake of the end, a wake-up's usual lateness on a VM,
+  // then yielding polls: the lateness would otherwise vary the stages.
+  constexpr auto kWake = std::chrono::microseconds(300);
+  if (until - Clock::now() > kWake) std::this_thread::sleep_until(until - kWake);
+  while (Clock::now() < until) std::this_thread::yield();
+}
+
+// Holds for `us` per `rows` rows of its input in forward, twice that in
+// backward, so that a batch costs what its micro-batches cost together.
+struct HoldFunction : torch::autograd::Function<HoldFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t us,
+                               int64_t rows) {
+    const int64_t held = us * x.size(0) / rows;
+    ctx->saved_data["held"] = held;
+    hold(held);
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    hold(2 * ctx->saved_data["held"].toInt());
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class HoldImpl : public torch::nn::Cloneable<HoldImpl> {
+ public:
+  HoldImpl(int64_t us, int64_t rows) : us_(us), rows_(rows) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) { return HoldFunction::apply(x, us_, rows_); }
+
+ private:
+  int64_t us_, rows_;
+};
+TORCH_MODULE(Hold);
 
 // The makespan the schedule would have with the step's measured action
 // durations and instant hand-offs: each action starts when its stage is
@@ -87,7 +150,8 @@ int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
   std::string schedule = "1f1b", counts = "1,2,4,8";
   bool trace = false;
-  int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3;
+  int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3, hold_us = 0,
+          spin_us = parallel::PipelineOptions{}.spin.count();
   cli::FlagSet flags("pipeline_step", "Measured pipeline bubble against (p-1)/(m+p-1).");
   flags.add_choice("schedule", &schedule, {"gpipe", "1f1b"}, "pipeline schedule");
   flags.add_int("stages", "P", &stages, "stages (one compute thread each)", 1);
@@ -97,6 +161,9 @@ int main(int argc, char** argv) {
   flags.add_int("rows", "N", &rows, "rows per micro-batch", 1);
   flags.add_int("steps", "N", &steps, "timed steps per m", 1);
   flags.add_int("warmup", "N", &warmup, "untimed steps first", 0);
+  flags.add_int("hold-us", "US", &hold_us,
+                "each block also holds US us per --rows rows in forward, twice in backward (0: no)", 0);
+  flags.add_int("spin-us", "US", &spin_us, "how long a waiting stage polls before it sleeps", 0);
   flags.add_switch("trace", &trace, "print every stage's actions (start-end ms) of the last step");
   return bench::run("pipeline_step", flags, argc, argv, [&] {
     TANDEM_CHECK(blocks % stages == 0, "--blocks ", blocks, " is not a multiple of --stages ", stages);
@@ -106,16 +173,18 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < blocks; ++b) {
       model->push_back("fc" + std::to_string(b), torch::nn::Linear(width, width));
       model->push_back("relu" + std::to_string(b), torch::nn::ReLU());
+      if (hold_us > 0) model->push_back("hold" + std::to_string(b), Hold(hold_us, rows));
     }
-    std::vector<int64_t> sizes(stages, 2 * blocks / stages);
+    std::vector<int64_t> sizes(stages, (hold_us > 0 ? 3 : 2) * blocks / stages);
     auto loss = [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::nn::functional::cross_entropy(out, target);
     };
     for (const auto& text : split(counts, ',')) {
       auto m = parse_int(text);
       TANDEM_CHECK(m && *m >= 1, "--micro-batches: expected positive integers, got '", counts, "'");
-      parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU),
-                              {*m, schedule});
+      parallel::PipelineOptions options{*m, schedule};
+      options.spin = std::chrono::microseconds(spin_us);
+      parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU), options);
       // The input requires grad so that stage 0's backward, like every other
       // stage's, also computes the gradient of its input: equal stages.
       auto x = torch::randn({*m * rows, width}).requires_grad_(true);
@@ -130,7 +199,7 @@ int main(int argc, char** argv) {
             const auto& t = step.stages[s];
             std::printf("m=%lld stage %zu:", static_cast<long long>(*m), s);
             for (size_t k = 0; k < t.actions.size(); ++k) {
-              std::printf(" %s%lld %.1f-%.1f", t.actions[k].op == parallel::PipelineOp::kForward ? "F" : "B",
+              std::printf(" %s%lld %.2f-%.2f", t.actions[k].op == parallel::PipelineOp::kForward ? "F" : "B",
                           static_cast<long long>(t.actions[k].micro_batch), 1e3 * t.start[k], 1e3 * t.end[k]);
             }
             std::printf("  (step %.1f ms)\n", 1e3 * step.seconds);
