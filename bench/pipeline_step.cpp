@@ -8,8 +8,8 @@
 // whatever m is, and the input requires grad, so the first stage's backward
 // does what every other stage's does (the gradient of its input): the
 // conditions under which the textbook bubble holds. Per
-// m, the program times --steps steps (after --warmup) of the pipeline and,
-// interleaved, of the unsplit model on the same batch in one thread, and
+// m, the program times --steps steps (after --warmup) of the pipeline, then
+// as many of the unsplit model on the same batch in one thread, and
 // prints one JSON line: the median over steps of the mean idle share of the
 // stages (1 - busy / step time), the textbook share, their ratio, the least
 // and the most idle stage's own share against the textbook, the step
@@ -205,11 +205,6 @@ int main(int argc, char** argv) {
             std::printf("  (step %.1f ms)\n", 1e3 * step.seconds);
           }
         }
-        model->zero_grad();
-        x.mutable_grad() = torch::Tensor();
-        Stopwatch clock;
-        loss(model->forward(x), y).backward();
-        double plain = clock.seconds();
         if (i < warmup) continue;
         double sum = 0;
         auto shares = step.idle_share();
@@ -227,7 +222,17 @@ int main(int argc, char** argv) {
         busy /= static_cast<double>(stages);
         double mb = static_cast<double>(step.micro_batches);
         over_textbook.push_back(step.seconds / (busy * (mb + stages - 1) / mb) - 1);
-        plain_ms.push_back(1e3 * plain);
+      }
+      // The unsplit model after the pipeline's steps, not between them: a
+      // step of it leaves the stage threads' cores idle for as long as a
+      // step, and on the project's VM a core that has idled runs its next
+      // work slower (Note [held stages]).
+      for (int64_t i = 0; i < warmup + steps; ++i) {
+        model->zero_grad();
+        x.mutable_grad() = torch::Tensor();
+        Stopwatch clock;
+        loss(model->forward(x), y).backward();
+        if (i >= warmup) plain_ms.push_back(1e3 * clock.seconds());
       }
       double p = static_cast<double>(stages), mm = static_cast<double>(*m);
       double textbook = (p - 1) / (mm + p - 1), measured = median(idle);
