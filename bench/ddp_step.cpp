@@ -10,6 +10,20 @@
 //
 //   tandem launch --nproc-per-node 2 -- ddp_step --mode ddp --model resnet18 --batch 64
 //   ddp_step --mode none --batch 64                        (one process, no DDP)
+//   tandem launch --nproc-per-node 2 -- ddp_step --mode scaling --batch 64
+//
+// --mode scaling measures (a), the scaling efficiency, with the drift
+// between processes cancelled (Note [paired scaling]).
+//
+// Note [paired scaling]: on a shared machine the same one-process step
+// moves by 10 to 25% from one process to the next, more than the two
+// implementations' efficiencies differ, so t(1 process) / (W t(W ranks))
+// from separate processes says little. In this mode the W ranks alternate
+// one DDP step at global / W images each with one plain step of a second,
+// un-wrapped copy of the model on the whole global batch, run by rank 0
+// alone while the others wait in a barrier (their cores idle, as a
+// one-process run leaves them). Each pair's ratio is one efficiency
+// measured within seconds, and the median over pairs is printed.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -37,11 +51,13 @@ int main(int argc, char** argv) {
   double bucket_cap_mb = 25;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
-  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired"},
+  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling"},
                    "none: no gradient reduction (one rank); ddp: DistributedDataParallel; "
                    "allreduce: average_gradients after backward; paired: one process "
                    "alternating steps of a plain model and of the same model under DDP in a "
-                   "group of one (DDP's own overhead, machine drift cancelled)");
+                   "group of one (DDP's own overhead, machine drift cancelled); scaling: the "
+                   "ranks alternate DDP steps with a plain step on the whole batch on rank 0 "
+                   "(scaling efficiency, drift cancelled)");
   flags.add_choice("zero", &zero, {"optimizer", "ddp"},
                    "how DDP's gradients are cleared: the optimizer's zero_grad (set to undefined, "
                    "as the trainer does on CPU) or ddp.zero_grad (in place)");
@@ -65,6 +81,7 @@ int main(int argc, char** argv) {
       group = std::make_shared<dist::ProcessGroup>(alone);
     }
     TANDEM_CHECK(mode == "none" || group, "--mode ", mode, " needs a group: run under tandem launch");
+    TANDEM_CHECK(mode != "scaling" || world >= 2, "--mode scaling needs at least 2 ranks, got ", world);
     TANDEM_CHECK(batch % world == 0, "--batch ", batch, " is not divisible by ", world, " ranks");
 
     models::ModelOptions o;
@@ -74,6 +91,12 @@ int main(int argc, char** argv) {
     torch::manual_seed(1 + rank);
     auto inputs = torch::randn({batch / world, 3, size, size});
     auto targets = torch::randint(0, 10, {batch / world}, torch::kInt64);
+    // --mode scaling: rank 0's whole batch for the plain step.
+    torch::Tensor all_inputs, all_targets;
+    if (mode == "scaling" && rank == 0) {
+      all_inputs = torch::randn({batch, 3, size, size});
+      all_targets = torch::randint(0, 10, {batch}, torch::kInt64);
+    }
     struct Run {
       models::Sequence model{nullptr};
       std::unique_ptr<parallel::DistributedDataParallel> ddp;
@@ -97,7 +120,7 @@ int main(int argc, char** argv) {
           run->model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
       return run;
     };
-    auto step = [&](Run& r, bool timed) {
+    auto step = [&](Run& r, bool timed, bool whole_batch = false) {
       Stopwatch clock;
       if (r.ddp) {
         if (zero == "optimizer") {
@@ -110,7 +133,9 @@ int main(int argc, char** argv) {
         r.sgd->zero_grad();
         if (group && mode == "allreduce") dist::broadcast_buffers(*r.model, *group);
       }
-      auto loss = torch::nn::functional::cross_entropy(r.model->forward(inputs), targets);
+      auto loss = whole_batch
+                      ? torch::nn::functional::cross_entropy(r.model->forward(all_inputs), all_targets)
+                      : torch::nn::functional::cross_entropy(r.model->forward(inputs), targets);
       loss.backward();
       if (r.ddp) {
         r.ddp->after_backward();
@@ -128,9 +153,29 @@ int main(int argc, char** argv) {
             std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
       }
     };
-    auto main_run = make_run(mode == "ddp" || mode == "paired");
+    auto main_run = make_run(mode == "ddp" || mode == "paired" || mode == "scaling");
     std::unique_ptr<Run> plain;
-    if (mode == "paired") plain = make_run(false);
+    if (mode == "paired" || (mode == "scaling" && rank == 0)) plain = make_run(false);
+    if (mode == "scaling") {  // Note [paired scaling]
+      for (int64_t i = 0; i < warmup + steps; ++i) {
+        group->barrier().wait();
+        step(*main_run, i >= warmup);
+        group->barrier().wait();
+        if (plain) step(*plain, i >= warmup, /*whole_batch=*/true);
+      }
+      group->barrier().wait();
+      if (rank != 0) return;
+      std::vector<double> efficiency;
+      for (size_t i = 0; i < main_run->step_ms.size(); ++i) {
+        efficiency.push_back(plain->step_ms[i] / (static_cast<double>(world) * main_run->step_ms[i]));
+      }
+      std::printf("{\"impl\": \"tandem\", \"mode\": \"scaling\", \"world\": %lld, \"batch\": %lld, "
+                  "\"threads\": %d, \"plain_ms\": %.2f, \"step_ms\": %.2f, \"efficiency\": %.4f}\n",
+                  static_cast<long long>(world), static_cast<long long>(batch), at::get_num_threads(),
+                  median(plain->step_ms), median(main_run->step_ms), median(efficiency));
+      std::fflush(stdout);
+      return;
+    }
     for (int64_t i = 0; i < warmup + steps; ++i) {
       step(*main_run, i >= warmup);
       if (plain) step(*plain, i >= warmup);

@@ -3,6 +3,9 @@ torch.nn.parallel.DistributedDataParallel (Gloo), from the same wheel.
 
 Run under torchrun (python -m torch.distributed.run), or alone with
 --mode none. Rank 0 prints one JSON line with the median step time.
+--mode scaling (under torchrun, 2 or more ranks) alternates DDP steps with
+a plain step on the whole batch on rank 0, as ddp_step.cpp's Note [paired
+scaling] says, and prints the median of the pairs' efficiencies.
 """
 import argparse
 import json
@@ -22,7 +25,7 @@ from train_throughput import resnet18_cifar, convnet  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--mode", default="ddp", choices=["none", "ddp", "paired"])
+    p.add_argument("--mode", default="ddp", choices=["none", "ddp", "paired", "scaling"])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=8)
@@ -44,6 +47,8 @@ def main():
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if a.mode in ("none", "paired") and world != 1:
         raise SystemExit(f"--mode {a.mode} runs one rank")
+    if a.mode == "scaling" and world < 2:
+        raise SystemExit(f"--mode scaling needs at least 2 ranks, got {world}")
     def make(use_ddp):
         torch.manual_seed(0)
         model = resnet18_cifar(3, 10) if a.model == "resnet18" else convnet(3, 10, a.image_size)
@@ -59,17 +64,42 @@ def main():
     torch.manual_seed(1 + rank)
     x = torch.randn(a.batch // world, 3, a.image_size, a.image_size)
     y = torch.randint(0, 10, (a.batch // world,))
-    runs = [make(a.mode in ("ddp", "paired"))]
+    runs = [make(a.mode in ("ddp", "paired", "scaling"))]
     if a.mode == "paired":
         runs.append(make(False))
+    def timed_step(run, xb, yb, timed):
+        net, sgd, times = run
+        t = time.perf_counter()
+        sgd.zero_grad()
+        F.cross_entropy(net(xb), yb).backward()
+        sgd.step()
+        if timed:
+            times.append((time.perf_counter() - t) * 1e3)
+
+    if a.mode == "scaling":
+        plain = make(False) if rank == 0 else None
+        xa = torch.randn(a.batch, 3, a.image_size, a.image_size)
+        ya = torch.randint(0, 10, (a.batch,))
+        for i in range(a.warmup + a.steps):
+            dist.barrier()
+            timed_step(runs[0], x, y, i >= a.warmup)
+            dist.barrier()
+            if plain is not None:
+                timed_step(plain, xa, ya, i >= a.warmup)
+        dist.barrier()
+        if rank == 0:
+            d, p_ = runs[0][2], plain[2]
+            print(json.dumps({"impl": "pytorch", "mode": "scaling", "world": world, "batch": a.batch,
+                              "threads": torch.get_num_threads(),
+                              "plain_ms": round(statistics.median(p_), 2),
+                              "step_ms": round(statistics.median(d), 2),
+                              "efficiency": round(statistics.median(
+                                  pp / (world * dd) for dd, pp in zip(d, p_)), 4)}), flush=True)
+        dist.destroy_process_group()
+        return
     for i in range(a.warmup + a.steps):
-        for net, sgd, times in runs:
-            t = time.perf_counter()
-            sgd.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            sgd.step()
-            if i >= a.warmup:
-                times.append((time.perf_counter() - t) * 1e3)
+        for run in runs:
+            timed_step(run, x, y, i >= a.warmup)
     times = runs[0][2]
     if a.mode == "paired":
         plain = runs[1][2]
