@@ -10,11 +10,7 @@
 # random 3x32 inputs); and, as the compute-only bound of (a), one tandem
 # process without DDP at the per-rank batch. Prints the medians and:
 #  (a) scaling efficiency 1 -> 2 ranks: t(1 rank, no DDP) / (2 t(2 ranks)),
-#      from the medians, and per round (with the median of those); and
-#      paired (--mode scaling, Note [paired scaling] in ddp_step.cpp): two
-#      ranks alternating a DDP step with a plain step on the whole batch on
-#      rank 0, 2 x STEPS pairs a process, the median of the pairs' ratios,
-#      which cancels the drift between processes
+#      from the medians, and per round (with the median of those)
 #  (b) step time at 2 ranks, tandem / PyTorch
 #  (c) share of all-reduce time hidden behind backward (tandem's timeline)
 #  (d) DDP overhead on one rank: t(1 rank DDP) / t(no DDP) - 1, from separate
@@ -48,8 +44,7 @@ pytorch_run() {  # RANKS MODE
 }
 
 declare -A ms
-hidden=() exposed=() half=() scaling_t=() scaling_p=()
-scaling=(--mode scaling --model resnet18 --batch "$batch" --steps $((2 * steps)) --warmup 1 --threads 1)
+hidden=() exposed=() half=()
 for ((i = 0; i < rounds; i++)); do
   half+=("$("$build/bench/ddp_step" --mode none "${common[@]}" --batch $((batch / 2)) | field step_ms)")
   for impl in tandem pytorch; do
@@ -63,10 +58,6 @@ for ((i = 0; i < rounds; i++)); do
       fi
     done
   done
-  scaling_t+=("$("$build/tandem" launch --nproc-per-node 2 -- "$build/bench/ddp_step" "${scaling[@]}" |
-    sed 's/^\[rank 0\] //' | field efficiency)")
-  scaling_p+=("$(OMP_NUM_THREADS=1 "$py" -W ignore -m torch.distributed.run --standalone --nproc-per-node 2 \
-    "$repo/bench/ddp_step.py" "${scaling[@]}" 2>/dev/null | field efficiency)")
 done
 
 paired_t=() paired_p=()
@@ -100,8 +91,6 @@ per_round() {  # IMPL: that implementation's efficiency in each round
 }
 echo "(a) per round: tandem $(per_round tandem | xargs)   pytorch $(per_round pytorch | xargs);" \
   "medians: tandem $(per_round tandem | median | xargs printf '%.3f')   pytorch $(per_round pytorch | median | xargs printf '%.3f')"
-echo "(a) paired (--mode scaling), per round: tandem ${scaling_t[*]}   pytorch ${scaling_p[*]};" \
-  "medians: tandem $(printf '%s\n' "${scaling_t[@]}" | median)   pytorch $(printf '%s\n' "${scaling_p[@]}" | median)"
 h=$(printf '%s\n' "${half[@]}" | median)
 printf '(a) bound from compute alone: tandem without DDP at the per-rank batch %s takes %.1f ms, so t(1)/(2 x that) = %s\n' \
   "$((batch / 2))" "$h" "$(ratio "$t1" "$(awk -v x="$h" 'BEGIN {print 2 * x}')")"
