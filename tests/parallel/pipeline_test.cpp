@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <random>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -134,6 +135,60 @@ TEST(StageSplitTest, CostsByParametersAndByTime) {
     EXPECT_FALSE(p.value().grad().defined()) << p.key();
     EXPECT_TRUE(torch::equal(p.value(), before->named_parameters()[p.key()])) << p.key();
   }
+}
+
+// Records whether its input needs a gradient; the log is shared by clones.
+struct GradProbeImpl : torch::nn::Cloneable<GradProbeImpl> {
+  explicit GradProbeImpl(std::shared_ptr<std::vector<bool>> log) : log(std::move(log)) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    log->push_back(x.requires_grad());
+    return x * 1;
+  }
+  std::shared_ptr<std::vector<bool>> log;
+};
+TORCH_MODULE(GradProbe);
+
+// Each child is timed with its input needing a gradient exactly when it
+// would in training: not the data, and not behind layers without weights.
+TEST(StageSplitTest, MeasuredCostsAskForInputGradientsAsTrainingDoes) {
+  namespace nn = torch::nn;
+  auto first = std::make_shared<std::vector<bool>>();
+  auto second = std::make_shared<std::vector<bool>>();
+  auto third = std::make_shared<std::vector<bool>>();
+  models::Sequence net;
+  net->push_back("probe1", GradProbe(first));
+  net->push_back("flatten", nn::Flatten());
+  net->push_back("probe2", GradProbe(second));
+  net->push_back("fc", nn::Linear(16, 4));
+  net->push_back("probe3", GradProbe(third));
+  auto costs = measured_costs(net, torch::randn({2, 1, 4, 4}), 2);
+  ASSERT_EQ(costs.size(), 5u);
+  EXPECT_EQ(*first, (std::vector<bool>{false, false, false}));  // a warm-up pass and two timed
+  EXPECT_EQ(*second, (std::vector<bool>{false, false, false}));
+  EXPECT_EQ(*third, (std::vector<bool>{true, true, true}));
+}
+
+// The least time of each child is kept: a pass slowed by other work does
+// not make its layers look heavier.
+struct SlowTwiceImpl : torch::nn::Cloneable<SlowTwiceImpl> {
+  explicit SlowTwiceImpl(std::shared_ptr<int> calls) : calls(std::move(calls)) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    // The warm-up and the first timed pass are slow, the second is not.
+    if ((*calls)++ < 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return x * 1;
+  }
+  std::shared_ptr<int> calls;
+};
+TORCH_MODULE(SlowTwice);
+
+TEST(StageSplitTest, MeasuredCostsKeepTheFastestPass) {
+  models::Sequence net;
+  net->push_back("slow", SlowTwice(std::make_shared<int>(0)));
+  auto costs = measured_costs(net, torch::randn({2, 3}), 2);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_LT(costs[0], 0.1);
 }
 
 TEST(StageSplitTest, StagesShareTheModelsParameters) {

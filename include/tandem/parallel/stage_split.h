@@ -42,8 +42,10 @@ std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t st
 
 std::vector<double> parameter_costs(const models::Sequence& model);
 
-// The median over `repeats` of each child's forward plus backward time on
+// The least over `repeats` of each child's forward plus backward time on
 // `sample` (in seconds), measured on a clone of `model` on sample's device.
+// As in training, the backward computes a gradient for a child's input only
+// when a child before it has trainable parameters (none for the data).
 std::vector<double> measured_costs(const models::Sequence& model, const torch::Tensor& sample,
                                    int64_t repeats = 3);
 
