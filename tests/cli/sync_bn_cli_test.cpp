@@ -19,12 +19,16 @@ using testing::TempDir;
 // Each case trains 20 steps on 1, 2 and 4 ranks from the same seed and
 // global batch and compares the exported weights, per tensor
 // (|a - b| / |a|, 2-norms), with 1 rank's. The ranks sum gradients and
-// statistics in a different order than one process does, so in float32 the
-// runs agree to rounding that training amplifies (measured here: 7e-7 for
-// convnet with --sync-bn, 1e-7 for mlp, after 20 steps); in float64 the same
-// runs agree to about 1e-15, which pins the arithmetic down exactly. A wrong
-// gradient scale, a missing all-reduce or per-rank BatchNorm statistics show
-// up as 1e-3 or more (the control run: 0.07).
+// statistics in a different order than one process does, so the runs
+// differ by rounding, which training amplifies. In float64 they agree to
+// about 1e-15, which pins the arithmetic down exactly: a wrong gradient
+// scale, a missing all-reduce or per-rank BatchNorm statistics would show up
+// as 1e-3 or more (the control run: 0.07). In float32 the agreement depends
+// on the machine: usually 1e-7 to 1e-6 after 20 steps, but a ReLU input
+// within rounding of zero can take the other sign on one run, a discrete
+// change that training then grows (on an AVX-512 machine, convnet on 2 ranks
+// jumped from 5e-7 to 1.2e-4 at step 6 and ended at 1.3e-3); so float32
+// runs are held to 1e-2, with the control run well outside it.
 void expect_world_size_invariance(const std::string& model_flags, double tolerance,
                                   const std::string& control_flags = "") {
   TempDir dir;
@@ -60,7 +64,7 @@ void expect_world_size_invariance(const std::string& model_flags, double toleran
       "    worst = max(((a[k] - c[k]).norm() / (a[k].norm() + 1e-30)).item()\n"
       "                for k in a if a[k].is_floating_point())\n"
       "    print('control: worst relative difference', worst)\n"
-      "    assert worst > 1e-4, f'control run: relative difference only {worst}'\n";
+      "    assert worst > 3 * tolerance, f'control run: relative difference only {worst}'\n";
   std::ofstream(dir.file("compare.py")) << script;
   std::ostringstream bound;
   bound << tolerance;  // std::to_string would print 1e-12 as 0.000000
@@ -72,15 +76,16 @@ void expect_world_size_invariance(const std::string& model_flags, double toleran
 
 TEST(SyncBnCliTest, OneTwoAndFourRanksGiveTheSameWeights) {
   // Control: without --sync-bn each rank normalises by its own part of the batch.
-  expect_world_size_invariance("--model convnet --sync-bn", 1e-5, "--model convnet");
+  expect_world_size_invariance("--model convnet --sync-bn", 1e-2, "--model convnet");
 }
 
 TEST(SyncBnCliTest, AModelWithoutBatchNormIsInvariantToo) {
-  expect_world_size_invariance("--model mlp", 1e-5);
+  expect_world_size_invariance("--model mlp", 1e-2);
 }
 
 TEST(SyncBnCliTest, InFloat64TheRanksAgreeToRounding) {
-  expect_world_size_invariance("--model convnet --sync-bn --dtype float64", 1e-12);
+  // The bound (1e-5) holds here with seven orders of magnitude to spare.
+  expect_world_size_invariance("--model convnet --sync-bn --dtype float64", 1e-12, "--model convnet --dtype float64");
   expect_world_size_invariance("--model mlp --dtype float64", 1e-12);
 }
 
