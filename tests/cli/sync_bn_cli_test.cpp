@@ -24,11 +24,12 @@ using testing::TempDir;
 // about 1e-15, which pins the arithmetic down exactly: a wrong gradient
 // scale, a missing all-reduce or per-rank BatchNorm statistics would show up
 // as 1e-3 or more (the control run: 0.07). In float32 the agreement depends
-// on the machine: usually 1e-7 to 1e-6 after 20 steps, but a ReLU input
-// within rounding of zero can take the other sign on one run, a discrete
-// change that training then grows (on an AVX-512 machine, convnet on 2 ranks
-// jumped from 5e-7 to 1.2e-4 at step 6 and ended at 1.3e-3); so float32
-// runs are held to 1e-2, with the control run well outside it.
+// on the machine: usually 1e-7 to 1e-6 after 20 steps, but rounding can
+// also change a discrete decision (a ReLU input within rounding of zero
+// taking the other sign is the likely one), which training then grows: on an
+// AVX-512 machine, convnet on 2 ranks jumped from 5e-7 to 1.2e-4 at step 6
+// and ended at 1.3e-3. So float32 runs are held to 1e-2, with the control
+// run well outside it.
 void expect_world_size_invariance(const std::string& model_flags, double tolerance,
                                   const std::string& control_flags = "") {
   TempDir dir;
