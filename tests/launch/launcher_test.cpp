@@ -43,8 +43,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 TEST(LaunchTest, WorkersGetTorchrunsEnvironmentAndPrefixedOutput) {
-  auto r = run_tandem(
-      "launch --nproc-per-node 3 -- sh -c "
+  // OMP_NUM_THREADS unset: the launcher leaves a set one alone (next test),
+  // and a test runner may set it (scripts/gpu-check does).
+  auto r = run(
+      "env -u OMP_NUM_THREADS " + std::string(TANDEM_CLI) + " launch --nproc-per-node 3 -- sh -c "
       "'echo \"env $RANK/$WORLD_SIZE/$LOCAL_RANK/$LOCAL_WORLD_SIZE/$MASTER_ADDR/$OMP_NUM_THREADS\"; "
       "echo \"port $MASTER_PORT\"; echo \"to stderr $RANK\" >&2'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
