@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "tandem/data/transforms.h"
 #include "tandem/util/check.h"
 #include "transforms_internal.h"
 
@@ -61,33 +62,89 @@ Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(t
   for (size_t i = 0; i < transforms_.size(); ++i) {
     TANDEM_CHECK(transforms_[i] != nullptr, "Compose: transform ", i, " is null");
     warps_.push_back(dynamic_cast<const PackedWarp*>(transforms_[i].get()));
+    identity_.push_back(transforms_[i]->is_identity());
   }
+  // Note [tabulated finish]: the first ToTensor, and a Normalize after it.
+  size_t k = 0;
+  while (k < transforms_.size() && dynamic_cast<const ToTensor*>(transforms_[k].get()) == nullptr) ++k;
+  if (k == transforms_.size()) return;
+  size_t end = k + 1;
+  while (end < transforms_.size() && identity_[end]) ++end;
+  const auto* normalize = end < transforms_.size()
+                              ? dynamic_cast<const Normalize*>(transforms_[end].get())
+                              : nullptr;
+  int64_t tables = normalize ? static_cast<int64_t>(normalize->options().mean.size()) : 1;
+  auto ramp = torch::arange(256, torch::kInt32).to(torch::kUInt8).view({1, 1, 256}).repeat({tables, 1, 1});
+  SampleRng unused(0, 0, 0);  // neither draws
+  auto values = transforms_[k]->apply(ramp, unused);
+  if (normalize) values = normalize->apply(values, unused);
+  finish_tables_ = values.reshape({tables, 256}).contiguous();
+  finish_begin_ = k;
+  finish_end_ = normalize ? end + 1 : k + 1;
 }
 
-// Note [packed warp chains].
+torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool packed) const {
+  const int64_t tables = finish_tables_.size(0);
+  if (tables != 1 && tables != channels) return {};
+  std::vector<const float*> rows;
+  for (int64_t c = 0; c < channels; ++c) rows.push_back(finish_tables_[tables == 1 ? 0 : c].data_ptr<float>());
+  const int64_t height = image.size(1), width = image.size(2);
+  auto out = torch::empty({channels, height, width}, torch::kFloat32);
+  if (packed) {
+    auto values = image.contiguous();
+    detail::tabulate_packed_into(values.data_ptr<float>(), height * width, channels, rows.data(),
+                                 out.data_ptr<float>());
+  } else {
+    detail::tabulate_pixels_into(detail::pixel_view(image), rows.data(), out.data_ptr<float>());
+  }
+  return out;
+}
+
+// Note [packed warp chains], Note [tabulated finish].
 torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
   torch::Tensor out = image;
+  const size_t n = transforms_.size();
   auto packs = [&](size_t k, int64_t channels) {
-    return warps_[k] != nullptr && warps_[k]->warps_packed(channels);
+    return identity_[k] || (warps_[k] != nullptr && warps_[k]->warps_packed(channels));
+  };
+  auto uint8_image = [&] {
+    return out.defined() && out.dim() == 3 && out.scalar_type() == torch::kUInt8 && out.device().is_cpu();
   };
   // The channels of `out` when a packed run can start at transform k, else 0.
   auto run_at = [&](size_t k) -> int64_t {
-    if (warps_[k] == nullptr || !out.defined() || out.dim() != 3 || out.scalar_type() != torch::kUInt8) {
-      return 0;
-    }
+    if (warps_[k] == nullptr || !uint8_image()) return 0;
     int64_t channels = out.size(0);
     return detail::packs_pixels(channels) && packs(k, channels) ? channels : 0;
   };
   size_t i = 0;
-  while (i < transforms_.size()) {
-    int64_t channels = run_at(i);
-    if (channels == 0) {
+  while (i < n) {
+    if (identity_[i]) {
+      ++i;
+    } else if (i == finish_begin_ && uint8_image()) {
+      auto finished = finish(out, out.size(0), /*packed=*/false);
+      if (finished.defined()) {
+        out = finished;
+        i = finish_end_;
+      } else {
+        out = transforms_[i++]->apply(out, rng);
+      }
+    } else if (int64_t channels = run_at(i); channels > 0) {
+      auto packed = detail::pack_pixels(out);
+      while (i < n && packs(i, channels)) {
+        if (!identity_[i]) packed = warps_[i]->apply_packed(packed, rng);
+        ++i;
+      }
+      torch::Tensor finished;
+      if (i == finish_begin_) finished = finish(packed, channels, /*packed=*/true);
+      if (finished.defined()) {
+        out = finished;
+        i = finish_end_;
+      } else {
+        out = detail::unpack_pixels(packed, channels);
+      }
+    } else {
       out = transforms_[i++]->apply(out, rng);
-      continue;
     }
-    auto packed = detail::pack_pixels(out);
-    while (i < transforms_.size() && packs(i, channels)) packed = warps_[i++]->apply_packed(packed, rng);
-    out = detail::unpack_pixels(packed, channels);
   }
   return out;
 }

@@ -51,6 +51,14 @@ torch::Tensor float_to_uint8(const torch::Tensor& values) {
 
 bool packs_pixels(int64_t channels) { return channels == 2 || channels == 3; }
 
+PixelView pixel_view(const torch::Tensor& image) {
+  TANDEM_CHECK(image.dim() == 3 && image.scalar_type() == torch::kUInt8 && image.device().is_cpu(),
+               "pixel_view: expected a uint8 [C, H, W] CPU tensor, got ", image.toString(), " ",
+               image.sizes());
+  return {image.data_ptr<uint8_t>(), image.size(0),   image.size(1),  image.size(2),
+          image.stride(0),           image.stride(1), image.stride(2)};
+}
+
 bool all_zero(const std::vector<double>& fill) {
   for (double v : fill) {
     if (v != 0.0) return false;
@@ -58,18 +66,18 @@ bool all_zero(const std::vector<double>& fill) {
   return true;
 }
 
-// The sums are of whole numbers below 2^24, so every step is exact in
-// float32 whatever the kernel's order of operations.
+// One pass of shifts over the bytes, whatever their layout (Note [packed
+// nearest warp]; pixel_loops.h). libtorch's way, a float32 cast and two
+// scaled additions, reads a channels-last image (what the decoder and Resize
+// give) with a stride of 3 in every pass: 53 against 33 us at 224 px on the
+// project's CPU machine.
 torch::Tensor pack_pixels(const torch::Tensor& image) {
   int64_t channels = image.size(0), height = image.size(1), width = image.size(2);
   TANDEM_CHECK(image.scalar_type() == torch::kUInt8 && packs_pixels(channels),
                "pack_pixels: expected a uint8 image with 2 or 3 channels, got ", image.toString(),
                " ", image.sizes());
-  auto pixels = image.to(torch::kFloat32);
-  auto packed = torch::empty({1, height, width}, pixels.options());
-  auto plane = packed[0];
-  at::add_out(plane, pixels[0], pixels[1], 256);
-  if (channels == 3) plane.add_(pixels[2], 65536);
+  auto packed = torch::empty({1, height, width}, torch::kFloat32);
+  pack_pixels_into(pixel_view(image), packed.data_ptr<float>());
   return packed;
 }
 

@@ -10,6 +10,8 @@
 
 #include <torch/types.h>
 
+#include "pixel_loops.h"
+
 namespace tandem::data::detail {
 
 // Requires a [C, H, W] image of uint8 or float32; `who` names the operation.
@@ -35,6 +37,8 @@ torch::Tensor float_to_uint8(const torch::Tensor& values);
 // nothing to gain); a uint8 [C, H, W] image -> float32 [1, H, W] holding
 // c0 + 256 c1 + 65536 c2; and back, given C.
 bool packs_pixels(int64_t channels);
+// A uint8 [C, H, W] CPU tensor's pixels, for the loops of pixel_loops.h.
+PixelView pixel_view(const torch::Tensor& image);
 // Whether every fill value is 0 (true for none): a nearest-neighbour warp
 // with such a fill needs no mask and can run on packed pixels.
 bool all_zero(const std::vector<double>& fill);

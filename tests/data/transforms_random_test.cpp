@@ -4,6 +4,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -383,6 +384,106 @@ TEST(TransformRandomTest, APackableWarpWithAFillOfTheWrongSizeStillSaysSo) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Note [tabulated finish]: Compose's result against each transform applied
+// on its own, in order, which never tabulates (nor packs).
+torch::Tensor one_by_one(const std::vector<TransformPtr>& list, const torch::Tensor& image,
+                         SampleRng& rng) {
+  auto out = image;
+  for (const auto& t : list) out = t->apply(out, rng);
+  return out;
+}
+
+TEST(TransformRandomTest, TabulatedFinishGivesTheValuesOfToTensorAndNormalize) {
+  auto to_tensor = std::make_shared<ToTensor>();
+  auto normalize3 = std::make_shared<Normalize>(NormalizeOptions{{0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}});
+  auto normalize1 = std::make_shared<Normalize>(NormalizeOptions{{0.5}, {0.25}});
+  auto identity = std::make_shared<ColorJitter>();
+  auto flip = std::make_shared<RandomHorizontalFlip>(FlipOptions{0.5});
+  RandomRotationOptions ro;
+  ro.degrees = {45};
+  auto rotation = std::make_shared<RandomRotation>(ro);
+  RandomAffineOptions ao;
+  ao.degrees = {45};
+  ao.translate = std::array<double, 2>{0.1, 0.1};
+  auto affine = std::make_shared<RandomAffine>(ao);
+  ColorJitterOptions jo;
+  jo.brightness = {0.5};
+  auto jitter = std::make_shared<ColorJitter>(jo);
+  RandomRotationOptions bo = ro;
+  bo.interpolation = InterpolationMode::kBilinear;
+  auto bilinear = std::make_shared<RandomRotation>(bo);
+  std::vector<std::pair<const char*, std::vector<TransformPtr>>> pipelines = {
+      // seed 002's tail: a packed run, an identity, then the finish.
+      {"heavy", {flip, rotation, affine, identity, to_tensor, normalize3}},
+      {"packed, identities between", {rotation, identity, affine, identity, to_tensor, identity, normalize3}},
+      {"packed, one-value normalize", {rotation, to_tensor, normalize1}},
+      {"unpacked warp", {bilinear, to_tensor, normalize3}},
+      {"planar", {flip, to_tensor, normalize3}},
+      {"to_tensor alone", {flip, to_tensor}},
+      {"packed, to_tensor alone", {affine, to_tensor}},
+      {"to_tensor then float transforms", {to_tensor, jitter, normalize3}},
+      {"normalize later", {to_tensor, flip, normalize3}},
+  };
+  // Every byte value in every channel, in a planar, a channels-last and a
+  // cropped (strided) layout.
+  auto every_byte = torch::arange(3 * 16 * 24, torch::kInt64).remainder(256).to(torch::kUInt8).view({3, 16, 24});
+  auto hwc = test_image({20, 31, 3}, 3);
+  std::vector<std::pair<const char*, torch::Tensor>> images = {
+      {"planar", every_byte},
+      {"channels-last", hwc.permute({2, 0, 1})},
+      {"cropped", test_image({3, 40, 50}, 4).slice(1, 5, 30).slice(2, 7, 44)},
+      {"two channels", test_image({2, 17, 19}, 5)},
+      {"one channel", test_image({1, 17, 19}, 6)},
+  };
+  int compared = 0;
+  for (const auto& [name, list] : pipelines) {
+    Compose pipeline(list);
+    for (const auto& [layout, image] : images) {
+      bool three_values = std::find(list.begin(), list.end(), normalize3) != list.end();
+      if (three_values && image.size(0) != 3) continue;
+      for (int64_t index = 0; index < 8; ++index) {
+        SampleRng a(9, 1, index), b(9, 1, index);
+        auto got = pipeline.apply(image, a);
+        auto want = one_by_one(list, image, b);
+        ASSERT_EQ(got.scalar_type(), torch::kFloat32) << name << ", " << layout;
+        ASSERT_TRUE(got.is_contiguous()) << name << ", " << layout;
+        ASSERT_TRUE(torch::equal(got, want))
+            << name << ", " << layout << ", sample " << index << ": "
+            << (got != want).sum().item<int64_t>() << " values differ, most by "
+            << (got - want).abs().max().item<float>();
+        EXPECT_EQ(a.next_u64(), b.next_u64()) << name << ": the same draws";
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 6 * 3 * 8 + 3 * 5 * 8);  // three-value normalize: 3-channel images only
+}
+
+TEST(TransformRandomTest, ATableThatDoesNotFitLeavesTheErrorToTheTransforms) {
+  auto normalize3 = std::make_shared<Normalize>(NormalizeOptions{{0.5, 0.5, 0.5}, {0.2, 0.2, 0.2}});
+  RandomRotationOptions ro;
+  ro.degrees = {45};
+  auto expect_error = [](const Compose& pipeline, const torch::Tensor& image, const std::string& text) {
+    SampleRng rng(0, 0, 0);
+    try {
+      pipeline.apply(image, rng);
+      FAIL() << "accepted; expected: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  Compose planar({std::make_shared<ToTensor>(), normalize3});
+  Compose packed({std::make_shared<RandomRotation>(ro), std::make_shared<ToTensor>(), normalize3});
+  const std::string channels = "Normalize: mean and std have 3 values but the image has 2 channels";
+  expect_error(planar, test_image({2, 8, 8}), channels);
+  expect_error(packed, test_image({2, 8, 8}), channels);
+  expect_error(planar, torch::rand({3, 8, 8}), "ToTensor: expected a uint8 image, got Float");
+  EXPECT_TRUE(ColorJitter().is_identity());
+  ColorJitterOptions jo;
+  jo.hue = {0.1};
+  EXPECT_FALSE(ColorJitter(jo).is_identity());
 }
 
 }  // namespace

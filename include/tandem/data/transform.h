@@ -43,6 +43,9 @@ class Transform {
   virtual torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const = 0;
   // torchvision-style text, e.g. "RandomCrop(size=(32, 32), padding=4)".
   virtual std::string describe() const = 0;
+  // Whether apply() returns its input for every image and draws nothing
+  // (ColorJitter with no ranges): Compose then skips it.
+  virtual bool is_identity() const { return false; }
 };
 
 using TransformPtr = std::shared_ptr<const Transform>;
@@ -92,7 +95,22 @@ class PackedWarp {
   virtual torch::Tensor apply_packed(const torch::Tensor& packed, SampleRng& rng) const = 0;
 };
 
-// Applies transforms in order (runs of packable warps packed, as above).
+// Note [tabulated finish]: ToTensor, and Normalize after it, map each uint8
+// value of channel c to one float32: (v / 255 - mean[c]) / std[c]. There are
+// only 256 values per channel, so Compose computes them once, with
+// ToTensor's and Normalize's own apply() on a ramp of the 256 bytes, and
+// finishes an image by looking its bytes up (pixel_loops.h), in one pass
+// that writes the contiguous [C, H, W] result. The values are those the two
+// transforms give, since each output element depends on its input element
+// alone; what is saved is their four passes over the image, each with a
+// full-size temporary (and, after a packed run, the split back to uint8).
+// Transforms that are identities (Transform::is_identity) may stand between
+// the warps, ToTensor and Normalize. An image the table does not fit (not
+// uint8, or a channel count Normalize does not take) goes through the
+// transforms themselves, which report what is wrong.
+
+// Applies transforms in order (runs of packable warps packed, ToTensor and
+// Normalize tabulated, identities skipped; see the notes above).
 class Compose : public Transform {
  public:
   explicit Compose(std::vector<TransformPtr> transforms);
@@ -101,8 +119,18 @@ class Compose : public Transform {
   const std::vector<TransformPtr>& transforms() const { return transforms_; }
 
  private:
+  // The finish of `image` (uint8 [C, H, W], or packed pixels of C channels
+  // when `packed`), or an undefined tensor if the table does not fit it.
+  torch::Tensor finish(const torch::Tensor& image, int64_t channels, bool packed) const;
+
   std::vector<TransformPtr> transforms_;
   std::vector<const PackedWarp*> warps_;  // per transform: itself if a PackedWarp, else null
+  std::vector<bool> identity_;            // per transform: is_identity()
+  // Note [tabulated finish]: transforms [finish_begin_, finish_end_) are the
+  // first ToTensor and a Normalize right after it (identities between), or
+  // none (finish_begin_ == npos); finish_tables_ is float32 [1 or C, 256].
+  size_t finish_begin_ = std::string::npos, finish_end_ = std::string::npos;
+  torch::Tensor finish_tables_;
 };
 
 }  // namespace tandem::data

@@ -68,6 +68,7 @@ class Normalize : public Transform {
   explicit Normalize(NormalizeOptions options);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   std::string describe() const override;
+  const NormalizeOptions& options() const { return options_; }
 
  private:
   NormalizeOptions options_;
@@ -237,6 +238,8 @@ class ColorJitter : public Transform {
   explicit ColorJitter(ColorJitterOptions options = {});
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   std::string describe() const override;
+  // With no ranges it changes nothing and draws nothing.
+  bool is_identity() const override { return !brightness_ && !contrast_ && !saturation_ && !hue_; }
   // A random order of the four adjustments and a factor for each range given.
   static ColorJitterParams get_params(SampleRng& rng,
                                       const std::optional<std::array<double, 2>>& brightness,
