@@ -49,13 +49,17 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
   info_.class_names = source_->class_names();
 }
 
-torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch) const {
+torch::Tensor TransformedDataset::sample(int64_t index, int64_t epoch, const torch::Tensor& into) const {
   SampleRng rng(options_.seed, epoch, index);
-  if (crop_first_ == nullptr) return transform_->apply(source_->image(index), rng);
+  if (crop_first_ == nullptr) {
+    const auto* compose = dynamic_cast<const Compose*>(transform_.get());
+    auto image = source_->image(index);
+    return compose ? compose->apply_into(image, rng, into) : transform_->apply(image, rng);
+  }
   auto box = source_->image_box(
       index, [&](int64_t height, int64_t width) { return crop_first_->choose_box(height, width, rng); });
   auto image = crop_first_->after_crop(box, rng);
-  return rest_ ? rest_->apply(image, rng) : image;
+  return rest_ ? rest_->apply_into(image, rng, into) : image;
 }
 
 torch::Tensor TransformedDataset::sample_whole(int64_t index, int64_t epoch) const {
@@ -69,15 +73,20 @@ torch::Tensor ImageSource::image_box(int64_t index, const BoxChooser& choose) co
   return image.slice(1, box.top, box.top + box.height).slice(2, box.left, box.left + box.width);
 }
 
+// Each sample is made into its row of the batch where the pipeline can
+// write it there (Note [tabulated finish]), else copied in: no stack of
+// per-sample tensors at the end. A skipped sample leaves no gap; the rows
+// used are the batch.
 Batch TransformedDataset::get_batch(const std::vector<int64_t>& indices, int64_t epoch) const {
-  std::vector<torch::Tensor> images;
+  auto inputs = torch::empty({static_cast<int64_t>(indices.size()), info_.channels, info_.height,
+                              info_.width});
   std::vector<int64_t> labels;
-  images.reserve(indices.size());
   labels.reserve(indices.size());
   for (int64_t index : indices) {
+    auto row = inputs[static_cast<int64_t>(labels.size())];
     torch::Tensor image;
     try {
-      image = sample(index, epoch);
+      image = sample(index, epoch, row);
     } catch (const ImageError& e) {
       if (!options_.skip_bad_images) throw;
       skipped_.fetch_add(1);
@@ -91,14 +100,12 @@ Batch TransformedDataset::get_batch(const std::vector<int64_t>& indices, int64_t
                  " but the first image to [", info_.channels, ", ", info_.height, ", ",
                  info_.width, "]; images of different sizes need a crop or resize to one "
                  "size (--image-size, --augment)");
-    images.push_back(std::move(image));
+    if (image.data_ptr() != row.data_ptr()) row.copy_(image);
     labels.push_back(source_->label(index));
   }
-  if (images.empty()) {
-    return {torch::empty({0, info_.channels, info_.height, info_.width}),
-            torch::empty({0}, torch::kInt64)};
-  }
-  return {torch::stack(images), torch::tensor(labels, torch::kInt64)};
+  auto count = static_cast<int64_t>(labels.size());
+  if (count < inputs.size(0)) inputs = inputs.narrow(0, 0, count).clone();
+  return {inputs, torch::tensor(labels, torch::kInt64)};
 }
 
 std::string TransformedDataset::describe() const { return source_->describe(); }

@@ -83,13 +83,16 @@ Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(t
   finish_end_ = normalize ? end + 1 : k + 1;
 }
 
-torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool packed) const {
+torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool packed,
+                              const torch::Tensor& into) const {
   const int64_t tables = finish_tables_.size(0);
   if (tables != 1 && tables != channels) return {};
   std::vector<const float*> rows;
   for (int64_t c = 0; c < channels; ++c) rows.push_back(finish_tables_[tables == 1 ? 0 : c].data_ptr<float>());
   const int64_t height = image.size(1), width = image.size(2);
-  auto out = torch::empty({channels, height, width}, torch::kFloat32);
+  bool fits = into.defined() && into.device().is_cpu() && into.scalar_type() == torch::kFloat32 &&
+              into.is_contiguous() && into.sizes() == torch::IntArrayRef{channels, height, width};
+  auto out = fits ? into : torch::empty({channels, height, width}, torch::kFloat32);
   if (packed) {
     auto values = image.contiguous();
     detail::tabulate_packed_into(values.data_ptr<float>(), height * width, channels, rows.data(),
@@ -100,8 +103,17 @@ torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool
   return out;
 }
 
-// Note [packed warp chains], Note [tabulated finish].
 torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
+  return run(image, rng, {});
+}
+
+torch::Tensor Compose::apply_into(const torch::Tensor& image, SampleRng& rng,
+                                  const torch::Tensor& into) const {
+  return run(image, rng, into);
+}
+
+// Note [packed warp chains], Note [tabulated finish].
+torch::Tensor Compose::run(const torch::Tensor& image, SampleRng& rng, const torch::Tensor& into) const {
   torch::Tensor out = image;
   const size_t n = transforms_.size();
   auto packs = [&](size_t k, int64_t channels) {
@@ -121,7 +133,7 @@ torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
     if (identity_[i]) {
       ++i;
     } else if (i == finish_begin_ && uint8_image()) {
-      auto finished = finish(out, out.size(0), /*packed=*/false);
+      auto finished = finish(out, out.size(0), /*packed=*/false, into);
       if (finished.defined()) {
         out = finished;
         i = finish_end_;
@@ -135,7 +147,7 @@ torch::Tensor Compose::apply(const torch::Tensor& image, SampleRng& rng) const {
         ++i;
       }
       torch::Tensor finished;
-      if (i == finish_begin_) finished = finish(packed, channels, /*packed=*/true);
+      if (i == finish_begin_) finished = finish(packed, channels, /*packed=*/true, into);
       if (finished.defined()) {
         out = finished;
         i = finish_end_;

@@ -11,6 +11,7 @@
 #include "tandem/data/image_folder.h"
 #include "tandem/data/loader.h"
 #include "tandem/data/image_io.h"
+#include "tandem/data/transforms.h"
 #include "testing.h"
 
 namespace tandem::data {
@@ -147,6 +148,56 @@ TEST(ImageFolderTest, AugmentedBatchesDoNotDependOnWorkers) {
   }
   // Epochs differ.
   EXPECT_FALSE(torch::equal(batches(0, 0)[0].inputs, batches(0, 1)[0].inputs));
+}
+
+// get_batch makes each sample in its row of the batch (Note [tabulated
+// finish]) or copies it there: either way the rows are the samples, in
+// order, and a skipped image leaves no gap.
+TEST(ImageFolderTest, BatchRowsAreTheSamplesAndSkippedImagesLeaveNoGap) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.path(), 2, 4, 40);
+  touch(dir.path() + "/class001/zz-not-an-image.jpg");
+  AugmentOptions normalized;
+  normalized.image_size = 24;
+  normalized.mean = {0.5, 0.5, 0.5};
+  normalized.std = {0.25, 0.25, 0.25};
+  RandomHorizontalFlip flip(FlipOptions{0.5});
+  std::vector<std::pair<std::string, TransformPtr>> pipelines;
+  for (const char* preset : {"heavy", "imagenet", "none"}) {
+    normalized.name = preset;
+    pipelines.emplace_back(preset, make_train_transform(normalized, 0, 0));
+  }
+  // Made and then copied in: a float transform after ToTensor.
+  ResizeOptions resize;
+  resize.size = {24, 24};
+  pipelines.emplace_back("copied", std::make_shared<Compose>(std::vector<TransformPtr>{
+                                       std::make_shared<Resize>(resize), std::make_shared<ToTensor>(),
+                                       std::make_shared<RandomHorizontalFlip>(FlipOptions{0.5})}));
+  for (const auto& [name, transform] : pipelines) {
+    SCOPED_TRACE(name);
+    TransformedDataset dataset(std::make_shared<ImageFolderSource>(dir.path()), transform,
+                               {/*seed=*/7, /*skip_bad_images=*/true});
+    ASSERT_EQ(dataset.size(), 9);
+    std::vector<int64_t> indices = {8, 2, 5, 0, 7, 1, 3, 6, 4};
+    auto batch = dataset.get_batch(indices, /*epoch=*/1);
+    std::vector<torch::Tensor> want;
+    for (int64_t i : indices) {
+      try {
+        want.push_back(dataset.sample(i, 1));
+      } catch (const ImageError&) {
+      }
+    }
+    ASSERT_EQ(want.size(), 8u);
+    ASSERT_EQ(batch.size(), 8);
+    ASSERT_EQ(batch.inputs.sizes(), (std::vector<int64_t>{8, 3, 24, 24}));
+    EXPECT_TRUE(torch::equal(batch.inputs, torch::stack(want)));
+    EXPECT_EQ(batch.inputs.storage().nbytes(), batch.inputs.numel() * sizeof(float));
+    EXPECT_EQ(dataset.skipped(), 1);
+    // Without a skip, every row is written.
+    auto whole = dataset.get_batch({0, 1, 2}, 1);
+    EXPECT_TRUE(torch::equal(whole.inputs, torch::stack({dataset.sample(0, 1), dataset.sample(1, 1),
+                                                          dataset.sample(2, 1)})));
+  }
 }
 
 }  // namespace

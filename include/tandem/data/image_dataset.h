@@ -67,8 +67,10 @@ class TransformedDataset : public Dataset {
   std::string describe() const override;
   std::vector<std::string> drain_warnings() const override;
 
-  // One sample, transformed for `epoch` (no skipping).
-  torch::Tensor sample(int64_t index, int64_t epoch) const;
+  // One sample, transformed for `epoch` (no skipping). Given `into` (e.g. a
+  // row of a batch), the pipeline may write its result there
+  // (Compose::apply_into); the result is returned either way.
+  torch::Tensor sample(int64_t index, int64_t epoch, const torch::Tensor& into = {}) const;
   // The same through the source's full image, never a partial decode (for
   // tests of Note [decoding only the crop]).
   torch::Tensor sample_whole(int64_t index, int64_t epoch) const;

@@ -115,13 +115,21 @@ class Compose : public Transform {
  public:
   explicit Compose(std::vector<TransformPtr> transforms);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
+  // apply(), writing the result into `into` (a contiguous float32 CPU tensor,
+  // e.g. a row of a batch) where the tabulated finish makes it and it has
+  // that shape; returns the result, which then is `into` itself, or else a
+  // tensor of its own for the caller to copy or reject.
+  torch::Tensor apply_into(const torch::Tensor& image, SampleRng& rng, const torch::Tensor& into) const;
   std::string describe() const override;
   const std::vector<TransformPtr>& transforms() const { return transforms_; }
 
  private:
+  torch::Tensor run(const torch::Tensor& image, SampleRng& rng, const torch::Tensor& into) const;
   // The finish of `image` (uint8 [C, H, W], or packed pixels of C channels
-  // when `packed`), or an undefined tensor if the table does not fit it.
-  torch::Tensor finish(const torch::Tensor& image, int64_t channels, bool packed) const;
+  // when `packed`), in `into` if it fits, or an undefined tensor if the
+  // table does not fit the image.
+  torch::Tensor finish(const torch::Tensor& image, int64_t channels, bool packed,
+                       const torch::Tensor& into) const;
 
   std::vector<TransformPtr> transforms_;
   std::vector<const PackedWarp*> warps_;  // per transform: itself if a PackedWarp, else null
