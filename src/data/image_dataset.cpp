@@ -100,7 +100,7 @@ Batch TransformedDataset::get_batch(const std::vector<int64_t>& indices, int64_t
                  " but the first image to [", info_.channels, ", ", info_.height, ", ",
                  info_.width, "]; images of different sizes need a crop or resize to one "
                  "size (--image-size, --augment)");
-    if (image.data_ptr() != row.data_ptr()) row.copy_(image);
+    if (!image.is_same(row)) row.copy_(image);
     labels.push_back(source_->label(index));
   }
   auto count = static_cast<int64_t>(labels.size());

@@ -81,6 +81,10 @@ Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(t
   finish_tables_ = values.reshape({tables, 256}).contiguous();
   finish_begin_ = k;
   finish_end_ = normalize ? end + 1 : k + 1;
+  // apply_into writes the finish into its target only when nothing after it
+  // could hand back a view of it (a crop, a permutation) instead of itself.
+  finish_last_ = true;
+  for (size_t j = finish_end_; j < transforms_.size(); ++j) finish_last_ = finish_last_ && identity_[j];
 }
 
 torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool packed,
@@ -90,7 +94,7 @@ torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool
   std::vector<const float*> rows;
   for (int64_t c = 0; c < channels; ++c) rows.push_back(finish_tables_[tables == 1 ? 0 : c].data_ptr<float>());
   const int64_t height = image.size(1), width = image.size(2);
-  bool fits = into.defined() && into.device().is_cpu() && into.scalar_type() == torch::kFloat32 &&
+  bool fits = finish_last_ && into.defined() && into.device().is_cpu() && into.scalar_type() == torch::kFloat32 &&
               into.is_contiguous() && into.sizes() == torch::IntArrayRef{channels, height, width};
   auto out = fits ? into : torch::empty({channels, height, width}, torch::kFloat32);
   if (packed) {

@@ -173,6 +173,14 @@ TEST(ImageFolderTest, BatchRowsAreTheSamplesAndSkippedImagesLeaveNoGap) {
   pipelines.emplace_back("copied", std::make_shared<Compose>(std::vector<TransformPtr>{
                                        std::make_shared<Resize>(resize), std::make_shared<ToTensor>(),
                                        std::make_shared<RandomHorizontalFlip>(FlipOptions{0.5})}));
+  // A view of a finished image (CenterCrop after ToTensor), copied in.
+  ResizeOptions larger;
+  larger.size = {30, 30};
+  CenterCropOptions crop;
+  crop.size = {24};
+  pipelines.emplace_back("view", std::make_shared<Compose>(std::vector<TransformPtr>{
+                                     std::make_shared<Resize>(larger), std::make_shared<ToTensor>(),
+                                     std::make_shared<CenterCrop>(crop)}));
   for (const auto& [name, transform] : pipelines) {
     SCOPED_TRACE(name);
     TransformedDataset dataset(std::make_shared<ImageFolderSource>(dir.path()), transform,

@@ -116,9 +116,9 @@ class Compose : public Transform {
   explicit Compose(std::vector<TransformPtr> transforms);
   torch::Tensor apply(const torch::Tensor& image, SampleRng& rng) const override;
   // apply(), writing the result into `into` (a contiguous float32 CPU tensor,
-  // e.g. a row of a batch) where the tabulated finish makes it and it has
-  // that shape; returns the result, which then is `into` itself, or else a
-  // tensor of its own for the caller to copy or reject.
+  // e.g. a row of a batch) where the tabulated finish makes the result and
+  // it has that shape; returns the result: then `into` itself (is_same),
+  // else a tensor of its own for the caller to copy or reject.
   torch::Tensor apply_into(const torch::Tensor& image, SampleRng& rng, const torch::Tensor& into) const;
   std::string describe() const override;
   const std::vector<TransformPtr>& transforms() const { return transforms_; }
@@ -138,6 +138,7 @@ class Compose : public Transform {
   // first ToTensor and a Normalize right after it (identities between), or
   // none (finish_begin_ == npos); finish_tables_ is float32 [1 or C, 256].
   size_t finish_begin_ = std::string::npos, finish_end_ = std::string::npos;
+  bool finish_last_ = false;  // only identities after the finish
   torch::Tensor finish_tables_;
 };
 
