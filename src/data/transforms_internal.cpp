@@ -66,18 +66,26 @@ bool all_zero(const std::vector<double>& fill) {
   return true;
 }
 
-// One pass of shifts over the bytes, whatever their layout (Note [packed
-// nearest warp]; pixel_loops.h). libtorch's way, a float32 cast and two
-// scaled additions, reads a channels-last image (what the decoder and Resize
-// give) with a stride of 3 in every pass: 53 against 33 us at 224 px on the
-// project's CPU machine.
+// On the CPU, one pass of shifts over the bytes, whatever their layout
+// (pixel_loops.h): libtorch's float32 cast and two scaled additions read a
+// channels-last image (what the decoder and Resize give) with a stride of 3
+// in every pass, 53 against 33 us at 224 px on the project's CPU machine.
+// Elsewhere those libtorch operations, whose sums of whole numbers below
+// 2^24 are exact in float32 in any order.
 torch::Tensor pack_pixels(const torch::Tensor& image) {
   int64_t channels = image.size(0), height = image.size(1), width = image.size(2);
   TANDEM_CHECK(image.scalar_type() == torch::kUInt8 && packs_pixels(channels),
                "pack_pixels: expected a uint8 image with 2 or 3 channels, got ", image.toString(),
                " ", image.sizes());
-  auto packed = torch::empty({1, height, width}, torch::kFloat32);
-  pack_pixels_into(pixel_view(image), packed.data_ptr<float>());
+  auto packed = torch::empty({1, height, width}, image.options().dtype(torch::kFloat32));
+  if (image.device().is_cpu()) {
+    pack_pixels_into(pixel_view(image), packed.data_ptr<float>());
+    return packed;
+  }
+  auto pixels = image.to(torch::kFloat32);
+  auto plane = packed[0];
+  at::add_out(plane, pixels[0], pixels[1], 256);
+  if (channels == 3) plane.add_(pixels[2], 65536);
   return packed;
 }
 
