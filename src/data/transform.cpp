@@ -90,9 +90,10 @@ Compose::Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(t
 torch::Tensor Compose::finish(const torch::Tensor& image, int64_t channels, bool packed,
                               const torch::Tensor& into) const {
   const int64_t tables = finish_tables_.size(0);
-  if (tables != 1 && tables != channels) return {};
+  if ((tables != 1 && tables != channels) || !image.device().is_cpu()) return {};
+  const float* first = finish_tables_.data_ptr<float>();
   std::vector<const float*> rows;
-  for (int64_t c = 0; c < channels; ++c) rows.push_back(finish_tables_[tables == 1 ? 0 : c].data_ptr<float>());
+  for (int64_t c = 0; c < channels; ++c) rows.push_back(first + 256 * (tables == 1 ? 0 : c));
   const int64_t height = image.size(1), width = image.size(2);
   bool fits = finish_last_ && into.defined() && into.device().is_cpu() && into.scalar_type() == torch::kFloat32 &&
               into.is_contiguous() && into.sizes() == torch::IntArrayRef{channels, height, width};
@@ -124,7 +125,7 @@ torch::Tensor Compose::run(const torch::Tensor& image, SampleRng& rng, const tor
     return identity_[k] || (warps_[k] != nullptr && warps_[k]->warps_packed(channels));
   };
   auto uint8_image = [&] {
-    return out.defined() && out.dim() == 3 && out.scalar_type() == torch::kUInt8 && out.device().is_cpu();
+    return out.defined() && out.dim() == 3 && out.scalar_type() == torch::kUInt8;
   };
   // The channels of `out` when a packed run can start at transform k, else 0.
   auto run_at = [&](size_t k) -> int64_t {

@@ -107,7 +107,8 @@ class PackedWarp {
 // Transforms that are identities (Transform::is_identity) may stand between
 // the warps, ToTensor and Normalize. An image the table does not fit (not
 // uint8, or a channel count Normalize does not take) goes through the
-// transforms themselves, which report what is wrong.
+// transforms themselves, which report what is wrong; so does one that is not
+// on the CPU (packed runs still pack it, as before).
 
 // Applies transforms in order (runs of packable warps packed, ToTensor and
 // Normalize tabulated, identities skipped; see the notes above).
@@ -127,7 +128,7 @@ class Compose : public Transform {
   torch::Tensor run(const torch::Tensor& image, SampleRng& rng, const torch::Tensor& into) const;
   // The finish of `image` (uint8 [C, H, W], or packed pixels of C channels
   // when `packed`), in `into` if it fits, or an undefined tensor if the
-  // table does not fit the image.
+  // table does not fit the image or the image is not on the CPU.
   torch::Tensor finish(const torch::Tensor& image, int64_t channels, bool packed,
                        const torch::Tensor& into) const;
 
