@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>
@@ -83,7 +84,12 @@ std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& rep
     }
   };
   std::vector<std::thread> threads;
-  for (size_t i = 1; i < n; ++i) threads.emplace_back(run, i);
+  for (size_t i = 1; i < n; ++i) {
+    threads.emplace_back([&run, i] {
+      at::init_num_threads();  // Note [intra-op settings of new threads] in pipeline.h
+      run(i);
+    });
+  }
   if (n > 0) run(0);
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < n; ++i) {

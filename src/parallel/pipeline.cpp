@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
 #include "pipeline_stage.h"
@@ -161,6 +162,7 @@ class Pipeline::StageWorker {
       auto task = std::move(task_);
       task_ = nullptr;
       lock.unlock();
+      at::init_num_threads();  // Note [intra-op settings of new threads] in pipeline.h
       task();
       lock.lock();
       busy_ = false;

@@ -1,11 +1,13 @@
 #include <thread>
 #include "testing.h"
 
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <zlib.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -173,6 +175,28 @@ std::string error_of(const std::function<void()>& f) {
   ADD_FAILURE() << "no tandem::Error";
   return "";
 }
+
+ThreadTeam this_threads_team() {
+  using GetThreads = int (*)();
+  static auto omp = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  static auto mkl = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "MKL_Get_Max_Threads"));
+  EXPECT_NE(omp, nullptr) << "libtorch without OpenMP: omp_get_max_threads not found";
+  EXPECT_NE(mkl, nullptr) << "libtorch without MKL: MKL_Get_Max_Threads not found";
+  ThreadTeam team;
+  if (omp != nullptr) team.omp = omp();
+  if (mkl != nullptr) team.mkl = mkl();
+  return team;
+}
+
+UnusualThreadCount::UnusualThreadCount() : old_(at::get_num_threads()) {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int from_env = 0;
+  if (const char* v = std::getenv("OMP_NUM_THREADS")) from_env = std::atoi(v);
+  count_ = std::max({cores, from_env, old_}) + 1;
+  at::set_num_threads(count_);
+}
+
+UnusualThreadCount::~UnusualThreadCount() { at::set_num_threads(old_); }
 
 }  // namespace tandem::testing
 

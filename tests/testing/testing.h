@@ -86,4 +86,28 @@ void expect_no_errors(const std::vector<std::string>& errors);
 // The message of the tandem::Error that f throws; a test failure if none.
 std::string error_of(const std::function<void()>& f);
 
+// The calling thread's own intra-op settings as OpenMP and MKL hold them
+// (omp_get_max_threads, MKL_Get_Max_Threads), read directly, so without the
+// lazy per-thread initialisation that ATen's own getters perform; a test
+// failure, and -1, where the pinned libtorch lacks either library.
+struct ThreadTeam {
+  int omp = -1, mkl = -1;
+};
+ThreadTeam this_threads_team();
+
+// Sets at::set_num_threads to a count that is neither the machine's core
+// count nor OMP_NUM_THREADS (so no fresh thread has it by default), and puts
+// the old count back on destruction.
+class UnusualThreadCount {
+ public:
+  UnusualThreadCount();
+  ~UnusualThreadCount();
+  UnusualThreadCount(const UnusualThreadCount&) = delete;
+  UnusualThreadCount& operator=(const UnusualThreadCount&) = delete;
+  int count() const { return count_; }
+
+ private:
+  int old_, count_;
+};
+
 }  // namespace tandem::testing

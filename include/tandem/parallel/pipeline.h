@@ -31,6 +31,18 @@
 // woken, not left waiting) and train_step rethrows its error, naming the
 // stage and device. Across processes, a receive that waits longer than the
 // group's timeout, or on a peer that died, throws naming the stage.
+//
+// Note [intra-op settings of new threads]: OpenMP's team size and MKL's
+// thread count are per thread, and ATen applies at::set_num_threads to a
+// thread only lazily, on that thread's first ATen parallel_for. A convolution
+// or matrix product that calls oneDNN or MKL directly does not get there, so
+// a fresh thread's products (a stage of Linear layers never does) run with
+// the libraries' defaults: a team of every core, not the process's count.
+// The threads that compute for the caller (pipeline stages here, replicas in
+// data_parallel.cpp) therefore call at::init_num_threads() before their
+// work, as libtorch's own autograd and inter-op threads do. Tested:
+// PipelineTest.StageThreadsComputeWithTheProcesssThreadCount and
+// DataParallelTest.ReplicaThreadsComputeWithTheProcesssThreadCount.
 #pragma once
 
 #include <chrono>
