@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
   std::string model_name = "resnet18", mode = "ddp", hook = "allreduce", zero = "optimizer";
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
-  double bucket_cap_mb = 25;
+  double bucket_cap_mb = 25, last_bucket_mb = 1;
+  bool timeline = false;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
   flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling"},
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
                    "as the trainer does on CPU) or ddp.zero_grad (in place)");
   flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
   flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
+  flags.add_switch("timeline", &timeline, "print each timed DDP step's buckets: size, launch and end, in "
+                 "ms from the end of backward (every rank, stderr)");
+  flags.add_double("last-bucket-mb", "MB", &last_bucket_mb,
+                   "DDP's last bucket (Note [small last bucket]; 0: none, PyTorch's plan)", 0);
   flags.add_int("batch", "N", &batch, "global batch", 1);
   flags.add_int("image-size", "N", &size, "random 3xNxN inputs", 4);
   flags.add_int("steps", "N", &steps, "timed steps", 1);
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
       if (use_ddp) {
         parallel::DdpOptions options;
         options.buckets.bucket_bytes = static_cast<int64_t>(bucket_cap_mb * (1 << 20));
+        options.buckets.last_bucket_bytes = static_cast<int64_t>(last_bucket_mb * (1 << 20));
         options.comm_hook = parallel::make_comm_hook(hook);
         run->ddp = std::make_unique<parallel::DistributedDataParallel>(run->model.ptr(), group, options);
       } else if (group && mode == "allreduce") {
@@ -151,6 +157,15 @@ int main(int argc, char** argv) {
         auto last = *std::max_element(t.finished.begin(), t.finished.end());
         r.exposed_ms.push_back(
             std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
+        if (timeline) {
+          auto ms = [&](auto when) { return std::chrono::duration<double, std::milli>(when - t.backward_end).count(); };
+          std::fprintf(stderr, "step %zu, ms from the end of backward:", r.step_ms.size());
+          for (size_t b = 0; b < t.launched.size(); ++b) {
+            std::fprintf(stderr, " [bucket %zu, %.1f MiB: %.1f to %.1f]", b,
+                         r.ddp->buckets()[b].bytes / 1048576.0, ms(t.launched[b]), ms(t.finished[b]));
+          }
+          std::fprintf(stderr, "\n");
+        }
       }
     };
     auto main_run = make_run(mode == "ddp" || mode == "paired" || mode == "scaling");

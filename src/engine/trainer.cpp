@@ -238,6 +238,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
     ddp_options.buckets.first_bucket_bytes =
         std::min(ddp_options.buckets.first_bucket_bytes, ddp_options.buckets.bucket_bytes);
+    ddp_options.buckets.last_bucket_bytes =
+        std::min(ddp_options.buckets.last_bucket_bytes, ddp_options.buckets.bucket_bytes);
     ddp_options.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
     ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options);
   } else if (group_) {

@@ -11,12 +11,46 @@ std::vector<Bucket> plan_buckets(const std::vector<ParameterInfo>& parameters,
   TANDEM_CHECK(options.first_bucket_bytes >= 1 && options.bucket_bytes >= 1,
                "bucket caps must be at least 1 byte, got ", options.first_bucket_bytes, " and ",
                options.bucket_bytes);
+  TANDEM_CHECK(options.last_bucket_bytes >= 0, "the last bucket's cap must be >= 0 bytes, got ",
+               options.last_bucket_bytes);
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    TANDEM_CHECK(parameters[k].bytes >= 0, "parameter ", k, " has a negative size");
+  }
+  // Note [small last bucket]: each kind's first parameters, in registration
+  // order, until they hold at least last_bucket_bytes; none when that would
+  // take every parameter of the kind (one bucket would hold them anyway).
+  std::vector<bool> in_last(parameters.size(), false);
+  std::map<std::string, Bucket> last;  // kind -> its last bucket, parameters in taken order
+  if (options.last_bucket_bytes > 0) {
+    std::map<std::string, int64_t> held;
+    std::map<std::string, size_t> end;  // kind -> one past its last parameter taken
+    for (size_t k = 0; k < parameters.size(); ++k) {
+      const auto& p = parameters[k];
+      auto it = held.find(p.kind);
+      if (it == held.end()) it = held.emplace(p.kind, 0).first;
+      if (it->second >= options.last_bucket_bytes) continue;  // closed
+      it->second += p.bytes;
+      end[p.kind] = k + 1;
+    }
+    for (const auto& [kind, bytes] : held) {
+      bool rest = false;  // does the kind have parameters after its last bucket?
+      for (size_t k = end[kind]; k < parameters.size() && !rest; ++k) rest = parameters[k].kind == kind;
+      if (!rest) continue;
+      Bucket bucket{{}, bytes, kind};
+      for (size_t k = end[kind]; k-- > 0;) {
+        if (parameters[k].kind != kind) continue;
+        bucket.parameters.push_back(k);
+        in_last[k] = true;
+      }
+      last.emplace(kind, std::move(bucket));
+    }
+  }
   std::vector<Bucket> buckets;
   std::map<std::string, size_t> open;    // kind -> index of its open bucket in `buckets`
   std::map<std::string, bool> had_first;  // kind -> its first bucket is closed
   for (size_t k = parameters.size(); k-- > 0;) {
+    if (in_last[k]) continue;
     const auto& p = parameters[k];
-    TANDEM_CHECK(p.bytes >= 0, "parameter ", k, " has a negative size");
     auto it = open.find(p.kind);
     if (it == open.end()) {
       buckets.push_back(Bucket{{}, 0, p.kind});
@@ -30,6 +64,14 @@ std::vector<Bucket> plan_buckets(const std::vector<ParameterInfo>& parameters,
       open.erase(it);
       had_first[p.kind] = true;
     }
+  }
+  // The last buckets go after every other one, in the order their kinds'
+  // last parameters (in reverse registration order) were met.
+  for (size_t k = parameters.size(); k-- > 0;) {
+    auto it = last.find(parameters[k].kind);
+    if (!in_last[k] || it == last.end()) continue;
+    buckets.push_back(std::move(it->second));
+    last.erase(it);
   }
   return buckets;
 }

@@ -9,6 +9,7 @@
 #include "tandem/models/registry.h"
 #include "tandem/parallel/bucket_plan.h"
 #include "tandem/util/check.h"
+#include "testing.h"
 
 namespace tandem::parallel {
 namespace {
@@ -50,6 +51,37 @@ TEST(BucketPlanTest, KindsFillSeparateBuckets) {
 TEST(BucketPlanTest, EmptyAndBadCaps) {
   EXPECT_TRUE(plan_buckets({}).empty());
   EXPECT_THROW(plan_buckets({{1, "f"}}, {0, 10}), Error);
+  EXPECT_EQ(testing::error_of([] { plan_buckets({{1, "f"}}, {10, 10, -1}); }),
+            "the last bucket's cap must be >= 0 bytes, got -1");
+}
+
+// Note [small last bucket]: the first registered parameters, until they hold
+// at least the last cap, are a bucket of their own, after all the others.
+TEST(BucketPlanTest, TheFirstParametersMakeASmallLastBucket) {
+  std::vector<ParameterInfo> p = {{4, "f"}, {8, "f"}, {20, "f"}, {3, "f"}, {6, "f"}, {5, "f"}};
+  // Last cap 10: 0 (4) + 1 (8) = 12 >= 10 closes it; the rest, reversed, with
+  // caps 10 then 25: 5 (5), 4 (6) -> 11 closes; 3 (3), 2 (20) left open.
+  auto buckets = plan_buckets(p, {10, 25, 10});
+  EXPECT_EQ(groups(buckets), (std::vector<std::vector<size_t>>{{5, 4}, {3, 2}, {1, 0}}));
+  EXPECT_EQ(buckets[1].bytes, 23);
+  EXPECT_EQ(buckets[2].bytes, 12);
+  // Without it (0), PyTorch's plan; with a cap that every parameter fits in,
+  // the same plan too, since one bucket would hold them all anyway.
+  auto pytorch = groups(plan_buckets(p, {10, 25, 0}));
+  EXPECT_EQ(pytorch, (std::vector<std::vector<size_t>>{{5, 4}, {3, 2, 1}, {0}}));
+  EXPECT_EQ(groups(plan_buckets(p, {10, 25, 46})), pytorch);
+  EXPECT_EQ(groups(plan_buckets(p, {10, 25, 1000})), pytorch);
+  // A cap of 1 byte: the first parameter alone.
+  EXPECT_EQ(groups(plan_buckets(p, {10, 25, 1})),
+            (std::vector<std::vector<size_t>>{{5, 4}, {3, 2, 1}, {0}}));
+  EXPECT_EQ(groups(plan_buckets(p, {100, 100, 1})),
+            (std::vector<std::vector<size_t>>{{5, 4, 3, 2, 1}, {0}}));
+  // A kind whose parameters all fit its last bucket keeps one bucket, and
+  // each kind's last bucket goes after the other buckets.
+  std::vector<ParameterInfo> kinds = {{4, "half"}, {4, "float"}, {4, "half"}, {4, "float"},
+                                      {4, "float"}};
+  EXPECT_EQ(groups(plan_buckets(kinds, {100, 100, 8})),
+            (std::vector<std::vector<size_t>>{{4}, {2, 0}, {3, 1}}));
 }
 
 // resnet18's 62 parameters: every one in exactly one bucket, in reverse
@@ -61,7 +93,7 @@ TEST(BucketPlanTest, Resnet18) {
   std::vector<ParameterInfo> p;
   for (const auto& t : model->parameters()) p.push_back({t.numel() * 4, "float32 cpu"});
   ASSERT_EQ(p.size(), 62u);
-  auto buckets = plan_buckets(p);
+  auto buckets = plan_buckets(p, {int64_t(1) << 20, int64_t(25) << 20, 0});  // PyTorch's rules
   std::vector<size_t> order;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const auto& bucket = buckets[b];
@@ -79,6 +111,20 @@ TEST(BucketPlanTest, Resnet18) {
   for (size_t k = p.size(); k-- > 0;) reverse.push_back(k);
   EXPECT_EQ(order, reverse);
   EXPECT_GE(buckets.size(), 2u);  // 44.7 MB of parameters
+
+  // With the default small last bucket: the same buckets but the last, and
+  // that one split into the rest and a bucket of about 1 MiB holding the
+  // first parameters (the stem and layer1), reduced last.
+  auto with_last = plan_buckets(p);
+  ASSERT_EQ(with_last.size(), buckets.size() + 1);
+  for (size_t b = 0; b + 1 < buckets.size(); ++b) EXPECT_EQ(with_last[b].parameters, buckets[b].parameters);
+  const auto& last = with_last.back();
+  EXPECT_EQ(last.parameters.back(), 0u);
+  EXPECT_GE(last.bytes, 1 << 20);
+  EXPECT_LT(last.bytes - p[last.parameters.front()].bytes, 1 << 20);
+  std::vector<size_t> tail = with_last[with_last.size() - 2].parameters;
+  tail.insert(tail.end(), last.parameters.begin(), last.parameters.end());
+  EXPECT_EQ(tail, buckets.back().parameters);
 }
 
 }  // namespace

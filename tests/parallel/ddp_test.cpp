@@ -129,6 +129,22 @@ TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) {
   }
 }
 TEST(DdpTest, ThreeRanksWithManySmallBuckets) { check_ddp_equals_one_process(3, {64, 256}); }
+
+// Note [small last bucket]: fc1's weight and bias (448 bytes) reduce in a
+// bucket of their own, launched last.
+TEST(DdpTest, ASmallLastBucketReducesLikeTheOthers) {
+  check_ddp_equals_one_process(2, {64, 256, 400});
+  check_ddp_equals_one_process(3, {1 << 20, 25 << 20, 400}, "ddp");
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    Net net;
+    DdpOptions options;
+    options.buckets = {1 << 20, 25 << 20, 400};
+    DistributedDataParallel ddp(net.ptr(), group, options);
+    ASSERT_EQ(ddp.buckets().size(), 2u);
+    EXPECT_EQ(ddp.buckets().back().parameters, (std::vector<size_t>{1, 0}));
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
 TEST(DdpTest, FourRanksOneBucketEach) { check_ddp_equals_one_process(4, {1, 1}); }
 TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {
   check_ddp_equals_one_process(2, {64, 256}, "ddp");
