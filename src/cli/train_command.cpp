@@ -116,7 +116,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "how DDP reduces gradient buckets: allreduce in float32, or compressed to "
                    "fp16 / bf16 on the wire (half the bytes, rounded)");
   flags.add_double("bucket-cap-mb", "MB", &o.bucket_cap_mb,
-                   "DDP gradient bucket size in MiB (after a first bucket of 1 MiB)", 1e-3, 1e6);
+                   "DDP gradient bucket size in MiB (between a first and a last bucket of 1 MiB)", 1e-3, 1e6);
   flags.add_choice("dist-backend", &o.dist_backend, {"auto", "gloo", "nccl"},
                    "collective backend; auto: nccl on CUDA, gloo on CPU");
   flags.add_double("dist-timeout", "SECONDS", &o.dist_timeout,
