@@ -158,7 +158,9 @@ int main(int argc, char** argv) {
         r.exposed_ms.push_back(
             std::max(0.0, std::chrono::duration<double, std::milli>(last - t.backward_end).count()));
         if (timeline) {
-          auto ms = [&](auto when) { return std::chrono::duration<double, std::milli>(when - t.backward_end).count(); };
+          auto ms = [&](auto when) {
+            return std::chrono::duration<double, std::milli>(when - t.backward_end).count();
+          };
           std::fprintf(stderr, "step %zu, ms from the end of backward:", r.step_ms.size());
           for (size_t b = 0; b < t.launched.size(); ++b) {
             std::fprintf(stderr, " [bucket %zu, %.1f MiB: %.1f to %.1f]", b,

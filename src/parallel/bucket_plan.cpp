@@ -1,5 +1,6 @@
 #include "tandem/parallel/bucket_plan.h"
 
+#include <algorithm>
 #include <map>
 
 #include "tandem/util/check.h"
@@ -17,32 +18,25 @@ std::vector<Bucket> plan_buckets(const std::vector<ParameterInfo>& parameters,
     TANDEM_CHECK(parameters[k].bytes >= 0, "parameter ", k, " has a negative size");
   }
   // Note [small last bucket]: each kind's first parameters, in registration
-  // order, until they hold at least last_bucket_bytes; none when that would
-  // take every parameter of the kind (one bucket would hold them anyway).
+  // order, until they hold at least last_bucket_bytes; none when that takes
+  // every parameter of the kind (one bucket would hold them anyway).
   std::vector<bool> in_last(parameters.size(), false);
-  std::map<std::string, Bucket> last;  // kind -> its last bucket, parameters in taken order
+  std::map<std::string, Bucket> last;  // kind -> its last bucket
   if (options.last_bucket_bytes > 0) {
-    std::map<std::string, int64_t> held;
-    std::map<std::string, size_t> end;  // kind -> one past its last parameter taken
+    std::map<std::string, size_t> left;  // kind -> its parameters not taken
+    for (const auto& p : parameters) ++left[p.kind];
     for (size_t k = 0; k < parameters.size(); ++k) {
-      const auto& p = parameters[k];
-      auto it = held.find(p.kind);
-      if (it == held.end()) it = held.emplace(p.kind, 0).first;
-      if (it->second >= options.last_bucket_bytes) continue;  // closed
-      it->second += p.bytes;
-      end[p.kind] = k + 1;
+      Bucket& bucket = last[parameters[k].kind];
+      if (bucket.bytes >= options.last_bucket_bytes) continue;  // closed
+      bucket.parameters.push_back(k);
+      bucket.bytes += parameters[k].bytes;
+      bucket.kind = parameters[k].kind;
+      --left[bucket.kind];
     }
-    for (const auto& [kind, bytes] : held) {
-      bool rest = false;  // does the kind have parameters after its last bucket?
-      for (size_t k = end[kind]; k < parameters.size() && !rest; ++k) rest = parameters[k].kind == kind;
-      if (!rest) continue;
-      Bucket bucket{{}, bytes, kind};
-      for (size_t k = end[kind]; k-- > 0;) {
-        if (parameters[k].kind != kind) continue;
-        bucket.parameters.push_back(k);
-        in_last[k] = true;
-      }
-      last.emplace(kind, std::move(bucket));
+    for (auto& [kind, bucket] : last) {
+      if (left[kind] == 0) bucket.parameters.clear();  // the kind's only bucket: planned below
+      std::reverse(bucket.parameters.begin(), bucket.parameters.end());  // backward's order
+      for (size_t k : bucket.parameters) in_last[k] = true;
     }
   }
   std::vector<Bucket> buckets;
@@ -65,8 +59,8 @@ std::vector<Bucket> plan_buckets(const std::vector<ParameterInfo>& parameters,
       had_first[p.kind] = true;
     }
   }
-  // The last buckets go after every other one, in the order their kinds'
-  // last parameters (in reverse registration order) were met.
+  // The last buckets go after every other one, in the order backward meets
+  // their first parameters.
   for (size_t k = parameters.size(); k-- > 0;) {
     auto it = last.find(parameters[k].kind);
     if (!in_last[k] || it == last.end()) continue;

@@ -3,8 +3,6 @@
 // buffers as PyTorch's DataParallel keeps them, errors naming the replica.
 #include <gtest/gtest.h>
 
-#include <mutex>
-
 #include <torch/torch.h>
 
 #include "tandem/models/sequence.h"
@@ -198,36 +196,17 @@ TEST(DataParallelTest, GradModeFollowsTheCaller) {
   EXPECT_FALSE(dp->forward(torch::randn({4, 6})).requires_grad());
 }
 
-// Records the intra-op settings of the thread that runs each forward.
-struct TeamProbeImpl : torch::nn::Cloneable<TeamProbeImpl> {
-  TeamProbeImpl() { reset(); }
-  void reset() override { fc = register_module("fc", torch::nn::Linear(6, 3)); }
-  torch::Tensor forward(torch::Tensor x) {
-    auto team = testing::this_threads_team();  // before any ATen operation in this call
-    {
-      std::lock_guard<std::mutex> hold(*lock);
-      seen->push_back(team);
-    }
-    return fc->forward(x);
-  }
-  torch::nn::Linear fc{nullptr};
-  std::shared_ptr<std::mutex> lock = std::make_shared<std::mutex>();
-  std::shared_ptr<std::vector<testing::ThreadTeam>> seen =
-      std::make_shared<std::vector<testing::ThreadTeam>>();
-};
-TORCH_MODULE(TeamProbe);
-
 // Each replica's thread computes with the process's intra-op thread count
 // (at::set_num_threads), in OpenMP and MKL alike, from its first operation
 // on: a fresh thread otherwise has their defaults (every core), and its
 // first convolution or matrix product would start a team of that size.
 TEST(DataParallelTest, ReplicaThreadsComputeWithTheProcesssThreadCount) {
   testing::UnusualThreadCount threads;
-  TeamProbe probe;
+  testing::TeamProbe probe;
   DataParallel dp(probe, DataParallelOptions{cpus(3)});
   dp->forward(torch::randn({6, 6}));
-  ASSERT_EQ(probe->seen->size(), 3u);
-  for (const auto& team : *probe->seen) {
+  ASSERT_EQ(probe->seen().size(), 3u);
+  for (const auto& team : probe->seen()) {
     EXPECT_EQ(team.omp, threads.count());
     EXPECT_EQ(team.mkl, threads.count());
   }

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -515,20 +514,6 @@ TEST(PipelineTest, AFailureEndsAPollingWaitAtOnce) {
   EXPECT_LT(seconds, 10.0) << "the stages polling for their input did not notice the failure";
 }
 
-// Records the intra-op settings of the thread that runs each forward.
-struct TeamProbeImpl : torch::nn::Module {
-  torch::Tensor forward(torch::Tensor x) {
-    auto team = testing::this_threads_team();  // before any ATen operation in this call
-    std::lock_guard<std::mutex> hold(*lock);
-    seen->push_back(team);
-    return x;
-  }
-  std::shared_ptr<std::mutex> lock = std::make_shared<std::mutex>();
-  std::shared_ptr<std::vector<testing::ThreadTeam>> seen =
-      std::make_shared<std::vector<testing::ThreadTeam>>();
-};
-TORCH_MODULE(TeamProbe);
-
 // Every stage's thread computes with the process's intra-op thread count
 // (at::set_num_threads), in OpenMP and MKL alike, from its first operation
 // on; a fresh thread otherwise has their defaults (every core).
@@ -536,7 +521,7 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
   namespace nn = torch::nn;
   testing::UnusualThreadCount threads;
   models::Sequence net;
-  std::vector<TeamProbe> probes;
+  std::vector<testing::TeamProbe> probes;
   for (int s = 0; s < 3; ++s) {
     probes.emplace_back();
     net->push_back("probe" + std::to_string(s), probes.back());
@@ -545,8 +530,8 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
   Pipeline pipe(net, {2, 2, 2}, cpus(3), {2, "1f1b"});
   pipe.train_step(torch::randn({4, 6}), torch::randint(6, {4}, torch::kInt64), cross_entropy);
   for (size_t s = 0; s < probes.size(); ++s) {
-    ASSERT_EQ(probes[s]->seen->size(), 2u) << "stage " << s;
-    for (const auto& team : *probes[s]->seen) {
+    ASSERT_EQ(probes[s]->seen().size(), 2u) << "stage " << s;
+    for (const auto& team : probes[s]->seen()) {
       EXPECT_EQ(team.omp, threads.count()) << "stage " << s;
       EXPECT_EQ(team.mkl, threads.count()) << "stage " << s;
     }

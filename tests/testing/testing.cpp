@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -186,6 +187,25 @@ ThreadTeam this_threads_team() {
   if (omp != nullptr) team.omp = omp();
   if (mkl != nullptr) team.mkl = mkl();
   return team;
+}
+
+struct TeamProbeImpl::Record {
+  std::mutex lock;
+  std::vector<ThreadTeam> seen;
+};
+
+TeamProbeImpl::TeamProbeImpl() : record_(std::make_shared<Record>()) {}
+
+torch::Tensor TeamProbeImpl::forward(torch::Tensor x) {
+  auto team = this_threads_team();
+  std::lock_guard<std::mutex> hold(record_->lock);
+  record_->seen.push_back(team);
+  return x;
+}
+
+std::vector<ThreadTeam> TeamProbeImpl::seen() const {
+  std::lock_guard<std::mutex> hold(record_->lock);
+  return record_->seen;
 }
 
 UnusualThreadCount::UnusualThreadCount() : old_(at::get_num_threads()) {

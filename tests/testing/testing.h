@@ -95,6 +95,21 @@ struct ThreadTeam {
 };
 ThreadTeam this_threads_team();
 
+// An identity module that records this_threads_team() of the thread that
+// runs each forward, before any ATen operation there. Its clones (e.g.
+// DataParallel's replicas) record into the same list.
+struct TeamProbeImpl : torch::nn::Cloneable<TeamProbeImpl> {
+  TeamProbeImpl();
+  void reset() override {}
+  torch::Tensor forward(torch::Tensor x);
+  std::vector<ThreadTeam> seen() const;
+
+ private:
+  struct Record;
+  std::shared_ptr<Record> record_;
+};
+TORCH_MODULE(TeamProbe);
+
 // Sets at::set_num_threads to a count that is neither the machine's core
 // count nor OMP_NUM_THREADS (so no fresh thread has it by default), and puts
 // the old count back on destruction.
