@@ -198,6 +198,26 @@ Work& Work::then(std::function<void()> f) {
 
 // ---- ProcessGroup -------------------------------------------------------------
 
+// Note [one launch at a time]: c10d records every collective it launches in
+// a process-wide flight recorder (on by default: TORCH_FR_BUFFER_SIZE). On a
+// group's first launch it adds the group to the recorder's table of groups,
+// a std::map written outside the recorder's lock (FlightRecorder::
+// recordWithResetEnabled, libtorch 2.11). Two groups of one process
+// launching at the same moment, from two threads, could corrupt that map
+// and crash the process: ranks as threads in one process do exactly that
+// (ProcessGroupTest.ManyGroupsInOneProcessLaunchAtOnce, and a DDP test that
+// crashed in CI), and so may a program that drives several groups from
+// several threads. So every Gloo launch through tandem holds one
+// process-wide mutex. A Gloo launch only queues the work for the group's own
+// threads (it never waits for a peer), so the lock is held for microseconds
+// and cannot deadlock; the waits happen outside it. NCCL launches do not
+// take it: the first one may block while the communicator forms, which
+// waits for the other ranks, and NCCL ranks are processes, one per device.
+std::mutex& gloo_launch_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 struct ProcessGroup::Impl {
   Rendezvous rendezvous;
   GroupOptions options;
@@ -242,12 +262,18 @@ struct ProcessGroup::Impl {
   }
 
   // Runs a c10d call, turning its immediate errors (bad shapes, a closed
-  // connection) into tandem::Error naming the collective.
+  // connection) into tandem::Error naming the collective. Gloo launches hold
+  // the process's launch lock (Note [one launch at a time]).
   template <typename F>
   Work call(const char* name, F&& f, std::function<void()> then = nullptr) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
-      work = f();
+      if (backend == "gloo") {
+        std::lock_guard<std::mutex> lock(gloo_launch_mutex());
+        work = f();
+      } else {
+        work = f();
+      }
     } catch (const std::exception& e) {
       TANDEM_FAIL(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size, " (",
                   backend, ") failed: ", first_line(e.what()));

@@ -4,9 +4,11 @@
 // rank 0) ending in an error that names the collective, in bounded time.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -215,6 +217,43 @@ TEST(ProcessGroupTest, WorkRecordsCompletionAndRunsThen) {
     EXPECT_GE(*work.finished_at(), before);
     EXPECT_LE(*work.finished_at(), std::chrono::steady_clock::now());
   }));
+}
+
+// Gloo launches are serialised process-wide (Note [one launch at a time] in
+// src/dist/process_group.cpp: unserialised, two ranks-as-threads launching
+// their first collectives together could crash in c10d's flight recorder).
+// A launch waits while the lock is held (here by a thread of the test's own,
+// once the ranks have joined their group), and goes on when it is freed.
+TEST(ProcessGroupTest, GlooLaunchesTakeTheProcesssLaunchLock) {
+  std::atomic<int> joined{0}, launched{0};
+  std::atomic<bool> locked{false}, release{false};
+  std::thread holder([&] {
+    while (joined.load() < 2) std::this_thread::yield();
+    std::lock_guard<std::mutex> held(gloo_launch_mutex());
+    locked = true;
+    while (!release.load()) std::this_thread::yield();
+  });
+  expect_no_errors(run_ranks(2, [&](ProcessGroup& g) {
+    joined.fetch_add(1);
+    while (!locked.load()) std::this_thread::yield();
+    std::thread releaser;
+    if (g.rank() == 0) {
+      releaser = std::thread([&] {
+        std::this_thread::sleep_for(300ms);
+        EXPECT_EQ(launched.load(), 0) << "a launch went ahead while the lock was held";
+        release = true;
+      });
+    }
+    auto t = torch::full({2}, static_cast<double>(g.rank()));
+    auto work = g.all_reduce(t);
+    launched.fetch_add(1);
+    EXPECT_TRUE(release.load());
+    work.wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({2}, 1.0)));
+    if (releaser.joinable()) releaser.join();
+  }));
+  holder.join();
+  EXPECT_EQ(launched.load(), 2);
 }
 
 TEST(ProcessGroupTest, TimeoutNamesTheCollective) {

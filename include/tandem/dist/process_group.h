@@ -26,13 +26,15 @@
 // collectives still go through the backend.
 //
 // Thread safety: one thread issues the collectives of a group; a Work may be
-// waited on from another thread.
+// waited on from another thread. Different groups may launch from different
+// threads at once (Note [one launch at a time] in src/dist/process_group.cpp).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -123,6 +125,11 @@ class ProcessGroup {
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Held by every Gloo launch of this process, for as long as the launch (not
+// the wait) takes: Note [one launch at a time] in src/dist/process_group.cpp.
+// Public for the tests; code outside src/dist has no reason to take it.
+std::mutex& gloo_launch_mutex();
 
 // Whether this build can make NCCL groups (Note [nccl headers] in
 // src/dist/process_group.cpp); they also need a CUDA device at run time.
