@@ -204,7 +204,9 @@ Work& Work::then(std::function<void()> f) {
 // a std::map written outside the recorder's lock (FlightRecorder::
 // recordWithResetEnabled, libtorch 2.11). Two groups of one process
 // launching at the same moment, from two threads, could corrupt that map
-// and crash the process: ranks as threads in one process do exactly that
+// and crash the process, or leave threads looping in it for ever (seen
+// here: three threads spinning in recordWithResetEnabled for 85 minutes,
+// without the lock). Ranks as threads in one process do exactly that
 // (ProcessGroupTest.ManyGroupsInOneProcessLaunchAtOnce, and a DDP test that
 // crashed in CI), and so may a program that drives several groups from
 // several threads. So every Gloo launch through tandem holds one
