@@ -270,12 +270,9 @@ struct ProcessGroup::Impl {
   Work call(const char* name, F&& f, std::function<void()> then = nullptr) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
-      if (backend == "gloo") {
-        std::lock_guard<std::mutex> lock(gloo_launch_mutex());
-        work = f();
-      } else {
-        work = f();
-      }
+      std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);
+      if (backend == "gloo") lock.lock();
+      work = f();
     } catch (const std::exception& e) {
       TANDEM_FAIL(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size, " (",
                   backend, ") failed: ", first_line(e.what()));
