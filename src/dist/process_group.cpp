@@ -206,15 +206,15 @@ Work& Work::then(std::function<void()> f) {
 // launching at the same moment, from two threads, could corrupt that map
 // and crash the process, or leave threads looping in it for ever (seen
 // here: three threads spinning in recordWithResetEnabled for 85 minutes,
-// without the lock). Ranks as threads in one process do exactly that
-// (ProcessGroupTest.ManyGroupsInOneProcessLaunchAtOnce, and a DDP test that
-// crashed in CI), and so may a program that drives several groups from
-// several threads. So every Gloo launch through tandem holds one
+// without the lock). Ranks as threads in one process do exactly that (a
+// DDP test crashed so in CI), and so may a program that drives several
+// groups from several threads. So every Gloo launch through tandem holds one
 // process-wide mutex. A Gloo launch only queues the work for the group's own
 // threads (it never waits for a peer), so the lock is held for microseconds
 // and cannot deadlock; the waits happen outside it. NCCL launches do not
 // take it: the first one may block while the communicator forms, which
 // waits for the other ranks, and NCCL ranks are processes, one per device.
+// Test: ProcessGroupTest.GlooLaunchesTakeTheProcesssLaunchLock.
 std::mutex& gloo_launch_mutex() {
   static std::mutex mutex;
   return mutex;

@@ -143,7 +143,7 @@ TEST(DdpTest, ASmallLastBucketReducesLikeTheOthers) {
     ASSERT_EQ(ddp.buckets().size(), 2u);
     EXPECT_EQ(ddp.buckets().back().parameters, (std::vector<size_t>{1, 0}));
   });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  testing::expect_no_errors(errors);
 }
 TEST(DdpTest, FourRanksOneBucketEach) { check_ddp_equals_one_process(4, {1, 1}); }
 TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {

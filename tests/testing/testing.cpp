@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
