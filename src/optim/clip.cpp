@@ -1,0 +1,46 @@
+#include "tandem/optim/clip.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <torch/torch.h>
+
+#include "tandem/util/check.h"
+
+namespace tandem::optim {
+
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  TANDEM_CHECK(std::isfinite(max_norm) && max_norm > 0,
+               "clip_grad_norm: expected a positive finite max_norm, got ", max_norm);
+  // Gradients of one device and dtype: one foreach call each.
+  struct Group {
+    torch::Device device;
+    torch::ScalarType dtype;
+    std::vector<torch::Tensor> grads;
+  };
+  std::vector<Group> groups;
+  for (const auto& p : parameters) {
+    const auto& grad = p.grad();
+    if (!grad.defined()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return g.device == grad.device() && g.dtype == grad.scalar_type();
+    });
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{grad.device(), grad.scalar_type(), {}});
+    it->grads.push_back(grad);
+  }
+  if (groups.empty()) return torch::zeros({});
+
+  const torch::Device first = groups.front().device;
+  std::vector<torch::Tensor> partial;  // each group's norm, on the first device
+  for (const auto& g : groups) {
+    partial.push_back(torch::linalg_vector_norm(torch::stack(at::_foreach_norm(g.grads, 2)), 2).to(first));
+  }
+  auto total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
+  auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (auto& g : groups) at::_foreach_mul_(g.grads, coefficient.to(g.device));
+  return total;
+}
+
+}  // namespace tandem::optim

@@ -1,0 +1,124 @@
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tandem/optim/clip.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::optim {
+namespace {
+
+// Parameters of two dtypes with gradients, and one without a gradient.
+std::vector<torch::Tensor> make_parameters(double gradient_scale) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params = {torch::randn({5, 3}), torch::randn({3}),
+                                       torch::randn({4, 2}, torch::kFloat64), torch::randn({2, 2})};
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].requires_grad_();
+    if (i != 3) params[i].mutable_grad() = torch::randn_like(params[i]) * gradient_scale;
+  }
+  return params;
+}
+
+// The global norm in float64, as the sum of every gradient's squares.
+double reference_norm(const std::vector<torch::Tensor>& params) {
+  double squares = 0;
+  for (const auto& p : params) {
+    if (p.grad().defined()) squares += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::sqrt(squares);
+}
+
+TEST(ClipGradNormTest, ScalesEveryGradientByMaxNormOverTheGlobalNorm) {
+  auto params = make_parameters(/*gradient_scale=*/3.0);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : params) before.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  const double norm = reference_norm(params);
+  ASSERT_GT(norm, 1.0);
+
+  auto returned = clip_grad_norm(params, /*max_norm=*/1.0);
+  EXPECT_NEAR(returned.item<double>(), norm, 1e-5 * norm);
+  const double coefficient = 1.0 / (norm + 1e-6);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!before[i].defined()) {
+      EXPECT_FALSE(params[i].grad().defined()) << "a parameter without a gradient got one";
+      continue;
+    }
+    EXPECT_TRUE(torch::allclose(params[i].grad(), before[i] * coefficient, 1e-6, 1e-9)) << i;
+    EXPECT_EQ(params[i].grad().scalar_type(), before[i].scalar_type());
+  }
+  EXPECT_NEAR(reference_norm(params), 1.0, 1e-5);  // what clipping is for
+
+  // On a GPU machine also one gradient on cuda:0: the same result, the
+  // norm on the first gradient's device (the CPU here).
+  if (torch::cuda::is_available()) {
+    auto mixed = make_parameters(3.0);
+    mixed[1] = mixed[1].detach().to(torch::kCUDA).requires_grad_();
+    mixed[1].mutable_grad() = before[1].to(torch::kCUDA);
+    auto mixed_norm = clip_grad_norm(mixed, 1.0);
+    EXPECT_TRUE(mixed_norm.device().is_cpu());
+    EXPECT_NEAR(mixed_norm.item<double>(), returned.item<double>(), 1e-5 * norm);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (before[i].defined()) EXPECT_TRUE(torch::allclose(mixed[i].grad().cpu(), params[i].grad(), 1e-6, 1e-9)) << i;
+    }
+  }
+}
+
+TEST(ClipGradNormTest, AgreesWithLibtorchsOwnOnOneDevice) {
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> ours = {torch::randn({64, 32}), torch::randn({32}), torch::randn({10, 64})};
+  std::vector<torch::Tensor> theirs;
+  for (auto& p : ours) {
+    p.requires_grad_();
+    p.mutable_grad() = torch::randn_like(p);
+    auto q = p.detach().clone().requires_grad_();
+    q.mutable_grad() = p.grad().clone();
+    theirs.push_back(q);
+  }
+  double their_norm = torch::nn::utils::clip_grad_norm_(theirs, 2.5);
+  auto our_norm = clip_grad_norm(ours, 2.5);
+  EXPECT_NEAR(our_norm.item<double>(), their_norm, 1e-5 * their_norm);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(ours[i].grad(), theirs[i].grad(), 1e-6, 1e-9)) << i;
+  }
+}
+
+TEST(ClipGradNormTest, GradientsUnderTheLimitAreLeftExactlyAsTheyWere) {
+  auto params = make_parameters(/*gradient_scale=*/1e-3);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : params) before.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  auto returned = clip_grad_norm(params, /*max_norm=*/10.0);
+  EXPECT_NEAR(returned.item<double>(), reference_norm(params), 1e-9);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (before[i].defined()) EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << i;
+  }
+}
+
+TEST(ClipGradNormTest, NoGradientsGiveZeroAndABadLimitIsNamed) {
+  std::vector<torch::Tensor> none = {torch::randn({3}).requires_grad_()};
+  EXPECT_EQ(clip_grad_norm(none, 1.0).item<double>(), 0.0);
+  EXPECT_FALSE(none[0].grad().defined());
+
+  auto params = make_parameters(1.0);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity()}) {
+    auto message = testing::error_of([&] { clip_grad_norm(params, bad); });
+    EXPECT_NE(message.find("expected a positive finite max_norm"), std::string::npos) << message;
+  }
+}
+
+TEST(ClipGradNormTest, ANonFiniteNormIsReturnedNotThrown) {
+  // PyTorch's default (error_if_nonfinite=False): the caller, or the fp16
+  // scaler that already saw the inf, decides.
+  auto params = make_parameters(1.0);
+  params[1].mutable_grad()[0] = std::numeric_limits<float>::infinity();
+  auto returned = clip_grad_norm(params, 1.0);
+  EXPECT_TRUE(std::isinf(returned.item<double>()));
+}
+
+}  // namespace
+}  // namespace tandem::optim
