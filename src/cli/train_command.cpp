@@ -25,7 +25,9 @@ namespace {
 
 // The flag table; defaults are those of engine::TrainOptions.
 FlagSet train_flags(engine::TrainOptions& o) {
-  FlagSet flags("tandem train", "Train a model on one device and evaluate it after every epoch.");
+  FlagSet flags("tandem train",
+                "Train a model on one device or many (--nproc-per-node, --strategy) and "
+                "evaluate it after every epoch.");
   std::string models;
   for (const auto& name : models::model_names()) models += (models.empty() ? "" : ", ") + name;
   std::string specs;
@@ -81,6 +83,14 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_double("weight-decay", "X", &o.weight_decay, "L2 weight decay", 0);
   flags.add_double("label-smoothing", "X", &o.label_smoothing, "cross-entropy label smoothing", 0);
   flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
+  flags.add_int("grad-accum", "K", &o.grad_accum,
+                "gradient accumulation: pass each rank's batch forward and backward in K "
+                "chunks, one after another, then step once (the whole batch's update in about "
+                "1/K of the activation memory; BatchNorm normalises each chunk by its own "
+                "statistics; with ddp only the last chunk's backward all-reduces)", 1);
+  flags.add_double("clip-grad-norm", "X", &o.clip_grad_norm,
+                   "before each step, scale the gradients down so that their global 2-norm is "
+                   "at most X (after averaging over the ranks and unscaling; 0: off)", 0);
 
   flags.section("distributed");
   flags.add_string("nproc-per-node", "N|auto", &o.nproc_per_node,

@@ -1,6 +1,8 @@
 #include "tandem/engine/trainer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -15,6 +17,7 @@
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
+#include "tandem/optim/clip.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
 #include "tandem/util/check.h"
@@ -100,6 +103,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
                "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
   TANDEM_CHECK(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
+  TANDEM_CHECK(o.grad_accum >= 1, "--grad-accum: expected a positive integer, got ", o.grad_accum);
+  TANDEM_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+               "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
@@ -156,6 +162,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
                ": not divisible by the world size ", world_,
                " (each rank takes batch-size / world size samples a step)");
+  TANDEM_CHECK(o.grad_accum <= o.batch_size / world_, "--grad-accum ", o.grad_accum,
+               ": more chunks than the ", o.batch_size / world_, " samples each rank takes a step "
+               "(--batch-size ", o.batch_size, " over ", world_, " rank(s))");
+  TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
+               "the pipeline already passes each batch in --micro-batches chunks and accumulates "
+               "their gradients (raise --micro-batches instead)");
   if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
 
   data::DataOptions data_options;
@@ -222,6 +234,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
+               "backward; it does not work with --grad-accum ", o.grad_accum);
   TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
                "loss scaler decides on the host whether to take each step; use --amp bf16");
   if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
@@ -283,7 +297,9 @@ std::string Trainer::fingerprint() const {
                 static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),
-                static_cast<long long>(world_));
+                static_cast<long long>(world_)) +
+         // Only when set, so that checkpoints from before the flag still resume.
+         (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string());
 }
 
 void Trainer::report_warnings() const {
@@ -330,17 +346,38 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
     ++counters.pipeline_steps;
   } else {
-    {
-      optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
-      out.logits = dp_ ? dp_->forward(inputs) : model_->forward(inputs);
-      out.loss = torch::nn::functional::cross_entropy(out.logits, targets, loss_options_);
+    // --grad-accum: the batch in chunks, one forward and backward each. Each
+    // chunk's mean loss is weighted by its share of the batch, so the
+    // gradients add up to those of the batch's mean loss; DDP all-reduces
+    // only in the last chunk's backward.
+    const int64_t rows = inputs.size(0);
+    const int64_t chunks = std::min(options_.grad_accum, rows);
+    auto input_chunks = inputs.tensor_split(chunks), target_chunks = targets.tensor_split(chunks);
+    std::vector<torch::Tensor> logits;
+    for (int64_t k = 0; k < chunks; ++k) {
+      std::optional<parallel::DistributedDataParallel::NoSync> accumulate_only;
+      if (ddp_ && k + 1 < chunks) accumulate_only.emplace(*ddp_);
+      torch::Tensor loss;
+      {
+        optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
+        const auto& x = input_chunks[k];
+        logits.push_back(dp_ ? dp_->forward(x) : model_->forward(x));
+        loss = torch::nn::functional::cross_entropy(logits.back(), target_chunks[k], loss_options_);
+        if (chunks > 1) loss = loss * (static_cast<double>(x.size(0)) / static_cast<double>(rows));
+      }
+      (scaler_ ? scaler_->scale(loss) : loss).backward();
+      out.loss = k == 0 ? loss : out.loss.detach() + loss.detach();
     }
-    (scaler_ ? scaler_->scale(out.loss) : out.loss).backward();
+    out.logits = chunks == 1 ? logits.front() : torch::cat(logits);
   }
   if (ddp_) {
     ddp_->after_backward();  // buckets were all-reduced during backward
   } else if (group_) {
     dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+  }
+  if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
+    if (scaler_) scaler_->unscale(optimizer);
+    optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
   }
   if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
     if (!scaler_->step(optimizer)) ++counters.skipped_steps;
@@ -437,6 +474,11 @@ TrainResult Trainer::run() {
     say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
                names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
   }
+  if (o.grad_accum > 1) {
+    say(format("gradient accumulation: each rank's batch of %lld in %lld chunks, one optimizer step",
+               static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
+  }
+  if (o.clip_grad_norm > 0) say(format("gradients clipped to a global 2-norm of %g", o.clip_grad_norm));
   if (amp_) {
     say(amp_ == torch::kHalf
             ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
@@ -173,6 +175,123 @@ TEST_F(TrainerTest, ChannelsLastTrainsLikeTheDefaultOrder) {
   }
 }
 
+// The largest relative difference (2-norms) between two states' tensors.
+double worst_relative_difference(const std::vector<std::pair<std::string, torch::Tensor>>& a,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!a[i].second.is_floating_point()) continue;
+    auto difference = (a[i].second - b[i].second).norm().item<double>();
+    worst = std::max(worst, difference / (a[i].second.norm().item<double>() + 1e-30));
+  }
+  return worst;
+}
+
+// --grad-accum K: each batch in K chunks (even or not), one step: the weights
+// of the whole batch's step, to rounding (float64, a model without
+// BatchNorm), also through DataParallel. A run that took a step per chunk,
+// or summed the chunks' mean losses, would be 1e-3 or more away.
+TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
+  auto o = small_run(data_.path());
+  o.model = "mlp";
+  o.dtype = "float64";
+  o.epochs = 1;
+  o.max_steps = 6;
+  Trainer whole(o, nullptr);
+  auto whole_result = whole.run();
+  for (int64_t k : {2, 3, 64}) {
+    for (const char* strategy : {"auto", "dp"}) {
+      auto chunked_options = o;
+      chunked_options.grad_accum = k;
+      chunked_options.strategy = strategy;
+      if (chunked_options.strategy == "dp") chunked_options.devices = "cpu,cpu";
+      Trainer chunked(chunked_options, nullptr);
+      auto result = chunked.run();
+      std::string what = "--grad-accum " + std::to_string(k) + " --strategy " + strategy;
+      EXPECT_LT(worst_relative_difference(state_of(whole), state_of(chunked)), 1e-12) << what;
+      EXPECT_NEAR(result.epochs[0].train_loss, whole_result.epochs[0].train_loss, 1e-12) << what;
+      EXPECT_EQ(result.epochs[0].train_acc, whole_result.epochs[0].train_acc) << what;
+    }
+  }
+  // The control: four times the steps on a quarter of the batch.
+  auto control_options = o;
+  control_options.batch_size = 16;
+  control_options.max_steps = 24;
+  Trainer control(control_options, nullptr);
+  control.run();
+  EXPECT_GT(worst_relative_difference(state_of(whole), state_of(control)), 1e-3);
+
+  auto refused = [&](TrainOptions bad, const std::string& why) {
+    try {
+      Trainer t(bad, nullptr);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  auto bad = o;
+  bad.grad_accum = 65;
+  refused(bad, "--grad-accum 65: more chunks than the 64 samples each rank takes a step");
+  bad.grad_accum = 0;
+  refused(bad, "--grad-accum: expected a positive integer, got 0");
+  bad.grad_accum = 2;
+  bad.strategy = "pipeline";
+  bad.devices = "cpu,cpu";
+  refused(bad, "--grad-accum does not go with --strategy pipeline");
+}
+
+// --clip-grad-norm X: with plain SGD (no momentum or weight decay) and
+// gradients above the limit, one step moves the weights by exactly lr * X
+// in 2-norm, whatever the strategy; with fp16's loss scaler the gradients
+// are unscaled first (clipping the scaled ones would move them 65536 times
+// less).
+TEST_F(TrainerTest, AClippedStepMovesTheWeightsByTheLearningRateTimesTheLimit) {
+  auto o = small_run(data_.path());
+  o.model = "mlp";
+  o.epochs = 1;
+  o.max_steps = 1;
+  o.momentum = 0;
+  o.weight_decay = 0;
+  o.warmup_epochs = 0;
+  o.lr = 0.1;
+  o.clip_grad_norm = 1e-3;
+  struct Case {
+    std::string what;
+    std::function<void(TrainOptions&)> set;
+    double tolerance;
+  };
+  std::vector<Case> cases = {
+      {"float64", [](TrainOptions& c) { c.dtype = "float64"; }, 1e-5},
+      {"float32", [](TrainOptions&) {}, 1e-4},
+      {"--amp fp16", [](TrainOptions& c) { c.amp = "fp16"; }, 1e-3},
+      {"--grad-accum 4", [](TrainOptions& c) { c.grad_accum = 4; }, 1e-4},
+      {"--strategy dp", [](TrainOptions& c) { c.strategy = "dp"; c.devices = "cpu,cpu"; }, 1e-4},
+      {"--strategy pipeline", [](TrainOptions& c) { c.strategy = "pipeline"; c.devices = "cpu,cpu"; }, 1e-4},
+  };
+  for (const auto& c : cases) {
+    auto options = o;
+    c.set(options);
+    Trainer trainer(options, nullptr);
+    auto before = state_of(trainer);
+    trainer.run();
+    auto after = state_of(trainer);
+    double squares = 0;
+    for (size_t i = 0; i < before.size(); ++i) {
+      squares += (after[i].second - before[i].second).to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+    EXPECT_NEAR(std::sqrt(squares), o.lr * o.clip_grad_norm, c.tolerance * o.lr * o.clip_grad_norm) << c.what;
+  }
+  auto bad = o;
+  bad.clip_grad_norm = -1;
+  try {
+    Trainer t(bad, nullptr);
+    ADD_FAILURE() << "accepted a negative --clip-grad-norm";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--clip-grad-norm: expected a finite number >= 0 (0: off), got -1");
+  }
+}
+
 // --cuda-graph refuses what it cannot capture, by name; on a GPU it trains
 // like the eager step (the same arithmetic, up to the rounding of -lr * d and
 // cuDNN's choices), replaying all but the warm-up steps and the short last
@@ -268,6 +387,14 @@ TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
               std::string::npos) << message;
     EXPECT_NE(message.find("other settings"), std::string::npos) << message;
   }
+  // A gradient clipping limit is a setting too; the number of chunks
+  // (--grad-accum) is not: a run may resume with fewer activations in memory.
+  o.lr = small_run(data_.path()).lr;
+  o.clip_grad_norm = 1.0;
+  EXPECT_THROW(Trainer(o, nullptr).run(), Error);
+  auto chunked = small_run(data_.path());
+  chunked.grad_accum = 2;
+  EXPECT_EQ(Trainer(chunked, nullptr).fingerprint(), Trainer(small_run(data_.path()), nullptr).fingerprint());
 }
 
 TEST_F(TrainerTest, GarbageCheckpointIsRefusedWithItsName) {

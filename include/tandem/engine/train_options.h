@@ -1,6 +1,6 @@
 // tandem/engine/train_options.h: everything a training run is told.
 //
-// The CLI fills this from flags (src/cli/train_flags.cpp holds the table and
+// The CLI fills this from flags (train_flags() in src/cli/train_command.cpp holds the table and
 // the defaults shown by --help); library users fill it directly.
 #pragma once
 
@@ -39,6 +39,8 @@ struct TrainOptions {
   double weight_decay = 5e-4;
   double label_smoothing = 0.0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
+  int64_t grad_accum = 1;       // chunks each rank's batch is passed in before one step
+  double clip_grad_norm = 0.0;  // global gradient 2-norm limit (optim/clip.h); 0: off
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
   std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp | pipeline

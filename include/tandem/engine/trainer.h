@@ -1,9 +1,10 @@
-// tandem/engine/trainer.h: the single-process training loop.
+// tandem/engine/trainer.h: the training loop, one per process.
 //
 // One flat story, in run(): open the data, build the model and optimizer,
 // resume if asked, then for each epoch train (schedule, forward, loss,
 // backward, step), evaluate, record, checkpoint; finally export the weights.
-// Later strategies (DDP, DataParallel, pipeline) plug in around the step.
+// The strategies (DDP, seed 004's all-reduce, DataParallel, pipeline) plug in
+// around the step.
 #pragma once
 
 #include <cstdio>
@@ -80,9 +81,9 @@ class Trainer {
     int64_t skipped_steps = 0;  // --amp fp16: steps skipped for inf/NaN gradients
   };
   // One training step as the strategy says: zero the gradients, forward and
-  // loss (autocast), backward, reduce over the ranks, optimizer step (with
-  // the loss scaler). The plain form (one process, one device) is what
-  // --cuda-graph captures.
+  // loss (autocast), backward (in --grad-accum chunks), reduce over the
+  // ranks, clip (--clip-grad-norm), optimizer step (with the loss scaler).
+  // The plain form (one process, one device) is what --cuda-graph captures.
   StepOutputs step(const torch::Tensor& inputs, const torch::Tensor& targets,
                    torch::optim::Optimizer& optimizer, StepCounters& counters);
 
