@@ -67,6 +67,11 @@ int64_t count_parameters(const torch::nn::Module& module) {
   return total;
 }
 
+torch::ScalarType parameter_dtype(const torch::nn::Module& module) {
+  auto parameters = module.parameters();
+  return parameters.empty() ? torch::kFloat32 : parameters.front().scalar_type();
+}
+
 void to_channels_last(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   for (auto& p : module.parameters()) {

@@ -27,6 +27,10 @@ std::vector<std::string> model_names();
 // Number of scalar parameters (not buffers).
 int64_t count_parameters(const torch::nn::Module& module);
 
+// The dtype of the first parameter (float32 when there is none): what the
+// module's inputs are given in (--dtype).
+torch::ScalarType parameter_dtype(const torch::nn::Module& module);
+
 // --channels-last: every 4-D parameter to NHWC memory order, in place
 // (set_data keeps the parameters' identity for optimizers and DDP).
 void to_channels_last(torch::nn::Module& module);

@@ -1,0 +1,250 @@
+// The trainer's set-up: options checked, the process group joined, data
+// opened, the model built and wrapped for its strategy (trainer.h).
+#include "tandem/engine/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "tandem/data/source.h"
+#include "tandem/dist/collectives.h"
+#include "tandem/dist/rendezvous.h"
+#include "tandem/engine/cuda_graph.h"
+#include "tandem/models/registry.h"
+#include "tandem/optim/amp.h"
+#include "tandem/parallel/comm_hook.h"
+#include "tandem/parallel/stage_split.h"
+#include "tandem/parallel/sync_batch_norm.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::engine {
+
+torch::Device parse_device(const std::string& text) {
+  return parallel::parse_one_device(text, "--device", text, "cpu, cuda or cuda:N");
+}
+
+Trainer::Trainer(TrainOptions options, std::FILE* log)
+    : options_(std::move(options)), log_(log), device_(parse_device(options_.device)) {
+  const auto& o = options_;
+  TANDEM_CHECK(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
+  TANDEM_CHECK(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
+  TANDEM_CHECK(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
+  TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
+  TANDEM_CHECK(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  TANDEM_CHECK(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
+  TANDEM_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1,
+               "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
+  TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
+               "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
+  TANDEM_CHECK(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
+  TANDEM_CHECK(o.grad_accum >= 1, "--grad-accum: expected a positive integer, got ", o.grad_accum);
+  TANDEM_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+               "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
+  TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
+  TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
+                   o.progress == "off",
+               "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
+
+  TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
+                   o.strategy == "allreduce" || o.strategy == "dp" || o.strategy == "pipeline",
+               "--strategy: expected auto, none, ddp, allreduce, dp or pipeline, got '", o.strategy, "'");
+  const bool pipeline = o.strategy == "pipeline";
+  TANDEM_CHECK(o.strategy == "dp" || pipeline || o.devices.empty(),
+               "--devices goes with --strategy dp or pipeline");
+  TANDEM_CHECK(o.strategy == "dp" || !o.dp_trace, "--dp-trace goes with --strategy dp");
+  TANDEM_CHECK((o.strategy != "dp" && !pipeline) || !o.devices.empty(), "--strategy ", o.strategy,
+               " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
+  const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
+  TANDEM_CHECK(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
+                            o.pipeline_split == defaults.pipeline_split &&
+                            o.pipeline_balance == defaults.pipeline_balance),
+               "--micro-batches, --schedule, --pipeline-split and --pipeline-balance go with "
+               "--strategy pipeline");
+  TANDEM_CHECK(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
+               o.micro_batches);
+  TANDEM_CHECK(o.pipeline_balance == "time" || o.pipeline_balance == "params",
+               "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
+  TANDEM_CHECK(o.dist_timeout > 0 && o.dist_timeout <= 604800,
+               "--dist-timeout: expected a positive number of seconds up to a week (604800), got ",
+               o.dist_timeout);
+  TANDEM_CHECK(o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6,
+               "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
+  if (auto rendezvous = dist::rendezvous_from_env()) {
+    dist::GroupOptions g;
+    g.backend = o.dist_backend;
+    g.device = o.device;
+    g.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000));
+    // One GPU per local rank: a plain --device cuda means cuda:LOCAL_RANK.
+    if (device_.is_cuda() && !device_.has_index()) {
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                rendezvous->local_rank % torch::cuda::device_count()));
+    }
+    if (device_.is_cuda()) {  // NCCL and the caching allocator use the current device
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device_);
+      g.device = device_.str();
+    }
+    group_ = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
+    rank_ = group_->rank();
+    world_ = group_->size();
+  }
+  TANDEM_CHECK(world_ == 1 || (o.strategy != "dp" && !pipeline), "--strategy ", o.strategy,
+               " runs in one process over --devices (this is rank ", rank_, " of ", world_,
+               "); for several processes use --strategy ddp");
+  TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
+               rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
+  TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
+               ": not divisible by the world size ", world_,
+               " (each rank takes batch-size / world size samples a step)");
+  TANDEM_CHECK(o.grad_accum <= o.batch_size / world_, "--grad-accum ", o.grad_accum,
+               ": more chunks than the ", o.batch_size / world_, " samples each rank takes a step "
+               "(--batch-size ", o.batch_size, " over ", world_, " rank(s))");
+  TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
+               "the pipeline already passes each batch in --micro-batches chunks and accumulates "
+               "their gradients (raise --micro-batches instead)");
+  if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
+
+  data::DataOptions data_options;
+  data_options.augment = o.augment;
+  data_options.image_size = o.image_size;
+  data_options.seed = o.seed;
+  data_options.skip_bad_images = o.skip_bad_images;
+  data_ = data::open_data(o.data, data_options);
+  if (!o.val_data.empty()) data_.test = data::open_eval_data(o.val_data, data_options);
+  auto info = data_.train->info();
+  auto test_info = data_.test ? data_.test->info() : info;
+  TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&
+                   info.width == test_info.width,
+               "--val-data ", o.val_data, ": images are ", test_info.channels, "x",
+               test_info.height, "x", test_info.width, " after transforms, but ",
+               info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
+
+  if (!info.class_names.empty() && !test_info.class_names.empty()) {
+    // Labels are the index of the class folder, so both must list the same.
+    auto list = [](const std::vector<std::string>& names) {
+      std::string text;
+      for (size_t i = 0; i < names.size() && i < 8; ++i) text += (i ? ", " : "") + names[i];
+      return names.size() > 8 ? text + ", ... (" + std::to_string(names.size()) + ")" : text;
+    };
+    TANDEM_CHECK(info.class_names == test_info.class_names, "--val-data ", o.val_data,
+                 ": its classes (", list(test_info.class_names), ") are not those of --data ",
+                 o.data, " (", list(info.class_names), "); labels are class folder indices, "
+                 "so both need the same class folders");
+  }
+  torch::manual_seed(o.seed);
+  models::ModelOptions model_options;
+  model_options.in_channels = info.channels;
+  model_options.num_classes = std::max(info.num_classes, test_info.num_classes);
+  model_options.image_size = info.height;
+  model_options.width_mult = o.width_mult;
+  model_options.stem = o.stem;
+  if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
+    auto group = group_;
+    model_options.norm_layer = [group](int64_t channels) {
+      return torch::nn::AnyModule(
+          parallel::SyncBatchNorm(parallel::SyncBatchNormOptions{channels}, group));
+    };
+  }
+  model_ = models::make_model(o.model, model_options);
+  TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
+               o.dtype, "'");
+  model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  // --channels-last: 4-D weights in NHWC order; inputs follow in the
+  // prefetcher and in evaluation.
+  if (o.channels_last) models::to_channels_last(*model_);
+  TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
+               "runs only on CUDA devices), got --device ", o.device);
+  if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
+  // --cuda-graph: one process, one device, a step that never waits on the
+  // host (Note [what a captured step may do] in engine/cuda_graph.h).
+  TANDEM_CHECK(!o.cuda_graph || device_.is_cuda(), "--cuda-graph needs --device cuda (a CUDA graph "
+               "replays GPU kernels), got --device ", o.device);
+  TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
+               "libtorch without CUDA");
+  TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && world_ == 1),
+               "--cuda-graph captures the step of one process on one device; it does not work with "
+               "--strategy ", o.strategy, " or several ranks (this is rank ", rank_, " of ", world_, ")");
+  loss_options_ = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
+  amp_ = optim::parse_amp(o.amp);
+  TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
+               "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
+               "backward; it does not work with --grad-accum ", o.grad_accum);
+  TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
+               "loss scaler decides on the host whether to take each step; use --amp bf16");
+  if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
+  if (o.strategy == "dp") {
+    parallel::DataParallelOptions dp_options;
+    dp_options.devices = parallel::parse_devices(o.devices);
+    dp_options.output_device = device_;
+    dp_options.trace = o.dp_trace;
+    dp_ = parallel::DataParallel(model_, dp_options);
+  }
+  if (pipeline) make_pipeline(info);
+  if (group_ && world_ > 1 && o.strategy != "allreduce") {
+    parallel::DdpOptions ddp_options;
+    ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
+    ddp_options.buckets.first_bucket_bytes =
+        std::min(ddp_options.buckets.first_bucket_bytes, ddp_options.buckets.bucket_bytes);
+    ddp_options.buckets.last_bucket_bytes =
+        std::min(ddp_options.buckets.last_bucket_bytes, ddp_options.buckets.bucket_bytes);
+    ddp_options.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
+    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options);
+  } else if (group_) {
+    dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
+  }
+}
+
+// --strategy pipeline: cut the model into one stage per device, by
+// --pipeline-split or balanced by --pipeline-balance, and move the stages.
+void Trainer::make_pipeline(const data::DatasetInfo& info) {
+  const auto& o = options_;
+  auto devices = parallel::parse_devices(o.devices);
+  const auto stages = static_cast<int64_t>(devices.size());
+  std::vector<int64_t> sizes;
+  std::string how;
+  if (!o.pipeline_split.empty()) {
+    sizes = parallel::split_at_names(model_, o.pipeline_split, stages);
+    how = "--pipeline-split";
+  } else if (o.pipeline_balance == "params") {
+    sizes = parallel::balance_stages(parallel::parameter_costs(model_), stages);
+    how = "balanced by parameter count";
+  } else {
+    // Timed on a copy, on the first device, at the micro-batch size.
+    auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
+    auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
+                              torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(devices[0]));
+    sizes = parallel::balance_stages(parallel::measured_costs(model_, sample), stages);
+    how = "balanced by measured time";
+  }
+  pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
+  pipeline_ = std::make_unique<parallel::Pipeline>(
+      model_, sizes, devices, parallel::PipelineOptions{o.micro_batches, o.schedule, amp_});
+  device_ = devices.back();  // outputs, targets and the loss live on the last stage
+}
+
+std::string Trainer::fingerprint() const {
+  const auto& o = options_;
+  return format("model=%s dtype=%s amp=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
+                "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
+                o.model.c_str(), o.dtype.c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
+                static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
+                o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
+                o.label_smoothing, static_cast<unsigned long long>(o.seed),
+                static_cast<long long>(world_)) +
+         // Only when set, so that checkpoints from before the flag still resume.
+         (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string());
+}
+
+void Trainer::report_warnings() const {
+  for (const auto* dataset : {data_.train.get(), data_.test.get()}) {
+    if (dataset == nullptr) continue;
+    for (const auto& line : dataset->drain_warnings()) {
+      if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+    }
+  }
+}
+
+}  // namespace tandem::engine
