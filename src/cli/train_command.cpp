@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <torch/cuda.h>
@@ -12,6 +15,7 @@
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/engine/metrics.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/launch/launcher.h"
 #include "tandem/util/env.h"
@@ -75,6 +79,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.section("optimisation");
   flags.add_int("epochs", "N", &o.epochs, "passes over the training data", 1);
   flags.add_int("batch-size", "N", &o.batch_size, "global batch size", 1);
+  flags.add_int("batch-per-process", "N", &o.batch_per_process,
+                "instead of --batch-size: each process's batch, the global one being N times "
+                "the number of processes (seed 002's setting; 0: use --batch-size)", 0);
   flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0);
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
   flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup from 0 to --lr, in epochs (fractions allowed)", 0);
@@ -96,7 +103,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_string("nproc-per-node", "N|auto", &o.nproc_per_node,
                    "launch N local worker processes of this command (tandem launch's short form); "
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
-                   "0: run in this process");
+                   "0: run in this process; a list such as 1,2,4: a scaling sweep, the job run "
+                   "once per count, then seed 002's table of epoch time and speed-up");
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "dp", "pipeline"},
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
@@ -170,7 +178,8 @@ int64_t local_workers(const engine::TrainOptions& o) {
   }
   auto n = parse_int(o.nproc_per_node);
   if (!n || *n < 0) {
-    throw UsageError("--nproc-per-node: expected a number >= 0 or auto, got '" + o.nproc_per_node + "'");
+    throw UsageError("--nproc-per-node: expected a number >= 0, auto or a list such as 1,2,4, got '" +
+                     o.nproc_per_node + "'");
   }
   return *n;
 }
@@ -195,6 +204,123 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
   std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
               n == 1 ? "" : "s");
+}
+
+// --nproc-per-node 1,2,4: the process counts of a scaling sweep; nullopt for
+// one count (N or auto).
+std::optional<std::vector<int64_t>> sweep_counts(const std::string& text) {
+  if (text.find(',') == std::string::npos) return std::nullopt;
+  std::vector<int64_t> counts;
+  for (const auto& part : split(text, ',')) {
+    auto n = parse_int(part);
+    if (!n || *n < 1 || *n > 4096) {
+      throw UsageError("--nproc-per-node: a sweep lists process counts from 1 to 4096, such as "
+                       "1,2,4; got '" + text + "'");
+    }
+    counts.push_back(*n);
+  }
+  return counts;
+}
+
+// One run of a sweep: its process count, global batch and epochs.
+struct SweepRun {
+  int64_t processes = 0;
+  int64_t global_batch = 0;
+  std::vector<engine::EpochMetrics> epochs;
+};
+
+// Seed 002's table over the sweep's runs, with the speed-up and the scaling
+// efficiency against the first run.
+void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun>& runs) {
+  Table table({"devices", "global batch", "batch per process", "epoch time (s)", "img/s", "speed-up",
+               "efficiency", "test acc"});
+  double first_rate = 0;
+  for (const auto& run : runs) {
+    std::vector<double> seconds, rates;
+    for (const auto& m : run.epochs) {
+      if (!m.partial) seconds.push_back(m.epoch_seconds);
+      rates.push_back(m.images_per_second);
+    }
+    double rate = median(rates);
+    if (&run == &runs.front()) first_rate = rate;
+    double speedup = first_rate > 0 ? rate / first_rate : 0.0;
+    double scale = static_cast<double>(run.processes) / static_cast<double>(runs.front().processes);
+    const auto* last = run.epochs.empty() ? nullptr : &run.epochs.back();
+    table.add_row({format("%lld x %s", static_cast<long long>(run.processes), o.device.c_str()),
+                   std::to_string(run.global_batch), std::to_string(run.global_batch / run.processes),
+                   seconds.empty() ? "-" : format("%.1f", median(seconds)), format("%.0f", rate),
+                   format("%.2fx", speedup), format("%.2f", speedup / scale),
+                   last != nullptr && last->evaluated ? format("%.2f%%", 100 * last->test_acc) : "-"});
+  }
+  std::printf("\nscaling sweep (seed 002's table)\n%s", table.render().c_str());
+  std::printf("(epoch time: the median of full epochs; speed-up: training img/s, the median over epochs, "
+              "against the first row's; efficiency: speed-up / (processes / %lld))\n",
+              static_cast<long long>(runs.front().processes));
+  std::fflush(stdout);
+}
+
+// --nproc-per-node 1,2,4: the job launched once per count, one after the
+// other, each run's epochs read back from a --metrics-out file of its own.
+int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::string>& args,
+                const engine::TrainOptions& o, const FlagSet& flags) {
+  const std::string sweep = "--nproc-per-node " + o.nproc_per_node;
+  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights"}) {
+    if (flags.given(name)) {
+      throw UsageError(std::string("--") + name + " belongs to a single run; " + sweep +
+                       " runs the job once per process count");
+    }
+  }
+  if (o.strategy == "none" || o.strategy == "dp" || o.strategy == "pipeline") {
+    throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
+                     " needs a strategy over processes (auto, ddp or allreduce)");
+  }
+  for (auto n : counts) {
+    if (o.batch_per_process == 0 && o.batch_size % n != 0) {
+      throw UsageError(format("--batch-size %lld is not divisible by %lld processes (%s); give "
+                              "another batch size, or --batch-per-process",
+                              static_cast<long long>(o.batch_size), static_cast<long long>(n),
+                              sweep.c_str()));
+    }
+  }
+  namespace fs = std::filesystem;
+  std::string pattern = (fs::temp_directory_path() / "tandem-sweep-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) throw Error("cannot make a temporary directory " + pattern);
+  struct Remove {
+    std::string dir;
+    ~Remove() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } remove{pattern};
+
+  std::vector<SweepRun> runs;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int64_t n = counts[i];
+    std::printf("\ntandem train: scaling sweep, run %zu of %zu: %lld process%s\n", i + 1, counts.size(),
+                static_cast<long long>(n), n == 1 ? "" : "es");
+    std::fflush(stdout);
+    const std::string metrics = pattern + "/run-" + std::to_string(i) + ".jsonl";
+    launch::LaunchOptions lo;
+    lo.nproc_per_node = n;
+    lo.command = {self_executable(), "train"};
+    lo.command.insert(lo.command.end(), args.begin(), args.end());
+    // Later flags override earlier ones: this run's count and metrics file.
+    for (const auto& extra : {std::string("--nproc-per-node"), std::to_string(n),
+                              std::string("--metrics-out"), metrics}) {
+      lo.command.push_back(extra);
+    }
+    auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
+    if (result.exit_code != 0) {
+      std::fprintf(stderr, "tandem launch: %s\ntandem train: the sweep stopped at run %zu of %zu (%lld "
+                   "process%s)\n", result.reason.c_str(), i + 1, counts.size(),
+                   static_cast<long long>(n), n == 1 ? "" : "es");
+      return result.exit_code;
+    }
+    const int64_t global = o.batch_per_process > 0 ? o.batch_per_process * n : o.batch_size;
+    runs.push_back({n, global, engine::read_metrics(metrics)});
+  }
+  print_sweep_table(o, runs);
+  return 0;
 }
 
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
@@ -234,8 +360,15 @@ int train_command(const std::vector<std::string>& args) {
     std::printf("%s", flags.help().c_str());
     return 0;
   }
+  if (flags.given("batch-size") && flags.given("batch-per-process")) {
+    throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
+  }
+  const bool worker = env::get("RANK").has_value();
+  if (!worker) {
+    if (auto counts = sweep_counts(options.nproc_per_node)) return train_sweep(*counts, args, options, flags);
+  }
   int64_t nproc = local_workers(options);
-  if (nproc > 0 && !env::get("RANK")) {
+  if (nproc > 0 && !worker) {
     // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
     // the workers run this same command line; RANK set tells them they are workers.
     launch::LaunchOptions lo;
@@ -249,7 +382,8 @@ int train_command(const std::vector<std::string>& args) {
   }
   engine::Trainer trainer(options);
   auto result = trainer.run();
-  if (trainer.rank() == 0) print_summary(options, result);
+  // The trainer's options: the global batch as --batch-per-process made it.
+  if (trainer.rank() == 0) print_summary(trainer.options(), result);
   return 0;
 }
 

@@ -27,6 +27,40 @@ std::string to_json_line(const EpochMetrics& m) {
   return j.dump();
 }
 
+std::vector<EpochMetrics> read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  TANDEM_CHECK(in.is_open(), path, ": cannot open the metrics file");
+  std::vector<EpochMetrics> records;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    TANDEM_CHECK(j.is_object(), path, ":", number, ": not a JSON object");
+    try {
+      EpochMetrics m;
+      m.epoch = j.at("epoch").get<int64_t>();
+      m.step = j.at("step").get<int64_t>();
+      m.train_loss = j.at("train_loss").get<double>();
+      m.train_acc = j.at("train_acc").get<double>();
+      m.evaluated = !j.at("test_acc").is_null();
+      if (m.evaluated) {
+        m.test_loss = j.at("test_loss").get<double>();
+        m.test_acc = j.at("test_acc").get<double>();
+      }
+      m.epoch_seconds = j.at("epoch_seconds").get<double>();
+      m.images_per_second = j.at("images_per_second").get<double>();
+      m.lr = j.at("lr").get<double>();
+      m.world_size = j.at("world_size").get<int64_t>();
+      m.partial = j.at("partial").get<bool>();
+      records.push_back(m);
+    } catch (const nlohmann::json::exception& e) {
+      TANDEM_CHECK(false, path, ":", number, ": not a metrics record (", e.what(), ")");
+    }
+  }
+  TANDEM_CHECK(!in.bad(), path, ": read failed");
+  return records;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
     : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   TANDEM_CHECK(out_.is_open(), "--metrics-out ", path, ": cannot open for writing");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -95,6 +96,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "); for several processes use --strategy ddp");
   TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
                rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
+  TANDEM_CHECK(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
+               o.batch_per_process);
+  TANDEM_CHECK(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world_,
+               "--batch-per-process ", o.batch_per_process, ": too large for ", world_, " ranks");
+  if (o.batch_per_process > 0) options_.batch_size = o.batch_per_process * world_;  // seed 002's setting
   TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
                ": not divisible by the world size ", world_,
                " (each rank takes batch-size / world size samples a step)");

@@ -7,7 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "testing.h"
 
@@ -48,6 +50,84 @@ TEST(DistributedCliTest, TwoRanksOnFashionMnistReach85Percent) {
   auto m = last_metrics(dir.file("m.jsonl"));
   EXPECT_EQ(m["world_size"].get<int>(), 2);
   EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+}
+
+// Seed 002's experiment from one command: --nproc-per-node 1,2 runs the job
+// once per process count with --batch-per-process fixed, then prints the
+// table over the runs (global batch growing with the processes, speed-up and
+// efficiency against the first run). Each run's own devices table shows the
+// global batch that --batch-per-process made.
+TEST(DistributedCliTest, AScalingSweepPrintsSeed002sTable) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 128);
+  auto r = run_tandem("train --nproc-per-node 1,2 --batch-per-process 16 --data idx:" + dir.path() +
+                      " --model mlp --epochs 1 --progress off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* text : {"tandem train: scaling sweep, run 1 of 2: 1 process\n",
+                           "tandem train: scaling sweep, run 2 of 2: 2 processes\n",
+                           "[rank 0] 2 x cpu | 32           | 16                |",
+                           "scaling sweep (seed 002's table)\n"
+                           "devices | global batch | batch per process | epoch time (s) | img/s | "
+                           "speed-up | efficiency | test acc\n",
+                           "\n1 x cpu | 16           | 16                | ",
+                           "\n2 x cpu | 32           | 16                | "}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << "missing: " << text << "\n" << r.output;
+  }
+  // The first row is its own reference; the second's efficiency is its
+  // speed-up over 2 (the table's figures, read back).
+  auto row = [&](const std::string& head) {
+    auto start = r.output.rfind("\n" + head);
+    EXPECT_NE(start, std::string::npos) << head;
+    auto end = r.output.find('\n', start + 1);
+    std::vector<std::string> cells;
+    std::stringstream line(r.output.substr(start + 1, end - start - 1));
+    for (std::string cell; std::getline(line, cell, '|');) {
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    return cells;
+  };
+  auto first = row("1 x cpu"), second = row("2 x cpu");
+  ASSERT_EQ(first.size(), 8u);
+  ASSERT_EQ(second.size(), 8u);
+  EXPECT_EQ(first[5], "1.00x");
+  EXPECT_EQ(first[6], "1.00");
+  double speedup = std::stod(second[5]), efficiency = std::stod(second[6]);
+  EXPECT_GT(speedup, 0);
+  EXPECT_NEAR(efficiency, speedup / 2, 0.006);
+  EXPECT_NE(second[3].find_first_of("0123456789"), std::string::npos) << "no epoch time: " << second[3];
+}
+
+// What a sweep cannot do is refused before anything runs, by name; a run
+// that fails stops the sweep with its exit code and says where.
+TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  const std::string data = " --data idx:" + dir.path() + " --model mlp --epochs 1 --progress off";
+  struct Case {
+    std::string flags, message;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"--nproc-per-node 1,2 --metrics-out m.jsonl",
+            "--metrics-out belongs to a single run; --nproc-per-node 1,2 runs the job once per process count"},
+           {"--nproc-per-node 1,2 --checkpoint-dir ckpt", "--checkpoint-dir belongs to a single run"},
+           {"--nproc-per-node 1,x", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
+           {"--nproc-per-node 1,0", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
+           {"--nproc-per-node 1,2 --strategy dp --devices cpu,cpu", "--strategy dp runs in one process"},
+           {"--nproc-per-node 1,4 --batch-size 30", "--batch-size 30 is not divisible by 4 processes"},
+           {"--batch-size 32 --batch-per-process 8", "give --batch-size (the global batch) or "
+                                                     "--batch-per-process, not both"}}) {
+    auto r = run_tandem("train " + c.flags + data);
+    EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find("scaling sweep, run"), std::string::npos) << c.flags << ": a run started";
+  }
+  auto r = run_tandem("train --nproc-per-node 1,2 --data idx:" + dir.file("absent") + " --progress off");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem train: the sweep stopped at run 1 of 2 (1 process)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("run 2 of 2"), std::string::npos) << r.output;
 }
 
 TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {

@@ -15,6 +15,7 @@
 
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/metrics.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/util/check.h"
@@ -567,6 +568,34 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   auto file = read_safetensors(o.export_weights);
   auto state = state_of(trainer);
   expect_equal_states(file.tensors, state);
+
+  // read_metrics gives the records back as the run returned them.
+  auto records = read_metrics(o.metrics_out);
+  ASSERT_EQ(records.size(), 2u);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& a = records[i];
+    const auto& b = result.epochs[i];
+    EXPECT_EQ(a.epoch, b.epoch);
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_DOUBLE_EQ(a.train_loss, b.train_loss);
+    EXPECT_DOUBLE_EQ(a.test_acc, b.test_acc);
+    EXPECT_DOUBLE_EQ(a.images_per_second, b.images_per_second);
+    EXPECT_EQ(a.world_size, b.world_size);
+    EXPECT_EQ(a.partial, b.partial);
+    EXPECT_TRUE(a.evaluated);
+  }
+  std::ofstream(out.file("bad.jsonl")) << to_json_line(records[0]) << "\n{\"epoch\": 2}\n";
+  EXPECT_THROW(
+      {
+        try {
+          read_metrics(out.file("bad.jsonl"));
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: not a metrics record"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(read_metrics(out.file("missing.jsonl")), Error);
 }
 
 TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {

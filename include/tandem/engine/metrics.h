@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace tandem::engine {
 
@@ -24,6 +25,10 @@ struct EpochMetrics {
 
 // One JSON object on one line (no trailing newline).
 std::string to_json_line(const EpochMetrics& metrics);
+
+// The records of a --metrics-out file, in order. Throws tandem::Error naming
+// the file (and the line) when it cannot be read or a line is not a record.
+std::vector<EpochMetrics> read_metrics(const std::string& path);
 
 // Appends lines to a file, flushed after each line; creates or truncates it
 // when opened.

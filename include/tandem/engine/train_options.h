@@ -31,6 +31,7 @@ struct TrainOptions {
   // Optimisation
   int64_t epochs = 5;
   int64_t batch_size = 256;  // global batch
+  int64_t batch_per_process = 0;  // > 0: the global batch is this times the world size instead
   double lr = 0.1;           // peak learning rate
   double min_lr = 0.0;
   double warmup_epochs = 0.2;  // a short linear warmup: steadier first epochs at lr 0.1
@@ -55,7 +56,8 @@ struct TrainOptions {
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   std::string dist_backend = "auto";  // auto | gloo | nccl
   double dist_timeout = 300;          // seconds any collective may wait
-  std::string nproc_per_node = "0";   // CLI: N > 0 or auto launches local workers of itself
+  std::string nproc_per_node = "0";   // CLI: N > 0 or auto launches local workers of itself; a
+                                      // list (1,2,4) runs it once per count (a scaling sweep)
 
   // Run
   std::string device = "cpu";  // cpu | cuda | cuda:N
