@@ -100,7 +100,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "at most X (after averaging over the ranks and unscaling; 0: off)", 0);
 
   flags.section("distributed");
-  flags.add_string("nproc-per-node", "N|auto", &o.nproc_per_node,
+  flags.add_string("nproc-per-node", "N|auto|LIST", &o.nproc_per_node,
                    "launch N local worker processes of this command (tandem launch's short form); "
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process; a list such as 1,2,4: a scaling sweep, the job run "
