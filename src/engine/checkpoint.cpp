@@ -353,6 +353,17 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
   return std::nullopt;
 }
 
+std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys) {
+  std::string kept;
+  std::istringstream words(fingerprint);
+  for (std::string word; words >> word;) {
+    auto key = word.substr(0, word.find('='));
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    kept += (kept.empty() ? "" : " ") + word;
+  }
+  return kept;
+}
+
 std::optional<std::string> Checkpointer::latest() const {
   auto all = list_checkpoints(options_.dir);
   if (all.empty()) return std::nullopt;
@@ -382,9 +393,11 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
                  kFormatVersion);
     c10::IValue saved;
     archive.read("fingerprint", saved);
-    TANDEM_CHECK(saved.toStringRef() == fingerprint,
+    TANDEM_CHECK(without_fields(saved.toStringRef(), options_.may_change) ==
+                     without_fields(fingerprint, options_.may_change),
                  "it was written by a run with other settings:\n  checkpoint: ",
                  saved.toStringRef(), "\n  this run:   ", fingerprint);
+    p.fingerprint = saved.toStringRef();
     p.epoch = read_int(archive, "epoch");
     p.batch_in_epoch = read_int(archive, "batch_in_epoch");
     p.step = read_int(archive, "step");

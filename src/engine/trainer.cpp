@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <sstream>
 
 #include "tandem/data/device_prefetcher.h"
 #include "tandem/data/loader.h"
@@ -187,7 +188,16 @@ TrainResult Trainer::run() {
 
   // --- Resume ----------------------------------------------------------------
   std::optional<Checkpointer> checkpointer;
-  if (!o.checkpoint_dir.empty()) checkpointer.emplace(CheckpointOptions{o.checkpoint_dir});
+  // Note [resuming on another world size]: a checkpoint holds the whole
+  // model and optimizer (rank 0's, the same on every rank) and a position
+  // counted in global batches, and the ranks' k-th batches together are the
+  // single process's k-th batch (DistributedSampler) whatever the world size.
+  // So a run may resume on another number of ranks and train on the same
+  // batches, as an uninterrupted run would (to rounding; BatchNorm without
+  // --sync-bn normalises over each rank's share, which does depend on it).
+  // The global batch must stay: with --batch-per-process it changes with the
+  // world size, and the fingerprint's batch then refuses the checkpoint.
+  if (!o.checkpoint_dir.empty()) checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
   TrainPosition position;
   // A worker restarted by the launcher (--max-restarts) resumes by itself.
   bool resume = o.resume;
@@ -215,6 +225,15 @@ TrainResult Trainer::run() {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
     if (path) {
+      const std::string world_now = format("world=%lld", static_cast<long long>(world_));
+      std::istringstream words(position.fingerprint);
+      for (std::string word; words >> word;) {
+        if (word.rfind("world=", 0) == 0 && word != world_now) {
+          say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
+                     "(Note [resuming on another world size])",
+                     word.substr(6).c_str(), static_cast<long long>(world_)));
+        }
+      }
       if (scaler_ && position.loss_scale > 0) {
         scaler_->load_state(position.loss_scale, position.scale_growth_tracker);
       }

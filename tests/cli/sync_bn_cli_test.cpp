@@ -33,52 +33,65 @@ using testing::TempDir;
 // taking the other sign is the likely one), which training then grows: on an
 // AVX-512 machine, convnet on 2 ranks jumped from 5e-7 to 1.2e-4 at step 6
 // and ended at 1.3e-3. So float32 runs are held to 1e-2, with the control
-// run well outside it. The control run (2 ranks, `control_flags`) must
+// run well outside it.
+// 20 steps on the synthetic data in `dir`: `flags` after the common ones
+// (so they may override them), the weights exported to `dir`/`name`.
+void train_and_export(const TempDir& dir, const std::string& flags, const std::string& name) {
+  auto r = run_tandem("train --data idx:" + dir.path() + " --batch-size 32 --max-steps 20 --lr 0.05 "
+                      "--progress off --export-weights " + dir.file(name) + " " + flags);
+  ASSERT_EQ(r.exit_code, 0) << flags << ":\n" << r.output;
+}
+
+// Compares each of `others` (safetensors files in `dir`, described by
+// `what`) with `reference`, per tensor; a `control` file, when given, must
 // differ by more than 3 times the tolerance.
+void expect_close_weights(const TempDir& dir, const std::string& reference,
+                          const std::vector<std::pair<std::string, std::string>>& others,
+                          double tolerance, const std::string& control = "") {
+  std::string script =
+      "import sys\n"
+      "from safetensors.torch import load_file\n"
+      "def worst(a, b):\n"
+      "    assert a.keys() == b.keys()\n"
+      "    return max(((a[k] - b[k]).norm() / (a[k].norm() + 1e-30)).item()\n"
+      "               for k in a if a[k].is_floating_point())\n"
+      "d, reference, tolerance, control = sys.argv[1:5]\n"
+      "a = load_file(f'{d}/{reference}')\n"
+      "tolerance = float(tolerance)\n"
+      "for name, what in zip(sys.argv[5::2], sys.argv[6::2]):\n"
+      "    difference = worst(a, load_file(f'{d}/{name}'))\n"
+      "    print(what, ': worst relative difference', difference)\n"
+      "    assert difference <= tolerance, f'{what}: relative difference {difference}'\n"
+      "if control:\n"
+      "    difference = worst(a, load_file(f'{d}/{control}'))\n"
+      "    print('control: worst relative difference', difference)\n"
+      "    assert difference > 3 * tolerance, f'control run: relative difference only {difference}'\n";
+  std::ofstream(dir.file("compare.py")) << script;
+  std::ostringstream bound;
+  bound << tolerance;  // std::to_string would print 1e-12 as 0.000000
+  std::string args = " " + dir.path() + " " + reference + " " + bound.str() + " '" + control + "'";
+  for (const auto& [name, what] : others) args += " " + name + " '" + what + "'";
+  auto r = run(std::string(TANDEM_PYTHON) + " " + dir.file("compare.py") + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::printf("%s", r.output.c_str());  // the measured differences, for ctest -V
+}
+
+// Trains once per entry of `runs` (flags added to `model_flags`) and
+// compares every run's weights with the first's; the control run (2 ranks,
+// `control_flags`) must differ by more than 3 times the tolerance.
 void expect_same_weights(const std::vector<std::string>& runs, const std::string& model_flags,
                          double tolerance, const std::string& control_flags = "") {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 1024, 64);
+  std::vector<std::pair<std::string, std::string>> others;
   for (size_t i = 0; i < runs.size(); ++i) {
-    auto r = run_tandem("train " + runs[i] + " --data idx:" + dir.path() + " " + model_flags +
-                        " --batch-size 32 --max-steps 20 --lr 0.05 --progress off --export-weights " +
-                        dir.file("w" + std::to_string(i) + ".safetensors"));
-    ASSERT_EQ(r.exit_code, 0) << runs[i] << ":\n" << r.output;
+    std::string name = "w" + std::to_string(i) + ".safetensors";
+    train_and_export(dir, model_flags + " " + runs[i], name);
+    if (i > 0) others.emplace_back(name, runs[i]);
   }
-  if (!control_flags.empty()) {
-    auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() + " " + control_flags +
-                        " --batch-size 32 --max-steps 20 --lr 0.05 --progress off --export-weights " +
-                        dir.file("control.safetensors"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  std::string script =
-      "import sys\n"
-      "from safetensors.torch import load_file\n"
-      "a = load_file(sys.argv[1] + '/w0.safetensors')\n"
-      "tolerance = float(sys.argv[2])\n"
-      "for n, run in enumerate(sys.argv[3:], 1):\n"
-      "    b = load_file(sys.argv[1] + f'/w{n}.safetensors')\n"
-      "    assert a.keys() == b.keys()\n"
-      "    worst = max(((a[k] - b[k]).norm() / (a[k].norm() + 1e-30)).item()\n"
-      "                for k in a if a[k].is_floating_point())\n"
-      "    print(run, ': worst relative difference', worst)\n"
-      "    assert worst <= tolerance, f'{run}: relative difference {worst}'\n"
-      "import os\n"
-      "if os.path.exists(sys.argv[1] + '/control.safetensors'):\n"
-      "    c = load_file(sys.argv[1] + '/control.safetensors')\n"
-      "    worst = max(((a[k] - c[k]).norm() / (a[k].norm() + 1e-30)).item()\n"
-      "                for k in a if a[k].is_floating_point())\n"
-      "    print('control: worst relative difference', worst)\n"
-      "    assert worst > 3 * tolerance, f'control run: relative difference only {worst}'\n";
-  std::ofstream(dir.file("compare.py")) << script;
-  std::ostringstream bound;
-  bound << tolerance;  // std::to_string would print 1e-12 as 0.000000
-  std::string names;  // every run after the first, quoted, for the messages
-  for (size_t i = 1; i < runs.size(); ++i) names += " '" + runs[i] + "'";
-  auto r = run(std::string(TANDEM_PYTHON) + " " + dir.file("compare.py") + " " + dir.path() + " " +
-               bound.str() + names);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::printf("%s", r.output.c_str());  // the measured differences, for ctest -V
+  if (!control_flags.empty()) train_and_export(dir, control_flags + " --nproc-per-node 2", "control.safetensors");
+  expect_close_weights(dir, "w0.safetensors", others, tolerance,
+                       control_flags.empty() ? "" : "control.safetensors");
 }
 
 void expect_world_size_invariance(const std::string& model_flags, double tolerance,
@@ -115,6 +128,40 @@ TEST(GradAccumCliTest, ChunksOnSeveralRanksGiveOneProcesssWeights) {
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2", "--nproc-per-node 2 --grad-accum 4"},
                       "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12,
                       "--model mlp --dtype float64");
+}
+
+// Note [resuming on another world size]: 2 ranks stopped after 10 steps,
+// then resumed in one process or on 4 ranks, end where 20 uninterrupted
+// steps on 2 ranks do (float64: to rounding). A checkpoint whose global
+// batch would change (--batch-per-process on another world size) is refused.
+TEST(ResumeCliTest, ACheckpointResumesOnAnotherWorldSize) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 1024, 64);
+  const std::string model = "--model mlp --dtype float64 ";
+  train_and_export(dir, model + "--nproc-per-node 2", "whole.safetensors");
+  std::vector<std::pair<std::string, std::string>> resumed;
+  for (const char* ranks : {"0", "4"}) {
+    const std::string checkpoints = dir.file(std::string("ckpt-") + ranks);
+    train_and_export(dir, model + "--nproc-per-node 2 --max-steps 10 --checkpoint-dir " + checkpoints,
+                     "first-half.safetensors");
+    auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 20 "
+                        "--lr 0.05 --progress lines --resume --checkpoint-dir " + checkpoints +
+                        " --nproc-per-node " + ranks + " --export-weights " +
+                        dir.file(std::string("resumed-") + ranks + ".safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::string world = std::string(ranks) == "0" ? "1" : ranks;
+    EXPECT_NE(r.output.find("the checkpoint was written by a run of 2 rank(s); resuming on " + world),
+              std::string::npos) << r.output;
+    resumed.emplace_back(std::string("resumed-") + ranks + ".safetensors",
+                         std::string("2 ranks, then ") + world);
+  }
+  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+
+  auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-per-process 16 "
+                      "--max-steps 20 --lr 0.05 --progress off --resume --checkpoint-dir " +
+                      dir.file("ckpt-4") + " --nproc-per-node 4");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("it was written by a run with other settings"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct TrainPosition {
   int64_t epoch_seen = 0;
   double loss_scale = 0.0;           // --amp fp16: the gradient scaler's state (0: none)
   int64_t scale_growth_tracker = 0;
+  std::string fingerprint;  // load(): the fingerprint the checkpoint was written with
 };
 
 // A checkpoint file that is cut short, altered, or not a tandem checkpoint:
@@ -47,7 +48,14 @@ std::string seal_checkpoint(std::string archive);
 struct CheckpointOptions {
   std::string dir;
   int64_t keep = 2;  // newest checkpoints kept
+  // Fingerprint fields (its space-separated KEY=VALUE words, by KEY) that a
+  // resumed run may change: they are left out when the fingerprints are
+  // compared. The trainer names "world": Note [resuming on another world size].
+  std::vector<std::string> may_change;
 };
+
+// `fingerprint` without its KEY=VALUE words whose KEY is in `keys`.
+std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys);
 
 class Checkpointer {
  public:
@@ -72,7 +80,7 @@ class Checkpointer {
   // Restores model, optimizer and generator from `path`. Throws
   // DamagedCheckpoint if its checksum fails (nothing is loaded then), and
   // tandem::Error naming the file if it is unreadable or was written with
-  // other flags.
+  // other flags (fingerprints that differ beyond options.may_change).
   TrainPosition load(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
 
