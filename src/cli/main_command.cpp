@@ -16,6 +16,7 @@ std::string top_help() {
              "tandem trains neural networks on libtorch, on one or many devices.\n\n"
              "commands:\n"
              "  train     train and evaluate a model\n"
+             "  eval      evaluate trained weights (--export-weights' file) on a data set\n"
              "  launch    run a command as N local workers of a distributed job\n"
              "  models    list the model names --model accepts\n"
              "  version   print the version\n\n"
@@ -41,13 +42,14 @@ int main_command(int argc, char** argv) {
     std::string command = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
     if (command == "train") return train_command(rest);
+    if (command == "eval") return eval_command(rest);
     if (command == "models") return models_command(rest);
     if (command == "launch") return launch_command(rest);
     if (command == "version" || command == "--version") {
       std::printf("tandem %s\n", kVersion);
       return 0;
     }
-    throw UsageError("unknown command '" + command + "' (commands: train, launch, models, version)");
+    throw UsageError("unknown command '" + command + "' (commands: train, eval, launch, models, version)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 2;

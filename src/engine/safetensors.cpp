@@ -145,4 +145,24 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return result;
 }
 
+void load_weights(const std::string& path, torch::nn::Module& module) {
+  auto file = read_safetensors(path);
+  std::map<std::string, torch::Tensor> found(file.tensors.begin(), file.tensors.end());
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (the module's, the file's)
+  auto take = [&](const std::string& name, const torch::Tensor& target, const char* kind) {
+    auto it = found.find(name);
+    TANDEM_CHECK(it != found.end(), path, ": no tensor for the model's ", kind, " '", name, "'");
+    TANDEM_CHECK(it->second.sizes() == target.sizes(), path, ": tensor '", name, "' has shape ",
+                 it->second.sizes(), ", the model's ", kind, " has ", target.sizes());
+    copies.emplace_back(target, it->second);
+    found.erase(it);
+  };
+  for (const auto& p : module.named_parameters()) take(p.key(), p.value(), "parameter");
+  for (const auto& b : module.named_buffers()) take(b.key(), b.value(), "buffer");
+  TANDEM_CHECK(found.empty(), path, ": tensor '", found.empty() ? "" : found.begin()->first,
+               "' is not a parameter or buffer of the model (", found.size(), " such)");
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+}
+
 }  // namespace tandem::engine

@@ -155,6 +155,28 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   return out;
 }
 
+EvalResult Trainer::evaluate() {
+  TANDEM_CHECK(data_.test, "no evaluation data for ", options_.data, " (give --val-data)");
+  Forward forward;
+  if (pipeline_) {
+    forward = [this](const torch::Tensor& x) {
+      // Autocast on every kind of device the stages are on (the whole
+      // batch goes through the stages in this thread).
+      optim::AutocastGuard cpu(torch::kCPU, amp_);
+      optim::AutocastGuard cuda(torch::kCUDA, amp_);
+      return pipeline_->forward(x);
+    };
+  } else if (amp_ || options_.channels_last) {
+    forward = [this](const torch::Tensor& x) {
+      optim::AutocastGuard autocast(device_.type(), amp_);
+      bool nhwc = options_.channels_last && x.dim() == 4;
+      return model_->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
+    };
+  }
+  return engine::evaluate(model_, *data_.test, options_.batch_size / world_, device_, options_.workers,
+                          group_.get(), forward);
+}
+
 void Trainer::say(const std::string& line) const {
   if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", line.c_str());
 }
@@ -392,24 +414,7 @@ TrainResult Trainer::run() {
     m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
     if (data_.test) {
-      Forward forward;
-      if (pipeline_) {
-        forward = [this](const torch::Tensor& x) {
-          // Autocast on every kind of device the stages are on (the whole
-          // batch goes through the stages in this thread).
-          optim::AutocastGuard cpu(torch::kCPU, amp_);
-          optim::AutocastGuard cuda(torch::kCUDA, amp_);
-          return pipeline_->forward(x);
-        };
-      } else if (amp_ || o.channels_last) {
-        forward = [this](const torch::Tensor& x) {
-          optim::AutocastGuard autocast(device_.type(), amp_);
-          bool nhwc = options_.channels_last && x.dim() == 4;
-          return model_->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
-        };
-      }
-      auto eval = evaluate(model_, *data_.test, o.batch_size / world_, device_, o.workers,
-                           group_.get(), forward);
+      auto eval = evaluate();
       m.test_loss = eval.loss;
       m.test_acc = eval.accuracy;
     } else {

@@ -1,6 +1,7 @@
 // End-to-end: the real `tandem` binary, as a user runs it.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,6 +94,38 @@ TEST(CliTest, OneEpochOfFashionMnistReaches85Percent) {
   EXPECT_GE(j["test_acc"].get<double>(), 0.85) << r.output;
   EXPECT_EQ(j["epoch"], 1);
   EXPECT_NE(r.output.find("test acc"), std::string::npos);
+}
+
+// tandem eval: the exported weights of a run give back that run's last test
+// accuracy, in one process and split over 2 ranks; what does not fit is
+// named.
+TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 200);
+  const std::string data = " --data idx:" + dir.path() + " --model convnet";
+  auto r = run_tandem("train" + data + " --epochs 1 --batch-size 64 --progress off --metrics-out " +
+                      dir.file("m.jsonl") + " --export-weights " + dir.file("w.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = testing::last_metrics(dir.file("m.jsonl"));
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "test accuracy %.2f%% (200 images)", 100 * j["test_acc"].get<double>());
+  for (const std::string launch : {"", "launch --nproc-per-node 2 -- " TANDEM_CLI " "}) {
+    r = run_tandem(launch + "eval --weights " + dir.file("w.safetensors") + data + " --batch-size 50");
+    ASSERT_EQ(r.exit_code, 0) << launch << "\n" << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << launch << ": expected " << expected << "\n" << r.output;
+  }
+
+  r = run_tandem("eval" + data);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--weights FILE is required"), std::string::npos) << r.output;
+  r = run_tandem("eval --weights " + dir.file("w.safetensors") + " --data idx:" + dir.path() + " --model mlp");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  // (the mlp's fc1 has another shape than the convnet's)
+  EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") + ": tensor 'fc1.weight' has shape"),
+            std::string::npos) << r.output;
+  r = run_tandem("eval --weights " + dir.file("absent.safetensors") + data);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(dir.file("absent.safetensors") + ": cannot open"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -614,6 +614,38 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
       },
       Error);
   EXPECT_THROW(read_metrics(out.file("missing.jsonl")), Error);
+
+  // load_weights puts the exported weights into a fresh model of the same
+  // flags, which then evaluates as the run did after its last epoch.
+  Trainer fresh(small_run(data_.path()), nullptr);
+  load_weights(o.export_weights, *fresh.model());
+  expect_equal_states(state_of(fresh), state);
+  auto eval = fresh.evaluate();
+  EXPECT_EQ(eval.accuracy, result.epochs.back().test_acc);
+  EXPECT_DOUBLE_EQ(eval.loss, result.epochs.back().test_loss);
+
+  // Strict: a tensor missing, one too many, or one of another shape is named.
+  auto expect_refused = [&](const NamedTensors& tensors, const std::string& why) {
+    write_safetensors(out.file("other.safetensors"), tensors);
+    Trainer target(small_run(data_.path()), nullptr);
+    auto before = state_of(target);
+    try {
+      load_weights(out.file("other.safetensors"), *target.model());
+      ADD_FAILURE() << "loaded: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(out.file("other.safetensors") + ": " + why), std::string::npos)
+          << e.what();
+    }
+    expect_equal_states(state_of(target), before);  // nothing copied
+  };
+  NamedTensors missing(file.tensors.begin() + 1, file.tensors.end());
+  expect_refused(missing, "no tensor for the model's");
+  NamedTensors extra = file.tensors;
+  extra.emplace_back("head.extra", torch::zeros({2}));
+  expect_refused(extra, "tensor 'head.extra' is not a parameter or buffer of the model");
+  NamedTensors reshaped = file.tensors;
+  reshaped.back().second = torch::zeros({reshaped.back().second.numel() + 1});
+  expect_refused(reshaped, "tensor '" + reshaped.back().first + "' has shape");
 }
 
 TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {

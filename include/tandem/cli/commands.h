@@ -15,6 +15,10 @@ int train_command(const std::vector<std::string>& args);
 // The train flags' help text (also part of `tandem --help`).
 std::string train_help();
 
+// tandem eval [flags]: trained weights evaluated on a data set.
+int eval_command(const std::vector<std::string>& args);
+std::string eval_help();
+
 // tandem models: the registered model names.
 int models_command(const std::vector<std::string>& args);
 

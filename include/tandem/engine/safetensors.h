@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 namespace tandem::engine {
@@ -27,5 +28,13 @@ struct SafetensorsFile {
 };
 
 SafetensorsFile read_safetensors(const std::string& path);
+
+// Copies the tensors of the safetensors file at `path` into `module`'s
+// parameters and buffers of the same names (what --export-weights writes;
+// torchvision's state_dict() names for resnet and mobilenetv2), converting
+// to their dtypes and devices. Strict: throws tandem::Error naming the file
+// and the tensor for a parameter or buffer the file lacks, a tensor the
+// module lacks, or a shape that differs; nothing is copied then.
+void load_weights(const std::string& path, torch::nn::Module& module);
 
 }  // namespace tandem::engine

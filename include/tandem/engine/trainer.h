@@ -61,6 +61,12 @@ class Trainer {
 
   TrainResult run();
 
+  // The model on the evaluation data (data().test), as run() evaluates it
+  // after every epoch: through the pipeline's stages, under autocast, in
+  // channels-last order, split over the ranks. Throws tandem::Error when
+  // there is no evaluation data.
+  EvalResult evaluate();
+
   models::Sequence& model() { return model_; }
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_; }

@@ -1,0 +1,66 @@
+// tandem eval: trained weights (a safetensors file) evaluated on a data set.
+#include <cstdio>
+
+#include "common_flags.h"
+#include "tandem/cli/commands.h"
+#include "tandem/cli/flags.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/engine/trainer.h"
+
+namespace tandem::cli {
+namespace {
+
+// The model and the data are described as for `tandem train` (the same
+// flags build the same model); the defaults are TrainOptions'.
+FlagSet eval_flags(engine::TrainOptions& o, std::string& weights) {
+  FlagSet flags("tandem eval",
+                "Evaluate trained weights (the file tandem train --export-weights writes) on the "
+                "test split of --data, or on --val-data: loss and accuracy. Under tandem launch "
+                "or torchrun the ranks share the data.");
+  flags.section("weights");
+  flags.add_string("weights", "FILE", &weights,
+                   "safetensors file holding every parameter and buffer of --model (required)");
+  add_data_flags(flags, o);
+  add_model_flags(flags, o);
+  flags.section("run");
+  flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
+  flags.add_int("batch-size", "N", &o.batch_size, "evaluation batch size over all processes", 1);
+  return flags;
+}
+
+}  // namespace
+
+std::string eval_help() {
+  engine::TrainOptions defaults;
+  std::string weights;
+  return eval_flags(defaults, weights).help();
+}
+
+int eval_command(const std::vector<std::string>& args) {
+  engine::TrainOptions options;
+  std::string weights;
+  auto flags = eval_flags(options, weights);
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.help().c_str());
+    return 0;
+  }
+  if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
+  options.progress = "off";
+  // The trainer's set-up builds the model exactly as training did (its
+  // classes and input size from the data), joins the ranks if there are
+  // any, and evaluates as it does after every epoch.
+  engine::Trainer trainer(options, nullptr);
+  engine::load_weights(weights, *trainer.model());
+  auto result = trainer.evaluate();
+  if (trainer.rank() == 0) {
+    std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld images)\n",
+                options.model.c_str(), weights.c_str(),
+                options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,
+                100 * result.accuracy, static_cast<long long>(result.count));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli
