@@ -35,6 +35,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "evaluate it after every epoch.");
   add_data_flags(flags, o);
   add_model_flags(flags, o);
+  flags.add_string("init-weights", "FILE", &o.init_weights,
+                   "start from the weights in this safetensors file (what --export-weights "
+                   "writes; torchvision's state_dict names for resnet and mobilenetv2) instead of "
+                   "a random initialisation; every parameter and buffer must be there");
   flags.add_switch("cuda-graph", &o.cuda_graph,
                    "capture the training step (forward, backward, SGD) as a CUDA graph after 3 "
                    "eager steps and replay it (one process, one CUDA device; not with --amp fp16)");

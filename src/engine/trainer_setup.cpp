@@ -12,6 +12,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/rendezvous.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/comm_hook.h"
@@ -157,6 +158,15 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
                o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  // --init-weights: start from saved weights (every rank reads the same
+  // file; DDP's broadcast below would also carry rank 0's).
+  if (!o.init_weights.empty()) {
+    try {
+      load_weights(o.init_weights, *model_);
+    } catch (const Error& e) {
+      TANDEM_FAIL("--init-weights: ", e.what());
+    }
+  }
   // --channels-last: 4-D weights in NHWC order; inputs follow in the
   // prefetcher and in evaluation.
   if (o.channels_last) models::to_channels_last(*model_);

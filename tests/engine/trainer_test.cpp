@@ -624,6 +624,20 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   EXPECT_EQ(eval.accuracy, result.epochs.back().test_acc);
   EXPECT_DOUBLE_EQ(eval.loss, result.epochs.back().test_loss);
 
+  // --init-weights: a run that starts from them begins with these weights.
+  auto warm = small_run(data_.path());
+  warm.init_weights = o.export_weights;
+  warm.seed = 99;  // another random initialisation, replaced
+  Trainer started(warm, nullptr);
+  expect_equal_states(state_of(started), state);
+  warm.init_weights = out.file("absent.safetensors");
+  try {
+    Trainer t(warm, nullptr);
+    ADD_FAILURE() << "started from a file that is not there";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--init-weights: " + warm.init_weights + ": cannot open");
+  }
+
   // Strict: a tensor missing, one too many, or one of another shape is named.
   auto expect_refused = [&](const NamedTensors& tensors, const std::string& why) {
     write_safetensors(out.file("other.safetensors"), tensors);

@@ -22,6 +22,7 @@ struct TrainOptions {
   std::string model = "convnet";
   double width_mult = 1.0;
   std::string stem = "auto";
+  std::string init_weights;  // safetensors file to start from (engine/safetensors.h load_weights)
   std::string dtype = "float32";  // parameters and compute: float32 | float64
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
