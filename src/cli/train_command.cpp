@@ -39,6 +39,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "start from the weights in this safetensors file (what --export-weights "
                    "writes; torchvision's state_dict names for resnet and mobilenetv2) instead of "
                    "a random initialisation; every parameter and buffer must be there");
+  flags.add_string("init-weights-except", "NAMES", &o.init_weights_except,
+                   "with --init-weights: modules or tensors (comma-separated, e.g. fc or "
+                   "classifier) left at their random initialisation and ignored in the file, "
+                   "such as a head for another number of classes");
   flags.add_switch("cuda-graph", &o.cuda_graph,
                    "capture the training step (forward, backward, SGD) as a CUDA graph after 3 "
                    "eager steps and replay it (one process, one CUDA device; not with --amp fp16)");

@@ -145,9 +145,26 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return result;
 }
 
-void load_weights(const std::string& path, torch::nn::Module& module) {
+void load_weights(const std::string& path, torch::nn::Module& module,
+                  const std::vector<std::string>& except) {
   auto file = read_safetensors(path);
-  std::map<std::string, torch::Tensor> found(file.tensors.begin(), file.tensors.end());
+  auto excepted = [&](const std::string& name) {
+    return std::any_of(except.begin(), except.end(), [&](const std::string& prefix) {
+      return name == prefix || name.rfind(prefix + ".", 0) == 0;
+    });
+  };
+  std::map<std::string, torch::Tensor> found;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (!excepted(name)) found.emplace(name, tensor);
+  }
+  auto names = module.named_parameters().keys();
+  for (const auto& b : module.named_buffers()) names.push_back(b.key());
+  for (const auto& prefix : except) {  // a misspelt name would load what it meant to skip
+    bool matches = std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+      return name == prefix || name.rfind(prefix + ".", 0) == 0;
+    });
+    TANDEM_CHECK(matches, "'", prefix, "' names no parameter or buffer of the model (loading ", path, ")");
+  }
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (the module's, the file's)
   auto take = [&](const std::string& name, const torch::Tensor& target, const char* kind) {
     auto it = found.find(name);
@@ -157,8 +174,12 @@ void load_weights(const std::string& path, torch::nn::Module& module) {
     copies.emplace_back(target, it->second);
     found.erase(it);
   };
-  for (const auto& p : module.named_parameters()) take(p.key(), p.value(), "parameter");
-  for (const auto& b : module.named_buffers()) take(b.key(), b.value(), "buffer");
+  for (const auto& p : module.named_parameters()) {
+    if (!excepted(p.key())) take(p.key(), p.value(), "parameter");
+  }
+  for (const auto& b : module.named_buffers()) {
+    if (!excepted(b.key())) take(b.key(), b.value(), "buffer");
+  }
   TANDEM_CHECK(found.empty(), path, ": tensor '", found.empty() ? "" : found.begin()->first,
                "' is not a parameter or buffer of the model (", found.size(), " such)");
   torch::NoGradGuard no_grad;

@@ -19,6 +19,7 @@
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
 #include "tandem/util/check.h"
+#include "tandem/util/parse.h"
 #include "tandem/util/table.h"
 
 namespace tandem::engine {
@@ -160,9 +161,15 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).
+  TANDEM_CHECK(o.init_weights_except.empty() || !o.init_weights.empty(),
+               "--init-weights-except goes with --init-weights");
   if (!o.init_weights.empty()) {
     try {
-      load_weights(o.init_weights, *model_);
+      std::vector<std::string> except;
+      for (const auto& name : split(o.init_weights_except, ',')) {
+        if (!name.empty()) except.push_back(name);
+      }
+      load_weights(o.init_weights, *model_, except);
     } catch (const Error& e) {
       TANDEM_FAIL("--init-weights: ", e.what());
     }

@@ -638,6 +638,38 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
     EXPECT_EQ(std::string(e.what()), "--init-weights: " + warm.init_weights + ": cannot open");
   }
 
+  // --init-weights-except: the head of a file made for 5 classes is left out
+  // (fine-tuning), the rest loads; the head keeps the seed's initialisation.
+  NamedTensors five_classes;
+  for (const auto& [name, tensor] : file.tensors) {
+    five_classes.emplace_back(name, name.rfind("fc2.", 0) == 0 ? tensor.narrow(0, 0, 5).clone() : tensor);
+  }
+  write_safetensors(out.file("five.safetensors"), five_classes);
+  auto tuned = small_run(data_.path());
+  tuned.init_weights = out.file("five.safetensors");
+  try {
+    Trainer strict(tuned, nullptr);
+    ADD_FAILURE() << "loaded a head of another shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'fc2."), std::string::npos) << e.what();
+  }
+  tuned.init_weights_except = "fc2";
+  Trainer head_aside(tuned, nullptr);
+  Trainer seeded(small_run(data_.path()), nullptr);
+  auto loaded = state_of(head_aside), initial = state_of(seeded);
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    bool head = loaded[i].first.rfind("fc2.", 0) == 0;
+    EXPECT_TRUE(torch::equal(loaded[i].second, head ? initial[i].second : state[i].second)) << loaded[i].first;
+  }
+  tuned.init_weights_except = "fc3";
+  try {
+    Trainer misspelt(tuned, nullptr);
+    ADD_FAILURE() << "accepted an --init-weights-except that names nothing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc3' names no parameter or buffer of the model"), std::string::npos)
+        << e.what();
+  }
+
   // Strict: a tensor missing, one too many, or one of another shape is named.
   auto expect_refused = [&](const NamedTensors& tensors, const std::string& why) {
     write_safetensors(out.file("other.safetensors"), tensors);

@@ -35,6 +35,11 @@ SafetensorsFile read_safetensors(const std::string& path);
 // to their dtypes and devices. Strict: throws tandem::Error naming the file
 // and the tensor for a parameter or buffer the file lacks, a tensor the
 // module lacks, or a shape that differs; nothing is copied then.
-void load_weights(const std::string& path, torch::nn::Module& module);
+//
+// `except`: names (a module's, like "fc", or a tensor's) whose parameters
+// and buffers are left as they are and whose tensors in the file are
+// ignored, e.g. a classifier head with another number of classes.
+void load_weights(const std::string& path, torch::nn::Module& module,
+                  const std::vector<std::string>& except = {});
 
 }  // namespace tandem::engine

@@ -23,6 +23,7 @@ struct TrainOptions {
   double width_mult = 1.0;
   std::string stem = "auto";
   std::string init_weights;  // safetensors file to start from (engine/safetensors.h load_weights)
+  std::string init_weights_except;  // comma-separated names it leaves at random, e.g. "fc"
   std::string dtype = "float32";  // parameters and compute: float32 | float64
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
