@@ -145,13 +145,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return result;
 }
 
+namespace {
+// Whether tensor `name` is `prefix` itself or lies in the module it names.
+bool under(const std::string& name, const std::string& prefix) {
+  return name == prefix || name.rfind(prefix + ".", 0) == 0;
+}
+}  // namespace
+
 void load_weights(const std::string& path, torch::nn::Module& module,
                   const std::vector<std::string>& except) {
   auto file = read_safetensors(path);
   auto excepted = [&](const std::string& name) {
-    return std::any_of(except.begin(), except.end(), [&](const std::string& prefix) {
-      return name == prefix || name.rfind(prefix + ".", 0) == 0;
-    });
+    return std::any_of(except.begin(), except.end(), [&](const auto& prefix) { return under(name, prefix); });
   };
   std::map<std::string, torch::Tensor> found;
   for (const auto& [name, tensor] : file.tensors) {
@@ -160,9 +165,8 @@ void load_weights(const std::string& path, torch::nn::Module& module,
   auto names = module.named_parameters().keys();
   for (const auto& b : module.named_buffers()) names.push_back(b.key());
   for (const auto& prefix : except) {  // a misspelt name would load what it meant to skip
-    bool matches = std::any_of(names.begin(), names.end(), [&](const std::string& name) {
-      return name == prefix || name.rfind(prefix + ".", 0) == 0;
-    });
+    bool matches =
+        std::any_of(names.begin(), names.end(), [&](const auto& name) { return under(name, prefix); });
     TANDEM_CHECK(matches, "'", prefix, "' names no parameter or buffer of the model (loading ", path, ")");
   }
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (the module's, the file's)
