@@ -104,11 +104,15 @@ std::string verified_archive(const std::string& path) {
 // declares a 4 GB string made it reserve 4 GB, before anything failed
 // (fuzz_checkpoint; docs/RELIABILITY.md). So before libtorch reads an
 // archive, its records' declared sizes are checked against the archive's,
-// and every *.pkl record is walked opcode by opcode (the pickle protocol's
+// and every *.pkl and *.debug_pkl record is walked opcode by opcode (the pickle protocol's
 // fixed argument layout, nothing is built): a string or frame longer than
 // what is left of the record, or a memo index not below the record's length
 // (a pickler numbers its memo entries 0, 1, 2, ..., one per PUT of at least
-// two bytes), is refused. Such an archive is not one tandem wrote.
+// two bytes), is refused. Such an archive is not one tandem wrote. The
+// *.debug_pkl records were missed at first: an archive whose TorchScript
+// code no longer parsed made libtorch unpickle one to point at the error,
+// and it declared a 3.4e18-byte string (fuzz_checkpoint, 2026-11-25;
+// fuzz/regressions/checkpoint/debug-pkl-string-3e18).
 class StringReader : public caffe2::serialize::ReadAdapterInterface {
  public:
   explicit StringReader(const std::string& bytes) : bytes_(bytes) {}
@@ -206,7 +210,12 @@ void check_archive_bounds(const std::string& bytes) {
     size_t declared = reader.getRecordSize(name);
     TANDEM_CHECK(declared <= bytes.size(), name, ": declares ", declared,
                  " bytes, more than the whole archive (", bytes.size(), ")");
-    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".pkl") != 0) continue;
+    // data.pkl and the like, and the code's *.debug_pkl (source ranges, which
+    // libtorch unpickles when the archive's TorchScript code fails to parse).
+    auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (!ends_with(".pkl") && !ends_with(".debug_pkl")) continue;
     auto [record, size] = reader.getRecord(name);
     check_pickle(static_cast<const uint8_t*>(record.get()), size, name);
   }

@@ -441,25 +441,32 @@ TEST(CheckpointTest, FieldsThatMayChangeAreLeftOutOfTheComparison) {
   EXPECT_THROW(elastic.load(path, *model, sgd, "model=linear lr=0.2 world=2"), Error);
 }
 
+// Two fuzz findings (fuzz/regressions/checkpoint): a data.pkl that stores
+// into memo slot 1.6 billion, and a code record's .debug_pkl (unpickled by
+// libtorch when the archive's code fails to parse) declaring a 3.4e18-byte
+// string. Both are refused by Note [pickle bounds] before libtorch reads them.
 TEST(CheckpointTest, APickleThatOverstatesItsMemoIsRefusedBeforeLibtorchReadsIt) {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/fuzz/regressions/checkpoint/memo-index-1.6-billion",
-                   std::ios::binary);
-  std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_GT(input.size(), 1u);
-  ASSERT_EQ(input[0] % 2, 1);  // the fuzzer's "archive, sealed" path
-  TempDir dir;
-  auto path = dir.file("checkpoint-00000001.pt");
-  std::ofstream(path, std::ios::binary) << seal_checkpoint(input.substr(1));
-  torch::nn::Linear model(2, 2);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  try {
-    Checkpointer({dir.path()}).load(path, *model, sgd, "fuzz");
-    ADD_FAILURE() << "the archive loaded";
-  } catch (const tandem::Error& e) {
-    std::string message = e.what();
-    EXPECT_NE(message.find("cannot resume from " + path + ": not a readable tandem checkpoint ("),
-              std::string::npos) << message;
-    EXPECT_NE(message.find("data.pkl: memo index "), std::string::npos) << message;
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"memo-index-1.6-billion", "data.pkl: memo index "},
+           {"debug-pkl-string-3e18", ".debug_pkl: "}}) {
+    std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/fuzz/regressions/checkpoint/" + file, std::ios::binary);
+    std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(input.size(), 1u) << file;
+    ASSERT_EQ(input[0] % 2, 1) << file;  // the fuzzer's "archive, sealed" path
+    TempDir dir;
+    auto path = dir.file("checkpoint-00000001.pt");
+    std::ofstream(path, std::ios::binary) << seal_checkpoint(input.substr(1));
+    torch::nn::Linear model(2, 2);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    try {
+      Checkpointer({dir.path()}).load(path, *model, sgd, "fuzz");
+      ADD_FAILURE() << file << ": the archive loaded";
+    } catch (const tandem::Error& e) {
+      std::string message = e.what();
+      EXPECT_NE(message.find("cannot resume from " + path + ": not a readable tandem checkpoint ("),
+                std::string::npos) << message;
+      EXPECT_NE(message.find(why), std::string::npos) << message;
+    }
   }
 }
 
