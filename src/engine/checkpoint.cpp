@@ -373,6 +373,14 @@ std::string without_fields(const std::string& fingerprint, const std::vector<std
   return kept;
 }
 
+std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key) {
+  std::istringstream words(fingerprint);
+  for (std::string word; words >> word;) {
+    if (word.rfind(key + "=", 0) == 0) return word.substr(key.size() + 1);
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> Checkpointer::latest() const {
   auto all = list_checkpoints(options_.dir);
   if (all.empty()) return std::nullopt;

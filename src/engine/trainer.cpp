@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <sstream>
 
 #include "tandem/data/device_prefetcher.h"
 #include "tandem/data/loader.h"
@@ -247,14 +246,11 @@ TrainResult Trainer::run() {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
     if (path) {
-      const std::string world_now = format("world=%lld", static_cast<long long>(world_));
-      std::istringstream words(position.fingerprint);
-      for (std::string word; words >> word;) {
-        if (word.rfind("world=", 0) == 0 && word != world_now) {
-          say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
-                     "(Note [resuming on another world size])",
-                     word.substr(6).c_str(), static_cast<long long>(world_)));
-        }
+      auto written_by = fingerprint_field(position.fingerprint, "world");
+      if (written_by && *written_by != std::to_string(world_)) {
+        say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
+                   "(Note [resuming on another world size])",
+                   written_by->c_str(), static_cast<long long>(world_)));
       }
       if (scaler_ && position.loss_scale > 0) {
         scaler_->load_state(position.loss_scale, position.scale_growth_tracker);

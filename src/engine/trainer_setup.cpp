@@ -171,7 +171,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       }
       load_weights(o.init_weights, *model_, except);
     } catch (const Error& e) {
-      TANDEM_FAIL("--init-weights: ", e.what());
+      TANDEM_FAIL(o.init_weights_except.empty() ? "--init-weights: " : "--init-weights, --init-weights-except: ",
+                  e.what());
     }
   }
   // --channels-last: 4-D weights in NHWC order; inputs follow in the

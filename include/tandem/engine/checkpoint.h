@@ -57,6 +57,9 @@ struct CheckpointOptions {
 // `fingerprint` without its KEY=VALUE words whose KEY is in `keys`.
 std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys);
 
+// The VALUE of `fingerprint`'s KEY=VALUE word for `key`, if it has one.
+std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key);
+
 class Checkpointer {
  public:
   explicit Checkpointer(CheckpointOptions options);
