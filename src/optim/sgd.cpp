@@ -34,7 +34,7 @@ torch::Tensor Sgd::step(LossClosure closure) {
     const double momentum = options.momentum(), weight_decay = options.weight_decay();
     std::map<std::tuple<int, int, int>, Slice> slices;  // (device type, index, dtype)
     for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
+      if (!p.grad().defined() || !steps_parameter(p)) continue;
       auto key = std::make_tuple(static_cast<int>(p.device().type()), static_cast<int>(p.device().index()),
                                  static_cast<int>(p.scalar_type()));
       auto& slice = slices[key];

@@ -49,6 +49,10 @@ class Sgd : public torch::optim::SGD {
   void freeze_state() { frozen_ = true; }
   bool state_frozen() const { return frozen_; }
 
+ protected:
+  // Whether step() updates `p` (ZeroSgd steps only its rank's share).
+  virtual bool steps_parameter(const torch::Tensor& /*p*/) const { return true; }
+
  private:
   torch::Tensor neg_lr_;  // -lr, on the parameters' device
   bool frozen_ = false;

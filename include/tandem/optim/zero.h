@@ -1,0 +1,96 @@
+// tandem/optim/zero.h: SGD whose state is sharded over the ranks of a
+// data-parallel group (ZeRO stage 1; PyTorch's ZeroRedundancyOptimizer).
+//
+//   parallel::DistributedDataParallel ddp(model.ptr(), group);
+//   optim::ZeroSgd optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9), group);
+//   ... forward, backward (DDP averages the gradients) ...
+//   optimizer.step();   // steps this rank's share, then every rank gets every parameter
+//
+// Note [sharded optimizer state]: after DDP's all-reduce every rank holds
+// the same averaged gradients, and a plain optimizer has every rank make the
+// same update to every parameter, each keeping a momentum buffer as large as
+// the model. Here each parameter tensor has one owner (plan_shards): only
+// the owner keeps its momentum buffer and updates it, and each owner then
+// broadcasts its share, so the others receive the values they would have
+// computed. The update of each parameter is Sgd's own arithmetic on the
+// same inputs, so the weights are bit-identical to Sgd's on every rank
+// (tests/optim/zero_test.cpp); a rank holds about 1/W of the state.
+// The price is communication: the broadcasts move the parameters once more
+// per step (all-reduce plus broadcast: about 1.5 times DDP's bytes), the
+// trade PyTorch's ZeroRedundancyOptimizer makes too.
+//
+// Checkpoints hold the whole state in Sgd's form: consolidate_state() (a
+// collective: every rank calls it) gives every rank every buffer, save()
+// refuses to write before it, and the next step() or shard_state() drops
+// the others' buffers again. load() takes a whole state (written by Sgd or
+// by a ZeroSgd on any number of ranks) and keeps this rank's share. So a
+// run may resume with or without sharding, on another world size.
+//
+// Every rank constructs it with the same parameters in the same order and
+// calls step() at the same steps (the broadcasts are collectives); whether a
+// parameter has a gradient must agree across ranks, as it does after DDP.
+// Ownership is fixed at construction: a parameter group added later is an
+// error at the next step.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/optim/sgd.h"
+
+namespace tandem::optim {
+
+// The owner rank of each of `numels` parameter tensors, in their order, over
+// `world` ranks: largest first, each to the rank with the fewest elements so
+// far (ties: the lower rank, then the earlier tensor), as PyTorch's
+// ZeroRedundancyOptimizer partitions. Pure and deterministic, so every rank
+// computes the same plan. Throws tandem::Error for world < 1 or a negative size.
+std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world);
+
+class ZeroSgd : public Sgd {
+ public:
+  // `group` may be null: one rank, which owns everything (plain Sgd).
+  ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
+          std::shared_ptr<dist::ProcessGroup> group);
+  ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
+          std::shared_ptr<dist::ProcessGroup> group);
+
+  // Steps this rank's share (Sgd::step), then broadcasts every share from
+  // its owner. A collective.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Every rank receives every momentum buffer (a collective); save() may then write.
+  void consolidate_state();
+  // Drops the buffers of parameters this rank does not own.
+  void shard_state();
+  bool consolidated() const { return consolidated_; }
+
+  // The whole state, as Sgd writes it; throws tandem::Error unless
+  // consolidate_state() ran since the last step (with several ranks).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  // A whole state (Sgd's form); this rank keeps its share.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_; }
+  // The owner of `p`; throws tandem::Error for a parameter the plan does not know.
+  int64_t owner(const torch::Tensor& p) const;
+  // Elements of the parameters each rank owns (its momentum, when it has one).
+  std::vector<int64_t> shard_numels() const;
+
+ protected:
+  bool steps_parameter(const torch::Tensor& p) const override { return owner(p) == rank_; }
+
+ private:
+  void plan();
+
+  std::shared_ptr<dist::ProcessGroup> group_;
+  int64_t rank_ = 0, world_ = 1;
+  std::unordered_map<const c10::TensorImpl*, int64_t> owner_;
+  std::vector<std::vector<torch::Tensor>> shares_;  // per rank, its parameters in order
+  bool consolidated_ = false;
+};
+
+}  // namespace tandem::optim

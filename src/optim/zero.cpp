@@ -1,0 +1,150 @@
+#include "tandem/optim/zero.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "tandem/dist/collectives.h"
+#include "tandem/util/check.h"
+
+namespace tandem::optim {
+
+std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world) {
+  TANDEM_CHECK(world >= 1, "plan_shards: expected a world size of at least 1, got ", world);
+  std::vector<size_t> order(numels.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  for (auto n : numels) TANDEM_CHECK(n >= 0, "plan_shards: a parameter of ", n, " elements");
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numels[a] > numels[b]; });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0), owners(numels.size(), 0);
+  for (size_t i : order) {
+    auto lightest = std::min_element(load.begin(), load.end()) - load.begin();  // the first of equals
+    owners[i] = lightest;
+    load[static_cast<size_t>(lightest)] += numels[i];
+  }
+  return owners;
+}
+
+ZeroSgd::ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
+                 std::shared_ptr<dist::ProcessGroup> group)
+    : Sgd(std::move(params), options), group_(std::move(group)) {
+  plan();
+}
+
+ZeroSgd::ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
+                 std::shared_ptr<dist::ProcessGroup> group)
+    : Sgd(std::move(groups), options), group_(std::move(group)) {
+  plan();
+}
+
+void ZeroSgd::plan() {
+  if (group_) {
+    rank_ = group_->rank();
+    world_ = group_->size();
+  }
+  std::vector<torch::Tensor> params;
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) params.push_back(p);
+  }
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  auto owners = plan_shards(numels, world_);
+  shares_.assign(static_cast<size_t>(world_), {});
+  for (size_t i = 0; i < params.size(); ++i) {
+    bool fresh = owner_.emplace(params[i].unsafeGetTensorImpl(), owners[i]).second;
+    TANDEM_CHECK(fresh, "optim::ZeroSgd: parameter ", i, " appears twice among the parameters");
+    shares_[static_cast<size_t>(owners[i])].push_back(params[i]);
+  }
+}
+
+int64_t ZeroSgd::owner(const torch::Tensor& p) const {
+  auto found = owner_.find(p.unsafeGetTensorImpl());
+  TANDEM_CHECK(found != owner_.end(), "optim::ZeroSgd: a parameter of shape ", p.sizes(),
+               " is not among those it was constructed with (ownership is planned once, at "
+               "construction; a parameter group added later cannot be sharded)");
+  return found->second;
+}
+
+std::vector<int64_t> ZeroSgd::shard_numels() const {
+  std::vector<int64_t> numels;
+  for (const auto& share : shares_) {
+    int64_t n = 0;
+    for (const auto& p : share) n += p.numel();
+    numels.push_back(n);
+  }
+  return numels;
+}
+
+torch::Tensor ZeroSgd::step(LossClosure closure) {
+  // Buffers received by consolidate_state() go stale from this step on.
+  if (consolidated_) shard_state();
+  auto loss = Sgd::step(std::move(closure));
+  // Note [sharded optimizer state]: each owner's share, from the owner.
+  // Every parameter goes, with a gradient or not: the ranks need not agree
+  // on which changed, only on the plan.
+  if (world_ > 1) {
+    for (int64_t r = 0; r < world_; ++r) dist::broadcast_coalesced(shares_[static_cast<size_t>(r)], *group_, r);
+  }
+  return loss;
+}
+
+void ZeroSgd::consolidate_state() {
+  if (world_ == 1) {
+    consolidated_ = true;
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params;
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) params.push_back(p);
+  }
+  // Which parameters have a momentum buffer: each owner says for its own
+  // (one flag per parameter, summed over the ranks). NCCL takes CUDA tensors only.
+  auto flag_device = group_->backend() == "nccl" && !params.empty() ? params.front().device() : torch::kCPU;
+  auto has = torch::zeros({static_cast<int64_t>(params.size())}, torch::dtype(torch::kInt64));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owner(params[i]) == rank_ && state_.count(params[i].unsafeGetTensorImpl())) has[i] = 1;
+  }
+  has = has.to(flag_device);
+  group_->all_reduce(has).wait();
+  has = has.cpu();
+  std::vector<std::vector<torch::Tensor>> buffers(static_cast<size_t>(world_));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (has[i].item<int64_t>() == 0) continue;
+    const auto& p = params[i];
+    int64_t r = owner(p);
+    auto* key = p.unsafeGetTensorImpl();
+    if (r != rank_ && !state_.count(key)) {
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      state->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
+      state_[key] = std::move(state);
+    }
+    buffers[static_cast<size_t>(r)].push_back(
+        static_cast<torch::optim::SGDParamState&>(*state_.at(key)).momentum_buffer());
+  }
+  for (int64_t r = 0; r < world_; ++r) dist::broadcast_coalesced(buffers[static_cast<size_t>(r)], *group_, r);
+  consolidated_ = true;
+}
+
+void ZeroSgd::shard_state() {
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) {
+      if (owner(p) != rank_) state_.erase(p.unsafeGetTensorImpl());
+    }
+  }
+  consolidated_ = false;
+}
+
+void ZeroSgd::save(torch::serialize::OutputArchive& archive) const {
+  TANDEM_CHECK(consolidated_ || world_ == 1, "optim::ZeroSgd::save: rank ", rank_, " holds the momentum "
+               "of its own share of the parameters only; call consolidate_state() on every rank first");
+  Sgd::save(archive);
+}
+
+void ZeroSgd::load(torch::serialize::InputArchive& archive) {
+  Sgd::load(archive);
+  shard_state();
+}
+
+}  // namespace tandem::optim

@@ -1,0 +1,256 @@
+// ZeroSgd (Note [sharded optimizer state]) against the plain Sgd: the same
+// weights bit for bit on every rank, a rank holding only its share of the
+// momentum, and checkpoints in Sgd's form that load either way, on any
+// number of ranks. Ranks are threads in a Gloo group on 127.0.0.1.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "tandem/optim/schedule.h"
+#include "tandem/optim/zero.h"
+#include "testing.h"
+
+namespace tandem::optim {
+namespace {
+
+using testing::error_of;
+
+TEST(PlanShardsTest, LargestFirstToTheLightestRank) {
+  // 10 -> r0; 7 -> r1; 3 (third) -> r1 (7 < 10); 3 (fourth) -> r0 (10 = 10: the lower rank); 1 -> r1.
+  EXPECT_EQ(plan_shards({10, 1, 7, 3, 3}, 2), (std::vector<int64_t>{0, 1, 1, 1, 0}));
+  EXPECT_EQ(plan_shards({10, 1, 7, 3, 3}, 1), (std::vector<int64_t>{0, 0, 0, 0, 0}));
+  // More ranks than tensors: one each, largest first; ranks 5 and 6 own nothing.
+  EXPECT_EQ(plan_shards({10, 1, 7, 3, 3}, 7), (std::vector<int64_t>{0, 4, 1, 2, 3}));
+  EXPECT_TRUE(plan_shards({}, 3).empty());
+  EXPECT_NE(error_of([] { plan_shards({1}, 0); }).find("world size of at least 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_shards({1, -2}, 2); }).find("a parameter of -2 elements"), std::string::npos);
+}
+
+TEST(PlanShardsTest, SharesDifferByAtMostTheLargestTensor) {
+  // Greedy largest-first: when the heaviest rank took its last tensor it was
+  // the lightest, so no two loads differ by more than one tensor.
+  std::mt19937 random(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int64_t> numels(1 + random() % 40);
+    for (auto& n : numels) n = random() % 5000;
+    const int64_t world = 1 + random() % 8;
+    auto owners = plan_shards(numels, world);
+    std::vector<int64_t> load(world, 0);
+    for (size_t i = 0; i < numels.size(); ++i) {
+      ASSERT_TRUE(owners[i] >= 0 && owners[i] < world);
+      load[owners[i]] += numels[i];
+    }
+    auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+    EXPECT_LE(*hi - *lo, *std::max_element(numels.begin(), numels.end())) << "trial " << trial;
+    EXPECT_EQ(plan_shards(numels, world), owners);  // deterministic
+  }
+}
+
+// Six parameters of two dtypes and several sizes; the fourth gets no
+// gradient on odd steps (the same on every rank, as after DDP).
+std::vector<torch::Tensor> make_parameters() {
+  torch::manual_seed(11);
+  return {torch::randn({16, 8}).requires_grad_(),          torch::randn({8}).requires_grad_(),
+          torch::randn({6, 5}, torch::kFloat64).requires_grad_(), torch::randn({3, 3}).requires_grad_(),
+          torch::randn({40}).requires_grad_(),             torch::randn({2}, torch::kFloat64).requires_grad_()};
+}
+
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_());
+  return out;
+}
+
+void fake_backward(std::vector<torch::Tensor>& params, int step) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i == 3 && step % 2 == 1) {
+      params[i].mutable_grad() = torch::Tensor();
+      continue;
+    }
+    params[i].mutable_grad() = torch::cos(params[i] * (step + 2) + static_cast<double>(i)).detach();
+  }
+}
+
+const auto kOptions = torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-2);
+
+// Steps `optimizer` over `params` from step `from` to `to` (exclusive), with
+// a scheduled learning rate.
+template <typename Optimizer>
+void train(Optimizer& optimizer, std::vector<torch::Tensor>& params, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    set_lr(optimizer, 0.1 / (step + 1));
+    fake_backward(params, step);
+    optimizer.step();
+  }
+}
+
+torch::Tensor momentum_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  auto& state = optimizer.state();
+  auto found = state.find(p.unsafeGetTensorImpl());
+  if (found == state.end()) return {};
+  return static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+}
+
+std::string save_to_string(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_from_string(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+dist::GroupOptions short_timeout() {
+  dist::GroupOptions options;
+  options.timeout = std::chrono::seconds(60);  // a rank that fell out of step fails the test, not CI
+  return options;
+}
+
+TEST(ZeroSgdTest, EveryRankEndsWithSgdsWeightsBitForBit) {
+  auto reference = make_parameters();
+  Sgd plain(reference, kOptions);
+  train(plain, reference, 0, 6);
+  for (int world : {1, 2, 3, 7}) {  // 7: more ranks than tensors, some owning nothing
+    std::mutex lock;
+    int64_t buffers_held = 0;
+    std::vector<int64_t> owned_elements;
+    testing::expect_no_errors(testing::run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto params = make_parameters();
+      ZeroSgd zero(params, kOptions, group);
+      train(zero, params, 0, 6);
+      int64_t mine = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(params[i], reference[i])) << "world " << world << ", rank "
+                                                           << zero.rank() << ", parameter " << i;
+        auto buffer = momentum_of(zero, params[i]);
+        EXPECT_EQ(buffer.defined(), zero.owner(params[i]) == zero.rank()) << "parameter " << i;
+        if (buffer.defined()) {
+          EXPECT_TRUE(torch::equal(buffer, momentum_of(plain, reference[i]))) << "parameter " << i;
+          mine += buffer.numel();
+        }
+      }
+      std::lock_guard<std::mutex> guard(lock);
+      buffers_held += static_cast<int64_t>(zero.state().size());
+      if (zero.rank() == 0) owned_elements = zero.shard_numels();
+      EXPECT_EQ(mine, zero.shard_numels()[zero.rank()]);
+    }, short_timeout(), 0, /*null_group_for_one=*/true));
+    EXPECT_EQ(buffers_held, 6) << "world " << world << ": each buffer on exactly one rank";
+    EXPECT_EQ(std::accumulate(owned_elements.begin(), owned_elements.end(), int64_t{0}),
+              16 * 8 + 8 + 30 + 9 + 40 + 2);
+  }
+}
+
+TEST(ZeroSgdTest, WithoutTheBroadcastsTheRanksWouldDrift) {
+  // The control for the test above: a rank that steps only its share and
+  // receives nothing leaves the others' parameters where they were.
+  auto reference = make_parameters();
+  Sgd plain(reference, kOptions);
+  train(plain, reference, 0, 2);
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto alone = make_parameters();
+    ZeroSgd sharded(alone, kOptions, group);
+    // Step only the share, as ZeroSgd's own Sgd::step does, without broadcasting.
+    for (int step = 0; step < 2; ++step) {
+      set_lr(sharded, 0.1 / (step + 1));
+      fake_backward(alone, step);
+      sharded.Sgd::step();
+    }
+    for (size_t i = 0; i < alone.size(); ++i) {
+      bool mine = sharded.owner(alone[i]) == sharded.rank();
+      EXPECT_EQ(torch::equal(alone[i], reference[i]), mine) << "parameter " << i;
+    }
+  }, short_timeout()));
+}
+
+TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
+  // Uninterrupted: 8 plain steps. Interrupted at 4 in each of three ways.
+  auto reference = make_parameters();
+  Sgd plain(reference, kOptions);
+  train(plain, reference, 0, 4);
+  const auto halfway = copies(reference);
+  std::vector<torch::Tensor> halfway_momentum;
+  for (const auto& p : reference) halfway_momentum.push_back(momentum_of(plain, p).clone());
+  const std::string plain_state = save_to_string(plain);
+  train(plain, reference, 4, 8);
+
+  // 1. Sharded on 2 ranks, consolidated and saved, resumed by a plain Sgd.
+  std::string sharded_state;
+  std::vector<std::string> refusal(2);
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto params = make_parameters();
+    ZeroSgd zero(params, kOptions, group);
+    train(zero, params, 0, 4);
+    refusal[zero.rank()] = error_of([&] { save_to_string(zero); });
+    zero.consolidate_state();
+    EXPECT_TRUE(zero.consolidated());
+    EXPECT_EQ(zero.state().size(), 6u) << "rank " << zero.rank() << " after consolidate_state()";
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(momentum_of(zero, params[i]), halfway_momentum[i]))
+          << "rank " << zero.rank() << ", parameter " << i << " after consolidate_state()";
+    }
+    auto bytes = save_to_string(zero);
+    if (zero.rank() == 0) sharded_state = bytes;
+    // The next step drops the others' buffers again and still matches.
+    train(zero, params, 4, 8);
+    EXPECT_FALSE(zero.consolidated());
+    EXPECT_LT(zero.state().size(), 6u);
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << i;
+  }, short_timeout()));
+  for (const auto& message : refusal) {
+    EXPECT_NE(message.find("call consolidate_state() on every rank first"), std::string::npos) << message;
+  }
+  {
+    auto params = copies(halfway);
+    Sgd resumed(params, kOptions);
+    load_from_string(resumed, sharded_state);
+    train(resumed, params, 4, 8);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(params[i], reference[i])) << "plain Sgd from a sharded checkpoint, parameter " << i;
+    }
+  }
+
+  // 2. A plain Sgd's checkpoint, and 3. the sharded one, resumed sharded on 3 ranks.
+  for (const std::string* state : {&plain_state, static_cast<const std::string*>(&sharded_state)}) {
+    testing::expect_no_errors(testing::run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto params = copies(halfway);
+      ZeroSgd zero(params, kOptions, group);
+      load_from_string(zero, *state);
+      for (const auto& p : params) {
+        if (zero.owner(p) != zero.rank()) EXPECT_FALSE(momentum_of(zero, p).defined());
+      }
+      train(zero, params, 4, 8);
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(params[i], reference[i])) << "rank " << zero.rank() << ", parameter " << i;
+      }
+    }, short_timeout()));
+  }
+}
+
+TEST(ZeroSgdTest, AParameterOutsideThePlanIsNamed) {
+  auto params = make_parameters();
+  ZeroSgd zero(params, kOptions, nullptr);
+  auto late = torch::zeros({4, 7}).requires_grad_();
+  zero.add_param_group(torch::optim::OptimizerParamGroup({late}));
+  late.mutable_grad() = torch::ones({4, 7});
+  auto message = error_of([&] { zero.step(); });
+  EXPECT_NE(message.find("a parameter of shape [4, 7] is not among those it was constructed with"),
+            std::string::npos) << message;
+  EXPECT_NE(error_of([&] { ZeroSgd twice({params[0], params[0]}, kOptions, nullptr); })
+                .find("parameter 1 appears twice"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::optim
