@@ -101,6 +101,11 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
                    "depend on the number of ranks");
+  flags.add_switch("shard-optimizer", &o.shard_optimizer,
+                   "ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer): each rank keeps SGD's "
+                   "momentum for its share of the parameters only, steps that share and "
+                   "broadcasts it (about 1/world of the optimizer memory, the same weights; "
+                   "the parameters cross the network once more a step); with ddp or allreduce");
   flags.add_choice("ddp-comm-hook", &o.ddp_comm_hook, {"allreduce", "fp16", "bf16"},
                    "how DDP reduces gradient buckets: allreduce in float32, or compressed to "
                    "fp16 / bf16 on the wire (half the bytes, rounded)");

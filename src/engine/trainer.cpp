@@ -17,6 +17,7 @@
 #include "tandem/optim/clip.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/optim/zero.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/progress.h"
@@ -199,10 +200,20 @@ TrainResult Trainer::run() {
                           loader_options(o.batch_size / world_, o.workers, device_));
   const int64_t steps_per_epoch = loader.num_batches();
   TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
-  optim::Sgd optimizer(model_->parameters(), torch::optim::SGDOptions(o.lr)
-                                                 .momentum(o.momentum)
-                                                 .nesterov(o.nesterov)
-                                                 .weight_decay(o.weight_decay));
+  const auto sgd_options =
+      torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay);
+  // --shard-optimizer: each rank keeps the momentum of its share only (Note
+  // [sharded optimizer state]); the weights are plain SGD's.
+  std::unique_ptr<optim::Sgd> sgd;
+  optim::ZeroSgd* zero = nullptr;
+  if (o.shard_optimizer) {
+    auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_);
+    zero = sharded.get();
+    sgd = std::move(sharded);
+  } else {
+    sgd = std::make_unique<optim::Sgd>(model_->parameters(), sgd_options);
+  }
+  optim::Sgd& optimizer = *sgd;
   optim::CosineSchedule schedule(
       {o.lr, o.min_lr, o.epochs * steps_per_epoch,
        static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
@@ -282,6 +293,17 @@ TrainResult Trainer::run() {
                static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
   }
   if (o.clip_grad_norm > 0) say(format("gradients clipped to a global 2-norm of %g", o.clip_grad_norm));
+  if (zero) {
+    auto shares = zero->shard_numels();
+    int64_t whole = 0;
+    for (auto n : shares) whole += n;
+    const double bytes = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_)));
+    say(format("optimizer state sharded over %lld rank(s) (ZeRO-1): momentum of %.2f to %.2f MiB a rank "
+               "instead of %.2f", static_cast<long long>(shares.size()),
+               o.momentum > 0 ? *std::min_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
+               o.momentum > 0 ? *std::max_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
+               o.momentum > 0 ? whole * bytes / (1 << 20) : 0.0));
+  }
   if (amp_) {
     say(amp_ == torch::kHalf
             ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"
@@ -303,7 +325,12 @@ TrainResult Trainer::run() {
       position.loss_scale = scaler_->get_scale();
       position.scale_growth_tracker = scaler_->growth_tracker();
     }
-    if (checkpointer && rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+    if (!checkpointer) return;
+    // A checkpoint holds the whole optimizer state: every rank gathers the
+    // sharded momentum before rank 0 writes it (a collective).
+    if (zero) zero->consolidate_state();
+    if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+    if (zero) zero->shard_state();
   };
 
   // --cuda-graph: the plain step, captured after a few eager ones and then

@@ -112,6 +112,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
                "the pipeline already passes each batch in --micro-batches chunks and accumulates "
                "their gradients (raise --micro-batches instead)");
+  TANDEM_CHECK(!o.shard_optimizer || (o.strategy != "dp" && !pipeline && o.strategy != "none"),
+               "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
+               "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
   if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
 
   data::DataOptions data_options;
@@ -194,6 +197,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   amp_ = optim::parse_amp(o.amp);
   TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
+               "state has nothing to be sharded over; leave out --shard-optimizer");
   TANDEM_CHECK(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
                "backward; it does not work with --grad-accum ", o.grad_accum);
   TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "

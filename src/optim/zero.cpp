@@ -11,13 +11,18 @@
 
 namespace tandem::optim {
 
-std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world) {
+std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world,
+                                 std::vector<int64_t>* loads) {
   TANDEM_CHECK(world >= 1, "plan_shards: expected a world size of at least 1, got ", world);
+  std::vector<int64_t> own_load(static_cast<size_t>(world), 0);
+  auto& load = loads ? *loads : own_load;
+  TANDEM_CHECK(static_cast<int64_t>(load.size()) == world, "plan_shards: ", load.size(),
+               " loads for a world of ", world);
   std::vector<size_t> order(numels.size());
   std::iota(order.begin(), order.end(), size_t{0});
   for (auto n : numels) TANDEM_CHECK(n >= 0, "plan_shards: a parameter of ", n, " elements");
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numels[a] > numels[b]; });
-  std::vector<int64_t> load(static_cast<size_t>(world), 0), owners(numels.size(), 0);
+  std::vector<int64_t> owners(numels.size(), 0);
   for (size_t i : order) {
     auto lightest = std::min_element(load.begin(), load.end()) - load.begin();  // the first of equals
     owners[i] = lightest;
@@ -43,18 +48,19 @@ void ZeroSgd::plan() {
     rank_ = group_->rank();
     world_ = group_->size();
   }
-  std::vector<torch::Tensor> params;
-  for (const auto& g : param_groups_) {
-    for (const auto& p : g.params()) params.push_back(p);
-  }
-  std::vector<int64_t> numels;
-  for (const auto& p : params) numels.push_back(p.numel());
-  auto owners = plan_shards(numels, world_);
   shares_.assign(static_cast<size_t>(world_), {});
-  for (size_t i = 0; i < params.size(); ++i) {
-    bool fresh = owner_.emplace(params[i].unsafeGetTensorImpl(), owners[i]).second;
-    TANDEM_CHECK(fresh, "optim::ZeroSgd: parameter ", i, " appears twice among the parameters");
-    shares_[static_cast<size_t>(owners[i])].push_back(params[i]);
+  std::vector<int64_t> loads(static_cast<size_t>(world_), 0);
+  size_t index = 0;
+  for (const auto& g : param_groups_) {  // group by group, as PyTorch's
+    std::vector<int64_t> numels;
+    for (const auto& p : g.params()) numels.push_back(p.numel());
+    auto owners = plan_shards(numels, world_, &loads);
+    for (size_t i = 0; i < numels.size(); ++i, ++index) {
+      const auto& p = g.params()[i];
+      bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), owners[i]).second;
+      TANDEM_CHECK(fresh, "optim::ZeroSgd: parameter ", index, " appears twice among the parameters");
+      shares_[static_cast<size_t>(owners[i])].push_back(p);
+    }
   }
 }
 

@@ -242,6 +242,37 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   refused(bad, "--grad-accum does not go with --strategy pipeline");
 }
 
+// --shard-optimizer in one process: one rank owns the whole state, and the
+// run is the plain one bit for bit (the sharded ranks: ShardedOptimizerCliTest).
+// It needs data-parallel ranks: the one-process strategies are refused.
+TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParallelRanks) {
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.max_steps = 4;
+  Trainer plain(o, nullptr);
+  plain.run();
+  auto sharded_options = o;
+  sharded_options.shard_optimizer = true;
+  Trainer sharded(sharded_options, nullptr);
+  sharded.run();
+  expect_equal_states(state_of(plain), state_of(sharded));
+
+  for (const char* strategy : {"dp", "pipeline", "none"}) {
+    auto bad = sharded_options;
+    bad.strategy = strategy;
+    if (bad.strategy != "none") bad.devices = "cpu,cpu";
+    try {
+      Trainer t(bad, nullptr);
+      ADD_FAILURE() << "accepted --shard-optimizer with --strategy " << strategy;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--shard-optimizer shards the optimizer state over data-parallel "
+                                           "ranks (--strategy auto, ddp or allreduce); it does not work with "
+                                           "--strategy " + std::string(strategy)),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
 // --clip-grad-norm X: with plain SGD (no momentum or weight decay) and
 // gradients above the limit, one step moves the weights by exactly lr * X
 // in 2-norm, whatever the strategy; with fp16's loss scaler the gradients

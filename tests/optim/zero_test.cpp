@@ -29,6 +29,13 @@ TEST(PlanShardsTest, LargestFirstToTheLightestRank) {
   EXPECT_TRUE(plan_shards({}, 3).empty());
   EXPECT_NE(error_of([] { plan_shards({1}, 0); }).find("world size of at least 1, got 0"), std::string::npos);
   EXPECT_NE(error_of([] { plan_shards({1, -2}, 2); }).find("a parameter of -2 elements"), std::string::npos);
+  // A second parameter group starts from the first's loads.
+  std::vector<int64_t> loads{0, 0};
+  EXPECT_EQ(plan_shards({10, 3}, 2, &loads), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(plan_shards({4, 4}, 2, &loads), (std::vector<int64_t>{1, 1}));  // rank 1: 3, then 7 (< 10), then 11
+  EXPECT_EQ(loads, (std::vector<int64_t>{10, 11}));
+  std::vector<int64_t> three{0, 0, 0};
+  EXPECT_NE(error_of([&] { plan_shards({1}, 2, &three); }).find("3 loads for a world of 2"), std::string::npos);
 }
 
 TEST(PlanShardsTest, SharesDifferByAtMostTheLargestTensor) {
@@ -236,6 +243,21 @@ TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
       }
     }, short_timeout()));
   }
+}
+
+TEST(ZeroSgdTest, ParameterGroupsArePlannedOneAfterAnother) {
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto params = make_parameters();  // sizes 128, 8, 30, 9, 40, 2
+    std::vector<torch::optim::OptimizerParamGroup> groups{
+        torch::optim::OptimizerParamGroup({params[0], params[1], params[2]}),
+        torch::optim::OptimizerParamGroup({params[3], params[4], params[5]})};
+    ZeroSgd zero(groups, kOptions, group);
+    // First group: 128 -> r0, 30 -> r1, 8 -> r1. Second, from loads (128, 38): 40, 9, 2 -> r1.
+    std::vector<int64_t> owners;
+    for (const auto& p : params) owners.push_back(zero.owner(p));
+    EXPECT_EQ(owners, (std::vector<int64_t>{0, 1, 1, 1, 1, 1}));
+    EXPECT_EQ(zero.shard_numels(), (std::vector<int64_t>{128, 89}));
+  }, short_timeout()));
 }
 
 TEST(ZeroSgdTest, AParameterOutsideThePlanIsNamed) {

@@ -54,6 +54,7 @@ struct TrainOptions {
   std::string pipeline_split;         // --strategy pipeline: layer names that begin stages 2..S
   std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
+  bool shard_optimizer = false;       // SGD's momentum sharded over the ranks (optim/zero.h)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   std::string dist_backend = "auto";  // auto | gloo | nccl

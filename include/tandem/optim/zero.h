@@ -46,8 +46,12 @@ namespace tandem::optim {
 // `world` ranks: largest first, each to the rank with the fewest elements so
 // far (ties: the lower rank, then the earlier tensor), as PyTorch's
 // ZeroRedundancyOptimizer partitions. Pure and deterministic, so every rank
-// computes the same plan. Throws tandem::Error for world < 1 or a negative size.
-std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world);
+// computes the same plan. `loads`, when given, holds each rank's elements
+// so far and is updated (ZeroSgd plans one parameter group after another
+// with it, as PyTorch does). Throws tandem::Error for world < 1, a negative
+// size, or loads of another length than world.
+std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world,
+                                 std::vector<int64_t>* loads = nullptr);
 
 class ZeroSgd : public Sgd {
  public:
