@@ -36,6 +36,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/models/registry.h"
+#include "tandem/optim/zero.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/util/allocator.h"
 #include "tandem/util/check.h"
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
   std::string model_name = "resnet18", mode = "ddp", hook = "allreduce", zero = "optimizer";
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
   double bucket_cap_mb = 25, last_bucket_mb = 1;
-  bool timeline = false;
+  bool timeline = false, shard_optimizer = false;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
   flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling"},
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   flags.add_choice("zero", &zero, {"optimizer", "ddp"},
                    "how DDP's gradients are cleared: the optimizer's zero_grad (set to undefined, "
                    "as the trainer does on CPU) or ddp.zero_grad (in place)");
+  flags.add_switch("shard-optimizer", &shard_optimizer,
+                   "step with optim::ZeroSgd (momentum sharded over the ranks, each share "
+                   "broadcast by its owner) instead of torch::optim::SGD; bench/zero.sh");
   flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
   flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
   flags.add_switch("timeline", &timeline, "print each timed DDP step's buckets: size, launch and end, in "
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
       models::Sequence model{nullptr};
       std::unique_ptr<parallel::DistributedDataParallel> ddp;
       std::unique_ptr<torch::optim::SGD> sgd;
-      std::vector<double> step_ms, hidden, exposed_ms;
+      std::vector<double> step_ms, hidden, exposed_ms, optimizer_ms;
     };
     auto make_run = [&](bool use_ddp) {
       auto run = std::make_unique<Run>();
@@ -122,8 +126,12 @@ int main(int argc, char** argv) {
       } else if (group && mode == "allreduce") {
         dist::broadcast_module(*run->model, *group);
       }
-      run->sgd = std::make_unique<torch::optim::SGD>(
-          run->model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4));
+      const auto sgd_options = torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4);
+      if (shard_optimizer && group && (use_ddp || mode == "allreduce")) {
+        run->sgd = std::make_unique<optim::ZeroSgd>(run->model->parameters(), sgd_options, group);
+      } else {
+        run->sgd = std::make_unique<torch::optim::SGD>(run->model->parameters(), sgd_options);
+      }
       return run;
     };
     auto step = [&](Run& r, bool timed, bool whole_batch = false) {
@@ -148,8 +156,10 @@ int main(int argc, char** argv) {
       } else if (group && mode == "allreduce") {
         dist::average_gradients(*r.model, *group);
       }
+      Stopwatch optimizer_clock;
       r.sgd->step();
       if (!timed) return;
+      r.optimizer_ms.push_back(optimizer_clock.seconds() * 1e3);
       r.step_ms.push_back(clock.seconds() * 1e3);
       if (r.ddp) {
         const auto& t = r.ddp->last_timeline();
@@ -210,13 +220,20 @@ int main(int argc, char** argv) {
                   median(step_ms), median(ratios));
       return;
     }
+    // This rank's momentum buffers (a sharded optimizer holds its share).
+    double state_bytes = 0;
+    for (const auto& [key, state] : main_run->sgd->state()) {
+      const auto& buffer = static_cast<const torch::optim::SGDParamState&>(*state).momentum_buffer();
+      if (buffer.defined()) state_bytes += static_cast<double>(buffer.numel() * buffer.element_size());
+    }
     if (rank == 0) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
                   "\"threads\": %d, \"buckets\": %zu, \"step_ms\": %.2f, \"hidden_share\": %.3f, "
-                  "\"exposed_ms\": %.2f}\n",
+                  "\"exposed_ms\": %.2f, \"optimizer_ms\": %.2f, \"state_mib\": %.2f}\n",
                   mode.c_str(), static_cast<long long>(world), static_cast<long long>(batch),
                   at::get_num_threads(), ddp ? ddp->buckets().size() : size_t(0), median(step_ms),
-                  ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0);
+                  ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0, median(main_run->optimizer_ms),
+                  state_bytes / 1048576.0);
       std::fflush(stdout);
     }
   });

@@ -23,47 +23,55 @@ void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group
   // A group of one has nothing to send (DDP calls this every step, where
   // packing and unpacking would be a few dozen small kernels for nothing).
   if (group.size() == 1) return;
+  CoalescedBroadcast(std::move(tensors), group, root, bucket_bytes).wait();
+}
+
+CoalescedBroadcast::CoalescedBroadcast(std::vector<torch::Tensor> tensors, ProcessGroup& group,
+                                       int64_t root, int64_t bucket_bytes)
+    : tensors_(std::move(tensors)), receiver_(group.rank() != root) {
+  if (group.size() == 1) return;
   torch::NoGradGuard no_grad;
   // Packs, in order, per kind (dtype, device): kinds keep their own open pack.
-  struct Pack {
-    std::vector<size_t> members;
-    int64_t bytes = 0;
-  };
-  std::vector<Pack> packs;
-  std::map<std::pair<int, std::string>, size_t> open;  // kind -> index in packs
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
+  std::vector<int64_t> pack_bytes;
+  std::map<std::pair<int, std::string>, size_t> open;  // kind -> index in members_
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const auto& t = tensors_[i];
     if (t.numel() == 0) continue;
     int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
     auto kind = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
     auto it = open.find(kind);
-    if (it == open.end() || packs[it->second].bytes + bytes > bucket_bytes) {
-      packs.emplace_back();
-      it = open.insert_or_assign(kind, packs.size() - 1).first;
+    if (it == open.end() || pack_bytes[it->second] + bytes > bucket_bytes) {
+      members_.emplace_back();
+      pack_bytes.push_back(0);
+      it = open.insert_or_assign(kind, members_.size() - 1).first;
     }
-    packs[it->second].members.push_back(i);
-    packs[it->second].bytes += bytes;
+    members_[it->second].push_back(i);
+    pack_bytes[it->second] += bytes;
   }
-  std::vector<torch::Tensor> flat(packs.size());
-  std::vector<Work> pending;
-  for (size_t p = 0; p < packs.size(); ++p) {
+  flat_.resize(members_.size());
+  for (size_t p = 0; p < members_.size(); ++p) {
     std::vector<torch::Tensor> pieces;
-    for (size_t i : packs[p].members) pieces.push_back(tensors[i].reshape({-1}));
+    for (size_t i : members_[p]) pieces.push_back(tensors_[i].reshape({-1}));
     // A lone contiguous tensor is broadcast in place (reshape gives a view).
-    flat[p] = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
-    pending.push_back(group.broadcast(flat[p], root));
+    flat_[p] = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+    pending_.push_back(group.broadcast(flat_[p], root));
   }
-  for (size_t p = 0; p < packs.size(); ++p) {
-    pending[p].wait();
-    if (group.rank() == root) continue;  // its tensors are what was sent
+}
+
+void CoalescedBroadcast::wait() {
+  torch::NoGradGuard no_grad;
+  for (size_t p = 0; p < pending_.size(); ++p) {
+    pending_[p].wait();
+    if (!receiver_) continue;  // its tensors are what was sent
     int64_t offset = 0;
-    for (size_t i : packs[p].members) {
-      auto& t = tensors[i];
-      auto piece = flat[p].slice(0, offset, offset + t.numel()).view(t.sizes());
+    for (size_t i : members_[p]) {
+      auto& t = tensors_[i];
+      auto piece = flat_[p].slice(0, offset, offset + t.numel()).view(t.sizes());
       offset += t.numel();
       if (piece.data_ptr() != t.data_ptr()) t.copy_(piece);
     }
   }
+  pending_.clear();
 }
 
 void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root) {

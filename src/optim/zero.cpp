@@ -90,7 +90,10 @@ torch::Tensor ZeroSgd::step(LossClosure closure) {
   // Every parameter goes, with a gradient or not: the ranks need not agree
   // on which changed, only on the plan.
   if (world_ > 1) {
-    for (int64_t r = 0; r < world_; ++r) dist::broadcast_coalesced(shares_[static_cast<size_t>(r)], *group_, r);
+    std::vector<dist::CoalescedBroadcast> started;  // all roots' packs in flight, then unpacked
+    started.reserve(static_cast<size_t>(world_));
+    for (int64_t r = 0; r < world_; ++r) started.emplace_back(shares_[static_cast<size_t>(r)], *group_, r);
+    for (auto& broadcast : started) broadcast.wait();
   }
   return loss;
 }

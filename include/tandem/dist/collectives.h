@@ -22,6 +22,23 @@ void average_gradients(torch::nn::Module& module, ProcessGroup& group);
 void broadcast_coalesced(std::vector<torch::Tensor> tensors, ProcessGroup& group, int64_t root = 0,
                          int64_t bucket_bytes = int64_t(256) << 20);
 
+// The same, started: the packs are sent when this returns, and wait() waits
+// for them and unpacks them into the tensors (which must stay untouched
+// until then). Several started from different roots run back to back in the
+// group, without the host's unpacking between them (optim::ZeroSgd's shares).
+class CoalescedBroadcast {
+ public:
+  CoalescedBroadcast(std::vector<torch::Tensor> tensors, ProcessGroup& group, int64_t root,
+                     int64_t bucket_bytes = int64_t(256) << 20);
+  void wait();
+
+ private:
+  std::vector<torch::Tensor> tensors_, flat_;
+  std::vector<std::vector<size_t>> members_;  // per pack, its tensors
+  std::vector<Work> pending_;
+  bool receiver_ = false;
+};
+
 // Broadcasts every parameter and buffer of `module` from `root` (how DDP
 // starts all ranks from the same weights).
 void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);

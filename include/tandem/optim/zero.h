@@ -11,8 +11,9 @@
 // same update to every parameter, each keeping a momentum buffer as large as
 // the model. Here each parameter tensor has one owner (plan_shards): only
 // the owner keeps its momentum buffer and updates it, and each owner then
-// broadcasts its share, so the others receive the values they would have
-// computed. The update of each parameter is Sgd's own arithmetic on the
+// broadcasts its share (one coalesced broadcast per owner, all started
+// before any is unpacked), so the others receive the values they would
+// have computed. The update of each parameter is Sgd's own arithmetic on the
 // same inputs, so the weights are bit-identical to Sgd's on every rank
 // (tests/optim/zero_test.cpp); a rank holds about 1/W of the state.
 // The price is communication: the broadcasts move the parameters once more
