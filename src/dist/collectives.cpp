@@ -51,8 +51,14 @@ CoalescedBroadcast::CoalescedBroadcast(std::vector<torch::Tensor> tensors, Proce
   flat_.resize(members_.size());
   for (size_t p = 0; p < members_.size(); ++p) {
     std::vector<torch::Tensor> pieces;
-    for (size_t i : members_[p]) pieces.push_back(tensors_[i].reshape({-1}));
-    // A lone contiguous tensor is broadcast in place (reshape gives a view).
+    // A lone contiguous tensor is broadcast in place (a view of it). Not
+    // reshape: a tensor of one uniform stride (every other column of a
+    // matrix) reshapes to a strided 1-D view, whose elements the backend,
+    // reading data_ptr and numel, would take as contiguous.
+    for (size_t i : members_[p]) {
+      const auto& t = tensors_[i];
+      pieces.push_back(t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1}));
+    }
     flat_[p] = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
     pending_.push_back(group.broadcast(flat_[p], root));
   }

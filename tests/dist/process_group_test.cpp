@@ -180,8 +180,11 @@ TEST(ProcessGroupTest, AverageGradientsEqualsTheWholeBatchGradient) {
   }));
 }
 
-// Mixed dtypes, a non-contiguous tensor, an empty one, and a cap so small
-// that every tensor is its own pack: all end equal to the root's.
+// Mixed dtypes, non-contiguous tensors (a transpose; every other column of
+// a matrix, which reshape flattens to a strided view that the backend once
+// read as contiguous), an empty one, and a cap so small that every tensor
+// is its own pack: all end equal to the root's, and the columns skipped
+// stay as they were.
 TEST(ProcessGroupTest, BroadcastCoalescedEqualsTheRootsTensors) {
   for (int64_t cap : {int64_t(1) << 20, int64_t(8)}) {
     expect_no_errors(run_ranks(3, [cap](ProcessGroup& g) {
@@ -190,14 +193,19 @@ TEST(ProcessGroupTest, BroadcastCoalescedEqualsTheRootsTensors) {
         return std::vector<torch::Tensor>{
             torch::randn({3, 4}, gen), torch::randint(0, 100, {5}, gen, torch::kInt64),
             torch::randn({4, 6}, gen).t(), torch::empty({0}),
-            torch::randn({2}, gen, torch::TensorOptions().dtype(torch::kFloat64))};
+            torch::randn({2}, gen, torch::TensorOptions().dtype(torch::kFloat64)),
+            torch::randn({5, 8}, gen).slice(/*dim=*/1, 0, 8, /*step=*/2)};
       };
       auto mine = fill(g.rank());
       auto want = fill(1);
+      const torch::Tensor base(mine.back()._base());  // the matrix the last one is every other column of
+      auto whole = base.clone();
       broadcast_coalesced(mine, g, /*root=*/1, cap);
       for (size_t i = 0; i < mine.size(); ++i) {
         EXPECT_TRUE(torch::equal(mine[i], want[i])) << "tensor " << i << " on rank " << g.rank();
       }
+      auto skipped = base.slice(1, 1, 8, 2);
+      EXPECT_TRUE(torch::equal(skipped, whole.slice(1, 1, 8, 2))) << "rank " << g.rank();
     }));
   }
 }
