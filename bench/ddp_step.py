@@ -36,6 +36,9 @@ def main():
     p.add_argument("--gradient-as-bucket-view", action="store_true")
     p.add_argument("--shard-optimizer", action="store_true",
                    help="step with ZeroRedundancyOptimizer(SGD) (bench/zero.sh)")
+    p.add_argument("--zero-bucket-view", action="store_true",
+                   help="with --shard-optimizer: parameters_as_bucket_view=True (one "
+                        "broadcast per rank's bucket instead of one per parameter)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     world, rank = 1, 0
@@ -63,6 +66,7 @@ def main():
                 gradient_as_bucket_view=a.gradient_as_bucket_view)
         if a.shard_optimizer and use_ddp:
             sgd = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                          parameters_as_bucket_view=a.zero_bucket_view,
                                           lr=0.01, momentum=0.9, weight_decay=5e-4)
         else:
             sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)

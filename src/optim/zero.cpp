@@ -1,6 +1,8 @@
 #include "tandem/optim/zero.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <numeric>
 #include <utility>
 
@@ -62,6 +64,41 @@ void ZeroSgd::plan() {
       shares_[static_cast<size_t>(owners[i])].push_back(p);
     }
   }
+  // Note [sharded optimizer state]: each share's dense parameters as views
+  // of one flat buffer per (device, dtype), in the plan's order.
+  loose_.assign(static_cast<size_t>(world_), {});
+  if (world_ == 1) return;  // nothing is sent; the model stays as it is
+  torch::NoGradGuard no_grad;
+  for (int64_t r = 0; r < world_; ++r) {
+    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> kinds;
+    for (const auto& p : shares_[static_cast<size_t>(r)]) {
+      if (p.numel() > 0 && p.is_non_overlapping_and_dense()) {
+        kinds[{p.device().str(), static_cast<int>(p.scalar_type())}].push_back(p);
+      } else {
+        loose_[static_cast<size_t>(r)].push_back(p);
+      }
+    }
+    for (auto& [kind, params] : kinds) {
+      int64_t total = 0;
+      for (const auto& p : params) total += p.numel();
+      auto buffer = torch::empty({total}, params.front().options().requires_grad(false));
+      int64_t offset = 0;
+      for (auto& p : params) {
+        // A dense tensor of any strides spans exactly numel elements.
+        auto view = buffer.as_strided(p.sizes(), p.strides(), offset);
+        view.copy_(p);
+        p.set_data(view);
+        offset += p.numel();
+      }
+      flats_.push_back({r, buffer});
+    }
+  }
+}
+
+std::vector<torch::Tensor> ZeroSgd::flat_buffers() const {
+  std::vector<torch::Tensor> buffers;
+  for (const auto& f : flats_) buffers.push_back(f.buffer);
+  return buffers;
 }
 
 int64_t ZeroSgd::owner(const torch::Tensor& p) const {
@@ -90,10 +127,15 @@ torch::Tensor ZeroSgd::step(LossClosure closure) {
   // Every parameter goes, with a gradient or not: the ranks need not agree
   // on which changed, only on the plan.
   if (world_ > 1) {
-    std::vector<dist::CoalescedBroadcast> started;  // all roots' packs in flight, then unpacked
-    started.reserve(static_cast<size_t>(world_));
-    for (int64_t r = 0; r < world_; ++r) started.emplace_back(shares_[static_cast<size_t>(r)], *group_, r);
-    for (auto& broadcast : started) broadcast.wait();
+    // Every buffer in flight before any wait; the parameters are its views.
+    std::vector<dist::Work> pending;
+    for (auto& f : flats_) pending.push_back(group_->broadcast(f.buffer, f.owner));
+    std::vector<dist::CoalescedBroadcast> loose;
+    for (int64_t r = 0; r < world_; ++r) {
+      if (!loose_[static_cast<size_t>(r)].empty()) loose.emplace_back(loose_[static_cast<size_t>(r)], *group_, r);
+    }
+    for (auto& work : pending) work.wait();
+    for (auto& broadcast : loose) broadcast.wait();
   }
   return loss;
 }

@@ -3,6 +3,7 @@
 // momentum, and checkpoints in Sgd's form that load either way, on any
 // number of ranks. Ranks are threads in a Gloo group on 127.0.0.1.
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -58,13 +59,22 @@ TEST(PlanShardsTest, SharesDifferByAtMostTheLargestTensor) {
   }
 }
 
-// Six parameters of two dtypes and several sizes; the fourth gets no
-// gradient on odd steps (the same on every rank, as after DDP).
+// Eight parameters of two dtypes and several sizes, one in channels-last
+// order and one not dense (every other column of a matrix: ZeroSgd
+// broadcasts it apart from the flat buffers); the fourth gets no gradient
+// on odd steps (the same on every rank, as after DDP). Drawn from
+// a generator of their own: the ranks are threads, and reseeding the
+// process's default generator from several at once would hand them
+// different parameters.
 std::vector<torch::Tensor> make_parameters() {
-  torch::manual_seed(11);
-  return {torch::randn({16, 8}).requires_grad_(),          torch::randn({8}).requires_grad_(),
-          torch::randn({6, 5}, torch::kFloat64).requires_grad_(), torch::randn({3, 3}).requires_grad_(),
-          torch::randn({40}).requires_grad_(),             torch::randn({2}, torch::kFloat64).requires_grad_()};
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto draw = [&](std::vector<int64_t> sizes, torch::Dtype dtype = torch::kFloat32) {
+    return torch::randn(sizes, generator, torch::dtype(dtype)).requires_grad_();
+  };
+  auto nhwc = torch::randn({4, 3, 2, 2}, generator).contiguous(torch::MemoryFormat::ChannelsLast);
+  auto strided = torch::randn({5, 8}, generator).slice(/*dim=*/1, 0, 8, /*step=*/2);
+  return {draw({16, 8}), draw({8}), draw({6, 5}, torch::kFloat64), draw({3, 3}), draw({40}),
+          draw({2}, torch::kFloat64), nhwc.requires_grad_(), strided.requires_grad_()};
 }
 
 std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& params) {
@@ -148,14 +158,25 @@ TEST(ZeroSgdTest, EveryRankEndsWithSgdsWeightsBitForBit) {
           mine += buffer.numel();
         }
       }
+      // With several ranks the dense parameters are views of the owners'
+      // flat buffers, in their own strides; the strided one is not.
+      EXPECT_TRUE(params[6].is_contiguous(torch::MemoryFormat::ChannelsLast));
+      EXPECT_EQ(params[7].strides(), (std::vector<int64_t>{8, 2}));
+      for (size_t i = 0; i < params.size(); ++i) {
+        int in_buffers = 0;
+        for (const auto& buffer : zero.flat_buffers()) {
+          in_buffers += params[i].storage().unsafeGetStorageImpl() == buffer.storage().unsafeGetStorageImpl();
+        }
+        EXPECT_EQ(in_buffers, world > 1 && i != 7 ? 1 : 0) << "world " << world << ", parameter " << i;
+      }
       std::lock_guard<std::mutex> guard(lock);
       buffers_held += static_cast<int64_t>(zero.state().size());
       if (zero.rank() == 0) owned_elements = zero.shard_numels();
       EXPECT_EQ(mine, zero.shard_numels()[zero.rank()]);
     }, short_timeout(), 0, /*null_group_for_one=*/true));
-    EXPECT_EQ(buffers_held, 6) << "world " << world << ": each buffer on exactly one rank";
+    EXPECT_EQ(buffers_held, 8) << "world " << world << ": each buffer on exactly one rank";
     EXPECT_EQ(std::accumulate(owned_elements.begin(), owned_elements.end(), int64_t{0}),
-              16 * 8 + 8 + 30 + 9 + 40 + 2);
+              16 * 8 + 8 + 30 + 9 + 40 + 2 + 48 + 20);
   }
 }
 
@@ -202,7 +223,7 @@ TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
     refusal[zero.rank()] = error_of([&] { save_to_string(zero); });
     zero.consolidate_state();
     EXPECT_TRUE(zero.consolidated());
-    EXPECT_EQ(zero.state().size(), 6u) << "rank " << zero.rank() << " after consolidate_state()";
+    EXPECT_EQ(zero.state().size(), 8u) << "rank " << zero.rank() << " after consolidate_state()";
     for (size_t i = 0; i < params.size(); ++i) {
       EXPECT_TRUE(torch::equal(momentum_of(zero, params[i]), halfway_momentum[i]))
           << "rank " << zero.rank() << ", parameter " << i << " after consolidate_state()";
@@ -212,7 +233,7 @@ TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
     // The next step drops the others' buffers again and still matches.
     train(zero, params, 4, 8);
     EXPECT_FALSE(zero.consolidated());
-    EXPECT_LT(zero.state().size(), 6u);
+    EXPECT_LT(zero.state().size(), 8u);
     for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << i;
   }, short_timeout()));
   for (const auto& message : refusal) {
@@ -247,14 +268,14 @@ TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
 
 TEST(ZeroSgdTest, ParameterGroupsArePlannedOneAfterAnother) {
   testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
-    auto params = make_parameters();  // sizes 128, 8, 30, 9, 40, 2
+    auto params = make_parameters();  // the first six: sizes 128, 8, 30, 9, 40, 2
     std::vector<torch::optim::OptimizerParamGroup> groups{
         torch::optim::OptimizerParamGroup({params[0], params[1], params[2]}),
         torch::optim::OptimizerParamGroup({params[3], params[4], params[5]})};
     ZeroSgd zero(groups, kOptions, group);
     // First group: 128 -> r0, 30 -> r1, 8 -> r1. Second, from loads (128, 38): 40, 9, 2 -> r1.
     std::vector<int64_t> owners;
-    for (const auto& p : params) owners.push_back(zero.owner(p));
+    for (size_t i = 0; i < 6; ++i) owners.push_back(zero.owner(params[i]));
     EXPECT_EQ(owners, (std::vector<int64_t>{0, 1, 1, 1, 1, 1}));
     EXPECT_EQ(zero.shard_numels(), (std::vector<int64_t>{128, 89}));
   }, short_timeout()));

@@ -11,9 +11,15 @@
 // same update to every parameter, each keeping a momentum buffer as large as
 // the model. Here each parameter tensor has one owner (plan_shards): only
 // the owner keeps its momentum buffer and updates it, and each owner then
-// broadcasts its share (one coalesced broadcast per owner, all started
-// before any is unpacked), so the others receive the values they would
-// have computed. The update of each parameter is Sgd's own arithmetic on the
+// broadcasts its share, so the others receive the values they would have
+// computed. With several ranks, each owner's parameters (per device and
+// dtype) are moved at construction into one flat buffer and become views
+// of it, in their own strides (PyTorch's parameters_as_bucket_view), so a
+// share goes out in one broadcast per buffer, all started before any is
+// waited for, with no packing or unpacking; a parameter that is not dense
+// (none of tandem's models has one) goes through a coalesced broadcast.
+// Construct it after the model has its final device, dtype and memory
+// format: moving the model later replaces the views. The update of each parameter is Sgd's own arithmetic on the
 // same inputs, so the weights are bit-identical to Sgd's on every rank
 // (tests/optim/zero_test.cpp); a rank holds about 1/W of the state.
 // The price is communication: the broadcasts move the parameters once more
@@ -84,6 +90,8 @@ class ZeroSgd : public Sgd {
   int64_t owner(const torch::Tensor& p) const;
   // Elements of the parameters each rank owns (its momentum, when it has one).
   std::vector<int64_t> shard_numels() const;
+  // The flat buffers the shares' parameters are views of (several ranks only).
+  std::vector<torch::Tensor> flat_buffers() const;
 
  protected:
   bool steps_parameter(const torch::Tensor& p) const override { return owner(p) == rank_; }
@@ -95,6 +103,12 @@ class ZeroSgd : public Sgd {
   int64_t rank_ = 0, world_ = 1;
   std::unordered_map<const c10::TensorImpl*, int64_t> owner_;
   std::vector<std::vector<torch::Tensor>> shares_;  // per rank, its parameters in order
+  struct Flat {
+    int64_t owner;
+    torch::Tensor buffer;  // the owner's parameters of one device and dtype are views of it
+  };
+  std::vector<Flat> flats_;
+  std::vector<std::vector<torch::Tensor>> loose_;  // per rank: parameters not in a flat buffer
   bool consolidated_ = false;
 };
 
