@@ -7,11 +7,13 @@
 #   bench/zero.sh [ROUNDS] [RANKS] [GLOBAL_BATCH] [STEPS]   (defaults: 5, 2, 64, 4)
 #
 # Per round and implementation: the DDP step on resnet18 (CIFAR stem, random
-# 3x32 inputs) with the plain SGD and with the sharded one. Prints the
+# 3x32 inputs) with the plain SGD and with the sharded one; PyTorch's sharded
+# one twice, with its default (one broadcast per parameter) and with
+# parameters_as_bucket_view=True (one per rank's bucket, as tandem). Prints the
 # medians of: the whole step, the optimizer's step alone (where the sharded
 # one broadcasts the shares), rank 0's momentum in MiB; then the sharded
-# step tandem / PyTorch, and each one's cost of sharding (sharded step /
-# plain step - 1). Results belong in docs/PERFORMANCE.md.
+# step tandem / PyTorch (against both), and each one's cost of sharding
+# (sharded step / plain step - 1). Results belong in docs/PERFORMANCE.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 ranks=${2:-2}
@@ -32,9 +34,13 @@ pytorch_run() {  # [--shard-optimizer]
 declare -A step optimizer state
 for ((i = 0; i < rounds; i++)); do
   for impl in tandem pytorch; do
-    for sharded in plain sharded; do
+    for sharded in plain sharded bucket-view; do
       flag=()
       [[ $sharded == sharded ]] && flag=(--shard-optimizer)
+      if [[ $sharded == bucket-view ]]; then
+        [[ $impl == pytorch ]] || continue
+        flag=(--shard-optimizer --zero-bucket-view)
+      fi
       out=$(${impl}_run "${flag[@]}")
       key="$impl $sharded"
       step[$key]+="$(echo "$out" | field step_ms) "
@@ -46,18 +52,21 @@ done
 
 med() { local -n table=$1; printf '%s\n' ${table[$2]} | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
-for key in "tandem plain" "tandem sharded" "pytorch plain" "pytorch sharded"; do
+keys=("tandem plain" "tandem sharded" "pytorch plain" "pytorch sharded" "pytorch bucket-view")
+for key in "${keys[@]}"; do
   echo "rounds, $key: step ms ${step[$key]}; optimizer ms ${optimizer[$key]}"
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); resnet18 (CIFAR stem), 3x32, global batch $batch, $ranks ranks, 1 thread per rank, $rounds rounds"
-for key in "tandem plain" "tandem sharded" "pytorch plain" "pytorch sharded"; do
-  printf '%-16s step %8.1f ms   optimizer step %7.1f ms   rank 0 momentum %6.2f MiB\n' "$key" \
+for key in "${keys[@]}"; do
+  printf '%-20s step %8.1f ms   optimizer step %7.1f ms   rank 0 momentum %6.2f MiB\n' "$key" \
     "$(med step "$key")" "$(med optimizer "$key")" "${state[$key]}"
 done
-echo "sharded step, tandem / pytorch: $(ratio "$(med step "tandem sharded")" "$(med step "pytorch sharded")")"
-echo "sharded optimizer step, tandem / pytorch: $(ratio "$(med optimizer "tandem sharded")" "$(med optimizer "pytorch sharded")")"
-for impl in tandem pytorch; do
-  echo "cost of sharding, $impl: $(awk -v a="$(med step "$impl sharded")" -v b="$(med step "$impl plain")" \
+for peer in sharded bucket-view; do
+  echo "sharded step, tandem / pytorch $peer: $(ratio "$(med step "tandem sharded")" "$(med step "pytorch $peer")")"
+  echo "sharded optimizer step, tandem / pytorch $peer: $(ratio "$(med optimizer "tandem sharded")" "$(med optimizer "pytorch $peer")")"
+done
+for key in "tandem sharded" "pytorch sharded" "pytorch bucket-view"; do
+  echo "cost of sharding, $key: $(awk -v a="$(med step "$key")" -v b="$(med step "${key%% *} plain")" \
     'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}') of the step"
 done
