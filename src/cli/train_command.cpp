@@ -128,6 +128,14 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_string("export-weights", "FILE", &o.export_weights,
                    "write the final parameters and buffers as safetensors (rank 0; a "
                    "{rank} in FILE makes every rank write its own)");
+  flags.add_string("profile-out", "FILE", &o.profile_out,
+                   "write a Chrome trace (chrome://tracing, Perfetto) of the steps of "
+                   "--profile-steps: every ATen operator and the trainer's phases (forward, "
+                   "backward, reduce, optimizer, next_batch), from libtorch's profiler (rank 0; "
+                   "a {rank} in FILE makes every rank write its own)");
+  flags.add_string("profile-steps", "A:B", &o.profile_steps,
+                   "with --profile-out: trace the optimizer steps from A up to B (not included), "
+                   "counted from 0");
   flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
                    "live bar on a terminal (auto), plain lines, or nothing");
   return flags;

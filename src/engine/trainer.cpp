@@ -6,10 +6,13 @@
 #include <cmath>
 #include <optional>
 
+#include <ATen/record_function.h>
+
 #include "tandem/data/device_prefetcher.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/collectives.h"
 #include "tandem/engine/checkpoint.h"
+#include "tandem/engine/profile.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
@@ -80,6 +83,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
 
 StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targets,
                           torch::optim::Optimizer& optimizer, StepCounters& counters) {
+  RECORD_USER_SCOPE("tandem::step");  // the phases, for --profile-out (engine/profile.h)
   if (ddp_) {
     // Note [gradients are bucket views]: on CPU, letting backward's fresh
     // gradient be copied into the bucket once measured faster than zeroing
@@ -101,6 +105,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     // fp16 scaler scales each micro-batch's loss before its backward.
     parallel::LossScale scale;
     if (scaler_) scale = [this](const torch::Tensor& loss) { return scaler_->scale(loss); };
+    RECORD_USER_SCOPE("tandem::pipeline");
     auto micro = pipeline_->train_step(
         inputs, targets,
         [&](const torch::Tensor& output, const torch::Tensor& target) {
@@ -126,31 +131,41 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       if (ddp_ && k + 1 < chunks) accumulate_only.emplace(*ddp_);
       torch::Tensor loss;
       {
+        RECORD_USER_SCOPE("tandem::forward");
         optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
         const auto& x = input_chunks[k];
         logits.push_back(dp_ ? dp_->forward(x) : model_->forward(x));
         loss = torch::nn::functional::cross_entropy(logits.back(), target_chunks[k], loss_options_);
         if (chunks > 1) loss = loss * (static_cast<double>(x.size(0)) / static_cast<double>(rows));
       }
-      (scaler_ ? scaler_->scale(loss) : loss).backward();
+      {
+        RECORD_USER_SCOPE("tandem::backward");
+        (scaler_ ? scaler_->scale(loss) : loss).backward();
+      }
       out.loss = k == 0 ? loss : out.loss.detach() + loss.detach();
     }
     out.logits = chunks == 1 ? logits.front() : torch::cat(logits);
   }
-  if (ddp_) {
-    ddp_->after_backward();  // buckets were all-reduced during backward
-  } else if (group_) {
-    dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+  {
+    RECORD_USER_SCOPE("tandem::reduce");
+    if (ddp_) {
+      ddp_->after_backward();  // buckets were all-reduced during backward
+    } else if (group_) {
+      dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+    }
   }
-  if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
-    if (scaler_) scaler_->unscale(optimizer);
-    optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
-  }
-  if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
-    if (!scaler_->step(optimizer)) ++counters.skipped_steps;
-    scaler_->update();
-  } else {
-    optimizer.step();
+  {
+    RECORD_USER_SCOPE("tandem::optimizer");
+    if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
+      if (scaler_) scaler_->unscale(optimizer);
+      optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
+    }
+    if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
+      if (!scaler_->step(optimizer)) ++counters.skipped_steps;
+      scaler_->update();
+    } else {
+      optimizer.step();
+    }
   }
   return out;
 }
@@ -347,6 +362,15 @@ TrainResult Trainer::run() {
                "another size runs eagerly)", static_cast<long long>(CudaGraphOptions{}.warmup_steps)));
   }
 
+  // --profile-out: a Chrome trace of the steps of --profile-steps.
+  auto profile_options = parse_profile_steps(o.profile_steps);
+  profile_options.path = o.profile_out;
+  StepProfiler profiler(profile_options, rank_);
+  if (profiler.enabled()) {
+    say(format("profiling steps %lld to %lld into %s", static_cast<long long>(profile_options.first),
+               static_cast<long long>(profile_options.last - 1), profiler.path().c_str()));
+  }
+
   // --- Epochs ----------------------------------------------------------------
   // Resumed at --max-steps already (the checkpoint of the run that stopped
   // there): nothing more to train.
@@ -389,7 +413,13 @@ TrainResult Trainer::run() {
     std::optional<data::DevicePrefetcher> batches;
     batches.emplace(loader.epoch(position.epoch, position.batch_in_epoch),
                     data::PrefetchOptions{device_, models::parameter_dtype(*model_), o.channels_last});
-    while (auto batch = batches->next()) {
+    while (true) {
+      std::optional<data::Batch> batch;
+      {
+        RECORD_USER_SCOPE("tandem::next_batch");
+        batch = batches->next();
+      }
+      if (!batch) break;
       TANDEM_CHECK(batch->size() > 0 || world_ == 1, "rank ", rank_, ": every image of batch ",
                    position.batch_in_epoch, " was unreadable; with several ranks a rank cannot "
                    "skip a step (the others would wait for it)");
@@ -397,6 +427,7 @@ TrainResult Trainer::run() {
         ++position.batch_in_epoch;
         continue;
       }
+      if (auto trace = profiler.before_step(position.step); !trace.empty()) say("trace written to " + trace);
       lr = schedule.lr(position.step);
       optim::set_lr(optimizer, lr);
       const auto& inputs = batch->inputs;  // on device_ already
@@ -486,6 +517,15 @@ TrainResult Trainer::run() {
   }
 
   // --- Finish ----------------------------------------------------------------
+  if (profiler.enabled()) {
+    auto trace = profiler.finish();  // a window the run stopped inside
+    if (!trace.empty()) {
+      say("trace written to " + trace);
+    } else if (position.step <= profile_options.first) {
+      say(format("--profile-steps %s: the run ended at step %lld, before the window: no trace written",
+                 o.profile_steps.c_str(), static_cast<long long>(position.step)));
+    }
+  }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   const auto rank_field = o.export_weights.find("{rank}");
   if (!o.export_weights.empty() && (rank_ == 0 || rank_field != std::string::npos)) {

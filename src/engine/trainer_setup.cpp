@@ -12,6 +12,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/rendezvous.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/profile.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
@@ -47,6 +48,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  parse_profile_steps(o.profile_steps);  // a bad window is an error before anything runs
+  TANDEM_CHECK(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
+               "--profile-steps goes with --profile-out");
   TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
                    o.progress == "off",
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");

@@ -25,7 +25,8 @@ TEST(CliTest, HelpListsEveryTrainFlagWithDefaults) {
     for (const char* flag : {"--data SPEC", "--val-data", "--model NAME", "--epochs N", "--batch-size N",
                              "--lr X", "--momentum X", "--weight-decay X", "--workers N", "--device DEV",
                              "--seed N", "--max-steps N", "--checkpoint-dir DIR", "--resume",
-                             "--metrics-out FILE", "--export-weights FILE"}) {
+                             "--metrics-out FILE", "--export-weights FILE", "--shard-optimizer",
+                             "--profile-out FILE", "--profile-steps A:B"}) {
       EXPECT_NE(r.output.find(flag), std::string::npos) << args << " lacks " << flag;
     }
     EXPECT_NE(r.output.find("(default: fashion-mnist)"), std::string::npos) << r.output;

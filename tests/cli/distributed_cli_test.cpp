@@ -41,6 +41,29 @@ TEST(DistributedCliTest, TwoRanksTrainOneModel) {
   EXPECT_TRUE(std::ifstream(dir.file("w.safetensors")).good());
 }
 
+// --profile-out with {rank}: each rank writes the trace of its own steps,
+// with the reduction phase in each (without {rank}, rank 0 alone:
+// StepProfilerTest).
+TEST(DistributedCliTest, EachRankWritesItsTraceWithRank) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 64);
+  const std::string common = "train --nproc-per-node 2 --data idx:" + dir.path() +
+                             " --model convnet --batch-size 64 --max-steps 4 --progress lines --profile-steps 1:3 ";
+  auto r = run_tandem(common + "--profile-out " + dir.file("trace-{rank}.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* rank : {"0", "1"}) {
+    auto events = nlohmann::json::parse(testing::read_text(dir.file(std::string("trace-") + rank + ".json")));
+    int reduce = 0, steps = 0;
+    for (const auto& e : events) {
+      reduce += e.at("name") == "tandem::reduce";
+      steps += e.at("name") == "tandem::step";
+    }
+    EXPECT_EQ(steps, 2) << "rank " << rank;
+    EXPECT_EQ(reduce, 2) << "rank " << rank;
+  }
+  EXPECT_NE(r.output.find("[rank 0] trace written to " + dir.file("trace-0.json")), std::string::npos) << r.output;
+}
+
 // Issue 4's check, verbatim: one epoch on Fashion-MNIST over 2 ranks.
 TEST(DistributedCliTest, TwoRanksOnFashionMnistReach85Percent) {
   TempDir dir;

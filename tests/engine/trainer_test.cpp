@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
@@ -16,6 +17,7 @@
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
+#include "tandem/engine/profile.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/util/check.h"
@@ -271,6 +273,95 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
                 std::string::npos) << e.what();
     }
   }
+}
+
+// --profile-out: libtorch's profiler over the steps of --profile-steps,
+// written as Chrome trace events: the trainer's phases once per traced step,
+// each inside its step, with the ATen operators under them. A run that stops
+// inside the window writes what it traced; one that ends before it writes
+// nothing. Bad windows and folders are named before anything runs.
+TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
+  TempDir out;
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.max_steps = 6;
+  o.profile_out = out.file("trace.json");
+  o.profile_steps = "2:5";
+  Trainer(o, nullptr).run();
+  auto events = nlohmann::json::parse(testing::read_text(o.profile_out));
+  ASSERT_TRUE(events.is_array());
+  std::map<std::string, int> count;
+  std::vector<std::pair<double, double>> steps;  // [start, end) of each tandem::step
+  for (const auto& e : events) {
+    const std::string name = e.at("name");
+    ++count[name];
+    if (name == "tandem::step") steps.emplace_back(e.at("ts").get<double>(), e.at("ts").get<double>() + e.at("dur").get<double>());
+  }
+  for (const char* phase : {"tandem::step", "tandem::forward", "tandem::backward", "tandem::reduce",
+                            "tandem::optimizer", "tandem::next_batch"}) {
+    EXPECT_EQ(count[phase], 3) << phase;  // steps 2, 3 and 4
+  }
+  EXPECT_GT(count["aten::convolution"], 0);
+  EXPECT_GT(count["aten::convolution_backward"], 0);
+  for (const auto& e : events) {  // every phase but the batch's fetch lies inside a step
+    const std::string name = e.at("name");
+    if (name.rfind("tandem::", 0) != 0 || name == "tandem::step" || name == "tandem::next_batch") continue;
+    double start = e.at("ts"), end = start + e.at("dur").get<double>();
+    EXPECT_TRUE(std::any_of(steps.begin(), steps.end(), [&](const auto& s) {
+      return s.first <= start && end <= s.second;
+    })) << name << " at " << start;
+  }
+
+  auto stopped = o;  // stops after step 2 (--max-steps 3), inside 2:10: a trace of step 2 alone
+  stopped.max_steps = 3;
+  stopped.profile_steps = "2:10";
+  stopped.profile_out = out.file("stopped.json");
+  Trainer(stopped, nullptr).run();
+  int stopped_steps = 0;
+  for (const auto& e : nlohmann::json::parse(testing::read_text(stopped.profile_out))) {
+    stopped_steps += e.at("name") == "tandem::step";
+  }
+  EXPECT_EQ(stopped_steps, 1);
+
+  auto early = o;  // ends at step 6, before 10:12
+  early.profile_steps = "10:12";
+  early.profile_out = out.file("never.json");
+  Trainer(early, nullptr).run();
+  EXPECT_FALSE(std::filesystem::exists(early.profile_out));
+
+  auto refused = [&](TrainOptions bad, const std::string& why) {
+    try {
+      Trainer(bad, nullptr).run();
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  for (const char* window : {"3:3", "4:2", "-1:2", "5", "a:b", "2:"}) {
+    auto bad = o;
+    bad.profile_steps = window;
+    refused(bad, std::string("--profile-steps: expected A:B, the steps from A up to (not including) B "
+                             "with 0 <= A < B, e.g. 5:8; got '") + window + "'");
+  }
+  auto without = o;
+  without.profile_out.clear();
+  refused(without, "--profile-steps goes with --profile-out");
+  auto nowhere = o;
+  nowhere.profile_out = out.file("missing/trace.json");
+  refused(nowhere, "--profile-out " + nowhere.profile_out + ": " + out.file("missing") +
+                       " is not a folder this process can write to");
+}
+
+// Without "{rank}" in the path only rank 0 profiles (one trace for the
+// job); with it every rank does, into its own file.
+TEST(StepProfilerTest, RankZeroAloneUnlessThePathNamesTheRank) {
+  TempDir out;
+  EXPECT_TRUE(StepProfiler({out.file("t.json")}, 0).enabled());
+  EXPECT_FALSE(StepProfiler({out.file("t.json")}, 1).enabled());
+  EXPECT_FALSE(StepProfiler({""}, 0).enabled());
+  StepProfiler third({out.file("t-{rank}.json")}, 3);
+  EXPECT_TRUE(third.enabled());
+  EXPECT_EQ(third.path(), out.file("t-3.json"));
 }
 
 // --clip-grad-norm X: with plain SGD (no momentum or weight decay) and

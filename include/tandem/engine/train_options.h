@@ -70,6 +70,8 @@ struct TrainOptions {
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string metrics_out;      // JSON lines, one per epoch
   std::string export_weights;   // safetensors file with the final weights
+  std::string profile_out;      // Chrome trace of --profile-steps (engine/profile.h); "{rank}": per rank
+  std::string profile_steps = "5:8";  // A:B, the steps traced
   std::string progress = "auto";  // auto | bar | lines | off
 };
 

@@ -1,0 +1,78 @@
+#include "tandem/engine/profile.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <torch/csrc/autograd/profiler_legacy.h>
+
+#include "tandem/util/check.h"
+#include "tandem/util/parse.h"
+
+namespace tandem::engine {
+
+ProfileOptions parse_profile_steps(const std::string& text, ProfileOptions options) {
+  auto colon = text.find(':');
+  std::optional<long long> first, last;
+  if (colon != std::string::npos) {
+    first = parse_int(text.substr(0, colon));
+    last = parse_int(text.substr(colon + 1));
+  }
+  TANDEM_CHECK(first && last && *first >= 0 && *first < *last, "--profile-steps: expected A:B, the "
+               "steps from A up to (not including) B with 0 <= A < B, e.g. 5:8; got '", text, "'");
+  options.first = *first;
+  options.last = *last;
+  return options;
+}
+
+struct StepProfiler::Recording {
+  explicit Recording(const std::string& path) : out(path) {
+    TANDEM_CHECK(out, "--profile-out ", path, ": cannot open the file for writing");
+    profile.emplace(out);
+  }
+  std::ofstream out;
+  std::optional<torch::autograd::profiler::RecordProfile> profile;  // writes the trace when reset
+};
+
+StepProfiler::StepProfiler(ProfileOptions options, int64_t rank) : options_(std::move(options)) {
+  const auto field = options_.path.find("{rank}");
+  if (options_.path.empty() || (field == std::string::npos && rank != 0)) return;
+  path_ = options_.path;
+  if (field != std::string::npos) path_.replace(field, 6, std::to_string(rank));
+  // A bad folder is an error now, not after the steps before the window.
+  auto folder = std::filesystem::path(path_).parent_path();
+  if (folder.empty()) folder = ".";
+  TANDEM_CHECK(std::filesystem::is_directory(folder) && ::access(folder.c_str(), W_OK) == 0,
+               "--profile-out ", path_, ": ", folder.string(), " is not a folder this process can write to");
+}
+
+StepProfiler::~StepProfiler() {
+  try {
+    finish();
+  } catch (...) {  // a destructor must not throw; finish() is called explicitly where it can
+  }
+}
+
+std::string StepProfiler::before_step(int64_t step) {
+  if (path_.empty()) return "";
+  if (step == options_.first && !recording_) {
+    recording_ = std::make_unique<Recording>(path_);
+  } else if (step == options_.last) {
+    return finish();
+  }
+  return "";
+}
+
+std::string StepProfiler::finish() {
+  if (!recording_) return "";
+  recording_->profile.reset();  // the events, written
+  recording_->out.flush();
+  const bool written = static_cast<bool>(recording_->out);
+  recording_.reset();
+  TANDEM_CHECK(written, "--profile-out ", path_, ": writing the trace failed");
+  return path_;
+}
+
+}  // namespace tandem::engine
