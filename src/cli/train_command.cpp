@@ -248,7 +248,7 @@ void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun
 int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::string>& args,
                 const engine::TrainOptions& o, const FlagSet& flags) {
   const std::string sweep = "--nproc-per-node " + o.nproc_per_node;
-  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights"}) {
+  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights", "profile-out"}) {
     if (flags.given(name)) {
       throw UsageError(std::string("--") + name + " belongs to a single run; " + sweep +
                        " runs the job once per process count");

@@ -135,6 +135,7 @@ TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
            {"--nproc-per-node 1,2 --metrics-out m.jsonl",
             "--metrics-out belongs to a single run; --nproc-per-node 1,2 runs the job once per process count"},
            {"--nproc-per-node 1,2 --checkpoint-dir ckpt", "--checkpoint-dir belongs to a single run"},
+           {"--nproc-per-node 1,2 --profile-out t.json", "--profile-out belongs to a single run"},
            {"--nproc-per-node 1,x", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
            {"--nproc-per-node 1,0", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
            {"--nproc-per-node 1,2 --strategy dp --devices cpu,cpu", "--strategy dp runs in one process"},
