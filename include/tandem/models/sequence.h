@@ -33,6 +33,14 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
 
   torch::Tensor forward(torch::Tensor x);
 
+  // Activation checkpointing (Note [activation checkpointing] in
+  // models/activation_checkpoint.h): the top-level children in runs of
+  // `sizes` (summing to size(); plan_segments), every run but the last
+  // recomputed in backward, in training with grad enabled. Empty: off.
+  // clone() keeps it.
+  void checkpoint_segments(std::vector<int64_t> sizes);
+  const std::vector<int64_t>& checkpointed_segments() const { return segments_; }
+
   size_t size() const { return modules_.size(); }
   const std::string& name(size_t index) const { return names_.at(index); }
   torch::nn::AnyModule& at(size_t index) { return modules_.at(index); }
@@ -46,6 +54,7 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
  private:
   std::vector<std::string> names_;
   std::vector<torch::nn::AnyModule> modules_;
+  std::vector<int64_t> segments_;
 };
 TORCH_MODULE(Sequence);
 
