@@ -66,6 +66,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "chunks, one after another, then step once (the whole batch's update in about "
                 "1/K of the activation memory; BatchNorm normalises each chunk by its own "
                 "statistics; with ddp only the last chunk's backward all-reduces)", 1);
+  flags.add_int("checkpoint-activations", "N", &o.checkpoint_activations,
+                "activation checkpointing: cut the model's top-level layers into N segments and "
+                "keep no activations of the first N - 1, recomputing each in backward (less "
+                "memory for one more forward of them; the same gradients); 0: off", 0);
   flags.add_double("clip-grad-norm", "X", &o.clip_grad_norm,
                    "before each step, scale the gradients down so that their global 2-norm is "
                    "at most X (after averaging over the ranks and unscaling; 0: off)", 0);

@@ -14,6 +14,7 @@
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/profile.h"
 #include "tandem/engine/safetensors.h"
+#include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/comm_hook.h"
@@ -185,6 +186,23 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // --channels-last: 4-D weights in NHWC order; inputs follow in the
   // prefetcher and in evaluation.
   if (o.channels_last) models::to_channels_last(*model_);
+  // --checkpoint-activations: segments of the top-level layers recomputed in
+  // backward (Note [activation checkpointing]).
+  TANDEM_CHECK(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
+               ">= 0 (0: off), got ", o.checkpoint_activations);
+  if (o.checkpoint_activations > 0) {
+    TANDEM_CHECK(o.strategy != "pipeline", "--checkpoint-activations does not work with --strategy "
+                 "pipeline yet (its stages are cut from the model before the segments would be)");
+    TANDEM_CHECK(!o.sync_bn, "--checkpoint-activations does not go with --sync-bn: the recomputed "
+                 "forward would reduce BatchNorm statistics over the ranks again, out of step with "
+                 "backward's gradient reductions");
+    TANDEM_CHECK(!o.cuda_graph, "--checkpoint-activations does not go with --cuda-graph (a backward "
+                 "inside the backward is not captured)");
+    const auto layers = static_cast<int64_t>(model_->size());
+    TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
+                 ": ", o.model, " has ", layers, " top-level layers to cut into segments");
+    model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
+  }
   TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
                "runs only on CUDA devices), got --device ", o.device);
   if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);

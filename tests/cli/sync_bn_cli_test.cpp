@@ -179,6 +179,15 @@ TEST(ShardedOptimizerCliTest, TheWeightsAreThePlainOptimizersBitForBit) {
   }
 }
 
+// --checkpoint-activations under DDP on 2 ranks (gradients arriving from a
+// backward inside the backward), also with the sharded optimizer: the plain
+// run's weights bit for bit.
+TEST(ActivationCheckpointCliTest, DdpGivesThePlainWeightsBitForBit) {
+  expect_same_weights({"--nproc-per-node 2", "--nproc-per-node 2 --checkpoint-activations 3",
+                       "--nproc-per-node 2 --checkpoint-activations 2 --shard-optimizer"},
+                      "--model convnet", 0.0, "--model convnet --momentum 0.5");
+}
+
 // Its checkpoints hold the whole state, gathered from the ranks at every
 // save (--checkpoint-every's and the last): 2 sharded ranks stopped at step
 // 10 resume in one process without sharding, or sharded on 4 ranks, and end

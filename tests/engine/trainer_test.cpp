@@ -244,6 +244,52 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   refused(bad, "--grad-accum does not go with --strategy pipeline");
 }
 
+// --checkpoint-activations N: the same run bit for bit (the recomputed
+// segments do the same arithmetic, and BatchNorm's statistics are updated
+// once), plainly, through DataParallel and with --grad-accum; refused by
+// name where it cannot work.
+TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.max_steps = 4;
+  o.dtype = "float64";
+  for (const char* strategy : {"auto", "dp"}) {
+    for (int64_t accum : {1, 2}) {
+      auto plain_options = o;
+      plain_options.strategy = strategy;
+      if (plain_options.strategy == "dp") plain_options.devices = "cpu,cpu";
+      plain_options.grad_accum = accum;
+      auto checkpointed_options = plain_options;
+      checkpointed_options.checkpoint_activations = 3;
+      Trainer plain(plain_options, nullptr), checkpointed(checkpointed_options, nullptr);
+      auto a = plain.run(), b = checkpointed.run();
+      SCOPED_TRACE(std::string("--strategy ") + strategy + " --grad-accum " + std::to_string(accum));
+      expect_equal_states(state_of(plain), state_of(checkpointed));
+      EXPECT_EQ(a.epochs.back().train_loss, b.epochs.back().train_loss);
+    }
+  }
+  auto refused = [&](TrainOptions bad, const std::string& why) {
+    try {
+      Trainer t(bad, nullptr);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  auto bad = o;
+  bad.checkpoint_activations = 13;
+  refused(bad, "--checkpoint-activations 13: convnet has 12 top-level layers to cut into segments");
+  bad.checkpoint_activations = -1;
+  refused(bad, "--checkpoint-activations: expected a number of segments >= 0 (0: off), got -1");
+  bad.checkpoint_activations = 2;
+  bad.sync_bn = true;
+  refused(bad, "--checkpoint-activations does not go with --sync-bn");
+  bad.sync_bn = false;
+  bad.strategy = "pipeline";
+  bad.devices = "cpu,cpu";
+  refused(bad, "--checkpoint-activations does not work with --strategy pipeline yet");
+}
+
 // --shard-optimizer in one process: one rank owns the whole state, and the
 // run is the plain one bit for bit (the sharded ranks: ShardedOptimizerCliTest).
 // It needs data-parallel ranks: the one-process strategies are refused.

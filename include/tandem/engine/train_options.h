@@ -44,6 +44,7 @@ struct TrainOptions {
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
   int64_t grad_accum = 1;       // chunks each rank's batch is passed in before one step
   double clip_grad_norm = 0.0;  // global gradient 2-norm limit (optim/clip.h); 0: off
+  int64_t checkpoint_activations = 0;  // segments recomputed in backward (models/activation_checkpoint.h); 0: off
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
   std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp | pipeline
