@@ -308,7 +308,10 @@ TrainResult Trainer::run() {
                static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
   }
   if (o.clip_grad_norm > 0) say(format("gradients clipped to a global 2-norm of %g", o.clip_grad_norm));
-  if (o.checkpoint_activations > 0) {
+  if (o.checkpoint_activations > 0 && pipeline_) {
+    say("activation checkpointing: every stage keeps only its micro-batches' inputs and recomputes "
+        "its forward before their backward (GPipe's re-materialization)");
+  } else if (o.checkpoint_activations > 0) {
     std::string sizes;
     for (auto n : model_->checkpointed_segments()) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
     say(format("activation checkpointing: the top-level layers in segments of %s; all but the last "

@@ -191,8 +191,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
                ">= 0 (0: off), got ", o.checkpoint_activations);
   if (o.checkpoint_activations > 0) {
-    TANDEM_CHECK(o.strategy != "pipeline", "--checkpoint-activations does not work with --strategy "
-                 "pipeline yet (its stages are cut from the model before the segments would be)");
+    TANDEM_CHECK(o.strategy != "pipeline" || o.checkpoint_activations == 1, "--checkpoint-activations ",
+                 o.checkpoint_activations, ": with --strategy pipeline every stage is recomputed whole "
+                 "(GPipe's re-materialization); give --checkpoint-activations 1");
     TANDEM_CHECK(!o.sync_bn, "--checkpoint-activations does not go with --sync-bn: the recomputed "
                  "forward would reduce BatchNorm statistics over the ranks again, out of step with "
                  "backward's gradient reductions");
@@ -201,7 +202,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     const auto layers = static_cast<int64_t>(model_->size());
     TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
-    model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
+    // A pipeline's stages recompute themselves (make_pipeline).
+    if (o.strategy != "pipeline") model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
   }
   TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
                "runs only on CUDA devices), got --device ", o.device);
@@ -271,8 +273,9 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
     how = "balanced by measured time";
   }
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
-  pipeline_ = std::make_unique<parallel::Pipeline>(
-      model_, sizes, devices, parallel::PipelineOptions{o.micro_batches, o.schedule, amp_});
+  parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
+  pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
+  pipeline_ = std::make_unique<parallel::Pipeline>(model_, sizes, devices, pipeline_options);
   device_ = devices.back();  // outputs, targets and the loss live on the last stage
 }
 

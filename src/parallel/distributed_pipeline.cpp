@@ -118,6 +118,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
   job.links = &links;
   job.origin = std::chrono::steady_clock::now();
   job.autocast = options_.autocast;
+  job.recompute = options_.recompute;
   auto cut = [&](const torch::Tensor& t, const char* what) {
     TANDEM_CHECK(t.defined() && t.dim() >= 1, "pipeline stage ", s, ": expected the batch's ",
                  what);

@@ -221,6 +221,7 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
     job.links = links.back().get();
     job.origin = origin;
     job.autocast = options_.autocast;
+    job.recompute = options_.recompute;
   }
   jobs.front().inputs = input.split_with_sizes(sizes);
   auto& last = jobs.back();

@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "tandem/models/activation_checkpoint.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
@@ -74,7 +75,13 @@ StageOutcome run_stage(StageJob& job) {
       }
       auto begin = Clock::now();
       optim::AutocastGuard autocast(job.device.type(), job.autocast);  // forward and loss only
-      auto y = job.module->forward(x);
+      torch::Tensor y;
+      if (job.recompute) {  // only x is kept; the forward runs again before the backward
+        y = models::checkpoint_activations([&job](const torch::Tensor& in) { return job.module->forward(in); },
+                                           x, job.module->buffers());
+      } else {
+        y = job.module->forward(x);
+      }
       torch::Tensor result;
       if (job.last) {
         result = (*job.loss)(y, job.targets.at(i)) * job.weights.at(i);

@@ -38,6 +38,7 @@ struct StageJob {
   const PipelineLoss* loss = nullptr;  // last stage
   const LossScale* scale = nullptr;    // last stage; null or empty: backward from the loss
   std::optional<torch::ScalarType> autocast;  // forward and loss under autocast
+  bool recompute = false;                     // PipelineOptions::recompute
   StageLinks* links = nullptr;
   std::chrono::steady_clock::time_point origin;  // the step's start
 };

@@ -73,6 +73,11 @@ struct PipelineOptions {
   // gradient polls for it, yielding between polls, before it sleeps (Note
   // [spinning hand-offs] in src/parallel/pipeline.cpp). 0: sleep at once.
   std::chrono::microseconds spin{1000};
+  // GPipe's re-materialization: each stage keeps only its micro-batches'
+  // inputs, not their activations, and runs a micro-batch's forward again
+  // just before its backward (models::checkpoint_activations; the same
+  // gradients, for one more forward per micro-batch and stage).
+  bool recompute = false;
 };
 
 // One micro-batch's loss: the mean over its rows (e.g. cross-entropy).
