@@ -19,9 +19,10 @@
 // waited for, with no packing or unpacking; a parameter that is not dense
 // (none of tandem's models has one) goes through a coalesced broadcast.
 // Construct it after the model has its final device, dtype and memory
-// format: moving the model later replaces the views. The update of each parameter is Sgd's own arithmetic on the
-// same inputs, so the weights are bit-identical to Sgd's on every rank
-// (tests/optim/zero_test.cpp); a rank holds about 1/W of the state.
+// format: moving the model later replaces the views. The update of each
+// parameter is Sgd's own arithmetic on the same inputs, so the weights are
+// bit-identical to Sgd's on every rank (tests/optim/zero_test.cpp); a rank
+// holds about 1/W of the state.
 // The price is communication: the broadcasts move the parameters once more
 // per step (all-reduce plus broadcast: about 1.5 times DDP's bytes), the
 // trade PyTorch's ZeroRedundancyOptimizer makes too.
