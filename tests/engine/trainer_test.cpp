@@ -246,8 +246,8 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
 
 // --checkpoint-activations N: the same run bit for bit (the recomputed
 // segments do the same arithmetic, and BatchNorm's statistics are updated
-// once), plainly, through DataParallel and with --grad-accum; refused by
-// name where it cannot work.
+// once), plainly, through DataParallel, with --grad-accum, under --amp bf16
+// and in pipelines; refused by name where it cannot work.
 TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   auto o = small_run(data_.path());
   o.epochs = 1;
@@ -267,6 +267,18 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
       expect_equal_states(state_of(plain), state_of(checkpointed));
       EXPECT_EQ(a.epochs.back().train_loss, b.epochs.back().train_loss);
     }
+  }
+  {  // under bf16 autocast (float32 parameters): the recomputation autocasts as the forward did
+    auto plain_options = o;
+    plain_options.dtype = "float32";
+    plain_options.amp = "bf16";
+    auto checkpointed_options = plain_options;
+    checkpointed_options.checkpoint_activations = 3;
+    Trainer plain(plain_options, nullptr), checkpointed(checkpointed_options, nullptr);
+    plain.run();
+    checkpointed.run();
+    SCOPED_TRACE("--amp bf16");
+    expect_equal_states(state_of(plain), state_of(checkpointed));
   }
   auto refused = [&](TrainOptions bad, const std::string& why) {
     try {
