@@ -29,4 +29,8 @@ run_case() {
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null), threads: default"
 run_case "convnet, Fashion-MNIST, batch 256" --model convnet --data fashion-mnist --batch 256 --steps 20 --rounds 3
+# Activation checkpointing: tandem's Sequence segments against checkpoint_sequential
+# (use_reentrant=False) over the same 12 layers, 3 segments (4 + 4 recomputed).
+run_case "convnet, Fashion-MNIST, 256, checkpointed (3)" --model convnet --data fashion-mnist --batch 256 --steps 20 --rounds 3 \
+  --checkpoint-activations 3
 run_case "resnet18 (CIFAR stem), random 3x32, batch 256" --model resnet18 --data random:3x32 --batch 256 --steps 2 --warmup 1 --rounds 1

@@ -25,6 +25,7 @@
 #include "tandem/dist/rendezvous.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/optim/sgd.h"
@@ -38,7 +39,7 @@ using namespace tandem;
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
   std::string model_name = "convnet", data_spec = "fashion-mnist", device_text = "cpu";
-  int64_t batch = 256, steps = 30, warmup = 5, rounds = 3;
+  int64_t batch = 256, steps = 30, warmup = 5, rounds = 3, checkpoint_segments = 0;
   std::string amp = "off";
   bool channels_last = false, cudnn_benchmark = false, cuda_graph = false, use_ddp = false;
   cli::FlagSet flags("train_throughput", "Training-step throughput of one model.");
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   flags.add_int("rounds", "N", &rounds, "rounds (one JSON line each)", 1);
   flags.add_choice("amp", &amp, {"off", "bf16"}, "autocast forward and loss to bf16");
   flags.add_switch("channels-last", &channels_last, "NHWC weights and inputs");
+  flags.add_int("checkpoint-activations", "N", &checkpoint_segments,
+                "the model's top-level layers in N segments, all but the last recomputed in "
+                "backward (models/activation_checkpoint.h; 0: off)", 0);
   flags.add_switch("cudnn-benchmark", &cudnn_benchmark,
                    "cuDNN times its convolution algorithms per shape (torch.backends.cudnn.benchmark)");
   flags.add_switch("cuda-graph", &cuda_graph, "replay the step as a CUDA graph (engine/cuda_graph.h)");
@@ -88,6 +92,9 @@ int main(int argc, char** argv) {
     model->to(device);
     model->train();
     if (channels_last) models::to_channels_last(*model);
+    if (checkpoint_segments > 0) {
+      model->checkpoint_segments(models::plan_segments(static_cast<int64_t>(model->size()), checkpoint_segments));
+    }
     auto format = channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
     if (fixed_inputs.defined()) {
       fixed_inputs = fixed_inputs.to(device).contiguous(format);

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
@@ -53,6 +54,11 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--amp", choices=["off", "bf16"], default="off")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--checkpoint-activations", type=int, default=0,
+                   help="torch.utils.checkpoint.checkpoint_sequential over N segments (convnet only: "
+                        "an nn.Sequential of the same top-level layers as tandem's; "
+                        "use_reentrant=False, as PyTorch advises: the reentrant form leaves the "
+                        "first segment's parameters without gradients when the input needs none)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the stretch peer)")
     a = p.parse_args()
@@ -92,6 +98,12 @@ def main():
         fixed_x, fixed_y = fixed_x.to(device).contiguous(memory_format=fmt), fixed_y.to(device)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     forward = torch.compile(model) if a.compile else model
+    if a.checkpoint_activations:
+        if not isinstance(model, nn.Sequential):
+            raise SystemExit("--checkpoint-activations: the peer's model must be an nn.Sequential (convnet)")
+        segments = a.checkpoint_activations
+        forward = lambda x: torch.utils.checkpoint.checkpoint_sequential(  # noqa: E731
+            model, segments, x, use_reentrant=False)
     autocast_dtype = torch.bfloat16 if a.amp == "bf16" else None
     order = torch.randperm(images.shape[0] if images is not None else a.batch)
     cursor = 0
