@@ -58,7 +58,7 @@ def main():
                    help="torch.utils.checkpoint.checkpoint_sequential over N segments (convnet only: "
                         "an nn.Sequential of the same top-level layers as tandem's; "
                         "use_reentrant=False, as PyTorch advises: the reentrant form leaves the "
-                        "first segment's parameters without gradients when the input needs none)")
+                        "checkpointed segments' parameters without gradients when the input needs none)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the stretch peer)")
     a = p.parse_args()

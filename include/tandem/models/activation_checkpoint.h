@@ -19,9 +19,10 @@
 //    recomputation, which would otherwise update them twice.
 //  - The output requires grad even when the input does not (the first
 //    segment, fed the data): an empty anchor tensor that requires grad is
-//    an input too, so backward still reaches the parameters. Without it the
-//    first segment's parameters would get no gradient (PyTorch's reentrant
-//    checkpoint warns of exactly that).
+//    an input too, so backward still reaches the parameters. Without it no
+//    checkpointed segment would get gradients, since each one's input comes
+//    from the one before (PyTorch's reentrant checkpoint warns of exactly
+//    that).
 //  - A segment that talks to other ranks in its forward (SyncBatchNorm)
 //    would do so again, out of order with the backward's reductions: the
 //    trainer refuses --checkpoint-activations with --sync-bn.
