@@ -372,9 +372,8 @@ TrainResult Trainer::run() {
   }
 
   // --profile-out: a Chrome trace of the steps of --profile-steps.
-  auto profile_options = parse_profile_steps(o.profile_steps);
-  profile_options.path = o.profile_out;
-  StepProfiler profiler(profile_options, rank_);
+  auto& profiler = *profiler_;
+  const auto& profile_options = profiler.options();
   if (profiler.enabled()) {
     say(format("profiling steps %lld to %lld into %s", static_cast<long long>(profile_options.first),
                static_cast<long long>(profile_options.last - 1), profiler.path().c_str()));

@@ -12,7 +12,6 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/rendezvous.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/profile.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
@@ -49,7 +48,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
-  parse_profile_steps(o.profile_steps);  // a bad window is an error before anything runs
+  auto profile_options = parse_profile_steps(o.profile_steps);  // a bad window: before anything runs
+  profile_options.path = o.profile_out;
   TANDEM_CHECK(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
                "--profile-steps goes with --profile-out");
   TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
@@ -121,6 +121,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
                "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
   if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
+  // --profile-out: its folder is checked now, before the data are opened.
+  profiler_ = std::make_unique<StepProfiler>(profile_options, rank_);
 
   data::DataOptions data_options;
   data_options.augment = o.augment;

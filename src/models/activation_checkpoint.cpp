@@ -84,8 +84,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     }
     ctx->save_for_backward({input});
     ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
-    torch::NoGradGuard no_grad;  // Function::apply runs forward without a graph; stated, not relied on
-    return segment->fn(input);
+    return segment->fn(input);  // Function::apply runs it with grad mode off: no graph, no activations
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -140,16 +140,21 @@ torch::Tensor ZeroSgd::step(LossClosure closure) {
   return loss;
 }
 
+std::vector<torch::Tensor> ZeroSgd::all_parameters() const {
+  std::vector<torch::Tensor> params;
+  for (const auto& g : param_groups_) {
+    for (const auto& p : g.params()) params.push_back(p);
+  }
+  return params;
+}
+
 void ZeroSgd::consolidate_state() {
   if (world_ == 1) {
     consolidated_ = true;
     return;
   }
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> params;
-  for (const auto& g : param_groups_) {
-    for (const auto& p : g.params()) params.push_back(p);
-  }
+  const auto params = all_parameters();
   // Which parameters have a momentum buffer: each owner says for its own
   // (one flag per parameter, summed over the ranks). NCCL takes CUDA tensors only.
   auto flag_device = group_->backend() == "nccl" && !params.empty() ? params.front().device() : torch::kCPU;
@@ -179,10 +184,8 @@ void ZeroSgd::consolidate_state() {
 }
 
 void ZeroSgd::shard_state() {
-  for (const auto& g : param_groups_) {
-    for (const auto& p : g.params()) {
-      if (owner(p) != rank_) state_.erase(p.unsafeGetTensorImpl());
-    }
+  for (const auto& p : all_parameters()) {
+    if (owner(p) != rank_) state_.erase(p.unsafeGetTensorImpl());
   }
   consolidated_ = false;
 }

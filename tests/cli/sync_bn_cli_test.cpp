@@ -131,6 +131,20 @@ TEST(GradAccumCliTest, ChunksOnSeveralRanksGiveOneProcesssWeights) {
                       "--model mlp --dtype float64");
 }
 
+// Trains `first_half` (flags after `model`) for 10 steps with checkpoints in
+// `dir`/`checkpoints` (that run's weights in first-half.safetensors), then
+// resumes it to step 20 with `resume` instead, exporting `name`; returns the
+// resumed run (its output with --progress lines).
+testing::CommandResult resume_after_ten_steps(const TempDir& dir, const std::string& model,
+                                              const std::string& first_half, const std::string& resume,
+                                              const std::string& checkpoints, const std::string& name) {
+  train_and_export(dir, model + first_half + " --max-steps 10 --checkpoint-dir " + dir.file(checkpoints),
+                   "first-half.safetensors");
+  return run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 20 "
+                    "--lr 0.05 --progress lines --resume --checkpoint-dir " + dir.file(checkpoints) + " " +
+                    resume + " --export-weights " + dir.file(name));
+}
+
 // Note [resuming on another world size]: 2 ranks stopped after 10 steps,
 // then resumed in one process or on 4 ranks, end where 20 uninterrupted
 // steps on 2 ranks do (float64: to rounding). A checkpoint whose global
@@ -142,13 +156,8 @@ TEST(ResumeCliTest, ACheckpointResumesOnAnotherWorldSize) {
   train_and_export(dir, model + "--nproc-per-node 2", "whole.safetensors");
   std::vector<std::pair<std::string, std::string>> resumed;
   for (const char* ranks : {"0", "4"}) {
-    const std::string checkpoints = dir.file(std::string("ckpt-") + ranks);
-    train_and_export(dir, model + "--nproc-per-node 2 --max-steps 10 --checkpoint-dir " + checkpoints,
-                     "first-half.safetensors");
-    auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 20 "
-                        "--lr 0.05 --progress lines --resume --checkpoint-dir " + checkpoints +
-                        " --nproc-per-node " + ranks + " --export-weights " +
-                        dir.file(std::string("resumed-") + ranks + ".safetensors"));
+    auto r = resume_after_ten_steps(dir, model, "--nproc-per-node 2", std::string("--nproc-per-node ") + ranks,
+                                    std::string("ckpt-") + ranks, std::string("resumed-") + ranks + ".safetensors");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::string world = std::string(ranks) == "0" ? "1" : ranks;
     EXPECT_NE(r.output.find("the checkpoint was written by a run of 2 rank(s); resuming on " + world),
@@ -200,13 +209,9 @@ TEST(ShardedOptimizerCliTest, CheckpointsHoldTheWholeStateAndResumeEitherWay) {
   train_and_export(dir, model + "--nproc-per-node 2 --shard-optimizer", "whole.safetensors");
   std::vector<std::pair<std::string, std::string>> resumed;
   for (const std::string how : {"--nproc-per-node 0", "--nproc-per-node 4 --shard-optimizer"}) {
-    const std::string checkpoints = dir.file("ckpt-" + std::to_string(resumed.size()));
-    train_and_export(dir, model + "--nproc-per-node 2 --shard-optimizer --max-steps 10 --checkpoint-every 4 "
-                     "--checkpoint-dir " + checkpoints, "first-half.safetensors");
     const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
-    auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 20 "
-                        "--lr 0.05 --progress lines --resume --checkpoint-dir " + checkpoints + " " + how +
-                        " --export-weights " + dir.file(name));
+    auto r = resume_after_ten_steps(dir, model, "--nproc-per-node 2 --shard-optimizer --checkpoint-every 4", how,
+                                    "ckpt-" + std::to_string(resumed.size()), name);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;

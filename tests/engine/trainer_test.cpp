@@ -57,6 +57,16 @@ void expect_equal_states(const std::vector<std::pair<std::string, torch::Tensor>
   }
 }
 
+// Options the Trainer refuses when constructed, with a message containing `why`.
+void refused(const TrainOptions& bad, const std::string& why) {
+  try {
+    Trainer t(bad, nullptr);
+    ADD_FAILURE() << "accepted: " << why;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 // The names of the files in `dir`, sorted.
 std::vector<std::string> file_names(const std::string& dir) {
   std::vector<std::string> names;
@@ -225,14 +235,6 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   control.run();
   EXPECT_GT(worst_relative_difference(state_of(whole), state_of(control)), 1e-3);
 
-  auto refused = [&](TrainOptions bad, const std::string& why) {
-    try {
-      Trainer t(bad, nullptr);
-      ADD_FAILURE() << "accepted: " << why;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  };
   auto bad = o;
   bad.grad_accum = 65;
   refused(bad, "--grad-accum 65: more chunks than the 64 samples each rank takes a step");
@@ -280,14 +282,6 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
     SCOPED_TRACE("--amp bf16");
     expect_equal_states(state_of(plain), state_of(checkpointed));
   }
-  auto refused = [&](TrainOptions bad, const std::string& why) {
-    try {
-      Trainer t(bad, nullptr);
-      ADD_FAILURE() << "accepted: " << why;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  };
   auto bad = o;
   bad.checkpoint_activations = 13;
   refused(bad, "--checkpoint-activations 13: convnet has 12 top-level layers to cut into segments");
@@ -336,15 +330,8 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
     auto bad = sharded_options;
     bad.strategy = strategy;
     if (bad.strategy != "none") bad.devices = "cpu,cpu";
-    try {
-      Trainer t(bad, nullptr);
-      ADD_FAILURE() << "accepted --shard-optimizer with --strategy " << strategy;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--shard-optimizer shards the optimizer state over data-parallel "
-                                           "ranks (--strategy auto, ddp or allreduce); it does not work with "
-                                           "--strategy " + std::string(strategy)),
-                std::string::npos) << e.what();
-    }
+    refused(bad, "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy auto, "
+                 "ddp or allreduce); it does not work with --strategy " + std::string(strategy));
   }
 }
 
@@ -402,14 +389,6 @@ TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
   Trainer(early, nullptr).run();
   EXPECT_FALSE(std::filesystem::exists(early.profile_out));
 
-  auto refused = [&](TrainOptions bad, const std::string& why) {
-    try {
-      Trainer(bad, nullptr).run();
-      ADD_FAILURE() << "accepted: " << why;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  };
   for (const char* window : {"3:3", "4:2", "-1:2", "5", "a:b", "2:"}) {
     auto bad = o;
     bad.profile_steps = window;

@@ -16,18 +16,12 @@
 #include "tandem/models/registry.h"
 #include "tandem/models/sequence.h"
 #include "tandem/util/check.h"
+#include "testing.h"
 
 namespace tandem::models {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(PlanSegmentsTest, AsEvenAsPossibleTheFirstOnesLonger) {
   EXPECT_EQ(plan_segments(12, 3), (std::vector<int64_t>{4, 4, 4}));

@@ -55,6 +55,7 @@ class StepProfiler {
   // Writes the trace if one is open. Returns the file written, or "".
   std::string finish();
   bool enabled() const { return !path_.empty(); }
+  const ProfileOptions& options() const { return options_; }
   const std::string& path() const { return path_; }
 
  private:

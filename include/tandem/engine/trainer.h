@@ -20,6 +20,7 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
+#include "tandem/engine/profile.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
 #include "tandem/optim/grad_scaler.h"
@@ -107,6 +108,7 @@ class Trainer {
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
+  std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   int64_t rank_ = 0, world_ = 1;
 };

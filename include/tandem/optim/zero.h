@@ -99,6 +99,7 @@ class ZeroSgd : public Sgd {
 
  private:
   void plan();
+  std::vector<torch::Tensor> all_parameters() const;  // every group's, in order
 
   std::shared_ptr<dist::ProcessGroup> group_;
   int64_t rank_ = 0, world_ = 1;
