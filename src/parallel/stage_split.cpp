@@ -94,8 +94,12 @@ std::vector<double> parameter_costs(const models::Sequence& model) {
 }
 
 std::vector<double> measured_costs(const models::Sequence& model, const torch::Tensor& sample,
-                                   int64_t repeats) {
-  TANDEM_CHECK(repeats >= 1, "measured_costs: expected at least one repeat, got ", repeats);
+                                   const MeasureOptions& options) {
+  TANDEM_CHECK(options.min_repeats >= 1 && options.min_repeats <= options.max_repeats,
+               "measured_costs: expected 1 <= min_repeats <= max_repeats, got ",
+               options.min_repeats, " and ", options.max_repeats);
+  TANDEM_CHECK(options.budget_seconds >= 0, "measured_costs: expected a budget >= 0 seconds, got ",
+               options.budget_seconds);
   auto copy = std::dynamic_pointer_cast<models::SequenceImpl>(model->clone(sample.device()));
   const size_t n = copy->size();
   std::vector<std::vector<double>> seconds(n);
@@ -111,7 +115,13 @@ std::vector<double> measured_costs(const models::Sequence& model, const torch::T
     for (const auto& p : copy->at(i - 1).ptr()->parameters()) before = before || p.requires_grad();
     input_needs_grad[i] = before;
   }
-  for (int64_t r = 0; r <= repeats; ++r) {  // the first pass warms up
+  Stopwatch timed;  // restarted after the warm-up pass
+  for (int64_t r = 0;; ++r) {  // the first pass warms up
+    if (r == 1) timed = Stopwatch();
+    if (r > options.min_repeats &&
+        (r > options.max_repeats || timed.seconds() >= options.budget_seconds)) {
+      break;
+    }
     torch::Tensor x = sample;
     for (size_t i = 0; i < n; ++i) {
       x = x.detach();
@@ -128,7 +138,9 @@ std::vector<double> measured_costs(const models::Sequence& model, const torch::T
   // The least time of each child: other work on the machine only ever adds
   // to a measurement, and a median of three still takes two passes that it
   // hit (as on a loaded CI machine, where conv1 once measured as heavier
-  // than the rest of convnet together).
+  // than the rest of convnet together). Even the least of three passes was
+  // hit once (CI, 2026-11-25: conv1 put alone in stage 0, which then idled
+  // 81% of the time), hence the extra passes a cheap model gets.
   std::vector<double> costs;
   for (auto& s : seconds) costs.push_back(*std::min_element(s.begin(), s.end()));
   return costs;

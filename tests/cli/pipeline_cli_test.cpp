@@ -21,8 +21,12 @@ TEST_P(PipelineCliTest, ConvnetOnFashionMnistOverTwoCpuStages) {
                       GetParam() + " --data fashion-mnist --model convnet --epochs 1 "
                       "--progress lines --metrics-out " + dir.file("m.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("pipeline over cpu,cpu in one process: stages conv1.."), std::string::npos)
+  // Where the time balance cuts depends on the machine's timings; that it
+  // cuts and says so does not.
+  EXPECT_NE(r.output.find("pipeline over cpu,cpu in one process: stages conv1"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find(" | "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fc2 (balanced by measured time)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("4 micro-batches, " + GetParam() + " schedule"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("pipeline: stage idle share "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("cpu,cpu (pipeline, one process)"), std::string::npos) << r.output;

@@ -140,7 +140,7 @@ TEST(StageSplitTest, CostsByParametersAndByTime) {
   EXPECT_EQ(parameter_costs(net), (std::vector<double>{40, 0, 0, 0, 64 * 16 + 16, 0, 16 * 5 + 5}));
   // Measuring runs a copy: the model's weights, gradients and mode are untouched.
   auto before = copy_of(net);
-  auto costs = measured_costs(net, torch::randn({8, 1, 8, 8}), 2);
+  auto costs = measured_costs(net, torch::randn({8, 1, 8, 8}), {2, 2, 0.0});
   ASSERT_EQ(costs.size(), net->size());
   for (double c : costs) EXPECT_GE(c, 0.0);
   for (const auto& p : net->named_parameters()) {
@@ -174,7 +174,7 @@ TEST(StageSplitTest, MeasuredCostsAskForInputGradientsAsTrainingDoes) {
   net->push_back("probe2", GradProbe(second));
   net->push_back("fc", nn::Linear(16, 4));
   net->push_back("probe3", GradProbe(third));
-  auto costs = measured_costs(net, torch::randn({2, 1, 4, 4}), 2);
+  auto costs = measured_costs(net, torch::randn({2, 1, 4, 4}), {2, 2, 0.0});
   ASSERT_EQ(costs.size(), 5u);
   EXPECT_EQ(*first, (std::vector<bool>{false, false, false}));  // a warm-up pass and two timed
   EXPECT_EQ(*second, (std::vector<bool>{false, false, false}));
@@ -198,9 +198,46 @@ TORCH_MODULE(SlowTwice);
 TEST(StageSplitTest, MeasuredCostsKeepTheFastestPass) {
   models::Sequence net;
   net->push_back("slow", SlowTwice(std::make_shared<int>(0)));
-  auto costs = measured_costs(net, torch::randn({2, 3}), 2);
+  auto costs = measured_costs(net, torch::randn({2, 3}), {2, 2, 0.0});
   ASSERT_EQ(costs.size(), 1u);
   EXPECT_LT(costs[0], 0.1);
+}
+
+// Counts its forwards; the count is shared by clones.
+struct CountCallsImpl : torch::nn::Cloneable<CountCallsImpl> {
+  explicit CountCallsImpl(std::shared_ptr<int> calls) : calls(std::move(calls)) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++*calls;
+    return x * 1;
+  }
+  std::shared_ptr<int> calls;
+};
+TORCH_MODULE(CountCalls);
+
+// A cheap model gets passes up to max_repeats while the budget lasts; with
+// no budget it gets min_repeats; bad counts are named.
+TEST(StageSplitTest, MeasuredCostsRepeatWhileTheBudgetLasts) {
+  auto calls = std::make_shared<int>(0);
+  models::Sequence net;
+  net->push_back("count", CountCalls(calls));
+  measured_costs(net, torch::randn({2, 3}), {2, 6, 60.0});
+  EXPECT_EQ(*calls, 1 + 6);  // the warm-up and max_repeats timed passes
+  *calls = 0;
+  measured_costs(net, torch::randn({2, 3}), {2, 6, 0.0});
+  EXPECT_EQ(*calls, 1 + 2);
+  *calls = 0;
+  measured_costs(net, torch::randn({2, 3}));  // the defaults: 20 passes of a cheap model
+  EXPECT_EQ(*calls, 1 + MeasureOptions{}.max_repeats);
+  EXPECT_NE(error_of([&] { measured_costs(net, torch::randn({2, 3}), {0, 6, 1.0}); })
+                .find("expected 1 <= min_repeats <= max_repeats, got 0 and 6"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { measured_costs(net, torch::randn({2, 3}), {3, 2, 1.0}); })
+                .find("expected 1 <= min_repeats <= max_repeats, got 3 and 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { measured_costs(net, torch::randn({2, 3}), {1, 2, -1.0}); })
+                .find("expected a budget >= 0 seconds, got -1"),
+            std::string::npos);
 }
 
 TEST(StageSplitTest, StagesShareTheModelsParameters) {

@@ -42,12 +42,25 @@ std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t st
 
 std::vector<double> parameter_costs(const models::Sequence& model);
 
-// The least over `repeats` of each child's forward plus backward time on
-// `sample` (in seconds), measured on a clone of `model` on sample's device.
-// As in training, the backward computes a gradient for a child's input only
-// when a child before it has trainable parameters (none for the data).
+// How many timed passes measured_costs makes: at least min_repeats, then
+// more while the passes so far took less than budget_seconds, up to
+// max_repeats. A cheap model thus gets many passes (a layer's least time
+// over twenty is far less likely to have been hit by other work on a
+// loaded machine than its least over three) and a costly one few.
+struct MeasureOptions {
+  int64_t min_repeats = 3;
+  int64_t max_repeats = 20;
+  double budget_seconds = 1.0;
+};
+
+// The least over the timed passes of each child's forward plus backward
+// time on `sample` (in seconds), measured on a clone of `model` on sample's
+// device, after one untimed pass. As in training, the backward computes a
+// gradient for a child's input only when a child before it has trainable
+// parameters (none for the data). Throws tandem::Error unless 1 <=
+// min_repeats <= max_repeats and budget_seconds >= 0.
 std::vector<double> measured_costs(const models::Sequence& model, const torch::Tensor& sample,
-                                   int64_t repeats = 3);
+                                   const MeasureOptions& options = {});
 
 // The stages' modules: stage s holds the next sizes[s] children of `model`
 // under their own names (shared, not copied). Throws unless the sizes are
