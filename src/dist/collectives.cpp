@@ -1,10 +1,14 @@
 #include "tandem/dist/collectives.h"
 
+#include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 
 #include <torch/torch.h>
+
+#include "tandem/util/check.h"
 
 namespace tandem::dist {
 
@@ -88,6 +92,27 @@ void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t ro
 
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
   broadcast_coalesced(module.buffers(), group, root);
+}
+
+void check_same_parameters(torch::nn::Module& module, ProcessGroup& group, const std::string& who) {
+  std::ostringstream text;
+  for (const auto& p : module.named_parameters()) text << p.key() << p.value().sizes() << ";";
+  // On the parameters' device: NCCL takes CUDA tensors only.
+  torch::Device device = torch::kCPU;
+  for (const auto& p : module.parameters()) {
+    device = p.device();
+    break;
+  }
+  auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  auto mine = torch::tensor({static_cast<int64_t>(std::hash<std::string>{}(text.str()) >> 1)}, options);
+  std::vector<torch::Tensor> all(group.size());
+  for (auto& t : all) t = torch::empty({1}, options);
+  group.all_gather(all, mine).wait();
+  for (int64_t r = 0; r < group.size(); ++r) {
+    TANDEM_CHECK(torch::equal(all[r], all[0]), who, ": rank ", r,
+                 " has different parameters (names or shapes) from rank 0; every rank must "
+                 "build the same model");
+  }
 }
 
 }  // namespace tandem::dist

@@ -11,7 +11,8 @@
 
 namespace tandem::optim {
 
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
+                             dist::ProcessGroup* sharded_over) {
   TANDEM_CHECK(std::isfinite(max_norm) && max_norm > 0,
                "clip_grad_norm: expected a positive finite max_norm, got ", max_norm);
   // Gradients of one device and dtype: one foreach call each.
@@ -30,14 +31,26 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
     if (it == groups.end()) it = groups.insert(groups.end(), Group{grad.device(), grad.scalar_type(), {}});
     it->grads.push_back(grad);
   }
-  if (groups.empty()) return torch::zeros({});
+  const bool sharded = sharded_over != nullptr && sharded_over->size() > 1;
+  if (groups.empty() && !sharded) return torch::zeros({});
 
-  const torch::Device first = groups.front().device;
+  const torch::Device first = groups.empty() ? torch::Device(torch::kCPU) : groups.front().device;
   std::vector<torch::Tensor> partial;  // each group's norm, on the first device
   for (const auto& g : groups) {
     partial.push_back(torch::linalg_vector_norm(torch::stack(at::_foreach_norm(g.grads, 2)), 2).to(first));
   }
-  auto total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
+  torch::Tensor total;
+  if (partial.empty()) {
+    total = torch::zeros({});
+  } else {
+    total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
+  }
+  if (sharded) {  // the whole gradient's norm from every rank's part (a collective)
+    auto squares = (total * total).reshape({1});
+    sharded_over->all_reduce(squares).wait();
+    total = squares.reshape({}).sqrt();
+  }
+  if (groups.empty()) return total;
   auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (auto& g : groups) at::_foreach_mul_(g.grads, coefficient.to(g.device));
   return total;

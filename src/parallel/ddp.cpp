@@ -1,8 +1,6 @@
 #include "tandem/parallel/ddp.h"
 
 #include <algorithm>
-#include <functional>
-#include <sstream>
 #include <unordered_set>
 
 #include <c10/core/StreamGuard.h>
@@ -32,29 +30,6 @@ struct GradientReadyHook : torch::autograd::FunctionPostHook {
 
 std::string kind_of(const torch::Tensor& t) {
   return std::string(c10::toString(t.scalar_type())) + " " + t.device().str();
-}
-
-// Every rank must hold the same parameters: compare a hash of the names and
-// shapes, all-gathered.
-void check_same_parameters(torch::nn::Module& module, dist::ProcessGroup& group) {
-  std::ostringstream text;
-  for (const auto& p : module.named_parameters()) text << p.key() << p.value().sizes() << ";";
-  // On the parameters' device: NCCL takes CUDA tensors only.
-  torch::Device device = torch::kCPU;
-  for (const auto& p : module.parameters()) {
-    device = p.device();
-    break;
-  }
-  auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  auto mine = torch::tensor({static_cast<int64_t>(std::hash<std::string>{}(text.str()) >> 1)}, options);
-  std::vector<torch::Tensor> all(group.size());
-  for (auto& t : all) t = torch::empty({1}, options);
-  group.all_gather(all, mine).wait();
-  for (int64_t r = 0; r < group.size(); ++r) {
-    TANDEM_CHECK(torch::equal(all[r], all[0]), "DistributedDataParallel: rank ", r,
-                 " has different parameters (names or shapes) from rank 0; every rank must "
-                 "build the same model");
-  }
 }
 
 // A tensor over flat[offset, offset + p.numel()) shaped and strided like p
@@ -107,7 +82,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   TANDEM_CHECK(module_ && group_, "DistributedDataParallel: a module and a group are required");
   hook_ = options_.comm_hook ? options_.comm_hook : make_comm_hook("allreduce");
-  check_same_parameters(*module_, *group_);
+  dist::check_same_parameters(*module_, *group_, "DistributedDataParallel");
   dist::broadcast_module(*module_, *group_, 0);
 
   std::vector<ParameterInfo> info;

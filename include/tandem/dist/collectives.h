@@ -1,6 +1,8 @@
 // tandem/dist/collectives.h: collective helpers built on ProcessGroup.
 #pragma once
 
+#include <string>
+
 #include <torch/nn/module.h>
 
 #include "tandem/dist/process_group.h"
@@ -46,5 +48,10 @@ void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t ro
 // Broadcasts only the buffers (BatchNorm running statistics), as DDP does
 // before every forward pass by default.
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root = 0);
+
+// Every rank must hold the same parameters: a hash of the names and shapes,
+// all-gathered and compared. Throws tandem::Error, prefixed with `who`,
+// naming the first rank that differs from rank 0. A collective.
+void check_same_parameters(torch::nn::Module& module, ProcessGroup& group, const std::string& who);
 
 }  // namespace tandem::dist

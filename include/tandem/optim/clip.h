@@ -21,11 +21,17 @@
 // With DDP, clip after after_backward(): every rank then holds the same
 // averaged gradients and computes the same norm. With the fp16 scaler,
 // unscale first (GradScaler::unscale), or the norm is the scaled one.
+// With FSDP (parallel/fsdp.h) each rank holds a shard of every gradient:
+// pass the group as `sharded_over`, and the squares summed on each rank are
+// all-reduced, so every rank clips with the norm of the whole gradient (a
+// collective then: every rank calls it).
 #pragma once
 
 #include <vector>
 
 #include <torch/types.h>
+
+#include "tandem/dist/process_group.h"
 
 namespace tandem::optim {
 
@@ -33,6 +39,7 @@ namespace tandem::optim {
 // (a 0-dim tensor on the first gradient's device; 0 on the CPU when no
 // parameter has a gradient). Throws tandem::Error unless max_norm is a
 // positive finite number.
-torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
+torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
+                             dist::ProcessGroup* sharded_over = nullptr);
 
 }  // namespace tandem::optim

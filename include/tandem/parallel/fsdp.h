@@ -1,0 +1,180 @@
+// tandem/parallel/fsdp.h: fully sharded data parallelism (ZeRO stage 3;
+// PyTorch's FullyShardedDataParallel) for a models::Sequence.
+//
+//   FullyShardedDataParallel fsdp(model, group);
+//   optim::Sgd optimizer(fsdp.parameters(), options);  // the shards: 1/W of the model
+//   for (...) {
+//     optimizer.zero_grad();
+//     loss = loss_fn(fsdp.forward(x));   // each unit gathered, run, freed
+//     loss.backward();                   // each unit gathered again; gradients reduce-scattered
+//     fsdp.after_backward();             // waits; the shards' gradients are averaged
+//     optimizer.step();                  // steps this rank's shards only
+//   }
+//
+// Note [fully sharded parameters]: the top-level layers of the model are
+// grouped into units (fsdp_plan.h). Each unit's parameters lie in one flat
+// buffer, and each rank keeps only its 1/W slice of it, the shard, which is
+// what the optimizer steps (its momentum is a shard too). The model's own
+// parameter tensors stay (the same objects and names, so autograd's graph
+// and a checkpoint's keys find them), but at rest they hold no elements
+// (shape [0]): outside forward, backward and a FullParams scope their
+// values are not there to be read. In forward, unit by unit: all-gather the
+// shards into the flat buffer, make the parameters aliases of their places
+// in it (their own shapes and strides), run the unit's layers, then release
+// the buffer's memory (reshard_after_forward; otherwise it stays until the
+// unit's backward: ZeRO-2's trade of memory for a collective). Releasing
+// frees the memory of the buffer's storage itself, which the views of the
+// parameters that autograd saved (a Linear's weight.t()) share, so that
+// memory really goes, and gathering again fills the same storage.
+// An identity node on the unit's output gathers the unit again when
+// backward reaches it, before any of the unit's own backward runs. When the
+// last of the unit's parameters has its gradient, the gradients are packed
+// into a flat buffer and reduce-scattered (averaged) into the shard's
+// gradient, and the unit's parameters and gradients are released. So a rank
+// holds 1/W of the parameters, gradients and optimizer state, plus the full
+// parameters and gradients of one or two units at a time.
+//
+// Note [fsdp prefetch]: with prefetch, forward starts unit k + 1's
+// all-gather before it runs unit k, and backward starts unit k - 1's before
+// it runs unit k's backward, so communication overlaps computation (Gloo
+// runs collectives on threads of its own) at the price of two units in
+// memory. Reduce-scatters are started as units complete and waited for in
+// after_backward().
+//
+// Note [fsdp collective order]: ranks must issue collectives in the same
+// order. The all-gathers of forward and backward and the reduce-scatters go
+// through two groups of their own (duplicates of the given one), so they
+// never interleave with each other or with the caller's collectives (the
+// trainer's metrics, SyncBatchNorm); reduce-scatters are launched strictly
+// from the last unit to the first, a complete unit waiting for the ones
+// after it, so a parameter that gets no gradient on one rank cannot reorder
+// them. A unit whose parameters got no gradient at all is reduced in
+// after_backward() with zeros. A gradient that arrives after its unit was
+// reduced (a second backward in one step) is an error.
+//
+// Buffers (BatchNorm statistics) are not sharded; as DDP does, they are
+// broadcast from rank 0 before every forward in training (broadcast_buffers).
+// At construction every rank's parameter names and shapes are compared and
+// parameters and buffers broadcast from rank 0, as DDP does. Every
+// parameter must require a gradient, and a unit's parameters must share one
+// device and dtype. Thread safety: one thread calls forward and
+// after_backward; the hooks run in autograd's thread.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/models/sequence.h"
+#include "tandem/parallel/fsdp_plan.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace tandem::parallel {
+
+struct FsdpOptions {
+  int64_t min_unit_numel = int64_t(1) << 17;  // 131072 parameters (plan_units)
+  bool reshard_after_forward = true;          // false: full parameters kept until backward (ZeRO-2)
+  bool prefetch = true;                       // Note [fsdp prefetch]
+  bool broadcast_buffers = true;              // before every forward in training, from rank 0
+};
+
+class FullyShardedDataParallel {
+ public:
+  // Throws tandem::Error for a parameter without requires_grad, a unit of
+  // mixed devices or dtypes, or ranks whose models differ.
+  FullyShardedDataParallel(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group,
+                           FsdpOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // This rank's shards, one 1-D tensor per unit that has parameters (leaves
+  // that require gradients): what the optimizer steps.
+  const std::vector<torch::Tensor>& parameters() const { return shards_; }
+
+  // The model's forward, unit by unit (a collective: every rank calls it).
+  // In training with gradients enabled, also sets up the backward's gathers
+  // and reductions.
+  torch::Tensor forward(const torch::Tensor& x);
+  // Waits for the reductions; launches those of units whose parameters got
+  // no gradient. The shards' gradients are then the average over the ranks
+  // (added to what they held: gradient accumulation over several backward
+  // passes works without no_sync).
+  void after_backward();
+
+  // While alive, every unit is gathered: the model's parameters hold their
+  // full values (for evaluation outside forward, checkpoints, export). On
+  // destruction, with write_back, the parameters' values (changed, e.g., by
+  // loading a checkpoint) become the shards' again; then the units are
+  // released. A collective: every rank makes and ends it together.
+  class FullParams {
+   public:
+    FullParams(FullyShardedDataParallel& fsdp, bool write_back);
+    ~FullParams();
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    FullyShardedDataParallel& fsdp_;
+    bool write_back_;
+  };
+  FullParams full_params(bool write_back = false) { return FullParams(*this, write_back); }
+
+  // Tensors shaped like the shards (e.g. momentum buffers), one per entry of
+  // parameters(), gathered into tensors shaped and strided like the model's
+  // parameters, in model->parameters() order. A collective.
+  std::vector<torch::Tensor> gather_like_parameters(const std::vector<torch::Tensor>& shard_like);
+  // The inverse, local: tensors shaped like the model's parameters (in
+  // model->parameters() order) cut into this rank's shards.
+  std::vector<torch::Tensor> shard_like_parameters(const std::vector<torch::Tensor>& full) const;
+
+  const std::vector<FsdpUnitPlan>& units() const { return plans_; }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_; }
+  dist::ProcessGroup& group() { return *group_; }
+  // Units whose full parameters are allocated now (at rest: none).
+  int64_t gathered_units() const;
+
+  // Called from autograd (the identity node on a unit's output; the
+  // parameters' gradient hooks).
+  void before_unit_backward(size_t unit);
+  void gradient_ready(size_t parameter);
+
+ private:
+  struct Unit;
+  void gather(size_t unit);          // launches the all-gather (allocating the buffer) if needed
+  void wait_gathered(size_t unit);   // gather() and wait
+  void release(size_t unit);         // frees the full buffer
+  void launch_reductions();          // requires mutex_: complete units, last first
+  void reduce(size_t unit);          // requires mutex_
+
+  models::Sequence model_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<dist::ProcessGroup> gather_group_, reduce_group_;  // Note [fsdp collective order]
+  FsdpOptions options_;
+  int64_t rank_ = 0, world_ = 1;
+  std::vector<FsdpUnitPlan> plans_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<torch::Tensor> shards_;
+  std::vector<size_t> unit_of_;    // per parameter (model order)
+  std::vector<size_t> index_in_unit_;
+  std::vector<torch::Tensor> parameters_;  // the model's, in order
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  std::mutex mutex_;                  // the backward state below
+  bool in_backward_ = false;          // set by forward() in training, cleared by after_backward()
+  std::vector<int64_t> missing_;      // per unit: gradients still to come
+  std::vector<bool> seen_;            // per parameter
+  size_t reduced_down_to_ = 0;        // units [reduced_down_to_, n) are launched
+  int64_t full_params_depth_ = 0;
+};
+
+}  // namespace tandem::parallel

@@ -1,0 +1,384 @@
+#include "tandem/parallel/fsdp.h"
+
+#include <algorithm>
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include "tandem/dist/collectives.h"
+#include "tandem/util/check.h"
+
+namespace tandem::parallel {
+
+namespace {
+
+struct GradientReadyHook : torch::autograd::FunctionPostHook {
+  GradientReadyHook(FullyShardedDataParallel* fsdp, size_t index) : fsdp_(fsdp), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fsdp_->gradient_ready(index_);
+    return outputs;
+  }
+  FullyShardedDataParallel* fsdp_;
+  size_t index_;
+};
+
+// The strides a parameter keeps inside the flat buffer: its own when they
+// are dense (channels-last weights stay channels-last), else contiguous.
+std::vector<int64_t> flat_strides(const torch::Tensor& p) {
+  if (p.is_non_overlapping_and_dense()) return p.strides().vec();
+  std::vector<int64_t> strides(p.dim());
+  int64_t stride = 1;
+  for (int64_t d = p.dim() - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(p.size(d), 1);
+  }
+  return strides;
+}
+
+// Note [fully sharded parameters]: a unit's buffer, the parameters while
+// gathered, and the views of them that autograd saved in forward (a
+// Linear's weight.t()) share one StorageImpl, so releasing its memory (and
+// allocating it again before the next gather) reaches them all while the
+// tensors themselves, and autograd's references to them, stay.
+void release_storage(const torch::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& t, size_t nbytes) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+struct FullyShardedDataParallel::Unit {
+  FsdpUnitPlan plan;
+  std::vector<size_t> parameters;  // indices into parameters_
+  std::vector<std::vector<int64_t>> shapes, strides;  // per parameter, in the flat buffer
+  torch::Tensor at_rest;  // what the parameters hold at rest: no elements
+  FlatLayout layout;
+  torch::Tensor full;   // the padded flat buffer (released at rest)
+  torch::Tensor shard;  // this rank's slice: shards_[...]
+  bool allocated = false;
+  bool gathering = false;
+  dist::Work gather_work;
+  // Launched reduce-scatters, waited for in after_backward().
+  struct Pending {
+    dist::Work work;
+    torch::Tensor input, output;
+  };
+  std::vector<Pending> pending;
+
+  bool empty() const { return parameters.empty(); }
+  size_t nbytes() const { return static_cast<size_t>(layout.padded) * full.element_size(); }
+  // The flat buffer's slice of parameter k (its position in this unit).
+  torch::Tensor slot(const torch::Tensor& flat, size_t k) const {
+    return flat.as_strided(shapes[k], strides[k], flat.storage_offset() + layout.offsets[k]);
+  }
+};
+
+FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
+                                                   std::shared_ptr<dist::ProcessGroup> group,
+                                                   FsdpOptions options)
+    : model_(std::move(model)), group_(std::move(group)), options_(options) {
+  TANDEM_CHECK(!model_.is_empty() && group_, "FullyShardedDataParallel: a model and a group are required");
+  rank_ = group_->rank();
+  world_ = group_->size();
+  for (const auto& p : model_->named_parameters()) {
+    TANDEM_CHECK(p.value().requires_grad(), "FullyShardedDataParallel: parameter '", p.key(),
+                 "' does not require a gradient; FSDP shards trainable parameters only (freeze "
+                 "nothing, or train that part without FSDP)");
+  }
+  dist::check_same_parameters(*model_, *group_, "FullyShardedDataParallel");
+  dist::broadcast_module(*model_, *group_, 0);
+  // Note [fsdp collective order]
+  gather_group_ = group_->duplicate("fsdp-gather");
+  reduce_group_ = group_->duplicate("fsdp-reduce");
+
+  std::vector<int64_t> layer_numels;
+  std::vector<std::vector<torch::Tensor>> layer_parameters;
+  for (size_t i = 0; i < model_->size(); ++i) {
+    layer_parameters.push_back(model_->at(i).ptr()->parameters());
+    int64_t numel = 0;
+    for (const auto& p : layer_parameters.back()) numel += p.numel();
+    layer_numels.push_back(numel);
+  }
+  plans_ = plan_units(layer_numels, options_.min_unit_numel);
+
+  torch::NoGradGuard no_grad;
+  for (const auto& plan : plans_) {
+    auto unit = std::make_unique<Unit>();
+    unit->plan = plan;
+    std::vector<int64_t> numels;
+    for (size_t layer = plan.begin; layer < plan.end; ++layer) {
+      for (auto& p : layer_parameters[layer]) {
+        TANDEM_CHECK(unit->parameters.empty() ||
+                         (p.device() == parameters_[unit->parameters[0]].device() &&
+                          p.scalar_type() == parameters_[unit->parameters[0]].scalar_type()),
+                     "FullyShardedDataParallel: layer '", model_->name(layer), "' has a parameter of ",
+                     p.scalar_type(), " on ", p.device(), ", unlike the rest of its unit (",
+                     parameters_[unit->parameters[0]].scalar_type(), " on ",
+                     parameters_[unit->parameters[0]].device(), "); a unit is one flat buffer");
+        unit->parameters.push_back(parameters_.size());
+        unit_of_.push_back(units_.size());
+        index_in_unit_.push_back(numels.size());
+        parameters_.push_back(p);
+        numels.push_back(p.numel());
+        unit->shapes.push_back(p.sizes().vec());
+        unit->strides.push_back(flat_strides(p));
+      }
+    }
+    unit->layout = plan_flat(numels, world_);
+    if (!unit->empty()) {
+      // Each gradient's hook, made while the parameters have their shapes
+      // (the accumulator records the shape its gradients must have).
+      for (size_t k : unit->parameters) {
+        auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
+        hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this, k)));
+        accumulators_.push_back(std::move(accumulator));
+      }
+      const auto& first = parameters_[unit->parameters[0]];
+      unit->full = torch::zeros({unit->layout.padded}, first.options().requires_grad(false));
+      for (size_t k = 0; k < unit->parameters.size(); ++k) {
+        unit->slot(unit->full, k).copy_(parameters_[unit->parameters[k]]);
+      }
+      unit->shard = unit->full.narrow(0, rank_ * unit->layout.shard, unit->layout.shard).clone();
+      unit->shard.set_requires_grad(true);
+      shards_.push_back(unit->shard);
+      unit->at_rest = torch::empty({0}, first.options().requires_grad(false));
+      unit->allocated = true;
+    }
+    units_.push_back(std::move(unit));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+}
+
+int64_t FullyShardedDataParallel::gathered_units() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u->allocated ? 1 : 0;
+  return n;
+}
+
+void FullyShardedDataParallel::gather(size_t index) {
+  auto& unit = *units_[index];
+  if (unit.empty() || unit.allocated) return;
+  allocate_storage(unit.full, unit.nbytes());
+  unit.allocated = true;
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < unit.parameters.size(); ++k) {
+    parameters_[unit.parameters[k]].set_data(unit.slot(unit.full, k));  // the same tensor, its values
+  }
+  auto chunks = unit.full.chunk(world_);
+  std::vector<torch::Tensor> outputs(chunks.begin(), chunks.end());
+  unit.gather_work = gather_group_->all_gather(outputs, unit.shard.detach());
+  unit.gathering = true;
+}
+
+void FullyShardedDataParallel::wait_gathered(size_t index) {
+  gather(index);
+  auto& unit = *units_[index];
+  if (!unit.gathering) return;
+  unit.gather_work.wait();
+  unit.gathering = false;
+}
+
+void FullyShardedDataParallel::release(size_t index) {
+  auto& unit = *units_[index];
+  if (unit.empty() || !unit.allocated) return;
+  if (unit.gathering) {  // a prefetch nobody used: the buffer is being written
+    unit.gather_work.wait();
+    unit.gathering = false;
+  }
+  release_storage(unit.full);
+  torch::NoGradGuard no_grad;
+  for (size_t k : unit.parameters) parameters_[k].set_data(unit.at_rest);  // no elements at rest
+  unit.allocated = false;
+}
+
+torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
+  const bool training = model_->is_training();
+  const bool graph = training && torch::GradMode::is_enabled();
+  if (training && options_.broadcast_buffers && world_ > 1) dist::broadcast_buffers(*model_, *group_, 0);
+  if (graph) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A backward that has run since the last forward: the units it left
+    // incomplete (parameters without gradients) are reduced now, so that
+    // the next backward starts afresh (gradient accumulation).
+    bool any = std::any_of(seen_.begin(), seen_.end(), [](bool b) { return b; });
+    if (in_backward_ && any) {
+      std::fill(missing_.begin(), missing_.end(), 0);
+      launch_reductions();
+    }
+    missing_.assign(units_.size(), 0);
+    for (size_t u = 0; u < units_.size(); ++u) missing_[u] = static_cast<int64_t>(units_[u]->parameters.size());
+    seen_.assign(parameters_.size(), false);
+    reduced_down_to_ = units_.size();
+    in_backward_ = true;
+  }
+  torch::Tensor x = input;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    wait_gathered(u);
+    if (options_.prefetch && u + 1 < units_.size()) gather(u + 1);  // Note [fsdp prefetch]
+    const auto& plan = units_[u]->plan;
+    for (size_t layer = plan.begin; layer < plan.end; ++layer) x = model_->at(layer).forward(x);
+    if (graph && !units_[u]->empty() && x.requires_grad()) {
+      // Before the unit's own backward: gather it again (a pre-hook of the
+      // node that made x, which stays the same if x is later changed in place).
+      x.register_hook([this, u](const torch::Tensor&) { before_unit_backward(u); });
+    }
+    // The last unit's backward comes first: it stays.
+    const bool keep = graph && (!options_.reshard_after_forward || u + 1 == units_.size());
+    if (!keep) release(u);
+  }
+  return x;
+}
+
+void FullyShardedDataParallel::before_unit_backward(size_t index) {
+  wait_gathered(index);
+  if (!options_.prefetch) return;
+  for (size_t u = index; u-- > 0;) {  // Note [fsdp prefetch]: the next unit backward will reach
+    if (units_[u]->empty()) continue;
+    gather(u);
+    break;
+  }
+}
+
+void FullyShardedDataParallel::gradient_ready(size_t k) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!in_backward_ || !parameters_[k].grad().defined()) return;
+  const size_t u = unit_of_[k];
+  TANDEM_CHECK(u < reduced_down_to_, "FullyShardedDataParallel: a parameter of unit ", u,
+               " received a gradient after the unit's reduce-scatter had started (a second backward "
+               "pass after one forward?)");
+  if (seen_[k]) return;  // a second use in this backward: it summed into .grad()
+  seen_[k] = true;
+  if (--missing_[u] == 0) launch_reductions();
+}
+
+void FullyShardedDataParallel::launch_reductions() {
+  while (reduced_down_to_ > 0 && missing_[reduced_down_to_ - 1] == 0) reduce(--reduced_down_to_);
+}
+
+void FullyShardedDataParallel::reduce(size_t index) {
+  auto& unit = *units_[index];
+  if (unit.empty()) return;
+  torch::NoGradGuard no_grad;
+  // The gradients, in the parameters' places; zeros for padding and for a
+  // parameter without one.
+  auto flat = torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+  for (size_t k = 0; k < unit.parameters.size(); ++k) {
+    auto& p = parameters_[unit.parameters[k]];
+    if (p.grad().defined()) unit.slot(flat, k).copy_(p.grad());
+    p.mutable_grad() = torch::Tensor();
+  }
+  release(index);  // its backward is over
+  Unit::Pending pending;
+  pending.input = flat;
+  if (world_ == 1) {
+    pending.output = flat;
+  } else {
+    pending.output = torch::empty({unit.layout.shard}, flat.options());
+    auto chunks = flat.chunk(world_);
+    std::vector<torch::Tensor> inputs(chunks.begin(), chunks.end());
+    pending.work = reduce_group_->reduce_scatter(pending.output, inputs, dist::ReduceOp::kAvg);
+  }
+  unit.pending.push_back(std::move(pending));
+}
+
+void FullyShardedDataParallel::after_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!in_backward_) return;
+  bool any = std::any_of(seen_.begin(), seen_.end(), [](bool b) { return b; });
+  if (any) {
+    std::fill(missing_.begin(), missing_.end(), 0);
+    launch_reductions();
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    for (auto& pending : unit->pending) {
+      if (world_ > 1) pending.work.wait();
+      auto& grad = unit->shard.mutable_grad();
+      grad = grad.defined() ? grad + pending.output : pending.output;
+    }
+    unit->pending.clear();
+  }
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  in_backward_ = false;
+  seen_.clear();
+}
+
+FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp, bool write_back)
+    : fsdp_(fsdp), write_back_(write_back) {
+  for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u);
+  for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.wait_gathered(u);
+  ++fsdp_.full_params_depth_;
+}
+
+FullyShardedDataParallel::FullParams::~FullParams() {
+  torch::NoGradGuard no_grad;
+  if (write_back_) {
+    for (auto& unit : fsdp_.units_) {
+      if (unit->empty()) continue;
+      unit->shard.copy_(unit->full.narrow(0, fsdp_.rank_ * unit->layout.shard, unit->layout.shard));
+    }
+  }
+  if (--fsdp_.full_params_depth_ == 0) {
+    for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.release(u);
+  }
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::gather_like_parameters(
+    const std::vector<torch::Tensor>& shard_like) {
+  TANDEM_CHECK(shard_like.size() == shards_.size(), "FullyShardedDataParallel: expected ",
+               shards_.size(), " tensors shaped like the shards, got ", shard_like.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> full(parameters_.size());
+  size_t next = 0;
+  for (auto& unit : units_) {
+    if (unit->empty()) continue;
+    const auto& part = shard_like[next++];
+    TANDEM_CHECK(part.numel() == unit->layout.shard, "FullyShardedDataParallel: a tensor of ",
+                 part.numel(), " elements in place of a shard of ", unit->layout.shard);
+    auto flat = torch::empty({unit->layout.padded}, part.options());
+    auto chunks = flat.chunk(world_);
+    std::vector<torch::Tensor> outputs(chunks.begin(), chunks.end());
+    gather_group_->all_gather(outputs, part.reshape({-1}).contiguous()).wait();
+    for (size_t k = 0; k < unit->parameters.size(); ++k) {
+      full[unit->parameters[k]] = unit->slot(flat, k).clone(torch::MemoryFormat::Preserve);
+    }
+  }
+  return full;
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::shard_like_parameters(
+    const std::vector<torch::Tensor>& full) const {
+  TANDEM_CHECK(full.size() == parameters_.size(), "FullyShardedDataParallel: expected ",
+               parameters_.size(), " tensors shaped like the parameters, got ", full.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> shards;
+  for (const auto& unit : units_) {
+    if (unit->empty()) continue;
+    auto flat = torch::zeros({unit->layout.padded}, full[unit->parameters[0]].options());
+    for (size_t k = 0; k < unit->parameters.size(); ++k) {
+      const auto& t = full[unit->parameters[k]];
+      TANDEM_CHECK(t.sizes() == c10::IntArrayRef(unit->shapes[k]), "FullyShardedDataParallel: a tensor of shape ",
+                   t.sizes(), " in place of a parameter of shape ", c10::IntArrayRef(unit->shapes[k]));
+      unit->slot(flat, k).copy_(t);
+    }
+    shards.push_back(flat.narrow(0, rank_ * unit->layout.shard, unit->layout.shard).clone());
+  }
+  return shards;
+}
+
+}  // namespace tandem::parallel

@@ -1,0 +1,397 @@
+// Fully sharded data parallelism: the unit and shard plans, then FSDP on
+// rank threads over Gloo against one process on the whole batch (and
+// against DDP where BatchNorm makes the batch's split matter).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "tandem/optim/clip.h"
+#include "tandem/optim/sgd.h"
+#include "tandem/parallel/ddp.h"
+#include "tandem/parallel/fsdp.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::parallel {
+namespace {
+
+using testing::error_of;
+using testing::expect_no_errors;
+using testing::run_ranks;
+
+TEST(FsdpPlanTest, UnitsCloseAtTheMinimumAndTheRestJoinsTheLast) {
+  auto ranges = [](const std::vector<FsdpUnitPlan>& units) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& u : units) out.emplace_back(u.begin, u.end);
+    return out;
+  };
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  // conv 40, relu 0, pool 0, fc 1040, relu 0, fc 85
+  const std::vector<int64_t> layers{40, 0, 0, 1040, 0, 85};
+  EXPECT_EQ(ranges(plan_units(layers, 80)), (Ranges{{0, 4}, {4, 6}}));
+  EXPECT_EQ(plan_units(layers, 80)[0].numel, 1080);
+  EXPECT_EQ(plan_units(layers, 80)[1].numel, 85);
+  EXPECT_EQ(ranges(plan_units(layers, 100)), (Ranges{{0, 6}}));  // relu + fc left over: joined the last
+  EXPECT_EQ(plan_units(layers, 100)[0].numel, 1165);
+  EXPECT_EQ(ranges(plan_units(layers, 40)), (Ranges{{0, 1}, {1, 4}, {4, 6}}));
+  EXPECT_EQ(ranges(plan_units(layers, 0)), (Ranges{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(ranges(plan_units(layers, 1 << 20)), (Ranges{{0, 6}}));  // none closed: one unit
+  EXPECT_EQ(ranges(plan_units({}, 10)), Ranges{});
+  EXPECT_NE(error_of([] { plan_units({1, -1}, 1); }).find("layer 1 has a negative size -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { plan_units({1}, -1); }).find("must be >= 0 parameters, got -1"),
+            std::string::npos);
+}
+
+TEST(FsdpPlanTest, FlatLayoutPadsToTheWorldSize) {
+  auto layout = plan_flat({6, 4, 1}, 4);
+  EXPECT_EQ(layout.offsets, (std::vector<int64_t>{0, 6, 10}));
+  EXPECT_EQ(layout.numel, 11);
+  EXPECT_EQ(layout.padded, 12);
+  EXPECT_EQ(layout.shard, 3);
+  layout = plan_flat({6, 4, 2}, 3);
+  EXPECT_EQ(layout.padded, 12);  // no padding needed
+  EXPECT_EQ(layout.shard, 4);
+  layout = plan_flat({}, 2);
+  EXPECT_EQ(layout.padded, 0);
+  EXPECT_NE(error_of([] { plan_flat({1}, 0); }).find("expected a world size >= 1, got 0"), std::string::npos);
+}
+
+// float64, so that the sums over ranks differ from one process's only in
+// the last bits. An in-place ReLU begins a unit when every layer is one.
+models::Sequence make_net(bool batch_norm = false) {
+  namespace nn = torch::nn;
+  models::Sequence net;
+  net->push_back("conv", nn::Conv2d(nn::Conv2dOptions(2, 4, 3).padding(1)));
+  if (batch_norm) net->push_back("bn", nn::BatchNorm2d(4));
+  net->push_back("relu1", nn::ReLU(nn::ReLUOptions(/*inplace=*/true)));
+  net->push_back("flatten", nn::Flatten());
+  net->push_back("fc1", nn::Linear(4 * 5 * 5, 16));
+  net->push_back("relu2", nn::ReLU(nn::ReLUOptions(/*inplace=*/true)));
+  net->push_back("fc2", nn::Linear(16, 3));
+  net->to(torch::kFloat64);
+  return net;
+}
+
+void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.parameters();
+  auto dst = to.parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
+constexpr int kSteps = 4;
+constexpr int64_t kBatch = 12;
+
+struct Data {
+  torch::Tensor inputs, targets;
+};
+Data make_data() {
+  torch::manual_seed(0);
+  return {torch::randn({kSteps * kBatch, 2, 5, 5}, torch::kFloat64),
+          torch::randint(0, 3, {kSteps * kBatch}, torch::kInt64)};
+}
+
+torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3); }
+
+// One process, whole batches: the reference weights.
+std::vector<torch::Tensor> reference(const models::Sequence& start, const Data& data) {
+  auto net = make_net();
+  copy_parameters(*start, *net);
+  optim::Sgd sgd(net->parameters(), sgd_options());
+  for (int s = 0; s < kSteps; ++s) {
+    sgd.zero_grad();
+    auto x = data.inputs.slice(0, s * kBatch, (s + 1) * kBatch);
+    auto y = data.targets.slice(0, s * kBatch, (s + 1) * kBatch);
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    sgd.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// FSDP on `world` rank threads, each on its share of every batch (in
+// `chunks` backward passes a step), against the reference.
+void check_fsdp_equals_one_process(int world, FsdpOptions options, int64_t chunks = 1) {
+  auto data = make_data();
+  torch::manual_seed(1);
+  auto start = make_net();
+  auto expected = reference(start, data);
+  auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto net = make_net();  // another start on every rank: FSDP broadcasts rank 0's...
+    if (group->rank() == 0) copy_parameters(*start, *net);  // ...which is the reference's
+    FullyShardedDataParallel fsdp(net, group, options);
+    optim::Sgd sgd(fsdp.parameters(), sgd_options());
+    const int64_t per_rank = kBatch / world;
+    for (int s = 0; s < kSteps; ++s) {
+      sgd.zero_grad();
+      auto begin = s * kBatch + group->rank() * per_rank;
+      auto x = data.inputs.slice(0, begin, begin + per_rank);
+      auto y = data.targets.slice(0, begin, begin + per_rank);
+      auto xs = x.tensor_split(chunks), ys = y.tensor_split(chunks);
+      for (int64_t k = 0; k < chunks; ++k) {
+        auto loss = torch::nn::functional::cross_entropy(fsdp.forward(xs[k]), ys[k]);
+        (loss * (static_cast<double>(xs[k].size(0)) / per_rank)).backward();
+      }
+      fsdp.after_backward();
+      EXPECT_EQ(fsdp.gathered_units(), 0) << "step " << s;  // Note [fully sharded parameters]
+      sgd.step();
+    }
+    auto full = fsdp.full_params();
+    auto params = net->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(params[i], expected[i], 1e-12, 1e-13))
+          << "parameter " << i << " on rank " << group->rank() << ", max difference "
+          << (params[i] - expected[i]).abs().max().item<double>();
+    }
+  });
+  expect_no_errors(errors);
+}
+
+TEST(FsdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) {
+  check_fsdp_equals_one_process(2, {});
+}
+
+TEST(FsdpTest, EveryLayerAUnitOnThreeRanksWithOrWithoutPrefetch) {
+  FsdpOptions options;
+  options.min_unit_numel = 0;  // seven units, the parameter-free ones among them
+  check_fsdp_equals_one_process(3, options);
+  options.prefetch = false;
+  check_fsdp_equals_one_process(3, options);
+}
+
+TEST(FsdpTest, KeepingParametersUntilBackwardGivesTheSameWeights) {
+  FsdpOptions options;
+  options.min_unit_numel = 50;
+  options.reshard_after_forward = false;  // ZeRO-2
+  check_fsdp_equals_one_process(2, options);
+  check_fsdp_equals_one_process(4, options);
+}
+
+TEST(FsdpTest, OneRankIsPlainTraining) { check_fsdp_equals_one_process(1, {}); }
+
+// Two backward passes before after_backward: the shards' gradients sum.
+TEST(FsdpTest, GradientsAccumulateOverBackwardPasses) {
+  FsdpOptions options;
+  options.min_unit_numel = 50;
+  check_fsdp_equals_one_process(2, options, /*chunks=*/3);
+}
+
+// Note [fully sharded parameters]: at rest each rank holds its shards only;
+// the model's parameters are the same tensors, their memory released.
+TEST(FsdpTest, AtRestOnlyShardsHoldMemory) {
+  auto errors = run_ranks(3, [](std::shared_ptr<dist::ProcessGroup> group) {
+    auto net = make_net();
+    auto before = net->parameters();
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& p : before) shapes.push_back(p.sizes().vec());
+    FsdpOptions options;
+    options.min_unit_numel = 50;
+    FullyShardedDataParallel fsdp(net, group, options);
+    // conv (76) | relu1 flatten fc1 (1616) | relu2 fc2 (51)
+    ASSERT_EQ(fsdp.units().size(), 3u);
+    ASSERT_EQ(fsdp.parameters().size(), 3u);
+    EXPECT_EQ(fsdp.parameters()[0].numel(), 26);  // 76 padded to 78, over 3
+    EXPECT_EQ(fsdp.parameters()[1].numel(), 539);  // 1616 padded to 1617
+    EXPECT_EQ(fsdp.parameters()[2].numel(), 17);
+    for (const auto& shard : fsdp.parameters()) {
+      EXPECT_TRUE(shard.requires_grad());
+      EXPECT_TRUE(shard.is_leaf());
+    }
+    EXPECT_EQ(fsdp.gathered_units(), 0);
+    auto params = net->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].is_same(before[i]));  // the same tensors and names...
+      EXPECT_EQ(params[i].numel(), 0);            // ...holding nothing
+      EXPECT_EQ(params[i].storage().nbytes(), 0u);
+    }
+    {
+      auto full = fsdp.full_params();
+      EXPECT_EQ(fsdp.gathered_units(), 3);
+      for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].sizes().vec(), shapes[i]) << i;
+      EXPECT_GT(params[0].storage().nbytes(), 0u);
+      {
+        auto nested = fsdp.full_params();
+      }
+      EXPECT_EQ(fsdp.gathered_units(), 3);  // the outer scope still holds them
+    }
+    EXPECT_EQ(fsdp.gathered_units(), 0);
+    // Evaluation: gathered unit by unit, released again.
+    net->eval();
+    torch::NoGradGuard no_grad;
+    auto out = fsdp.forward(torch::randn({2, 2, 5, 5}, torch::kFloat64));
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(fsdp.gathered_units(), 0);
+  });
+  expect_no_errors(errors);
+}
+
+// FullParams with write_back: values set on the model's parameters become
+// the shards (how a checkpoint is loaded); without it they are dropped.
+TEST(FsdpTest, FullParamsWritesBackWhenAsked) {
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    auto net = make_net();
+    FullyShardedDataParallel fsdp(net, group);
+    {
+      auto full = fsdp.full_params(/*write_back=*/false);
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.fill_(7.0);
+    }
+    {
+      auto full = fsdp.full_params();
+      EXPECT_FALSE(torch::equal(net->parameters()[0], torch::full_like(net->parameters()[0], 7.0)));
+    }
+    {
+      auto full = fsdp.full_params(/*write_back=*/true);
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.fill_(7.0);
+    }
+    auto full = fsdp.full_params();
+    for (const auto& p : net->named_parameters()) {
+      EXPECT_TRUE(torch::equal(p.value(), torch::full_like(p.value(), 7.0))) << p.key();
+    }
+  });
+  expect_no_errors(errors);
+}
+
+// Tensors shaped like the shards (momentum) gathered into the parameters'
+// shapes and cut again: the round trip is exact, strides included.
+TEST(FsdpTest, ShardLikeTensorsGatherIntoParameterShapes) {
+  auto errors = run_ranks(3, [](std::shared_ptr<dist::ProcessGroup> group) {
+    auto net = make_net();
+    {
+      torch::NoGradGuard no_grad;  // a channels-last weight keeps its strides in the flat buffer
+      auto& w = net->named_parameters()["conv.weight"];
+      w.set_data(w.data().contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    std::vector<torch::Tensor> values;  // the same on every rank, none alike
+    double next = 0.5;
+    for (const auto& p : net->parameters()) {
+      values.push_back(torch::arange(next, next + p.numel(), torch::kFloat64).reshape(p.sizes()));
+      next += p.numel();
+    }
+    FsdpOptions options;
+    options.min_unit_numel = 0;
+    FullyShardedDataParallel fsdp(net, group, options);
+    auto shards = fsdp.shard_like_parameters(values);
+    ASSERT_EQ(shards.size(), fsdp.parameters().size());
+    for (size_t i = 0; i < shards.size(); ++i) EXPECT_EQ(shards[i].sizes(), fsdp.parameters()[i].sizes());
+    auto back = fsdp.gather_like_parameters(shards);
+    ASSERT_EQ(back.size(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(back[i], values[i])) << i;
+    EXPECT_TRUE(back[0].is_contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_NE(error_of([&] { fsdp.gather_like_parameters({shards[0]}); }).find("expected 3 tensors shaped like the shards, got 1"),
+              std::string::npos);
+  });
+  expect_no_errors(errors);
+}
+
+// With BatchNorm each rank normalises over its own share, so the reference
+// is DDP over the same shares: the same weights and running statistics
+// (rank 0's, broadcast before every forward by both).
+TEST(FsdpTest, WithBatchNormItTrainsAsDdp) {
+  auto data = make_data();
+  torch::manual_seed(1);
+  auto start = make_net(/*batch_norm=*/true);
+  const int world = 2;
+  std::vector<std::vector<torch::Tensor>> ddp_state(world), fsdp_state(world);
+  for (bool sharded : {false, true}) {
+    auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto net = make_net(/*batch_norm=*/true);
+      copy_parameters(*start, *net);
+      std::unique_ptr<DistributedDataParallel> ddp;
+      std::unique_ptr<FullyShardedDataParallel> fsdp;
+      std::unique_ptr<optim::Sgd> sgd;
+      if (sharded) {
+        fsdp = std::make_unique<FullyShardedDataParallel>(net, group);
+        sgd = std::make_unique<optim::Sgd>(fsdp->parameters(), sgd_options());
+      } else {
+        ddp = std::make_unique<DistributedDataParallel>(net.ptr(), group);
+        sgd = std::make_unique<optim::Sgd>(net->parameters(), sgd_options());
+      }
+      const int64_t per_rank = kBatch / world;
+      for (int s = 0; s < kSteps; ++s) {
+        sgd->zero_grad();
+        auto begin = s * kBatch + group->rank() * per_rank;
+        auto x = data.inputs.slice(0, begin, begin + per_rank);
+        auto y = data.targets.slice(0, begin, begin + per_rank);
+        if (ddp) ddp->before_forward();
+        auto logits = fsdp ? fsdp->forward(x) : net->forward(x);
+        torch::nn::functional::cross_entropy(logits, y).backward();
+        if (ddp) ddp->after_backward();
+        if (fsdp) fsdp->after_backward();
+        sgd->step();
+      }
+      std::optional<FullyShardedDataParallel::FullParams> full;
+      if (fsdp) full.emplace(*fsdp, false);
+      auto& out = (sharded ? fsdp_state : ddp_state)[group->rank()];
+      for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+      for (const auto& b : net->buffers()) out.push_back(b.detach().clone());
+    });
+    expect_no_errors(errors);
+  }
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(fsdp_state[r].size(), ddp_state[r].size());
+    for (size_t i = 0; i < ddp_state[r].size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fsdp_state[r][i], ddp_state[r][i], 1e-12, 1e-13))
+          << "tensor " << i << " on rank " << r;
+    }
+  }
+}
+
+// --clip-grad-norm under FSDP: the norm of the whole gradient from the
+// shards' parts, the same clipped step as one process.
+TEST(FsdpTest, ClippingShardedGradientsUsesTheWholeNorm) {
+  auto data = make_data();
+  torch::manual_seed(1);
+  auto start = make_net();
+  auto x = data.inputs.slice(0, 0, kBatch), y = data.targets.slice(0, 0, kBatch);
+  auto net = make_net();
+  copy_parameters(*start, *net);
+  torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+  auto norm = optim::clip_grad_norm(net->parameters(), 0.05);
+  std::vector<torch::Tensor> clipped;
+  for (const auto& p : net->parameters()) clipped.push_back(p.grad().clone());
+  auto errors = run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto mine = make_net();
+    copy_parameters(*start, *mine);
+    FsdpOptions options;
+    options.min_unit_numel = 50;
+    FullyShardedDataParallel fsdp(mine, group, options);
+    const int64_t per_rank = kBatch / 3, begin = group->rank() * per_rank;
+    torch::nn::functional::cross_entropy(fsdp.forward(x.slice(0, begin, begin + per_rank)),
+                                         y.slice(0, begin, begin + per_rank))
+        .backward();
+    fsdp.after_backward();
+    auto sharded_norm = optim::clip_grad_norm(fsdp.parameters(), 0.05, &fsdp.group());
+    EXPECT_NEAR(sharded_norm.item<double>(), norm.item<double>(), 1e-12);
+    std::vector<torch::Tensor> grads;
+    for (const auto& s : fsdp.parameters()) grads.push_back(s.grad());
+    auto whole = fsdp.gather_like_parameters(grads);
+    for (size_t i = 0; i < whole.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(whole[i], clipped[i], 1e-10, 1e-13)) << "gradient " << i;
+    }
+  });
+  expect_no_errors(errors);
+}
+
+TEST(FsdpTest, FrozenParametersAndMixedUnitsAreNamed) {
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    auto frozen = make_net();
+    frozen->named_parameters()["fc1.bias"].set_requires_grad(false);
+    EXPECT_NE(error_of([&] { FullyShardedDataParallel fsdp(frozen, group); })
+                  .find("parameter 'fc1.bias' does not require a gradient"),
+              std::string::npos);
+    auto mixed = make_net();
+    mixed->at(mixed->size() - 1).ptr()->to(torch::kFloat32);
+    EXPECT_NE(error_of([&] { FullyShardedDataParallel fsdp(mixed, group); })
+                  .find("layer 'fc2' has a parameter of Float on cpu, unlike the rest of its unit "
+                        "(Double on cpu)"),
+              std::string::npos);
+  });
+  expect_no_errors(errors);
+}
+
+}  // namespace
+}  // namespace tandem::parallel
