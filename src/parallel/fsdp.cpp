@@ -164,6 +164,23 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
 }
 
+void FullyShardedDataParallel::detach_model() {
+  TANDEM_CHECK(!detached_, "FullyShardedDataParallel: detach_model() twice");
+  {
+    FullParams full(*this, /*write_back=*/false);
+    torch::NoGradGuard no_grad;
+    for (auto& unit : units_) {
+      for (size_t k = 0; k < unit->parameters.size(); ++k) {
+        parameters_[unit->parameters[k]].set_data(unit->slot(unit->full, k).clone(torch::MemoryFormat::Preserve));
+      }
+    }
+    detached_ = true;  // release() below leaves the parameters alone
+  }
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+  accumulators_.clear();
+  hook_keys_.clear();
+}
+
 int64_t FullyShardedDataParallel::gathered_units() const {
   int64_t n = 0;
   for (const auto& u : units_) n += u->allocated ? 1 : 0;
@@ -201,15 +218,21 @@ void FullyShardedDataParallel::release(size_t index) {
     unit.gathering = false;
   }
   release_storage(unit.full);
+  unit.allocated = false;
+  if (detached_) return;  // the parameters have memory of their own now
   torch::NoGradGuard no_grad;
   for (size_t k : unit.parameters) parameters_[k].set_data(unit.at_rest);  // no elements at rest
-  unit.allocated = false;
 }
 
 torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
+  TANDEM_CHECK(!detached_, "FullyShardedDataParallel: forward() after detach_model()");
   const bool training = model_->is_training();
   const bool graph = training && torch::GradMode::is_enabled();
-  if (training && options_.broadcast_buffers && world_ > 1) dist::broadcast_buffers(*model_, *group_, 0);
+  // The step's first forward in training (none since the last after_backward()).
+  const bool first_of_step = !in_backward_;
+  if (training && first_of_step && options_.broadcast_buffers && world_ > 1) {
+    dist::broadcast_buffers(*model_, *group_, 0);
+  }
   if (graph) {
     std::lock_guard<std::mutex> lock(mutex_);
     // A backward that has run since the last forward: the units it left

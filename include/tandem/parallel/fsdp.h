@@ -53,7 +53,9 @@
 // reduced (a second backward in one step) is an error.
 //
 // Buffers (BatchNorm statistics) are not sharded; as DDP does, they are
-// broadcast from rank 0 before every forward in training (broadcast_buffers).
+// broadcast from rank 0 before the first forward in training of each step
+// (after the last after_backward(); broadcast_buffers), so the chunks of
+// gradient accumulation update each rank's own, as under DDP's no_sync.
 // At construction every rank's parameter names and shapes are compared and
 // parameters and buffers broadcast from rank 0, as DDP does. Every
 // parameter must require a gradient, and a unit's parameters must share one
@@ -82,7 +84,7 @@ struct FsdpOptions {
   int64_t min_unit_numel = int64_t(1) << 17;  // 131072 parameters (plan_units)
   bool reshard_after_forward = true;          // false: full parameters kept until backward (ZeRO-2)
   bool prefetch = true;                       // Note [fsdp prefetch]
-  bool broadcast_buffers = true;              // before every forward in training, from rank 0
+  bool broadcast_buffers = true;              // before each step's first forward in training, from rank 0
 };
 
 class FullyShardedDataParallel {
@@ -127,6 +129,14 @@ class FullyShardedDataParallel {
   };
   FullParams full_params(bool write_back = false) { return FullParams(*this, write_back); }
 
+  // Ends the sharding (a collective): every parameter gets its full value
+  // in memory of its own, the hooks are removed, and the model trains and
+  // evaluates as a plain one again; this object may then only be destroyed.
+  // The shards keep their values (an optimizer still holding them steps
+  // nothing the model sees).
+  void detach_model();
+  bool detached() const { return detached_; }
+
   // Tensors shaped like the shards (e.g. momentum buffers), one per entry of
   // parameters(), gathered into tensors shaped and strided like the model's
   // parameters, in model->parameters() order. A collective.
@@ -136,6 +146,8 @@ class FullyShardedDataParallel {
   std::vector<torch::Tensor> shard_like_parameters(const std::vector<torch::Tensor>& full) const;
 
   const std::vector<FsdpUnitPlan>& units() const { return plans_; }
+  // The model's parameters, in model->parameters() order.
+  const std::vector<torch::Tensor>& model_parameters() const { return parameters_; }
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_; }
   dist::ProcessGroup& group() { return *group_; }
@@ -169,6 +181,7 @@ class FullyShardedDataParallel {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
+  bool detached_ = false;
   std::mutex mutex_;                  // the backward state below
   bool in_backward_ = false;          // set by forward() in training, cleared by after_backward()
   std::vector<int64_t> missing_;      // per unit: gradients still to come
