@@ -82,10 +82,12 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process; a list such as 1,2,4: a scaling sweep, the job run "
                    "once per count, then seed 002's table of epoch time and speed-up");
-  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "dp", "pipeline"},
+  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "fsdp", "dp", "pipeline"},
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
-                   "all-reduced after backward (seed 004); dp: one process over --devices "
+                   "all-reduced after backward (seed 004); fsdp: fully sharded data parallel "
+                   "(ZeRO-3: each rank keeps 1/world of the parameters, gradients and momentum, "
+                   "gathering one unit of layers at a time); dp: one process over --devices "
                    "(DataParallel); pipeline: the model cut into one stage per device of "
                    "--devices, micro-batches flowing through them");
   flags.add_string("devices", "LIST", &o.devices,
@@ -112,6 +114,14 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "momentum for its share of the parameters only, steps that share and "
                    "broadcasts it (about 1/world of the optimizer memory, the same weights; "
                    "the parameters cross the network once more a step); with ddp or allreduce");
+  flags.add_choice("fsdp-sharding", &o.fsdp_sharding, {"full", "grad-op"},
+                   "--strategy fsdp: full frees each unit's parameters after its forward and "
+                   "gathers them again for its backward (ZeRO-3, PyTorch's FULL_SHARD); grad-op "
+                   "keeps them from forward to backward (ZeRO-2, SHARD_GRAD_OP: one all-gather "
+                   "less per unit, more memory)");
+  flags.add_int("fsdp-min-unit-params", "N", &o.fsdp_min_unit_params,
+                "--strategy fsdp: consecutive top-level layers are grouped into units of at "
+                "least N parameters, gathered one at a time (0: every layer a unit)", 0);
   flags.add_choice("ddp-comm-hook", &o.ddp_comm_hook, {"allreduce", "fp16", "bf16"},
                    "how DDP reduces gradient buckets: allreduce in float32, or compressed to "
                    "fp16 / bf16 on the wire (half the bytes, rounded)");
@@ -262,7 +272,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
   }
   if (o.strategy == "none" || o.strategy == "dp" || o.strategy == "pipeline") {
     throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
-                     " needs a strategy over processes (auto, ddp or allreduce)");
+                     " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
   }
   for (auto n : counts) {
     if (o.batch_per_process == 0 && o.batch_size % n != 0) {

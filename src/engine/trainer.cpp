@@ -21,6 +21,7 @@
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
 #include "tandem/optim/zero.h"
+#include "tandem/parallel/fsdp_sgd.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/progress.h"
@@ -95,6 +96,8 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       optimizer.zero_grad();
     }
     ddp_->before_forward();  // BatchNorm statistics from rank 0
+  } else if (fsdp_) {
+    optimizer.zero_grad();  // the shards' (FSDP broadcasts the buffers in its first forward)
   } else {
     optimizer.zero_grad();  // to none (under --cuda-graph: the captured backward assigns them)
     if (group_) dist::broadcast_buffers(*model_, *group_);
@@ -134,7 +137,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
         RECORD_USER_SCOPE("tandem::forward");
         optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
         const auto& x = input_chunks[k];
-        logits.push_back(dp_ ? dp_->forward(x) : model_->forward(x));
+        logits.push_back(dp_ ? dp_->forward(x) : fsdp_ ? fsdp_->forward(x) : model_->forward(x));
         loss = torch::nn::functional::cross_entropy(logits.back(), target_chunks[k], loss_options_);
         if (chunks > 1) loss = loss * (static_cast<double>(x.size(0)) / static_cast<double>(rows));
       }
@@ -150,6 +153,8 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     RECORD_USER_SCOPE("tandem::reduce");
     if (ddp_) {
       ddp_->after_backward();  // buckets were all-reduced during backward
+    } else if (fsdp_) {
+      fsdp_->after_backward();  // units were reduce-scattered during backward
     } else if (group_) {
       dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
     }
@@ -158,7 +163,11 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     RECORD_USER_SCOPE("tandem::optimizer");
     if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
       if (scaler_) scaler_->unscale(optimizer);
-      optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
+      if (fsdp_) {  // each rank holds a shard of every gradient: the norm over all of them
+        optim::clip_grad_norm(fsdp_->parameters(), options_.clip_grad_norm, &fsdp_->group());
+      } else {
+        optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
+      }
     }
     if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
       if (!scaler_->step(optimizer)) ++counters.skipped_steps;
@@ -181,11 +190,12 @@ EvalResult Trainer::evaluate() {
       optim::AutocastGuard cuda(torch::kCUDA, amp_);
       return pipeline_->forward(x);
     };
-  } else if (amp_ || options_.channels_last) {
+  } else if (amp_ || options_.channels_last || (fsdp_ && !fsdp_->detached())) {
     forward = [this](const torch::Tensor& x) {
       optim::AutocastGuard autocast(device_.type(), amp_);
       bool nhwc = options_.channels_last && x.dim() == 4;
-      return model_->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
+      auto input = nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+      return fsdp_ && !fsdp_->detached() ? fsdp_->forward(input) : model_->forward(input);
     };
   }
   return engine::evaluate(model_, *data_.test, options_.batch_size / world_, device_, options_.workers,
@@ -221,7 +231,12 @@ TrainResult Trainer::run() {
   // [sharded optimizer state]); the weights are plain SGD's.
   std::unique_ptr<optim::Sgd> sgd;
   optim::ZeroSgd* zero = nullptr;
-  if (o.shard_optimizer) {
+  parallel::FsdpSgd* fsdp_sgd = nullptr;  // --strategy fsdp: SGD over the shards
+  if (fsdp_) {
+    auto sharded = std::make_unique<parallel::FsdpSgd>(*fsdp_, sgd_options);
+    fsdp_sgd = sharded.get();
+    sgd = std::move(sharded);
+  } else if (o.shard_optimizer) {
     auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_);
     zero = sharded.get();
     sgd = std::move(sharded);
@@ -267,7 +282,14 @@ TrainResult Trainer::run() {
   }
   if (resume) {
     std::vector<std::string> damaged;
-    auto path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+    std::optional<std::string> path;
+    {
+      // FSDP: the whole model is loaded on every rank, then each keeps its
+      // shards (write-back); the optimizer keeps its slices (FsdpSgd::load).
+      std::optional<parallel::FullyShardedDataParallel::FullParams> full;
+      if (fsdp_) full.emplace(*fsdp_, /*write_back=*/true);
+      path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+    }
     for (const auto& line : damaged) {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
@@ -293,9 +315,23 @@ TrainResult Trainer::run() {
   if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
-               static_cast<long long>(world_), ddp_ ? "ddp" : "allreduce",
+               static_cast<long long>(world_), ddp_ ? "ddp" : fsdp_ ? "fsdp" : "allreduce",
                group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
                static_cast<long long>(o.batch_size)));
+  }
+  if (fsdp_) {
+    int64_t largest = 0, shards = 0;
+    for (const auto& unit : fsdp_->units()) largest = std::max(largest, unit.numel);
+    for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
+    const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
+    say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters gathered one at a time; "
+               "each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
+               o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
+                                         : "ZeRO-2: parameters kept from forward to backward",
+               static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
+               shards * mib, parameter_count_ * mib));
+  } else if (o.strategy == "fsdp") {
+    say("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
   if (dp_) {
     std::string names;
@@ -341,7 +377,7 @@ TrainResult Trainer::run() {
                o.schedule.c_str()));
   }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
-             o.model.c_str(), static_cast<long long>(models::count_parameters(*model_)),
+             o.model.c_str(), static_cast<long long>(parameter_count_),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
              device_.str().c_str()));
   auto save = [&] {
@@ -353,7 +389,12 @@ TrainResult Trainer::run() {
     // A checkpoint holds the whole optimizer state: every rank gathers the
     // sharded momentum before rank 0 writes it (a collective).
     if (zero) zero->consolidate_state();
-    if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+    if (fsdp_sgd) fsdp_sgd->consolidate_state();
+    {
+      std::optional<parallel::FullyShardedDataParallel::FullParams> full;  // the whole model on every rank
+      if (fsdp_) full.emplace(*fsdp_, /*write_back=*/false);
+      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+    }
     if (zero) zero->shard_state();
   };
 
@@ -534,6 +575,9 @@ TrainResult Trainer::run() {
                  o.profile_steps.c_str(), static_cast<long long>(position.step)));
     }
   }
+  // FSDP ends here: every rank's model holds the whole trained weights
+  // again (for the export below, and for evaluate() or model() after run()).
+  if (fsdp_) fsdp_->detach_model();
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   const auto rank_field = o.export_weights.find("{rank}");
   if (!o.export_weights.empty() && (rank_ == 0 || rank_field != std::string::npos)) {

@@ -57,8 +57,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
   TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
-                   o.strategy == "allreduce" || o.strategy == "dp" || o.strategy == "pipeline",
-               "--strategy: expected auto, none, ddp, allreduce, dp or pipeline, got '", o.strategy, "'");
+                   o.strategy == "allreduce" || o.strategy == "fsdp" || o.strategy == "dp" ||
+                   o.strategy == "pipeline",
+               "--strategy: expected auto, none, ddp, allreduce, fsdp, dp or pipeline, got '", o.strategy, "'");
+  const bool fsdp = o.strategy == "fsdp";
   const bool pipeline = o.strategy == "pipeline";
   TANDEM_CHECK(o.strategy == "dp" || pipeline || o.devices.empty(),
                "--devices goes with --strategy dp or pipeline");
@@ -71,6 +73,16 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                             o.pipeline_balance == defaults.pipeline_balance),
                "--micro-batches, --schedule, --pipeline-split and --pipeline-balance go with "
                "--strategy pipeline");
+  TANDEM_CHECK(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
+                        o.fsdp_min_unit_params == defaults.fsdp_min_unit_params),
+               "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
+  TANDEM_CHECK(o.fsdp_sharding == "full" || o.fsdp_sharding == "grad-op",
+               "--fsdp-sharding: expected full or grad-op, got '", o.fsdp_sharding, "'");
+  TANDEM_CHECK(o.fsdp_min_unit_params >= 0, "--fsdp-min-unit-params: expected >= 0, got ",
+               o.fsdp_min_unit_params);
+  TANDEM_CHECK(!fsdp || (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
+               "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces "
+               "each unit's gradients in one reduce-scatter");
   TANDEM_CHECK(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
                o.micro_batches);
   TANDEM_CHECK(o.pipeline_balance == "time" || o.pipeline_balance == "params",
@@ -117,6 +129,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
                "the pipeline already passes each batch in --micro-batches chunks and accumulates "
                "their gradients (raise --micro-batches instead)");
+  TANDEM_CHECK(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
+               "which shards the momentum already (with the parameters and gradients)");
   TANDEM_CHECK(!o.shard_optimizer || (o.strategy != "dp" && !pipeline && o.strategy != "none"),
                "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
                "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
@@ -201,6 +215,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                  "backward's gradient reductions");
     TANDEM_CHECK(!o.cuda_graph, "--checkpoint-activations does not go with --cuda-graph (a backward "
                  "inside the backward is not captured)");
+    TANDEM_CHECK(o.strategy != "fsdp", "--checkpoint-activations does not go with --strategy fsdp "
+                 "yet: FSDP runs the layers unit by unit itself, and the recomputation in "
+                 "backward would need each unit gathered once more");
     const auto layers = static_cast<int64_t>(model_->size());
     TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
@@ -238,7 +255,15 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     dp_ = parallel::DataParallel(model_, dp_options);
   }
   if (pipeline) make_pipeline(info);
-  if (group_ && world_ > 1 && o.strategy != "allreduce") {
+  parameter_count_ = models::count_parameters(*model_);
+  if (group_ && o.strategy == "fsdp") {
+    // Note [fully sharded parameters]: from here on the model's parameters
+    // hold no elements outside forward, backward and FullParams.
+    parallel::FsdpOptions fsdp_options;
+    fsdp_options.min_unit_numel = o.fsdp_min_unit_params;
+    fsdp_options.reshard_after_forward = o.fsdp_sharding == "full";
+    fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
+  } else if (group_ && world_ > 1 && o.strategy != "allreduce") {
     parallel::DdpOptions ddp_options;
     ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
     ddp_options.buckets.first_bucket_bytes =

@@ -1,8 +1,9 @@
 // World-size invariance: the same seed and global batch on 1, 2 and 4 Gloo
 // ranks give the same weights, with --sync-bn for a BatchNorm model, and for
 // a model without BatchNorm; and so does each rank's batch passed in chunks
-// (--grad-accum, DDP's no_sync), with and without gradient clipping; and the
-// optimizer sharded over the ranks (--shard-optimizer) gives the plain one's.
+// (--grad-accum, DDP's no_sync), with and without gradient clipping; the
+// optimizer sharded over the ranks (--shard-optimizer) gives the plain one's;
+// and so does fully sharded data parallelism (--strategy fsdp).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -216,6 +217,57 @@ TEST(ShardedOptimizerCliTest, CheckpointsHoldTheWholeStateAndResumeEitherWay) {
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
     resumed.emplace_back(name, "2 sharded ranks, then " + how);
+  }
+  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+}
+
+// --strategy fsdp (Note [fully sharded parameters]): 2 and 4 ranks, units
+// of every size down to one layer each, ZeRO-3 and ZeRO-2, --grad-accum
+// (each chunk's gradients reduce-scattered and summed into the shards) and
+// --clip-grad-norm (the norm from every rank's shards) give one process's
+// weights in float64 to rounding; with --sync-bn so does convnet, whose
+// BatchNorm statistics are not sharded. Controls: another momentum, and
+// convnet without --sync-bn.
+TEST(FsdpCliTest, OneProcesssWeightsOnTwoAndFourRanks) {
+  const std::string fsdp = " --strategy fsdp --fsdp-min-unit-params ";
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "100000",
+                       "--nproc-per-node 4" + fsdp + "0 --fsdp-sharding grad-op",
+                       "--nproc-per-node 2" + fsdp + "0 --grad-accum 3",
+                       "--nproc-per-node 1" + fsdp + "0"},
+                      "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0",
+                       "--nproc-per-node 4" + fsdp + "1000 --grad-accum 2"},
+                      "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12, "--model mlp --dtype float64");
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0"},
+                      "--model convnet --sync-bn --dtype float64", 1e-12, "--model convnet --dtype float64");
+}
+
+// Under bf16 autocast FSDP runs DDP's arithmetic: the same casts of the
+// same parameters, and each gradient averaged as (a + b) / 2 over 2 ranks
+// (halving is exact), so the weights are DDP's bit for bit.
+TEST(FsdpCliTest, Bf16AutocastTrainsAsDdpBitForBit) {
+  expect_same_weights({"--nproc-per-node 2", "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0"},
+                      "--model convnet --amp bf16", 0.0, "--model convnet --amp bf16 --momentum 0.5");
+}
+
+// Its checkpoints are plain ones (Note [fsdp optimizer state]): 2 FSDP ranks
+// stopped at step 10 resume in one process without FSDP, or on 4 FSDP ranks
+// with other units, and end where 20 uninterrupted FSDP steps do.
+TEST(FsdpCliTest, CheckpointsResumeWithOrWithoutFsdp) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 1024, 64);
+  const std::string model = "--model mlp --dtype float64 ";
+  const std::string fsdp = "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0";
+  train_and_export(dir, model + fsdp, "whole.safetensors");
+  std::vector<std::pair<std::string, std::string>> resumed;
+  for (const std::string how : {"--nproc-per-node 0", "--nproc-per-node 4 --strategy fsdp"}) {
+    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
+    auto r = resume_after_ten_steps(dir, model, fsdp + " --checkpoint-every 4", how,
+                                    "ckpt-" + std::to_string(resumed.size()), name);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
+    resumed.emplace_back(name, "2 FSDP ranks, then " + how);
   }
   expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
 }

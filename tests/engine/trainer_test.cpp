@@ -335,6 +335,47 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
   }
 }
 
+// --strategy fsdp in one process has nothing to shard over and trains as
+// one process does, bit for bit (the sharded ranks: FsdpCliTest); its flags
+// and the options it cannot work with are refused by name.
+TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.max_steps = 4;
+  Trainer plain(o, nullptr);
+  plain.run();
+  auto fsdp = o;
+  fsdp.strategy = "fsdp";
+  Trainer one(fsdp, nullptr);
+  one.run();
+  expect_equal_states(state_of(plain), state_of(one));
+
+  auto bad = fsdp;
+  bad.shard_optimizer = true;
+  refused(bad, "--shard-optimizer does not go with --strategy fsdp, which shards the momentum already");
+  bad = fsdp;
+  bad.checkpoint_activations = 2;
+  refused(bad, "--checkpoint-activations does not go with --strategy fsdp yet");
+  bad = fsdp;
+  bad.ddp_comm_hook = "fp16";
+  refused(bad, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces");
+  bad = fsdp;
+  bad.bucket_cap_mb = 5;
+  refused(bad, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets");
+  bad = fsdp;
+  bad.fsdp_sharding = "half";
+  refused(bad, "--fsdp-sharding: expected full or grad-op, got 'half'");
+  bad = fsdp;
+  bad.fsdp_min_unit_params = -1;
+  refused(bad, "--fsdp-min-unit-params: expected >= 0, got -1");
+  bad = o;
+  bad.fsdp_sharding = "grad-op";
+  refused(bad, "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
+  bad = o;
+  bad.fsdp_min_unit_params = 0;
+  refused(bad, "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
+}
+
 // --profile-out: libtorch's profiler over the steps of --profile-steps,
 // written as Chrome trace events: the trainer's phases once per traced step,
 // each inside its step, with the ATen operators under them. A run that stops

@@ -47,7 +47,7 @@ struct TrainOptions {
   int64_t checkpoint_activations = 0;  // segments recomputed in backward (models/activation_checkpoint.h); 0: off
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
-  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | dp | pipeline
+  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | fsdp | dp | pipeline
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
   int64_t micro_batches = 4;          // --strategy pipeline: micro-batches per batch
@@ -56,6 +56,8 @@ struct TrainOptions {
   std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   bool shard_optimizer = false;       // SGD's momentum sharded over the ranks (optim/zero.h)
+  std::string fsdp_sharding = "full";  // --strategy fsdp: full (ZeRO-3) | grad-op (ZeRO-2) (parallel/fsdp.h)
+  int64_t fsdp_min_unit_params = int64_t(1) << 17;  // --strategy fsdp: the smallest unit (plan_units)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   std::string dist_backend = "auto";  // auto | gloo | nccl

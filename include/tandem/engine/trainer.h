@@ -26,6 +26,7 @@
 #include "tandem/optim/grad_scaler.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/pipeline.h"
 
 namespace tandem::engine {
@@ -103,6 +104,8 @@ class Trainer {
   // torchrun, srun, mpirun): data parallel over the group's ranks.
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
+  // --strategy fsdp; detached at the end of run(), so the model holds its weights again.
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
   parallel::DataParallel dp_{nullptr};                      // --strategy dp
   std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline
   std::string pipeline_split_;                              // its stages, for the log
@@ -111,6 +114,7 @@ class Trainer {
   std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   int64_t rank_ = 0, world_ = 1;
+  int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
 };
 
 // Parses "cpu", "cuda", "cuda:N"; throws tandem::Error naming --device if the
