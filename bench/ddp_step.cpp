@@ -10,6 +10,7 @@
 //
 //   tandem launch --nproc-per-node 2 -- ddp_step --mode ddp --model resnet18 --batch 64
 //   ddp_step --mode none --batch 64                        (one process, no DDP)
+//   tandem launch --nproc-per-node 2 -- ddp_step --mode fsdp --batch 64   (bench/fsdp.sh)
 //   tandem launch --nproc-per-node 2 -- ddp_step --mode scaling --batch 64
 //
 // --mode scaling measures (a), the scaling efficiency, with the drift
@@ -24,6 +25,8 @@
 // alone while the others wait in a barrier (their cores idle, as a
 // one-process run leaves them). Each pair's ratio is one efficiency
 // measured within seconds, and the median over pairs is printed.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -38,6 +41,7 @@
 #include "tandem/models/registry.h"
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/parallel/fsdp.h"
 #include "tandem/util/allocator.h"
 #include "tandem/util/check.h"
 #include "tandem/util/stats.h"
@@ -48,13 +52,16 @@ using namespace tandem;
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
   std::string model_name = "resnet18", mode = "ddp", hook = "allreduce", zero = "optimizer";
+  std::string fsdp_sharding = "full";
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
+  int64_t fsdp_min_unit_params = int64_t(1) << 17;
   double bucket_cap_mb = 25, last_bucket_mb = 1;
   bool timeline = false, shard_optimizer = false;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
-  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling"},
+  flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling", "fsdp"},
                    "none: no gradient reduction (one rank); ddp: DistributedDataParallel; "
+                   "fsdp: FullyShardedDataParallel (bench/fsdp.sh); "
                    "allreduce: average_gradients after backward; paired: one process "
                    "alternating steps of a plain model and of the same model under DDP in a "
                    "group of one (DDP's own overhead, machine drift cancelled); scaling: the "
@@ -66,6 +73,10 @@ int main(int argc, char** argv) {
   flags.add_switch("shard-optimizer", &shard_optimizer,
                    "step with optim::ZeroSgd (momentum sharded over the ranks, each share "
                    "broadcast by its owner) instead of torch::optim::SGD; bench/zero.sh");
+  flags.add_choice("fsdp-sharding", &fsdp_sharding, {"full", "grad-op"},
+                   "--mode fsdp: ZeRO-3 (parameters gathered again for backward) or ZeRO-2");
+  flags.add_int("fsdp-min-unit-params", "N", &fsdp_min_unit_params,
+                "--mode fsdp: the smallest unit of top-level layers (parallel::plan_units)", 0);
   flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
   flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
   flags.add_switch("timeline", &timeline, "print each timed DDP step's buckets: size, launch and end, in "
@@ -109,6 +120,7 @@ int main(int argc, char** argv) {
     struct Run {
       models::Sequence model{nullptr};
       std::unique_ptr<parallel::DistributedDataParallel> ddp;
+      std::unique_ptr<parallel::FullyShardedDataParallel> fsdp;
       std::unique_ptr<torch::optim::SGD> sgd;
       std::vector<double> step_ms, hidden, exposed_ms, optimizer_ms;
     };
@@ -127,7 +139,13 @@ int main(int argc, char** argv) {
         dist::broadcast_module(*run->model, *group);
       }
       const auto sgd_options = torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(5e-4);
-      if (shard_optimizer && group && (use_ddp || mode == "allreduce")) {
+      if (mode == "fsdp") {
+        parallel::FsdpOptions options;
+        options.min_unit_numel = fsdp_min_unit_params;
+        options.reshard_after_forward = fsdp_sharding == "full";
+        run->fsdp = std::make_unique<parallel::FullyShardedDataParallel>(run->model, group, options);
+        run->sgd = std::make_unique<torch::optim::SGD>(run->fsdp->parameters(), sgd_options);
+      } else if (shard_optimizer && group && (use_ddp || mode == "allreduce")) {
         run->sgd = std::make_unique<optim::ZeroSgd>(run->model->parameters(), sgd_options, group);
       } else {
         run->sgd = std::make_unique<torch::optim::SGD>(run->model->parameters(), sgd_options);
@@ -147,11 +165,13 @@ int main(int argc, char** argv) {
         r.sgd->zero_grad();
         if (group && mode == "allreduce") dist::broadcast_buffers(*r.model, *group);
       }
-      auto loss = whole_batch
-                      ? torch::nn::functional::cross_entropy(r.model->forward(all_inputs), all_targets)
-                      : torch::nn::functional::cross_entropy(r.model->forward(inputs), targets);
+      auto forward = [&](const torch::Tensor& x) { return r.fsdp ? r.fsdp->forward(x) : r.model->forward(x); };
+      auto loss = whole_batch ? torch::nn::functional::cross_entropy(forward(all_inputs), all_targets)
+                              : torch::nn::functional::cross_entropy(forward(inputs), targets);
       loss.backward();
-      if (r.ddp) {
+      if (r.fsdp) {
+        r.fsdp->after_backward();
+      } else if (r.ddp) {
         r.ddp->after_backward();
       } else if (group && mode == "allreduce") {
         dist::average_gradients(*r.model, *group);
@@ -180,6 +200,7 @@ int main(int argc, char** argv) {
         }
       }
     };
+    TANDEM_CHECK(mode != "fsdp" || group, "--mode fsdp needs a group: run under tandem launch");
     auto main_run = make_run(mode == "ddp" || mode == "paired" || mode == "scaling");
     std::unique_ptr<Run> plain;
     if (mode == "paired" || (mode == "scaling" && rank == 0)) plain = make_run(false);
@@ -226,14 +247,26 @@ int main(int argc, char** argv) {
       const auto& buffer = static_cast<const torch::optim::SGDParamState&>(*state).momentum_buffer();
       if (buffer.defined()) state_bytes += static_cast<double>(buffer.numel() * buffer.element_size());
     }
+    // What the rank holds between steps for training: the parameters the
+    // optimizer steps (FSDP: the shards), their gradients, the momentum.
+    double held_bytes = state_bytes;
+    for (const auto& g : main_run->sgd->param_groups()) {
+      for (const auto& p : g.params()) {
+        held_bytes += static_cast<double>(p.numel() * p.element_size());
+        if (p.grad().defined()) held_bytes += static_cast<double>(p.grad().numel() * p.grad().element_size());
+      }
+    }
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
     if (rank == 0) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
                   "\"threads\": %d, \"buckets\": %zu, \"step_ms\": %.2f, \"hidden_share\": %.3f, "
-                  "\"exposed_ms\": %.2f, \"optimizer_ms\": %.2f, \"state_mib\": %.2f}\n",
+                  "\"exposed_ms\": %.2f, \"optimizer_ms\": %.2f, \"state_mib\": %.2f, "
+                  "\"held_mib\": %.2f, \"max_rss_mib\": %.1f}\n",
                   mode.c_str(), static_cast<long long>(world), static_cast<long long>(batch),
                   at::get_num_threads(), ddp ? ddp->buckets().size() : size_t(0), median(step_ms),
                   ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0, median(main_run->optimizer_ms),
-                  state_bytes / 1048576.0);
+                  state_bytes / 1048576.0, held_bytes / 1048576.0, usage.ru_maxrss / 1024.0);
       std::fflush(stdout);
     }
   });

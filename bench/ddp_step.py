@@ -6,10 +6,14 @@ Run under torchrun (python -m torch.distributed.run), or alone with
 --mode scaling (under torchrun, 2 or more ranks) alternates DDP steps with
 a plain step on the whole batch on rank 0, as ddp_step.cpp's Note [paired
 scaling] says, and prints the median of the pairs' efficiencies.
+--mode fsdp: PyTorch's FSDP (fully_shard, FSDP2) over a CPU mesh, one
+fully_shard per residual stage (layer1 to layer4, or per top-level layer of
+convnet) and one for the root (bench/fsdp.sh).
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -26,7 +30,9 @@ from train_throughput import resnet18_cifar, convnet  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--mode", default="ddp", choices=["none", "ddp", "paired", "scaling"])
+    p.add_argument("--mode", default="ddp", choices=["none", "ddp", "paired", "scaling", "fsdp"])
+    p.add_argument("--fsdp-sharding", default="full", choices=["full", "grad-op"],
+                   help="--mode fsdp: reshard_after_forward True (ZeRO-3) or False (ZeRO-2)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=8)
@@ -60,7 +66,17 @@ def main():
         model = resnet18_cifar(3, 10) if a.model == "resnet18" else convnet(3, 10, a.image_size)
         model.train()
         net = model
-        if use_ddp:
+        if a.mode == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (world,))
+            keep = a.fsdp_sharding == "full"
+            stages = ([getattr(model, f"layer{i}") for i in range(1, 5)] if a.model == "resnet18"
+                      else [m for m in model.children() if any(True for _ in m.parameters())])
+            for stage in stages:
+                fully_shard(stage, mesh=mesh, reshard_after_forward=keep)
+            fully_shard(model, mesh=mesh, reshard_after_forward=keep)
+        elif use_ddp:
             net = torch.nn.parallel.DistributedDataParallel(
                 model, bucket_cap_mb=a.bucket_cap_mb,
                 gradient_as_bucket_view=a.gradient_as_bucket_view)
@@ -75,6 +91,8 @@ def main():
     torch.manual_seed(1 + rank)
     x = torch.randn(a.batch // world, 3, a.image_size, a.image_size)
     y = torch.randint(0, 10, (a.batch // world,))
+    if a.mode == "fsdp" and world < 2:
+        raise SystemExit("--mode fsdp runs under torchrun with 2 or more ranks")
     runs = [make(a.mode in ("ddp", "paired", "scaling"))]
     if a.mode == "paired":
         runs.append(make(False))
@@ -127,13 +145,23 @@ def main():
         # This rank's momentum buffers (ZeroRedundancyOptimizer: its share, in .optim).
         sgd = runs[0][1]
         local = sgd.optim if isinstance(sgd, ZeroRedundancyOptimizer) else sgd
-        state_bytes = sum(s["momentum_buffer"].numel() * s["momentum_buffer"].element_size()
+        def nbytes(t):  # this rank's part of a DTensor (FSDP), or the tensor
+            t = t.to_local() if hasattr(t, "to_local") else t
+            return t.numel() * t.element_size()
+        state_bytes = sum(nbytes(s["momentum_buffer"])
                           for s in local.state.values() if s.get("momentum_buffer") is not None)
+        # What the rank holds between steps for training: parameters (FSDP:
+        # its shards), their gradients, the momentum (ddp_step.cpp's held_mib).
+        held = state_bytes + sum(nbytes(p) + (nbytes(p.grad) if p.grad is not None else 0)
+                                 for g in local.param_groups for p in g["params"])
         print(json.dumps({"impl": "pytorch", "mode": a.mode, "world": world, "batch": a.batch,
                           "threads": torch.get_num_threads(),
                           "step_ms": round(statistics.median(times), 2),
                           "optimizer_ms": round(statistics.median(runs[0][3]), 2),
-                          "state_mib": round(state_bytes / 1048576, 2)}), flush=True)
+                          "state_mib": round(state_bytes / 1048576, 2),
+                          "held_mib": round(held / 1048576, 2),
+                          "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}),
+              flush=True)
     if dist.is_initialized():
         # Leave without freeing the models, the optimizers or the group: on
         # 2026-11-25 a worker of a ZeroRedundancyOptimizer run hung now and

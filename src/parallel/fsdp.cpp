@@ -306,6 +306,7 @@ void FullyShardedDataParallel::reduce(size_t index) {
     p.mutable_grad() = torch::Tensor();
   }
   release(index);  // its backward is over
+  settle_reductions();  // Note [fsdp prefetch]: the previous unit's, which ran during this one's backward
   Unit::Pending pending;
   pending.input = flat;
   if (world_ == 1) {
@@ -327,6 +328,13 @@ void FullyShardedDataParallel::after_backward() {
     std::fill(missing_.begin(), missing_.end(), 0);
     launch_reductions();
   }
+  settle_reductions();
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  in_backward_ = false;
+  seen_.clear();
+}
+
+void FullyShardedDataParallel::settle_reductions() {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     for (auto& pending : unit->pending) {
@@ -334,11 +342,8 @@ void FullyShardedDataParallel::after_backward() {
       auto& grad = unit->shard.mutable_grad();
       grad = grad.defined() ? grad + pending.output : pending.output;
     }
-    unit->pending.clear();
+    unit->pending.clear();  // the flat gradient goes
   }
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
-  in_backward_ = false;
-  seen_.clear();
 }
 
 FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp, bool write_back)

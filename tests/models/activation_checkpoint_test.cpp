@@ -149,40 +149,6 @@ TEST(ActivationCheckpointTest, EachCheckpointedSegmentRunsOnceMoreInBackward) {
             std::string::npos);
 }
 
-// A CPU allocator that counts the bytes live and their peak.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) override {
-    auto inner = new Inner{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    int64_t now = live_, peak = peak_;
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {inner->data.get(), inner, &free_inner, inner->data.device()};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-  void reset_peak() { peak_ = live_.load(); }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  struct Inner {
-    c10::DataPtr data;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void free_inner(void* context) {
-    auto* inner = static_cast<Inner*>(context);
-    inner->owner->live_ -= static_cast<int64_t>(inner->bytes);
-    delete inner;
-  }
-  c10::Allocator* base_;
-  std::atomic<int64_t> live_{0}, peak_{0};
-};
-
 TEST(ActivationCheckpointTest, ThePeakOfMemoryIsLower) {
   // 16 layers of 512 x 512 with tanh (which keeps its output) on 512 rows:
   // each activation is 1 MiB, and without checkpointing backward starts with
@@ -200,7 +166,7 @@ TEST(ActivationCheckpointTest, ThePeakOfMemoryIsLower) {
   };
   auto x = torch::randn({512, 512});
   auto* base = c10::GetCPUAllocator();
-  CountingAllocator counting(base);
+  testing::CountingAllocator counting(base);
   c10::SetCPUAllocator(&counting, /*priority=*/100);
   auto peak_of = [&](Sequence net) {
     counting.reset_peak();

@@ -38,8 +38,11 @@
 // all-gather before it runs unit k, and backward starts unit k - 1's before
 // it runs unit k's backward, so communication overlaps computation (Gloo
 // runs collectives on threads of its own) at the price of two units in
-// memory. Reduce-scatters are started as units complete and waited for in
-// after_backward().
+// memory. A unit's reduce-scatter is started as soon as its gradients are
+// in and runs while backward computes the unit before it; it is waited for
+// when that unit's own starts (or in after_backward()), so one reduction is
+// in flight at a time and at most two units' flat gradients exist at once,
+// not the whole model's.
 //
 // Note [fsdp collective order]: ranks must issue collectives in the same
 // order. The all-gathers of forward and backward and the reduce-scatters go
@@ -166,6 +169,7 @@ class FullyShardedDataParallel {
   void release(size_t unit);         // frees the full buffer
   void launch_reductions();          // requires mutex_: complete units, last first
   void reduce(size_t unit);          // requires mutex_
+  void settle_reductions();          // requires mutex_: waits, adds into the shards' gradients
 
   models::Sequence model_;
   std::shared_ptr<dist::ProcessGroup> group_;
