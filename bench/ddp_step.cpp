@@ -32,9 +32,11 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include "bench_main.h"
+#include "counting_allocator.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/process_group.h"
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;
   int64_t fsdp_min_unit_params = int64_t(1) << 17;
   double bucket_cap_mb = 25, last_bucket_mb = 1;
-  bool timeline = false, shard_optimizer = false;
+  bool timeline = false, shard_optimizer = false, count_memory = false;
   cli::FlagSet flags("ddp_step", "Time of one data-parallel training step.");
   flags.add_string("model", "NAME", &model_name, "model (CIFAR stem at 32 px)");
   flags.add_choice("mode", &mode, {"none", "ddp", "allreduce", "paired", "scaling", "fsdp"},
@@ -77,6 +79,9 @@ int main(int argc, char** argv) {
                    "--mode fsdp: ZeRO-3 (parameters gathered again for backward) or ZeRO-2");
   flags.add_int("fsdp-min-unit-params", "N", &fsdp_min_unit_params,
                 "--mode fsdp: the smallest unit of top-level layers (parallel::plan_units)", 0);
+  flags.add_switch("count-memory", &count_memory,
+                   "count the CPU allocator's live bytes and report their peak over the timed "
+                   "steps (peak_live_mib; rank 0's process)");
   flags.add_choice("comm-hook", &hook, {"allreduce", "fp16", "bf16"}, "DDP communication hook");
   flags.add_double("bucket-cap-mb", "MB", &bucket_cap_mb, "DDP bucket cap", 1e-3);
   flags.add_switch("timeline", &timeline, "print each timed DDP step's buckets: size, launch and end, in "
@@ -201,6 +206,13 @@ int main(int argc, char** argv) {
       }
     };
     TANDEM_CHECK(mode != "fsdp" || group, "--mode fsdp needs a group: run under tandem launch");
+    // --count-memory: every allocation from here on goes through the counter.
+    auto* base_allocator = c10::GetCPUAllocator();
+    std::unique_ptr<testing::CountingAllocator> counting;
+    if (count_memory) {
+      counting = std::make_unique<testing::CountingAllocator>(base_allocator);
+      c10::SetCPUAllocator(counting.get(), /*priority=*/100);
+    }
     auto main_run = make_run(mode == "ddp" || mode == "paired" || mode == "scaling");
     std::unique_ptr<Run> plain;
     if (mode == "paired" || (mode == "scaling" && rank == 0)) plain = make_run(false);
@@ -225,9 +237,11 @@ int main(int argc, char** argv) {
       return;
     }
     for (int64_t i = 0; i < warmup + steps; ++i) {
+      if (counting && i == warmup) counting->reset_peak();
       step(*main_run, i >= warmup);
       if (plain) step(*plain, i >= warmup);
     }
+    const double peak_live_mib = counting ? static_cast<double>(counting->peak()) / 1048576.0 : 0.0;
     auto& ddp = main_run->ddp;
     auto& step_ms = main_run->step_ms;
     auto& hidden = main_run->hidden;
@@ -262,11 +276,11 @@ int main(int argc, char** argv) {
       std::printf("{\"impl\": \"tandem\", \"mode\": \"%s\", \"world\": %lld, \"batch\": %lld, "
                   "\"threads\": %d, \"buckets\": %zu, \"step_ms\": %.2f, \"hidden_share\": %.3f, "
                   "\"exposed_ms\": %.2f, \"optimizer_ms\": %.2f, \"state_mib\": %.2f, "
-                  "\"held_mib\": %.2f, \"max_rss_mib\": %.1f}\n",
+                  "\"held_mib\": %.2f, \"max_rss_mib\": %.1f, \"peak_live_mib\": %.1f}\n",
                   mode.c_str(), static_cast<long long>(world), static_cast<long long>(batch),
                   at::get_num_threads(), ddp ? ddp->buckets().size() : size_t(0), median(step_ms),
                   ddp ? median(hidden) : 0.0, ddp ? median(exposed_ms) : 0.0, median(main_run->optimizer_ms),
-                  state_bytes / 1048576.0, held_bytes / 1048576.0, usage.ru_maxrss / 1024.0);
+                  state_bytes / 1048576.0, held_bytes / 1048576.0, usage.ru_maxrss / 1024.0, peak_live_mib);
       std::fflush(stdout);
     }
   });

@@ -61,8 +61,24 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   int64_t count = 0;
+  // Every rank calls `forward` as often as the rank with the most batches
+  // (rank 0, whose share is the largest): a forward with collectives in it
+  // (FSDP's all-gathers) must not leave a rank waiting for one more call.
+  int64_t calls = 0;
+  const int64_t ranks = group != nullptr ? group->size() : 1;
+  const int64_t most = (dataset.size() + ranks - 1) / ranks;
+  const int64_t batches_of_the_most = (most + batch_size - 1) / batch_size;
+  auto empty_input = [&] {
+    const auto info = dataset.info();
+    return torch::zeros({0, info.channels, info.height, info.width},
+                        torch::TensorOptions().dtype(models::parameter_dtype(*model)).device(device));
+  };
   while (auto batch = batches.next()) {
-    if (batch->size() == 0) continue;
+    ++calls;
+    if (batch->size() == 0) {  // every image of it was unreadable
+      if (forward) forward(empty_input());
+      continue;
+    }
     const auto& inputs = batch->inputs;
     const auto& targets = batch->targets;
     auto logits = forward ? forward(inputs) : model->forward(inputs);
@@ -71,6 +87,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     correct += logits.argmax(1).eq(targets).sum();
     count += batch->size();
   }
+  for (; forward && calls < batches_of_the_most; ++calls) forward(empty_input());
   model->train(was_training);
   // Summed over the ranks on the device (NCCL takes CUDA tensors only).
   auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
@@ -324,12 +341,12 @@ TrainResult Trainer::run() {
     for (const auto& unit : fsdp_->units()) largest = std::max(largest, unit.numel);
     for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
     const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
-    say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters gathered one at a time; "
-               "each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
+    say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
+               "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
                o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
                                          : "ZeRO-2: parameters kept from forward to backward",
                static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
-               shards * mib, parameter_count_ * mib));
+               fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
   } else if (o.strategy == "fsdp") {
     say("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }

@@ -1,6 +1,7 @@
 #include "tandem/parallel/fsdp.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function.h>
@@ -65,6 +66,7 @@ struct FullyShardedDataParallel::Unit {
   torch::Tensor at_rest;  // what the parameters hold at rest: no elements
   FlatLayout layout;
   torch::Tensor full;   // the padded flat buffer (released at rest)
+  torch::Tensor grad_flat;  // during its backward: the parameters' gradients are aliases of it
   torch::Tensor shard;  // this rank's slice: shards_[...]
   bool allocated = false;
   bool gathering = false;
@@ -81,6 +83,13 @@ struct FullyShardedDataParallel::Unit {
   // The flat buffer's slice of parameter k (its position in this unit).
   torch::Tensor slot(const torch::Tensor& flat, size_t k) const {
     return flat.as_strided(shapes[k], strides[k], flat.storage_offset() + layout.offsets[k]);
+  }
+  // The same place as a tensor of its own, not an autograd view of `flat`
+  // (a parameter's .grad(), which AccumulateGrad adds into in place).
+  torch::Tensor alias(const torch::Tensor& flat, size_t k) const {
+    auto t = torch::empty({0}, flat.options());
+    t.set_(flat.storage(), flat.storage_offset() + layout.offsets[k], shapes[k], strides[k]);
+    return t;
   }
 };
 
@@ -102,10 +111,26 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
   gather_group_ = group_->duplicate("fsdp-gather");
   reduce_group_ = group_->duplicate("fsdp-reduce");
 
+  // Note [fsdp layers]: the model's layers, a nested Sequence opened up.
+  std::function<void(const models::SequenceImpl&, const std::string&)> open_up =
+      [&](const models::SequenceImpl& sequence, const std::string& prefix) {
+        for (size_t i = 0; i < sequence.size(); ++i) {
+          const auto& module = sequence.at(i);
+          const std::string name = prefix + sequence.name(i);
+          auto nested = std::dynamic_pointer_cast<models::SequenceImpl>(module.ptr());
+          if (nested && nested->checkpointed_segments().empty()) {
+            open_up(*nested, name + ".");
+          } else {
+            layers_.push_back(module);
+            layer_names_.push_back(name);
+          }
+        }
+      };
+  open_up(*model_, "");
   std::vector<int64_t> layer_numels;
   std::vector<std::vector<torch::Tensor>> layer_parameters;
-  for (size_t i = 0; i < model_->size(); ++i) {
-    layer_parameters.push_back(model_->at(i).ptr()->parameters());
+  for (const auto& layer : layers_) {
+    layer_parameters.push_back(layer.ptr()->parameters());
     int64_t numel = 0;
     for (const auto& p : layer_parameters.back()) numel += p.numel();
     layer_numels.push_back(numel);
@@ -122,7 +147,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
         TANDEM_CHECK(unit->parameters.empty() ||
                          (p.device() == parameters_[unit->parameters[0]].device() &&
                           p.scalar_type() == parameters_[unit->parameters[0]].scalar_type()),
-                     "FullyShardedDataParallel: layer '", model_->name(layer), "' has a parameter of ",
+                     "FullyShardedDataParallel: layer '", layer_names_[layer], "' has a parameter of ",
                      p.scalar_type(), " on ", p.device(), ", unlike the rest of its unit (",
                      parameters_[unit->parameters[0]].scalar_type(), " on ",
                      parameters_[unit->parameters[0]].device(), "); a unit is one flat buffer");
@@ -179,6 +204,16 @@ void FullyShardedDataParallel::detach_model() {
   for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
   accumulators_.clear();
   hook_keys_.clear();
+}
+
+std::string FullyShardedDataParallel::describe_units() const {
+  std::string text;
+  for (const auto& plan : plans_) {
+    if (!text.empty()) text += " | ";
+    text += layer_names_[plan.begin];
+    if (plan.end - plan.begin > 1) text += ".." + layer_names_[plan.end - 1];
+  }
+  return text;
 }
 
 int64_t FullyShardedDataParallel::gathered_units() const {
@@ -254,7 +289,7 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
     wait_gathered(u);
     if (options_.prefetch && u + 1 < units_.size()) gather(u + 1);  // Note [fsdp prefetch]
     const auto& plan = units_[u]->plan;
-    for (size_t layer = plan.begin; layer < plan.end; ++layer) x = model_->at(layer).forward(x);
+    for (size_t layer = plan.begin; layer < plan.end; ++layer) x = layers_[layer].forward(x);
     if (graph && !units_[u]->empty() && x.requires_grad()) {
       // Before the unit's own backward: gather it again (a pre-hook of the
       // node that made x, which stays the same if x is later changed in place).
@@ -269,6 +304,21 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
 
 void FullyShardedDataParallel::before_unit_backward(size_t index) {
   wait_gathered(index);
+  {
+    // Note [fsdp gradients in place]
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& unit = *units_[index];
+    if (in_backward_ && !unit.empty() && !unit.grad_flat.defined() && index < reduced_down_to_) {
+      torch::NoGradGuard no_grad;
+      unit.grad_flat = torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+      for (size_t k = 0; k < unit.parameters.size(); ++k) {
+        auto& p = parameters_[unit.parameters[k]];
+        auto place = unit.alias(unit.grad_flat, k);
+        if (p.grad().defined()) place.copy_(p.grad());
+        p.mutable_grad() = place;
+      }
+    }
+  }
   if (!options_.prefetch) return;
   for (size_t u = index; u-- > 0;) {  // Note [fsdp prefetch]: the next unit backward will reach
     if (units_[u]->empty()) continue;
@@ -298,11 +348,18 @@ void FullyShardedDataParallel::reduce(size_t index) {
   if (unit.empty()) return;
   torch::NoGradGuard no_grad;
   // The gradients, in the parameters' places; zeros for padding and for a
-  // parameter without one.
-  auto flat = torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+  // parameter without one. Normally backward added them there already
+  // (Note [fsdp gradients in place]); a gradient that is not its alias
+  // (none was set up: the unit's hook did not run) is copied in.
+  auto flat = unit.grad_flat.defined()
+                  ? unit.grad_flat
+                  : torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+  unit.grad_flat = torch::Tensor();
   for (size_t k = 0; k < unit.parameters.size(); ++k) {
     auto& p = parameters_[unit.parameters[k]];
-    if (p.grad().defined()) unit.slot(flat, k).copy_(p.grad());
+    const auto& g = p.grad();
+    auto place = unit.slot(flat, k);
+    if (g.defined() && (g.data_ptr() != place.data_ptr() || g.strides() != place.strides())) place.copy_(g);
     p.mutable_grad() = torch::Tensor();
   }
   release(index);  // its backward is over

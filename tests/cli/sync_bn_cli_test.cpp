@@ -250,6 +250,29 @@ TEST(FsdpCliTest, Bf16AutocastTrainsAsDdpBitForBit) {
                       "--model convnet --amp bf16", 0.0, "--model convnet --amp bf16 --momentum 0.5");
 }
 
+// Evaluation under FSDP gathers units in every forward, so the ranks must
+// make as many: 65 test images over 2 ranks are 33 and 32, 3 and 2 batches
+// of 16; rank 1 runs an empty one at the end (engine::evaluate) instead of
+// leaving rank 0 in an all-gather until --dist-timeout. The loss and
+// accuracy are one process's.
+TEST(FsdpCliTest, UnevenEvaluationSplitsKeepTheRanksInStep) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 256, 65);
+  auto train = [&](const std::string& flags) {
+    auto r = run_tandem("train --data idx:" + dir.path() + " --model mlp --dtype float64 --batch-size 32 "
+                        "--max-steps 8 --epochs 1 --progress off --dist-timeout 30 --metrics-out " +
+                        dir.file("m.jsonl") + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return testing::last_metrics(dir.file("m.jsonl"));
+  };
+  auto one = train("--nproc-per-node 0");
+  auto fsdp = train("--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0");
+  ASSERT_FALSE(one.is_null());
+  ASSERT_FALSE(fsdp.is_null());
+  EXPECT_NEAR(fsdp["test_loss"].get<double>(), one["test_loss"].get<double>(), 1e-12);
+  EXPECT_EQ(fsdp["test_acc"].get<double>(), one["test_acc"].get<double>());
+}
+
 // Its checkpoints are plain ones (Note [fsdp optimizer state]): 2 FSDP ranks
 // stopped at step 10 resume in one process without FSDP, or on 4 FSDP ranks
 // with other units, and end where 20 uninterrupted FSDP steps do.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include "tandem/optim/clip.h"
@@ -63,16 +64,20 @@ TEST(FsdpPlanTest, FlatLayoutPadsToTheWorldSize) {
 
 // float64, so that the sums over ranks differ from one process's only in
 // the last bits. An in-place ReLU begins a unit when every layer is one.
-models::Sequence make_net(bool batch_norm = false) {
+// With `nested`, the last three layers are a Sequence of their own ("head").
+models::Sequence make_net(bool batch_norm = false, bool nested = false) {
   namespace nn = torch::nn;
   models::Sequence net;
   net->push_back("conv", nn::Conv2d(nn::Conv2dOptions(2, 4, 3).padding(1)));
   if (batch_norm) net->push_back("bn", nn::BatchNorm2d(4));
   net->push_back("relu1", nn::ReLU(nn::ReLUOptions(/*inplace=*/true)));
   net->push_back("flatten", nn::Flatten());
-  net->push_back("fc1", nn::Linear(4 * 5 * 5, 16));
-  net->push_back("relu2", nn::ReLU(nn::ReLUOptions(/*inplace=*/true)));
-  net->push_back("fc2", nn::Linear(16, 3));
+  models::Sequence head;
+  auto& tail = nested ? head : net;
+  tail->push_back("fc1", nn::Linear(4 * 5 * 5, 16));
+  tail->push_back("relu2", nn::ReLU(nn::ReLUOptions(/*inplace=*/true)));
+  tail->push_back("fc2", nn::Linear(16, 3));
+  if (nested) net->push_back("head", head);
   net->to(torch::kFloat64);
   return net;
 }
@@ -117,13 +122,13 @@ std::vector<torch::Tensor> reference(const models::Sequence& start, const Data& 
 
 // FSDP on `world` rank threads, each on its share of every batch (in
 // `chunks` backward passes a step), against the reference.
-void check_fsdp_equals_one_process(int world, FsdpOptions options, int64_t chunks = 1) {
+void check_fsdp_equals_one_process(int world, FsdpOptions options, int64_t chunks = 1, bool nested = false) {
   auto data = make_data();
   torch::manual_seed(1);
   auto start = make_net();
   auto expected = reference(start, data);
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
-    auto net = make_net();  // another start on every rank: FSDP broadcasts rank 0's...
+    auto net = make_net(false, nested);  // another start on every rank: FSDP broadcasts rank 0's...
     if (group->rank() == 0) copy_parameters(*start, *net);  // ...which is the reference's
     FullyShardedDataParallel fsdp(net, group, options);
     optim::Sgd sgd(fsdp.parameters(), sgd_options());
@@ -174,6 +179,25 @@ TEST(FsdpTest, KeepingParametersUntilBackwardGivesTheSameWeights) {
 }
 
 TEST(FsdpTest, OneRankIsPlainTraining) { check_fsdp_equals_one_process(1, {}); }
+
+// Note [fsdp layers]: a nested Sequence is opened up into its layers, which
+// units may then hold one by one; one that checkpoints segments stays whole.
+TEST(FsdpTest, NestedSequencesAreOpenedUpIntoLayers) {
+  FsdpOptions options;
+  options.min_unit_numel = 0;
+  check_fsdp_equals_one_process(2, options, 1, /*nested=*/true);
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto net = make_net(false, /*nested=*/true);
+    FullyShardedDataParallel fsdp(net, group, options);
+    EXPECT_EQ(fsdp.describe_units(), "conv | relu1 | flatten | head.fc1 | head.relu2 | head.fc2");
+    auto checkpointed = make_net(false, /*nested=*/true);
+    std::dynamic_pointer_cast<models::SequenceImpl>(checkpointed->at(3).ptr())->checkpoint_segments({2, 1});
+    options.min_unit_numel = 50;
+    FullyShardedDataParallel whole(checkpointed, group, options);
+    EXPECT_EQ(whole.describe_units(), "conv | relu1..head");
+  });
+  expect_no_errors(errors);
+}
 
 // Two backward passes before after_backward: the shards' gradients sum.
 TEST(FsdpTest, GradientsAccumulateOverBackwardPasses) {

@@ -2,7 +2,6 @@
 // the real on-disk formats, and running the `tandem` binary.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
+#include "counting_allocator.h"
 #include "tandem/dist/process_group.h"
 
 namespace tandem::testing {
@@ -73,42 +72,6 @@ std::string read_text(const std::string& path);
 
 // The last line of a --metrics-out file, parsed; null when there is none.
 nlohmann::json last_metrics(const std::string& path);
-
-// A CPU allocator that counts the bytes live and their peak, installed by
-// the test over c10::GetCPUAllocator() (c10::SetCPUAllocator) and removed
-// again; process-wide, so rank threads add up.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) override {
-    auto inner = new Inner{base_->allocate(n), n, this};
-    live_ += static_cast<int64_t>(n);
-    int64_t now = live_, peak = peak_;
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {inner->data.get(), inner, &free_inner, inner->data.device()};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-  void reset_peak() { peak_ = live_.load(); }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-
- private:
-  struct Inner {
-    c10::DataPtr data;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void free_inner(void* context) {
-    auto* inner = static_cast<Inner*>(context);
-    inner->owner->live_ -= static_cast<int64_t>(inner->bytes);
-    delete inner;
-  }
-  c10::Allocator* base_;
-  std::atomic<int64_t> live_{0}, peak_{0};
-};
 
 // Runs fn(group) on `world` ranks, one thread each, joined in a Gloo group
 // on 127.0.0.1 (at `port`, or a free one); returns each rank's error message

@@ -50,7 +50,10 @@ struct EvalResult {
 // grad), with `workers` loader threads. With a group, each rank evaluates the
 // samples r, r + W, ... and the sums are all-reduced: every rank returns the
 // result over the whole data set. `forward`, when given, runs the model
-// instead of model->forward (e.g. a pipeline's stages on their devices).
+// instead of model->forward (e.g. a pipeline's stages on their devices);
+// every rank then calls it equally often, on empty batches once its own
+// samples are done, so a forward with collectives in it (FSDP's) keeps the
+// ranks in step.
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers = 0,

@@ -11,8 +11,15 @@
 //     optimizer.step();                  // steps this rank's shards only
 //   }
 //
-// Note [fully sharded parameters]: the top-level layers of the model are
-// grouped into units (fsdp_plan.h). Each unit's parameters lie in one flat
+// Note [fsdp layers]: FSDP runs the model as a list of layers: its
+// top-level layers, with a nested Sequence (a ResNet stage) opened up into
+// its own layers, recursively, so that units can be as small as a residual
+// block (PyTorch's size-based policy recurses into submodules too). That is
+// the model's own forward as long as no Sequence checkpoints segments (one
+// that does is kept whole).
+//
+// Note [fully sharded parameters]: the layers are grouped into units
+// (fsdp_plan.h). Each unit's parameters lie in one flat
 // buffer, and each rank keeps only its 1/W slice of it, the shard, which is
 // what the optimizer steps (its momentum is a shard too). The model's own
 // parameter tensors stay (the same objects and names, so autograd's graph
@@ -33,6 +40,13 @@
 // gradient, and the unit's parameters and gradients are released. So a rank
 // holds 1/W of the parameters, gradients and optimizer state, plus the full
 // parameters and gradients of one or two units at a time.
+//
+// Note [fsdp gradients in place]: when backward reaches a unit (the hook
+// that gathers it), a zeroed flat gradient buffer is made and each
+// parameter's .grad() becomes the alias of its place in it, so autograd
+// adds the gradients straight into the buffer the reduce-scatter reads (as
+// DDP's gradients live in its buckets): no copy, and no second set of the
+// unit's gradients in memory.
 //
 // Note [fsdp prefetch]: with prefetch, forward starts unit k + 1's
 // all-gather before it runs unit k, and backward starts unit k - 1's before
@@ -148,7 +162,11 @@ class FullyShardedDataParallel {
   // model->parameters() order) cut into this rank's shards.
   std::vector<torch::Tensor> shard_like_parameters(const std::vector<torch::Tensor>& full) const;
 
+  // Units over layer_names(): Note [fsdp layers].
   const std::vector<FsdpUnitPlan>& units() const { return plans_; }
+  const std::vector<std::string>& layer_names() const { return layer_names_; }
+  // "conv1..layer1.1 | layer2.0 | ..." for logs.
+  std::string describe_units() const;
   // The model's parameters, in model->parameters() order.
   const std::vector<torch::Tensor>& model_parameters() const { return parameters_; }
   int64_t rank() const { return rank_; }
@@ -176,6 +194,8 @@ class FullyShardedDataParallel {
   std::shared_ptr<dist::ProcessGroup> gather_group_, reduce_group_;  // Note [fsdp collective order]
   FsdpOptions options_;
   int64_t rank_ = 0, world_ = 1;
+  std::vector<torch::nn::AnyModule> layers_;  // Note [fsdp layers]
+  std::vector<std::string> layer_names_;
   std::vector<FsdpUnitPlan> plans_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<torch::Tensor> shards_;

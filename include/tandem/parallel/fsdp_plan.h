@@ -6,7 +6,8 @@
 // and the number of collectives (two all-gathers and one reduce-scatter per
 // unit and step). Pure functions of the sizes, tested without processes.
 //
-// Units (PyTorch's size_based_auto_wrap_policy, over the top-level layers):
+// Units (PyTorch's size_based_auto_wrap_policy, over the layers that FSDP runs,
+// Note [fsdp layers] in fsdp.h):
 //  - the layers are taken in order; a unit is closed once it holds at least
 //    min_unit_numel parameters;
 //  - layers left after the last closed unit (pooling, flatten, a small
@@ -27,11 +28,11 @@
 namespace tandem::parallel {
 
 struct FsdpUnitPlan {
-  size_t begin = 0, end = 0;  // top-level layers [begin, end)
+  size_t begin = 0, end = 0;  // layers [begin, end)
   int64_t numel = 0;          // their parameters' elements
 };
 
-// `layer_numels`: parameters per top-level layer, in order. Throws
+// `layer_numels`: parameters per layer, in order. Throws
 // tandem::Error for a negative size or min_unit_numel.
 std::vector<FsdpUnitPlan> plan_units(const std::vector<int64_t>& layer_numels, int64_t min_unit_numel);
 
