@@ -6,9 +6,10 @@ Run under torchrun (python -m torch.distributed.run), or alone with
 --mode scaling (under torchrun, 2 or more ranks) alternates DDP steps with
 a plain step on the whole batch on rank 0, as ddp_step.cpp's Note [paired
 scaling] says, and prints the median of the pairs' efficiencies.
---mode fsdp: PyTorch's FSDP (fully_shard, FSDP2) over a CPU mesh, one
-fully_shard per residual stage (layer1 to layer4, or per top-level layer of
-convnet) and one for the root (bench/fsdp.sh).
+--mode fsdp: PyTorch's FSDP (fully_shard, FSDP2) over a CPU mesh, with
+units as near tandem's default plan as its module tree allows: for resnet18
+layer1 whole, each residual block of layer2 to layer4, and the root
+(conv1, bn1, fc); for convnet each layer with parameters (bench/fsdp.sh).
 """
 import argparse
 import json
@@ -71,8 +72,10 @@ def main():
             from torch.distributed.fsdp import fully_shard
             mesh = init_device_mesh("cpu", (world,))
             keep = a.fsdp_sharding == "full"
-            stages = ([getattr(model, f"layer{i}") for i in range(1, 5)] if a.model == "resnet18"
-                      else [m for m in model.children() if any(True for _ in m.parameters())])
+            if a.model == "resnet18":
+                stages = [model.layer1] + [b for i in (2, 3, 4) for b in getattr(model, f"layer{i}")]
+            else:
+                stages = [m for m in model.children() if any(True for _ in m.parameters())]
             for stage in stages:
                 fully_shard(stage, mesh=mesh, reshard_after_forward=keep)
             fully_shard(model, mesh=mesh, reshard_after_forward=keep)

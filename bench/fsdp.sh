@@ -9,14 +9,17 @@
 #                                            (defaults: 5, 2, 64, 4, full)
 #
 # resnet18 (CIFAR stem, random 3x32 inputs). Units: tandem's default plan
-# (conv1 to layer1 | layer2 | layer3 | layer4 to fc); PyTorch: layer1 to
-# layer4 each a fully_shard, the root holding conv1, bn1 and fc. SHARDING:
-# full (reshard after forward, ZeRO-3) or grad-op (ZeRO-2). Prints the
-# medians over rounds of: the step, what rank 0 holds between steps for
-# training (parameters or shards, gradients, momentum: held MiB) and rank
-# 0's peak resident memory (max RSS, which includes the runtime and the
-# activations); then FSDP's step tandem / PyTorch, and each one's FSDP
-# step / DDP step. Results belong in docs/PERFORMANCE.md.
+# (conv1..layer1.1 | layer2.0 | layer2.1 | layer3.0 | layer3.1 | layer4.0 |
+# layer4.1..fc); PyTorch: fully_shard on layer1, on each block of layer2 to
+# layer4, and on the root (conv1, bn1, fc). SHARDING: full (reshard after
+# forward, ZeRO-3) or grad-op (ZeRO-2). Prints the medians over rounds of:
+# the step, what rank 0 holds between steps for training (parameters or
+# shards, gradients, momentum: held MiB), rank 0's peak resident memory
+# (max RSS: the runtime, the activations and what malloc keeps) and, for
+# tandem, the peak of live bytes in its CPU allocator over the timed steps
+# (ddp_step --count-memory; PyTorch has no such counter on the CPU); then
+# FSDP's step tandem / PyTorch, and each one's FSDP step / DDP step.
+# Results belong in docs/PERFORMANCE.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 ranks=${2:-2}
@@ -27,7 +30,7 @@ common=(--model resnet18 --batch "$batch" --steps "$steps" --warmup 1 --threads 
 
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
 tandem_run() {  # --mode ddp|fsdp ...
-  "$build/tandem" launch --nproc-per-node "$ranks" -- "$build/bench/ddp_step" "${common[@]}" "$@" |
+  "$build/tandem" launch --nproc-per-node "$ranks" -- "$build/bench/ddp_step" "${common[@]}" --count-memory "$@" |
     sed 's/^\[rank 0\] //'
 }
 pytorch_run() {
@@ -35,7 +38,7 @@ pytorch_run() {
     "$repo/bench/ddp_step.py" "${common[@]}" "$@" 2>/dev/null
 }
 
-declare -A step held rss
+declare -A step held rss live
 for ((i = 0; i < rounds; i++)); do
   for impl in tandem pytorch; do
     for mode in ddp fsdp; do
@@ -46,6 +49,7 @@ for ((i = 0; i < rounds; i++)); do
       step[$key]+="$(echo "$out" | field step_ms) "
       held[$key]+="$(echo "$out" | field held_mib) "
       rss[$key]+="$(echo "$out" | field max_rss_mib) "
+      [[ $impl == tandem ]] && live[$key]+="$(echo "$out" | field peak_live_mib) "
     done
   done
 done
@@ -54,13 +58,15 @@ med() { local -n table=$1; printf '%s\n' ${table[$2]} | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 keys=("tandem ddp" "tandem fsdp" "pytorch ddp" "pytorch fsdp")
 for key in "${keys[@]}"; do
-  echo "rounds, $key: step ms ${step[$key]}; held MiB ${held[$key]}; max RSS MiB ${rss[$key]}"
+  echo "rounds, $key: step ms ${step[$key]}; held MiB ${held[$key]}; max RSS MiB ${rss[$key]}; peak live MiB ${live[$key]:-}"
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "torch: $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null); resnet18 (CIFAR stem), 3x32, global batch $batch, $ranks ranks, 1 thread per rank, FSDP sharding $sharding, $rounds rounds"
 for key in "${keys[@]}"; do
-  printf '%-13s step %8.1f ms   held %7.2f MiB   max RSS %7.1f MiB\n' "$key" \
-    "$(med step "$key")" "$(med held "$key")" "$(med rss "$key")"
+  peak=-
+  [[ $key == tandem* ]] && peak=$(med live "$key")
+  printf '%-13s step %8.1f ms   held %7.2f MiB   max RSS %7.1f MiB   peak live %s MiB\n' "$key" \
+    "$(med step "$key")" "$(med held "$key")" "$(med rss "$key")" "$peak"
 done
 echo "fsdp step, tandem / pytorch: $(ratio "$(med step "tandem fsdp")" "$(med step "pytorch fsdp")")"
 for impl in tandem pytorch; do

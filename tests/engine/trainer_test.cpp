@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -350,30 +351,27 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
   one.run();
   expect_equal_states(state_of(plain), state_of(one));
 
-  auto bad = fsdp;
-  bad.shard_optimizer = true;
-  refused(bad, "--shard-optimizer does not go with --strategy fsdp, which shards the momentum already");
-  bad = fsdp;
-  bad.checkpoint_activations = 2;
-  refused(bad, "--checkpoint-activations does not go with --strategy fsdp yet");
-  bad = fsdp;
-  bad.ddp_comm_hook = "fp16";
-  refused(bad, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces");
-  bad = fsdp;
-  bad.bucket_cap_mb = 5;
-  refused(bad, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets");
-  bad = fsdp;
-  bad.fsdp_sharding = "half";
-  refused(bad, "--fsdp-sharding: expected full or grad-op, got 'half'");
-  bad = fsdp;
-  bad.fsdp_min_unit_params = -1;
-  refused(bad, "--fsdp-min-unit-params: expected >= 0, got -1");
-  bad = o;
-  bad.fsdp_sharding = "grad-op";
-  refused(bad, "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
-  bad = o;
-  bad.fsdp_min_unit_params = 0;
-  refused(bad, "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
+  // (a change to the FSDP run's options, or to the plain one's, and why it is refused)
+  const std::vector<std::tuple<bool, std::function<void(TrainOptions&)>, std::string>> misfits{
+      {true, [](TrainOptions& b) { b.shard_optimizer = true; },
+       "--shard-optimizer does not go with --strategy fsdp, which shards the momentum already"},
+      {true, [](TrainOptions& b) { b.checkpoint_activations = 2; },
+       "--checkpoint-activations does not go with --strategy fsdp yet"},
+      {true, [](TrainOptions& b) { b.ddp_comm_hook = "fp16"; },
+       "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces"},
+      {true, [](TrainOptions& b) { b.bucket_cap_mb = 5; }, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets"},
+      {true, [](TrainOptions& b) { b.fsdp_sharding = "half"; }, "--fsdp-sharding: expected full or grad-op, got 'half'"},
+      {true, [](TrainOptions& b) { b.fsdp_min_unit_params = -1; }, "--fsdp-min-unit-params: expected >= 0, got -1"},
+      {false, [](TrainOptions& b) { b.fsdp_sharding = "grad-op"; },
+       "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
+      {false, [](TrainOptions& b) { b.fsdp_min_unit_params = 0; },
+       "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
+  };
+  for (const auto& [from_fsdp, change, why] : misfits) {
+    auto bad = from_fsdp ? fsdp : o;
+    change(bad);
+    refused(bad, why);
+  }
 }
 
 // --profile-out: libtorch's profiler over the steps of --profile-steps,

@@ -15,6 +15,7 @@
 namespace tandem::parallel {
 namespace {
 
+using testing::copy_parameters;
 using testing::run_ranks;
 
 // A small MLP with one parameter that forward never uses.
@@ -33,12 +34,6 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from.parameters();
-  auto dst = to.parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-}
 
 constexpr int kSteps = 5;
 constexpr int64_t kBatch = 12;

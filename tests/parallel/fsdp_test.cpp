@@ -20,6 +20,7 @@
 namespace tandem::parallel {
 namespace {
 
+using testing::copy_parameters;
 using testing::error_of;
 using testing::expect_no_errors;
 using testing::run_ranks;
@@ -82,11 +83,11 @@ models::Sequence make_net(bool batch_norm = false, bool nested = false) {
   return net;
 }
 
-void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from.parameters();
-  auto dst = to.parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+
+FsdpOptions units_of_at_least(int64_t parameters) {
+  FsdpOptions options;
+  options.min_unit_numel = parameters;
+  return options;
 }
 
 constexpr int kSteps = 4;
@@ -163,16 +164,14 @@ TEST(FsdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) {
 }
 
 TEST(FsdpTest, EveryLayerAUnitOnThreeRanksWithOrWithoutPrefetch) {
-  FsdpOptions options;
-  options.min_unit_numel = 0;  // seven units, the parameter-free ones among them
+  auto options = units_of_at_least(0);  // seven units, the parameter-free ones among them
   check_fsdp_equals_one_process(3, options);
   options.prefetch = false;
   check_fsdp_equals_one_process(3, options);
 }
 
 TEST(FsdpTest, KeepingParametersUntilBackwardGivesTheSameWeights) {
-  FsdpOptions options;
-  options.min_unit_numel = 50;
+  auto options = units_of_at_least(50);
   options.reshard_after_forward = false;  // ZeRO-2
   check_fsdp_equals_one_process(2, options);
   check_fsdp_equals_one_process(4, options);
@@ -183,8 +182,7 @@ TEST(FsdpTest, OneRankIsPlainTraining) { check_fsdp_equals_one_process(1, {}); }
 // Note [fsdp layers]: a nested Sequence is opened up into its layers, which
 // units may then hold one by one; one that checkpoints segments stays whole.
 TEST(FsdpTest, NestedSequencesAreOpenedUpIntoLayers) {
-  FsdpOptions options;
-  options.min_unit_numel = 0;
+  auto options = units_of_at_least(0);
   check_fsdp_equals_one_process(2, options, 1, /*nested=*/true);
   auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto net = make_net(false, /*nested=*/true);
@@ -201,8 +199,7 @@ TEST(FsdpTest, NestedSequencesAreOpenedUpIntoLayers) {
 
 // Two backward passes before after_backward: the shards' gradients sum.
 TEST(FsdpTest, GradientsAccumulateOverBackwardPasses) {
-  FsdpOptions options;
-  options.min_unit_numel = 50;
+  auto options = units_of_at_least(50);
   check_fsdp_equals_one_process(2, options, /*chunks=*/3);
 }
 
@@ -214,8 +211,7 @@ TEST(FsdpTest, AtRestOnlyShardsHoldMemory) {
     auto before = net->parameters();
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& p : before) shapes.push_back(p.sizes().vec());
-    FsdpOptions options;
-    options.min_unit_numel = 50;
+    auto options = units_of_at_least(50);
     FullyShardedDataParallel fsdp(net, group, options);
     // conv (76) | relu1 flatten fc1 (1616) | relu2 fc2 (51)
     ASSERT_EQ(fsdp.units().size(), 3u);
@@ -284,8 +280,7 @@ TEST(FsdpTest, ATrainingStepsPeakOfMemoryIsFarBelowDdps) {
       std::unique_ptr<FullyShardedDataParallel> fsdp;
       std::unique_ptr<optim::Sgd> sgd;
       if (sharded) {
-        FsdpOptions options;
-        options.min_unit_numel = 0;
+        auto options = units_of_at_least(0);
         fsdp = std::make_unique<FullyShardedDataParallel>(net, group, options);
         sgd = std::make_unique<optim::Sgd>(fsdp->parameters(), sgd_options());
       } else {
@@ -364,8 +359,7 @@ TEST(FsdpTest, ShardLikeTensorsGatherIntoParameterShapes) {
       values.push_back(torch::arange(next, next + p.numel(), torch::kFloat64).reshape(p.sizes()));
       next += p.numel();
     }
-    FsdpOptions options;
-    options.min_unit_numel = 0;
+    auto options = units_of_at_least(0);
     FullyShardedDataParallel fsdp(net, group, options);
     auto shards = fsdp.shard_like_parameters(values);
     ASSERT_EQ(shards.size(), fsdp.parameters().size());
@@ -449,8 +443,7 @@ TEST(FsdpTest, ClippingShardedGradientsUsesTheWholeNorm) {
   auto errors = run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto mine = make_net();
     copy_parameters(*start, *mine);
-    FsdpOptions options;
-    options.min_unit_numel = 50;
+    auto options = units_of_at_least(50);
     FullyShardedDataParallel fsdp(mine, group, options);
     const int64_t per_rank = kBatch / 3, begin = group->rank() * per_rank;
     torch::nn::functional::cross_entropy(fsdp.forward(x.slice(0, begin, begin + per_rank)),
@@ -510,8 +503,7 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
   auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto mine = make_net();
     copy_parameters(*start, *mine);
-    FsdpOptions options;
-    options.min_unit_numel = 50;
+    auto options = units_of_at_least(50);
     FullyShardedDataParallel fsdp(mine, group, options);
     FsdpSgd sharded(fsdp, sgd_options());
     for (int s = 0; s < 2; ++s) {
@@ -546,8 +538,7 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
   // FSDP on 3 ranks from the plain checkpoint: the last 2 steps as the reference's.
   errors = run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto mine = make_net();
-    FsdpOptions options;
-    options.min_unit_numel = 0;
+    auto options = units_of_at_least(0);
     FullyShardedDataParallel fsdp(mine, group, options);
     FsdpSgd sharded(fsdp, sgd_options());
     {

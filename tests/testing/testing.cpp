@@ -177,6 +177,13 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.parameters();
+  auto dst = to.parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
 ThreadTeam this_threads_team() {
   using GetThreads = int (*)();
   static auto omp = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));

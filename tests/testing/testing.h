@@ -87,6 +87,9 @@ void expect_no_errors(const std::vector<std::string>& errors);
 // The message of the tandem::Error that f throws; a test failure if none.
 std::string error_of(const std::function<void()>& f);
 
+// Copies `from`'s parameters into `to`'s, in order (the same architecture).
+void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to);
+
 // The calling thread's own intra-op settings as OpenMP and MKL hold them
 // (omp_get_max_threads, MKL_Get_Max_Threads), read directly, so without the
 // lazy per-thread initialisation that ATen's own getters perform; a test
