@@ -71,7 +71,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "keep no activations of the first N - 1, recomputing each in backward (less "
                 "memory for one more forward of them; the same gradients); with --strategy "
                 "pipeline, 1: every stage recomputes its micro-batches' forward (GPipe's "
-                "re-materialization); 0: off", 0);
+                "re-materialization); with --strategy fsdp, 1: every unit but the last; 0: off", 0);
   flags.add_double("clip-grad-norm", "X", &o.clip_grad_norm,
                    "before each step, scale the gradients down so that their global 2-norm is "
                    "at most X (after averaging over the ranks and unscaling; 0: off)", 0);

@@ -364,6 +364,11 @@ TrainResult Trainer::run() {
   if (o.checkpoint_activations > 0 && pipeline_) {
     say("activation checkpointing: every stage keeps only its micro-batches' inputs and recomputes "
         "its forward before their backward (GPipe's re-materialization)");
+  } else if (o.checkpoint_activations > 0 && fsdp_) {
+    say("activation checkpointing: every FSDP unit but the last keeps only its input and recomputes "
+        "its forward in backward (the unit is gathered for its backward anyway)");
+  } else if (o.checkpoint_activations > 0 && o.strategy == "fsdp") {
+    say("activation checkpointing: --strategy fsdp recomputes its units, and one process has none: off");
   } else if (o.checkpoint_activations > 0) {
     std::string sizes;
     for (auto n : model_->checkpointed_segments()) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);

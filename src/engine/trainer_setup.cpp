@@ -215,14 +215,17 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                  "backward's gradient reductions");
     TANDEM_CHECK(!o.cuda_graph, "--checkpoint-activations does not go with --cuda-graph (a backward "
                  "inside the backward is not captured)");
-    TANDEM_CHECK(o.strategy != "fsdp", "--checkpoint-activations does not go with --strategy fsdp "
-                 "yet: FSDP runs the layers unit by unit itself, and the recomputation in "
-                 "backward would need each unit gathered once more");
+    TANDEM_CHECK(o.strategy != "fsdp" || o.checkpoint_activations == 1, "--checkpoint-activations ",
+                 o.checkpoint_activations, ": with --strategy fsdp every unit but the last is recomputed "
+                 "whole (Note [fsdp activation checkpointing]); give --checkpoint-activations 1");
     const auto layers = static_cast<int64_t>(model_->size());
     TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
     // A pipeline's stages recompute themselves (make_pipeline).
-    if (o.strategy != "pipeline") model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
+    // A pipeline's stages and FSDP's units recompute themselves.
+    if (o.strategy != "pipeline" && o.strategy != "fsdp") {
+      model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
+    }
   }
   TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
                "runs only on CUDA devices), got --device ", o.device);
@@ -233,7 +236,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "replays GPU kernels), got --device ", o.device);
   TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
                "libtorch without CUDA");
-  TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && world_ == 1),
+  TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && o.strategy != "fsdp" &&
+                                  world_ == 1),
                "--cuda-graph captures the step of one process on one device; it does not work with "
                "--strategy ", o.strategy, " or several ranks (this is rank ", rank_, " of ", world_, ")");
   loss_options_ = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
@@ -262,6 +266,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     parallel::FsdpOptions fsdp_options;
     fsdp_options.min_unit_numel = o.fsdp_min_unit_params;
     fsdp_options.reshard_after_forward = o.fsdp_sharding == "full";
+    fsdp_options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
     fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
   } else if (group_ && world_ > 1 && o.strategy != "allreduce") {
     parallel::DdpOptions ddp_options;

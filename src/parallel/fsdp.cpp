@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "tandem/dist/collectives.h"
+#include "tandem/models/activation_checkpoint.h"
 #include "tandem/util/check.h"
 
 namespace tandem::parallel {
@@ -136,6 +137,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     layer_numels.push_back(numel);
   }
   plans_ = plan_units(layer_numels, options_.min_unit_numel);
+  for (const auto& plan : plans_) {
+    unit_buffers_.emplace_back();
+    for (size_t layer = plan.begin; layer < plan.end; ++layer) {
+      for (const auto& b : layers_[layer].ptr()->buffers()) unit_buffers_.back().push_back(b);
+    }
+  }
 
   torch::NoGradGuard no_grad;
   for (const auto& plan : plans_) {
@@ -289,7 +296,21 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
     wait_gathered(u);
     if (options_.prefetch && u + 1 < units_.size()) gather(u + 1);  // Note [fsdp prefetch]
     const auto& plan = units_[u]->plan;
-    for (size_t layer = plan.begin; layer < plan.end; ++layer) x = layers_[layer].forward(x);
+    auto run = [this, begin = plan.begin, end = plan.end](const torch::Tensor& in) {
+      torch::Tensor y = in;
+      for (size_t layer = begin; layer < end; ++layer) y = layers_[layer].forward(y);
+      return y;
+    };
+    // (A unit with no parameters fed data that needs no gradient has no backward to recompute for.)
+    const bool has_backward = !units_[u]->empty() || x.requires_grad();
+    if (graph && options_.checkpoint_activations && u + 1 < units_.size() && has_backward) {
+      // Note [fsdp activation checkpointing]: on a copy of the input, which
+      // the unit's first layer may change in place (an in-place ReLU).
+      x = models::checkpoint_activations([run](const torch::Tensor& in) { return run(in.clone()); }, x,
+                                         unit_buffers_[u]);
+    } else {
+      x = run(x);
+    }
     if (graph && !units_[u]->empty() && x.requires_grad()) {
       // Before the unit's own backward: gather it again (a pre-hook of the
       // node that made x, which stays the same if x is later changed in place).

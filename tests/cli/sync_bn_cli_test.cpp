@@ -233,6 +233,7 @@ TEST(FsdpCliTest, OneProcesssWeightsOnTwoAndFourRanks) {
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "100000",
                        "--nproc-per-node 4" + fsdp + "0 --fsdp-sharding grad-op",
                        "--nproc-per-node 2" + fsdp + "0 --grad-accum 3",
+                       "--nproc-per-node 2" + fsdp + "0 --checkpoint-activations 1",
                        "--nproc-per-node 1" + fsdp + "0"},
                       "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0",
@@ -244,9 +245,11 @@ TEST(FsdpCliTest, OneProcesssWeightsOnTwoAndFourRanks) {
 
 // Under bf16 autocast FSDP runs DDP's arithmetic: the same casts of the
 // same parameters, and each gradient averaged as (a + b) / 2 over 2 ranks
-// (halving is exact), so the weights are DDP's bit for bit.
+// (halving is exact), so the weights are DDP's bit for bit; so do units
+// recomputed in backward (under the forward's autocast).
 TEST(FsdpCliTest, Bf16AutocastTrainsAsDdpBitForBit) {
-  expect_same_weights({"--nproc-per-node 2", "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0"},
+  expect_same_weights({"--nproc-per-node 2", "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0",
+                       "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0 --checkpoint-activations 1"},
                       "--model convnet --amp bf16", 0.0, "--model convnet --amp bf16 --momentum 0.5");
 }
 

@@ -356,7 +356,7 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
       {true, [](TrainOptions& b) { b.shard_optimizer = true; },
        "--shard-optimizer does not go with --strategy fsdp, which shards the momentum already"},
       {true, [](TrainOptions& b) { b.checkpoint_activations = 2; },
-       "--checkpoint-activations does not go with --strategy fsdp yet"},
+       "--checkpoint-activations 2: with --strategy fsdp every unit but the last is recomputed whole"},
       {true, [](TrainOptions& b) { b.ddp_comm_hook = "fp16"; },
        "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces"},
       {true, [](TrainOptions& b) { b.bucket_cap_mb = 5; }, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets"},
@@ -534,6 +534,10 @@ TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOrSaysWhyNot) {
   dp.strategy = "dp";
   dp.devices = "cuda:0,cuda:0";
   expect_refused(dp, "--cuda-graph captures the step of one process on one device");
+  auto fsdp = o;
+  fsdp.strategy = "fsdp";  // its gathers and reductions are collectives on the host's schedule
+  expect_refused(fsdp, "--cuda-graph captures the step of one process on one device; it does not work "
+                       "with --strategy fsdp");
 
   // Autograd's warnings, caught on this thread (its engine replays a
   // backward's warnings on the thread that called it).

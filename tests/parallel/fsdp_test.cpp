@@ -179,6 +179,48 @@ TEST(FsdpTest, KeepingParametersUntilBackwardGivesTheSameWeights) {
 
 TEST(FsdpTest, OneRankIsPlainTraining) { check_fsdp_equals_one_process(1, {}); }
 
+// Counts its forwards; an identity.
+struct CountForwardsImpl : torch::nn::Cloneable<CountForwardsImpl> {
+  explicit CountForwardsImpl(std::shared_ptr<std::atomic<int>> calls) : calls(std::move(calls)) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++*calls;
+    return x;
+  }
+  std::shared_ptr<std::atomic<int>> calls;
+};
+TORCH_MODULE(CountForwards);
+
+// Note [fsdp activation checkpointing]: every unit but the last recomputes
+// its forward in backward; the weights stay one process's.
+TEST(FsdpTest, CheckpointedUnitsRecomputeAndTrainTheSame) {
+  auto options = units_of_at_least(0);
+  options.checkpoint_activations = true;
+  check_fsdp_equals_one_process(3, options);
+  options = units_of_at_least(50);
+  options.checkpoint_activations = true;
+  options.reshard_after_forward = false;
+  check_fsdp_equals_one_process(2, options, /*chunks=*/2);
+  auto first = std::make_shared<std::atomic<int>>(0), last = std::make_shared<std::atomic<int>>(0);
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    models::Sequence net;
+    net->push_back("count1", CountForwards(first));
+    net->push_back("fc1", torch::nn::Linear(6, 8));
+    net->push_back("count2", CountForwards(last));
+    net->push_back("fc2", torch::nn::Linear(8, 8));
+    auto options = units_of_at_least(40);
+    options.checkpoint_activations = true;
+    FullyShardedDataParallel fsdp(net, group, options);
+    EXPECT_EQ(fsdp.describe_units(), "count1..fc1 | count2..fc2");
+    fsdp.forward(torch::randn({4, 6})).sum().backward();
+    fsdp.after_backward();
+    for (const auto& shard : fsdp.parameters()) EXPECT_TRUE(shard.grad().defined());
+  });
+  expect_no_errors(errors);
+  EXPECT_EQ(first->load(), 2 * 2);  // on each of the 2 ranks: forward, and again in backward
+  EXPECT_EQ(last->load(), 2 * 1);
+}
+
 // Note [fsdp layers]: a nested Sequence is opened up into its layers, which
 // units may then hold one by one; one that checkpoints segments stays whole.
 TEST(FsdpTest, NestedSequencesAreOpenedUpIntoLayers) {
@@ -311,8 +353,13 @@ TEST(FsdpTest, ATrainingStepsPeakOfMemoryIsFarBelowDdps) {
   c10::SetCPUAllocator(base, /*priority=*/100);
   std::printf("peak of live memory over 4 ranks: %.1f MiB with DDP, %.1f MiB with FSDP\n",
               ddp_peak / 1048576.0, fsdp_peak / 1048576.0);
-  EXPECT_GT(ddp_peak, 4 * 24 * 1048576);  // parameters, gradients and momentum on every rank
-  EXPECT_LT(fsdp_peak, ddp_peak * 45 / 100);
+  // What DDP must hold: parameters, gradients and momentum on every rank
+  // (measured: 111 to 128 MiB, as the ranks' steps overlap); FSDP measured
+  // 46 to 49 MiB, and 83 with every reduction left to the end of backward.
+  const int64_t held_by_ddp = int64_t(4) * 24 * 1048576;
+  EXPECT_GT(ddp_peak, held_by_ddp);
+  EXPECT_LT(fsdp_peak, held_by_ddp * 6 / 10);
+  EXPECT_LT(fsdp_peak, ddp_peak / 2);
 }
 
 // FullParams with write_back: values set on the model's parameters become
@@ -377,11 +424,15 @@ TEST(FsdpTest, ShardLikeTensorsGatherIntoParameterShapes) {
 // With BatchNorm each rank normalises over its own share, so the reference
 // is DDP over the same shares: the same weights and running statistics
 // (rank 0's, broadcast before every forward by both).
+// With checkpointed units too: BatchNorm's statistics are put back after
+// the recomputation, so they are updated once a step, as under DDP.
 TEST(FsdpTest, WithBatchNormItTrainsAsDdp) {
   auto data = make_data();
   torch::manual_seed(1);
   auto start = make_net(/*batch_norm=*/true);
   const int world = 2;
+  for (bool checkpointed : {false, true}) {
+  SCOPED_TRACE(checkpointed ? "checkpointed units" : "plain units");
   std::vector<std::vector<torch::Tensor>> ddp_state(world), fsdp_state(world);
   for (bool sharded : {false, true}) {
     auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
@@ -391,7 +442,9 @@ TEST(FsdpTest, WithBatchNormItTrainsAsDdp) {
       std::unique_ptr<FullyShardedDataParallel> fsdp;
       std::unique_ptr<optim::Sgd> sgd;
       if (sharded) {
-        fsdp = std::make_unique<FullyShardedDataParallel>(net, group);
+        auto options = units_of_at_least(0);
+        options.checkpoint_activations = checkpointed;
+        fsdp = std::make_unique<FullyShardedDataParallel>(net, group, options);
         sgd = std::make_unique<optim::Sgd>(fsdp->parameters(), sgd_options());
       } else {
         ddp = std::make_unique<DistributedDataParallel>(net.ptr(), group);
@@ -424,6 +477,7 @@ TEST(FsdpTest, WithBatchNormItTrainsAsDdp) {
       EXPECT_TRUE(torch::allclose(fsdp_state[r][i], ddp_state[r][i], 1e-12, 1e-13))
           << "tensor " << i << " on rank " << r;
     }
+  }
   }
 }
 

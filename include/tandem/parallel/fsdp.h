@@ -48,6 +48,19 @@
 // DDP's gradients live in its buckets): no copy, and no second set of the
 // unit's gradients in memory.
 //
+// Note [fsdp activation checkpointing]: with checkpoint_activations, every
+// unit but the last (and but one without parameters fed the data, which
+// has no backward) runs its layers under models::checkpoint_activations
+// in training: no activations kept, only the unit's input, and the forward
+// run again in backward (PyTorch's FSDP with apply_activation_checkpointing
+// per unit). The hook on the unit's output gathers the unit before that
+// recomputation, which then needs no collective of its own; the unit's
+// BatchNorm statistics are put back after it. The unit runs on a copy of
+// its input, both times: a first layer that works in place (resnet's ReLU
+// when every layer is a unit) would otherwise change the input kept for
+// the recomputation, or, in it, a leaf that requires grad. The copy lives
+// while the unit runs, unless the unit returns it.
+//
 // Note [fsdp prefetch]: with prefetch, forward starts unit k + 1's
 // all-gather before it runs unit k, and backward starts unit k - 1's before
 // it runs unit k's backward, so communication overlaps computation (Gloo
@@ -102,6 +115,7 @@ struct FsdpOptions {
   bool reshard_after_forward = true;          // false: full parameters kept until backward (ZeRO-2)
   bool prefetch = true;                       // Note [fsdp prefetch]
   bool broadcast_buffers = true;              // before each step's first forward in training, from rank 0
+  bool checkpoint_activations = false;        // Note [fsdp activation checkpointing]
 };
 
 class FullyShardedDataParallel {
@@ -196,6 +210,7 @@ class FullyShardedDataParallel {
   int64_t rank_ = 0, world_ = 1;
   std::vector<torch::nn::AnyModule> layers_;  // Note [fsdp layers]
   std::vector<std::string> layer_names_;
+  std::vector<std::vector<torch::Tensor>> unit_buffers_;  // per unit: its layers' buffers
   std::vector<FsdpUnitPlan> plans_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<torch::Tensor> shards_;
