@@ -160,7 +160,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
                      parameters_[unit->parameters[0]].device(), "); a unit is one flat buffer");
         unit->parameters.push_back(parameters_.size());
         unit_of_.push_back(units_.size());
-        index_in_unit_.push_back(numels.size());
         parameters_.push_back(p);
         numels.push_back(p.numel());
         unit->shapes.push_back(p.sizes().vec());
@@ -169,13 +168,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     }
     unit->layout = plan_flat(numels, world_);
     if (!unit->empty()) {
-      // Each gradient's hook, made while the parameters have their shapes
-      // (the accumulator records the shape its gradients must have).
-      for (size_t k : unit->parameters) {
-        auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
-        hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this, k)));
-        accumulators_.push_back(std::move(accumulator));
-      }
       const auto& first = parameters_[unit->parameters[0]];
       unit->full = torch::zeros({unit->layout.padded}, first.options().requires_grad(false));
       for (size_t k = 0; k < unit->parameters.size(); ++k) {
@@ -188,6 +180,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
       unit->allocated = true;
     }
     units_.push_back(std::move(unit));
+  }
+  // Each gradient's hook, once nothing can throw any more (a hook left on a
+  // model whose FSDP failed to construct would call into nothing), and
+  // while the parameters still have their shapes (the accumulator records
+  // the shape its gradients must have).
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this, k)));
+    accumulators_.push_back(std::move(accumulator));
   }
   for (size_t u = 0; u < units_.size(); ++u) release(u);
 }

@@ -657,6 +657,18 @@ TEST(FsdpTest, FrozenParametersAndMixedUnitsAreNamed) {
                   .find("layer 'fc2' has a parameter of Float on cpu, unlike the rest of its unit "
                         "(Double on cpu)"),
               std::string::npos);
+    // A model that FSDP refused is left as it was, with no hook of the
+    // failed object on its gradients (the units before the mixed one had
+    // been built).
+    auto later = make_net();  // the last of 3 units mixed: fc2's weight in float32, its bias in float64
+    auto weight = later->named_parameters()["fc2.weight"];
+    weight.set_data(weight.data().to(torch::kFloat32));
+    EXPECT_NE(error_of([&] { FullyShardedDataParallel fsdp(later, group, units_of_at_least(50)); })
+                  .find("layer 'fc2' has a parameter of Double on cpu, unlike the rest of its unit (Float"),
+              std::string::npos);
+    weight.set_data(weight.data().to(torch::kFloat64));
+    later->forward(torch::randn({2, 2, 5, 5}, torch::kFloat64)).sum().backward();
+    for (const auto& p : later->parameters()) EXPECT_TRUE(p.grad().defined());
   });
   expect_no_errors(errors);
 }

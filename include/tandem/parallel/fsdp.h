@@ -215,7 +215,6 @@ class FullyShardedDataParallel {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<torch::Tensor> shards_;
   std::vector<size_t> unit_of_;    // per parameter (model order)
-  std::vector<size_t> index_in_unit_;
   std::vector<torch::Tensor> parameters_;  // the model's, in order
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
