@@ -106,12 +106,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
                  "' does not require a gradient; FSDP shards trainable parameters only (freeze "
                  "nothing, or train that part without FSDP)");
   }
-  dist::check_same_parameters(*model_, *group_, "FullyShardedDataParallel");
-  dist::broadcast_module(*model_, *group_, 0);
-  // Note [fsdp collective order]
-  gather_group_ = group_->duplicate("fsdp-gather");
-  reduce_group_ = group_->duplicate("fsdp-reduce");
-
   // Note [fsdp layers]: the model's layers, a nested Sequence opened up.
   std::function<void(const models::SequenceImpl&, const std::string&)> open_up =
       [&](const models::SequenceImpl& sequence, const std::string& prefix) {
@@ -144,6 +138,27 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     }
   }
 
+  // Everything that can be refused is checked before any collective, so
+  // that every rank refuses alike before making (and at once destroying)
+  // groups of its own.
+  for (const auto& plan : plans_) {
+    const torch::Tensor* first = nullptr;
+    for (size_t layer = plan.begin; layer < plan.end; ++layer) {
+      for (const auto& p : layer_parameters[layer]) {
+        if (first == nullptr) first = &p;
+        TANDEM_CHECK(p.device() == first->device() && p.scalar_type() == first->scalar_type(),
+                     "FullyShardedDataParallel: layer '", layer_names_[layer], "' has a parameter of ",
+                     p.scalar_type(), " on ", p.device(), ", unlike the rest of its unit (",
+                     first->scalar_type(), " on ", first->device(), "); a unit is one flat buffer");
+      }
+    }
+  }
+  dist::check_same_parameters(*model_, *group_, "FullyShardedDataParallel");
+  dist::broadcast_module(*model_, *group_, 0);
+  // Note [fsdp collective order]
+  gather_group_ = group_->duplicate("fsdp-gather");
+  reduce_group_ = group_->duplicate("fsdp-reduce");
+
   torch::NoGradGuard no_grad;
   for (const auto& plan : plans_) {
     auto unit = std::make_unique<Unit>();
@@ -151,13 +166,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     std::vector<int64_t> numels;
     for (size_t layer = plan.begin; layer < plan.end; ++layer) {
       for (auto& p : layer_parameters[layer]) {
-        TANDEM_CHECK(unit->parameters.empty() ||
-                         (p.device() == parameters_[unit->parameters[0]].device() &&
-                          p.scalar_type() == parameters_[unit->parameters[0]].scalar_type()),
-                     "FullyShardedDataParallel: layer '", layer_names_[layer], "' has a parameter of ",
-                     p.scalar_type(), " on ", p.device(), ", unlike the rest of its unit (",
-                     parameters_[unit->parameters[0]].scalar_type(), " on ",
-                     parameters_[unit->parameters[0]].device(), "); a unit is one flat buffer");
         unit->parameters.push_back(parameters_.size());
         unit_of_.push_back(units_.size());
         parameters_.push_back(p);
@@ -182,8 +190,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     units_.push_back(std::move(unit));
   }
   // Each gradient's hook, once nothing can throw any more (a hook left on a
-  // model whose FSDP failed to construct would call into nothing), and
-  // while the parameters still have their shapes (the accumulator records
+  // model whose FSDP failed to construct, by a failed collective say, would
+  // call into nothing), and while the parameters still have their shapes (the accumulator records
   // the shape its gradients must have).
   for (size_t k = 0; k < parameters_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
