@@ -97,12 +97,18 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "--strategy dp: print each replica's input and output shapes and device");
   flags.add_int("micro-batches", "M", &o.micro_batches,
                 "--strategy pipeline: micro-batches each batch is cut into", 1);
-  flags.add_choice("schedule", &o.schedule, {"gpipe", "1f1b"},
-                   "--strategy pipeline: gpipe (all forwards, then all backwards) or 1f1b "
-                   "(at most one micro-batch per later stage in flight; same bubble, less memory)");
+  flags.add_choice("schedule", &o.schedule, {"gpipe", "1f1b", "interleaved"},
+                   "--strategy pipeline: gpipe (all forwards, then all backwards), 1f1b "
+                   "(at most one micro-batch per later stage in flight; same bubble, less memory) "
+                   "or interleaved (1F1B over --virtual-stages chunks per device, Megatron-LM's "
+                   "schedule: a bubble about that many times smaller, for more hand-offs)");
+  flags.add_int("virtual-stages", "V", &o.virtual_stages,
+                "--schedule interleaved: the model is cut into devices x V pieces, device d "
+                "running pieces d, d + devices, ... (default 2)", 1);
   flags.add_string("pipeline-split", "NAMES", &o.pipeline_split,
-                   "--strategy pipeline: the layers that begin stages 2, 3, ..., e.g. "
-                   "conv2 (default: balanced, see --pipeline-balance)");
+                   "--strategy pipeline: the layers that begin stages 2, 3, ... (one stage per "
+                   "device, or devices x --virtual-stages), e.g. conv2 (default: balanced, see "
+                   "--pipeline-balance)");
   flags.add_choice("pipeline-balance", &o.pipeline_balance, {"time", "params"},
                    "--strategy pipeline without --pipeline-split: balance the stages by "
                    "measured forward+backward time or by parameter count");

@@ -394,9 +394,14 @@ TrainResult Trainer::run() {
   if (pipeline_) {
     std::string names;
     for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
-    say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule",
+    say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule%s",
                names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
-               o.schedule.c_str()));
+               o.schedule.c_str(),
+               virtual_stages() > 1
+                   ? format(" (%lld chunks per device: device d runs stages d, d + %zu, ...)",
+                            static_cast<long long>(virtual_stages()), pipeline_->devices().size())
+                         .c_str()
+                   : ""));
   }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(parameter_count_),
@@ -557,8 +562,10 @@ TrainResult Trainer::run() {
       }
       auto p = static_cast<double>(counters.stage_idle.size());
       auto m_ = static_cast<double>(o.micro_batches);
-      say(format("pipeline: stage idle share %s (mean over %lld steps; (p-1)/(m+p-1) = %.2f)",
-                 shares.c_str(), static_cast<long long>(counters.pipeline_steps), (p - 1) / (m_ + p - 1)));
+      auto v = static_cast<double>(virtual_stages());
+      say(format("pipeline: stage idle share %s (mean over %lld steps; %s = %.2f)", shares.c_str(),
+                 static_cast<long long>(counters.pipeline_steps),
+                 v > 1 ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)", (p - 1) / (v * m_ + p - 1)));
     }
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;

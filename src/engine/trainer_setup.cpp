@@ -69,10 +69,16 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
   const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
   TANDEM_CHECK(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
+                            o.virtual_stages == defaults.virtual_stages &&
                             o.pipeline_split == defaults.pipeline_split &&
                             o.pipeline_balance == defaults.pipeline_balance),
-               "--micro-batches, --schedule, --pipeline-split and --pipeline-balance go with "
-               "--strategy pipeline");
+               "--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
+               "--pipeline-balance go with --strategy pipeline");
+  TANDEM_CHECK(o.virtual_stages >= 0, "--virtual-stages: expected a positive integer, got ",
+               o.virtual_stages);
+  TANDEM_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved", "--virtual-stages ",
+               o.virtual_stages, ": more than one chunk per device needs --schedule interleaved, not ",
+               o.schedule);
   TANDEM_CHECK(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
                         o.fsdp_min_unit_params == defaults.fsdp_min_unit_params),
                "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
@@ -282,12 +288,14 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   }
 }
 
-// --strategy pipeline: cut the model into one stage per device, by
-// --pipeline-split or balanced by --pipeline-balance, and move the stages.
+// --strategy pipeline: cut the model into one stage per device (or
+// --virtual-stages per device, interleaved), by --pipeline-split or
+// balanced by --pipeline-balance, and move the stages.
 void Trainer::make_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   auto devices = parallel::parse_devices(o.devices);
-  const auto stages = static_cast<int64_t>(devices.size());
+  const int64_t chunks = virtual_stages();
+  const auto stages = static_cast<int64_t>(devices.size()) * chunks;
   std::vector<int64_t> sizes;
   std::string how;
   if (!o.pipeline_split.empty()) {
@@ -306,9 +314,15 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   }
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
   parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
+  pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
   pipeline_ = std::make_unique<parallel::Pipeline>(model_, sizes, devices, pipeline_options);
   device_ = devices.back();  // outputs, targets and the loss live on the last stage
+}
+
+int64_t Trainer::virtual_stages() const {
+  const auto& o = options_;
+  return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
 }
 
 std::string Trainer::fingerprint() const {

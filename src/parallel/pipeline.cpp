@@ -100,28 +100,28 @@ class Mailbox {
   bool aborted_ = false;
 };
 
-// Stage s's links: forward[s] carries activations from s into s + 1,
-// backward[s] gradients from s + 1 into s. Tensors are moved to the
-// receiving stage's device by the sender.
+// Piece k's links: forward[k] carries activations from piece k into k + 1,
+// backward[k] gradients from k + 1 into k. Tensors are moved to the
+// receiving piece's device (piece k runs on devices[k % S]) by the sender.
 class ThreadLinks : public detail::StageLinks {
  public:
   ThreadLinks(std::vector<Mailbox>& forward, std::vector<Mailbox>& backward,
-              const std::vector<torch::Device>& devices, size_t stage)
-      : forward_(forward), backward_(backward), devices_(devices), s_(stage) {}
-  torch::Tensor recv_activation(int64_t i) override { return forward_[s_ - 1].take(i); }
-  void send_activation(int64_t i, const torch::Tensor& t) override {
-    forward_[s_].put(i, t.to(devices_[s_ + 1]));
+              const std::vector<torch::Device>& devices)
+      : forward_(forward), backward_(backward), devices_(devices) {}
+  torch::Tensor recv_activation(int64_t piece, int64_t i) override { return forward_[piece - 1].take(i); }
+  void send_activation(int64_t piece, int64_t i, const torch::Tensor& t) override {
+    forward_[piece].put(i, t.to(device_of(piece + 1)));
   }
-  torch::Tensor recv_gradient(int64_t i) override { return backward_[s_].take(i); }
-  void send_gradient(int64_t i, const torch::Tensor& g) override {
-    backward_[s_ - 1].put(i, g.to(devices_[s_ - 1]));
+  torch::Tensor recv_gradient(int64_t piece, int64_t i) override { return backward_[piece].take(i); }
+  void send_gradient(int64_t piece, int64_t i, const torch::Tensor& g) override {
+    backward_[piece - 1].put(i, g.to(device_of(piece - 1)));
   }
 
  private:
+  const torch::Device& device_of(int64_t piece) const { return devices_[piece % devices_.size()]; }
   std::vector<Mailbox>& forward_;
   std::vector<Mailbox>& backward_;
   const std::vector<torch::Device>& devices_;
-  size_t s_;
 };
 
 }  // namespace
@@ -179,14 +179,20 @@ class Pipeline::StageWorker {
 
 Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
                    std::vector<torch::Device> devices, PipelineOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)), devices_(std::move(devices)) {
   TANDEM_CHECK(options_.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
                options_.micro_batches);
-  make_pipeline_schedule(options_.schedule, 1, 1);  // names --schedule if unknown
-  TANDEM_CHECK(sizes.size() == devices.size(), "pipeline: ", sizes.size(), " stages but ",
-               devices.size(), " devices; give one device per stage");
-  chain_ = ModelParallel(split_sequence(model, sizes), std::move(devices));
-  for (size_t s = 1; s < sizes.size(); ++s) workers_.push_back(std::make_unique<StageWorker>());
+  // Names an unknown --schedule, or --virtual-stages without "interleaved".
+  make_pipeline_schedule(options_.schedule, 1, 1, options_.virtual_stages);
+  const auto chunks = static_cast<size_t>(options_.virtual_stages);
+  TANDEM_CHECK(sizes.size() == devices_.size() * chunks, "pipeline: ", sizes.size(), " stages but ",
+               devices_.size(), " devices",
+               chunks > 1 ? " x --virtual-stages " + std::to_string(chunks) : std::string(),
+               "; give one device per stage");
+  std::vector<torch::Device> placement;  // piece k on devices_[k % S]
+  for (size_t k = 0; k < sizes.size(); ++k) placement.push_back(devices_[k % devices_.size()]);
+  chain_ = ModelParallel(split_sequence(model, sizes), std::move(placement));
+  for (size_t s = 1; s < devices_.size(); ++s) workers_.push_back(std::make_unique<StageWorker>());
 }
 
 Pipeline::~Pipeline() = default;
@@ -197,28 +203,29 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
                "pipeline: expected a batch with at least one row");
   TANDEM_CHECK(target.defined() && target.size(0) == input.size(0), "pipeline: ",
                input.size(0), " inputs but ", target.defined() ? target.size(0) : 0, " targets");
-  const auto& devices = chain_->devices();
+  const auto& devices = devices_;
   const size_t stages = devices.size();
+  const size_t pieces = chain_->stages().size();
   auto sizes = detail::micro_batch_sizes(input.size(0), options_.micro_batches);
   const auto m = static_cast<int64_t>(sizes.size());
-  auto schedule = make_pipeline_schedule(options_.schedule, static_cast<int64_t>(stages), m);
+  auto schedule = make_pipeline_schedule(options_.schedule, static_cast<int64_t>(stages), m,
+                                         options_.virtual_stages);
 
-  std::vector<Mailbox> forward(stages), backward(stages);
+  std::vector<Mailbox> forward(pieces), backward(pieces);
   for (auto* boxes : {&forward, &backward}) {
     for (auto& box : *boxes) box.spin_for(options_.spin);
   }
-  std::vector<std::unique_ptr<ThreadLinks>> links;
+  ThreadLinks links(forward, backward, devices);
   std::vector<detail::StageJob> jobs(stages);
   auto origin = std::chrono::steady_clock::now();
   for (size_t s = 0; s < stages; ++s) {
-    links.push_back(std::make_unique<ThreadLinks>(forward, backward, devices, s));
     auto& job = jobs[s];
-    job.module = chain_->stages()[s];
+    for (size_t k = s; k < pieces; k += stages) job.chunks.push_back(chain_->stages()[k]);
+    job.stage = static_cast<int64_t>(s);
+    job.stages = static_cast<int64_t>(stages);
     job.device = devices[s];
-    job.first = s == 0;
-    job.last = s + 1 == stages;
     job.actions = &schedule.actions[s];
-    job.links = links.back().get();
+    job.links = &links;
     job.origin = origin;
     job.autocast = options_.autocast;
     job.recompute = options_.recompute;

@@ -39,14 +39,16 @@ StageOutcome run_stage(StageJob& job) {
   if (job.device.is_cuda()) guard.reset_device(job.device);
 
   struct InFlight {
-    torch::Tensor input;   // what F(i) consumed (requires grad past the first stage)
-    torch::Tensor result;  // its output, or on the last stage its weighted loss
+    torch::Tensor input;   // what F(i) consumed (requires grad past the first piece)
+    torch::Tensor result;  // its output, or on the last piece its weighted loss
   };
-  std::map<int64_t, InFlight> in_flight;
-  // First stage, when the batch requires grad: each micro-batch is computed
+  std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (chunk, micro-batch)
+  const auto chunks = static_cast<int64_t>(job.chunks.size());
+  const int64_t last_piece = chunks * job.stages - 1;
+  // First piece, when the batch requires grad: each micro-batch is computed
   // from a leaf of its own, and at the end one backward sends all their
   // gradients into the caller's graph (Note [first stage input]).
-  std::vector<torch::Tensor> pieces, leaves;
+  std::vector<torch::Tensor> parts, leaves;
   StageOutcome outcome;
   // An action's interval: from when its input was there to when its compute
   // ended (CUDA runs asynchronously, so that waits for the kernels), before
@@ -57,33 +59,38 @@ StageOutcome run_stage(StageJob& job) {
     outcome.trace.start.push_back(since(begin));
     outcome.trace.end.push_back(since(Clock::now()));
   };
-  outcome.outputs.resize(job.last ? job.targets.size() : 0);
+  outcome.outputs.resize(job.last() ? job.targets.size() : 0);
   for (const auto& action : *job.actions) {
-    const int64_t i = action.micro_batch;
+    const int64_t i = action.micro_batch, c = action.chunk;
+    TANDEM_CHECK(c >= 0 && c < chunks, "pipeline: an action of chunk ", c, " on a stage of ",
+                 chunks, " chunk(s)");
+    const int64_t piece = c * job.stages + job.stage;
+    const bool first = piece == 0, last = piece == last_piece;
+    auto& module = job.chunks[c];
     torch::Tensor x;
     if (action.op == PipelineOp::kForward) {
-      if (job.first) {
+      if (first) {
         x = job.inputs.at(i).to(job.device);
         if (x.requires_grad()) {
-          pieces.push_back(x);
+          parts.push_back(x);
           x = x.detach().requires_grad_(true);
           leaves.push_back(x);
         }
       } else {
-        x = job.links->recv_activation(i);
+        x = job.links->recv_activation(piece, i);
         if (x.is_floating_point()) x.requires_grad_(true);
       }
       auto begin = Clock::now();
       optim::AutocastGuard autocast(job.device.type(), job.autocast);  // forward and loss only
       torch::Tensor y;
       if (job.recompute) {  // only x is kept; the forward runs again before the backward
-        y = models::checkpoint_activations([&job](const torch::Tensor& in) { return job.module->forward(in); },
-                                           x, job.module->buffers());
+        y = models::checkpoint_activations([&module](const torch::Tensor& in) { return module->forward(in); },
+                                           x, module->buffers());
       } else {
-        y = job.module->forward(x);
+        y = module->forward(x);
       }
       torch::Tensor result;
-      if (job.last) {
+      if (last) {
         result = (*job.loss)(y, job.targets.at(i)) * job.weights.at(i);
         outcome.loss = outcome.loss.defined() ? outcome.loss + result.detach() : result.detach();
         outcome.outputs[i] = y.detach();
@@ -91,29 +98,29 @@ StageOutcome run_stage(StageJob& job) {
         result = y;
       }
       record(action, begin);
-      if (!job.last) job.links->send_activation(i, y.detach());
-      in_flight[i] = InFlight{x, result};
+      if (!last) job.links->send_activation(piece, i, y.detach());
+      in_flight[{c, i}] = InFlight{x, result};
       outcome.trace.max_in_flight =
           std::max<int64_t>(outcome.trace.max_in_flight, static_cast<int64_t>(in_flight.size()));
     } else {
-      auto found = in_flight.find(i);
+      auto found = in_flight.find({c, i});
       TANDEM_CHECK(found != in_flight.end(), "pipeline: backward of micro-batch ", i,
                    " before its forward");
       torch::Tensor grad;
-      if (!job.last) grad = job.links->recv_gradient(i);
+      if (!last) grad = job.links->recv_gradient(piece, i);
       auto begin = Clock::now();
       auto& f = found->second;
       if (f.result.requires_grad()) {
-        if (job.last) {
+        if (last) {
           (job.scale && *job.scale ? (*job.scale)(f.result) : f.result).backward();
         } else {
           torch::autograd::backward({f.result}, {grad});
         }
       }
       record(action, begin);
-      if (!job.first) {
+      if (!first) {
         auto g = f.input.grad();
-        job.links->send_gradient(i, g.defined() ? g : torch::zeros_like(f.input));
+        job.links->send_gradient(piece, i, g.defined() ? g : torch::zeros_like(f.input));
       }
       in_flight.erase(found);
     }
@@ -125,10 +132,10 @@ StageOutcome run_stage(StageJob& job) {
   // (O(m) work per micro-batch) and fail on the second pass if the batch is
   // the output of a graph that frees its saved tensors. One backward with
   // every micro-batch's gradient does each once.
-  if (!pieces.empty()) {
+  if (!parts.empty()) {
     std::vector<torch::Tensor> grads;
     for (auto& leaf : leaves) grads.push_back(leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf));
-    torch::autograd::backward(pieces, grads);
+    torch::autograd::backward(parts, grads);
   }
   return outcome;
 }

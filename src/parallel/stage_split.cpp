@@ -17,7 +17,7 @@ std::vector<int64_t> split_at_names(const models::Sequence& model, const std::st
   auto wanted = split(names, ',');
   TANDEM_CHECK(static_cast<int64_t>(wanted.size()) == stages - 1, "--pipeline-split '", names,
                "': expected ", stages - 1, " name(s) of the layers that begin stages 2..", stages,
-               " (one stage per device), got ", wanted.size());
+               ", got ", wanted.size());
   std::string known;
   for (size_t i = 0; i < model->size(); ++i) known += (i ? ", " : "") + model->name(i);
   std::vector<int64_t> sizes;
@@ -43,7 +43,7 @@ std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t st
   const auto n = static_cast<int64_t>(costs.size());
   TANDEM_CHECK(stages >= 1, "pipeline: expected at least one stage, got ", stages);
   TANDEM_CHECK(n >= stages, "pipeline: the model has ", n, " layers, fewer than the ", stages,
-               " stages (one per device); give fewer devices");
+               " stages; give fewer devices (or a smaller --virtual-stages)");
   std::vector<double> prefix(n + 1, 0.0);
   for (int64_t i = 0; i < n; ++i) {
     TANDEM_CHECK(costs[i] >= 0, "pipeline: negative cost ", costs[i], " for layer ", i);

@@ -51,7 +51,8 @@ struct TrainOptions {
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
   int64_t micro_batches = 4;          // --strategy pipeline: micro-batches per batch
-  std::string schedule = "1f1b";      // --strategy pipeline: gpipe | 1f1b
+  std::string schedule = "1f1b";      // --strategy pipeline: gpipe | 1f1b | interleaved
+  int64_t virtual_stages = 0;         // --schedule interleaved: chunks per device (0: 2 if interleaved, else 1)
   std::string pipeline_split;         // --strategy pipeline: layer names that begin stages 2..S
   std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)

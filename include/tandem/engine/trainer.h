@@ -80,6 +80,7 @@ class Trainer {
 
   // The settings a checkpoint must share with the run that resumes it.
   std::string fingerprint() const;
+  int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
  private:
   void say(const std::string& line) const;

@@ -1,4 +1,5 @@
-// tandem/parallel/pipeline.h: pipeline parallelism (seed 001), GPipe and 1F1B.
+// tandem/parallel/pipeline.h: pipeline parallelism (seed 001): GPipe, 1F1B
+// and interleaved 1F1B.
 //
 // A model cut into stages (stage_split.h), one device per stage. Each
 // training step cuts the batch into M micro-batches (sizes as even as
@@ -18,6 +19,13 @@
 // step.loss is that mean. A stage's input is the previous stage's output,
 // detached and marked as requiring grad; its gradient is what goes back.
 // BatchNorm normalises over each micro-batch, as in GPipe.
+//
+// Interleaved 1F1B (PipelineOptions::virtual_stages = V > 1, schedule
+// "interleaved"): the model is cut into S * V pieces and stage s runs
+// pieces s, s + S, s + 2S, ... (its chunks; pipeline_schedule.h), so an
+// activation leaving the last stage's chunk c enters the first stage's
+// chunk c + 1. The bubble shrinks by about V, for V - 1 more hand-offs
+// per micro-batch and stage boundary.
 //
 // Two executors run the same per-stage action lists:
 //   Pipeline             one process, one thread per stage; activations and
@@ -63,7 +71,7 @@ namespace tandem::parallel {
 
 struct PipelineOptions {
   int64_t micro_batches = 4;       // --micro-batches
-  std::string schedule = "1f1b";   // --schedule: gpipe | 1f1b
+  std::string schedule = "1f1b";   // --schedule: gpipe | 1f1b | interleaved
   // --amp: each micro-batch's forward (and on the last stage its loss) runs
   // under autocast to this dtype on its stage's device; backward runs
   // outside autocast, as PyTorch advises. Activations and their gradients
@@ -73,6 +81,8 @@ struct PipelineOptions {
   // gradient polls for it, yielding between polls, before it sleeps (Note
   // [spinning hand-offs] in src/parallel/pipeline.cpp). 0: sleep at once.
   std::chrono::microseconds spin{1000};
+  // --virtual-stages: model chunks per stage (only with "interleaved").
+  int64_t virtual_stages = 1;
   // GPipe's re-materialization: each stage keeps only its micro-batches'
   // inputs, not their activations, and runs a micro-batch's forward again
   // just before its backward (models::checkpoint_activations; the same
@@ -110,9 +120,11 @@ struct PipelineStep {
 
 class Pipeline {
  public:
-  // Cuts `model` into stages of `sizes` children, stage s on devices[s]
-  // (moved there). Throws tandem::Error for mismatched sizes and devices, an
-  // unknown schedule or micro_batches < 1.
+  // Cuts `model` into pieces of `sizes` children, piece k on devices[k % S]
+  // (moved there), S = devices.size(): one piece per device, or with
+  // virtual_stages V, S * V pieces. Throws tandem::Error for sizes that do
+  // not fit the devices, an unknown schedule, virtual stages without the
+  // interleaved schedule or micro_batches < 1.
   Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
            std::vector<torch::Device> devices, PipelineOptions options = {});
   ~Pipeline();
@@ -124,17 +136,20 @@ class Pipeline {
   PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
                           const PipelineLoss& loss, const LossScale& scale = {});
 
-  // The whole batch through the stages in turn, no micro-batches (for
+  // The whole batch through the pieces in turn, no micro-batches (for
   // evaluation); the output is on the last stage's device.
   torch::Tensor forward(const torch::Tensor& input) { return chain_->forward(input); }
 
-  const std::vector<torch::Device>& devices() const { return chain_->devices(); }
-  const std::vector<models::Sequence>& stages() const { return chain_->stages(); }
+  // One per stage.
+  const std::vector<torch::Device>& devices() const { return devices_; }
+  // The model's pieces in order (piece k runs on devices()[k % S]).
+  const std::vector<models::Sequence>& pieces() const { return chain_->stages(); }
   const PipelineOptions& options() const { return options_; }
 
  private:
   class StageWorker;
   PipelineOptions options_;
+  std::vector<torch::Device> devices_;
   ModelParallel chain_{nullptr};
   std::vector<std::unique_ptr<StageWorker>> workers_;  // stages 1.., kept across steps
 };
@@ -144,6 +159,10 @@ class DistributedPipeline {
   // This rank runs stage group->rank() of group->size(), `stage` on
   // `device`. Every rank must use the same options.
   DistributedPipeline(models::Sequence stage, torch::Device device,
+                      std::shared_ptr<dist::ProcessGroup> group, PipelineOptions options = {});
+  // Interleaved: this rank's chunks, chunk c being the model's piece
+  // c * S + rank; options.virtual_stages must be chunks.size().
+  DistributedPipeline(std::vector<models::Sequence> chunks, torch::Device device,
                       std::shared_ptr<dist::ProcessGroup> group, PipelineOptions options = {});
   ~DistributedPipeline();
 
@@ -158,10 +177,13 @@ class DistributedPipeline {
   int64_t stage_count() const;
 
  private:
-  models::Sequence stage_;
+  std::vector<models::Sequence> chunks_;
   torch::Device device_;
   std::shared_ptr<dist::ProcessGroup> group_;
   std::shared_ptr<dist::ProcessGroup> gradients_;  // gradients' own group (Note [pipeline messages])
+  // Interleaved only: the last stage's activations to the first, the
+  // first's gradients to the last, each over a group of its own.
+  std::shared_ptr<dist::ProcessGroup> wrap_activations_, wrap_gradients_;
   PipelineOptions options_;
 };
 
