@@ -1,6 +1,6 @@
 // Pipeline parallelism on repeated CPU devices: stage splits, a model split
-// over devices (seed 003), and GPipe / 1F1B in one process (threads) and
-// over ranks (Gloo on 127.0.0.1) against no pipeline.
+// over devices (seed 003), and GPipe / 1F1B / interleaved 1F1B in one
+// process (threads) and over ranks (Gloo on 127.0.0.1) against no pipeline.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -328,6 +328,59 @@ TEST(PipelineTest, SchedulesEqualNoPipeline) {
       EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
       EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
       expect_same_gradients(*net, *reference, tolerance, what);
+    }
+  }
+}
+
+// Interleaved 1F1B: S devices, V chunks each (the model cut into S * V
+// pieces, piece k on device k % S) give the loss, outputs and gradients of
+// no pipeline within 1e-5, for micro-batch counts that are and are not
+// multiples of S; each stage ran its schedule's actions in order and held
+// no more chunk-micro-batches than the schedule says.
+TEST(PipelineTest, InterleavedEqualsNoPipeline) {
+  struct Case {
+    std::vector<int64_t> sizes;
+    int64_t devices, micro_batches;
+  };
+  const std::vector<Case> cases = {{{2, 2, 2, 1}, 2, 4}, {{2, 2, 2, 1}, 2, 3}, {{1, 1, 2, 1, 1, 1}, 3, 6},
+                                   {{1, 1, 2, 1, 1, 1}, 2, 5}, {{3, 2, 2}, 1, 4}};
+  std::vector<torch::Device> places = {torch::kCPU};
+  if (torch::cuda::is_available()) places.emplace_back(torch::kCUDA, 0);
+  for (const auto& place : places) {
+    const double tolerance = place.is_cuda() ? 1e-4 : 1e-5;
+    for (const auto& c : cases) {
+      const int64_t chunks = static_cast<int64_t>(c.sizes.size()) / c.devices;
+      std::string what = describe_split(small_convnet(), c.sizes) + " over " + std::to_string(c.devices) +
+                         " devices, m=" + std::to_string(c.micro_batches) + " on " + place.str();
+      torch::manual_seed(17);
+      auto net = small_convnet();
+      auto reference = copy_of(net);
+      reference->to(place);
+      auto x = torch::randn({12, 1, 8, 8});
+      auto y = torch::randint(5, {12}, torch::kInt64);
+      PipelineOptions options{c.micro_batches, "interleaved"};
+      options.virtual_stages = chunks;
+      Pipeline pipe(net, c.sizes, std::vector<torch::Device>(c.devices, place), options);
+      ASSERT_EQ(pipe.devices().size(), static_cast<size_t>(c.devices));
+      ASSERT_EQ(pipe.pieces().size(), c.sizes.size());
+      auto step = pipe.train_step(x.to(place), y.to(place), cross_entropy);
+      auto out = reference->forward(x.to(place));
+      auto loss = cross_entropy(out, y.to(place));
+      loss.backward();
+      EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
+      EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
+      expect_same_gradients(*net, *reference, tolerance, what);
+      auto plan = interleaved_schedule(c.devices, c.micro_batches, chunks);
+      auto sim = simulate(plan);
+      ASSERT_EQ(step.stages.size(), static_cast<size_t>(c.devices));
+      for (int64_t s = 0; s < c.devices; ++s) {
+        EXPECT_EQ(step.stages[s].actions, plan.actions[s]) << what << " stage " << s;
+        EXPECT_EQ(step.stages[s].max_in_flight, sim.max_in_flight[s]) << what << " stage " << s;
+      }
+      // Evaluation runs the whole batch through the pieces in model order.
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::allclose(pipe.forward(x.to(place)).cpu(), out.detach().cpu(), tolerance,
+                                  tolerance / 10)) << what;
     }
   }
 }
@@ -660,6 +713,14 @@ TEST(PipelineTest, BadOptionsAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of([&] { Pipeline(net, {4, 3}, cpus(3), {2, "gpipe"}); }).find("2 stages but 3 devices"),
             std::string::npos);
+  PipelineOptions interleaved{4, "interleaved"};
+  interleaved.virtual_stages = 2;
+  EXPECT_EQ(error_of([&] { Pipeline(net, {4, 3}, cpus(2), interleaved); }),
+            "pipeline: 2 stages but 2 devices x --virtual-stages 2; give one device per stage");
+  PipelineOptions chunked_1f1b{4, "1f1b"};
+  chunked_1f1b.virtual_stages = 2;
+  EXPECT_EQ(error_of([&] { Pipeline(net, {2, 2, 2, 1}, cpus(2), chunked_1f1b); }),
+            "--virtual-stages 2: more than one chunk per stage needs --schedule interleaved, not 1f1b");
 }
 
 // --- across ranks: one stage per rank, send/recv over Gloo ------------------
@@ -701,6 +762,73 @@ TEST(DistributedPipelineTest, SchedulesEqualNoPipeline) {
       expect_same_gradients(*mine, *theirs, 1e-5, what + " rank " + std::to_string(r));
     }
   }
+}
+
+// Interleaved across ranks: rank r holds pieces r, r + S, ...; the last
+// rank's activations reach rank 0's next chunk (and gradients come back)
+// over groups of their own, and on one rank every hand-off stays in
+// memory. Loss and gradients equal no pipeline within 1e-5.
+TEST(DistributedPipelineTest, InterleavedEqualsNoPipeline) {
+  struct Case {
+    std::vector<int64_t> sizes;
+    int world;
+    int64_t micro_batches;
+  };
+  const std::vector<Case> cases = {{{2, 2, 2, 1}, 2, 4}, {{1, 1, 2, 1, 1, 1}, 3, 5}, {{3, 2, 2}, 1, 3},
+                                   {{1, 1, 2, 1, 1, 1}, 2, 2}};
+  for (const auto& c : cases) {
+    const int64_t chunks = static_cast<int64_t>(c.sizes.size()) / c.world;
+    std::string what = describe_split(small_convnet(), c.sizes) + " over " + std::to_string(c.world) +
+                       " ranks, m=" + std::to_string(c.micro_batches);
+    torch::manual_seed(19);
+    auto net = small_convnet();
+    auto x = torch::randn({10, 1, 8, 8});
+    auto y = torch::randint(5, {10}, torch::kInt64);
+    auto reference = copy_of(net);
+    auto want = cross_entropy(reference->forward(x), y);
+    want.backward();
+    std::vector<models::Sequence> copies;
+    for (int r = 0; r < c.world; ++r) copies.push_back(copy_of(net));
+    std::vector<double> losses(c.world);
+    auto mine = [&](int r) {  // rank r's chunks of its copy
+      auto pieces = split_sequence(copies[r], c.sizes);
+      std::vector<models::Sequence> out;
+      for (size_t k = r; k < pieces.size(); k += c.world) out.push_back(pieces[k]);
+      return out;
+    };
+    testing::expect_no_errors(testing::run_ranks(c.world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto r = group->rank();
+      PipelineOptions options{c.micro_batches, "interleaved"};
+      options.virtual_stages = chunks;
+      DistributedPipeline pipe(mine(r), torch::kCPU, group, options);
+      auto step = pipe.train_step(r == 0 ? x : torch::Tensor(), r == c.world - 1 ? y : torch::Tensor(),
+                                  cross_entropy);
+      losses[r] = step.loss.item<double>();
+      EXPECT_EQ(step.output.defined(), r == c.world - 1);
+      ASSERT_EQ(step.stages.size(), 1u);
+      EXPECT_EQ(step.stages[0].actions, interleaved_schedule(c.world, c.micro_batches, chunks).actions[r]);
+    }));
+    auto theirs = split_sequence(reference, c.sizes);
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_NEAR(losses[r], want.item<double>(), 1e-5 * want.item<double>()) << what << " rank " << r;
+      auto chunks_of_r = mine(r);
+      for (size_t j = 0; j < chunks_of_r.size(); ++j) {
+        expect_same_gradients(*chunks_of_r[j], *theirs[r + j * c.world], 1e-5,
+                              what + " rank " + std::to_string(r) + " chunk " + std::to_string(j));
+      }
+    }
+  }
+}
+
+TEST(DistributedPipelineTest, ChunksMustMatchTheVirtualStages) {
+  auto net = small_convnet();
+  auto errors = testing::run_ranks(1, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    PipelineOptions options{2, "interleaved"};
+    options.virtual_stages = 3;
+    DistributedPipeline pipe(split_sequence(net, {4, 3}), torch::kCPU, group, options);
+  });
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0], "distributed pipeline: 2 chunk(s) on this rank but --virtual-stages 3");
 }
 
 TEST(DistributedPipelineTest, TooFewRowsForTheMicroBatchesIsAnError) {
