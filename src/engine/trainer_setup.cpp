@@ -296,20 +296,21 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   auto devices = parallel::parse_devices(o.devices);
   const int64_t chunks = virtual_stages();
   const auto stages = static_cast<int64_t>(devices.size()) * chunks;
+  const auto device_count = static_cast<int64_t>(devices.size());
   std::vector<int64_t> sizes;
   std::string how;
   if (!o.pipeline_split.empty()) {
     sizes = parallel::split_at_names(model_, o.pipeline_split, stages);
     how = "--pipeline-split";
   } else if (o.pipeline_balance == "params") {
-    sizes = parallel::balance_stages(parallel::parameter_costs(model_), stages);
+    sizes = parallel::balance_interleaved(parallel::parameter_costs(model_), device_count, chunks);
     how = "balanced by parameter count";
   } else {
     // Timed on a copy, on the first device, at the micro-batch size.
     auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
     auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
                               torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(devices[0]));
-    sizes = parallel::balance_stages(parallel::measured_costs(model_, sample), stages);
+    sizes = parallel::balance_interleaved(parallel::measured_costs(model_, sample), device_count, chunks);
     how = "balanced by measured time";
   }
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";

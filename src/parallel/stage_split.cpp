@@ -83,6 +83,83 @@ std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t st
   return sizes;
 }
 
+namespace {
+
+// Branch and bound over the pieces' ends for balance_interleaved: device
+// loads only grow as pieces are added, so a partial split whose loads
+// already exceed the best complete one (or equal it with a larger piece)
+// is cut off.
+class InterleavedSearch {
+ public:
+  InterleavedSearch(const std::vector<double>& costs, int64_t stages, int64_t chunks, int64_t budget)
+      : n_(static_cast<int64_t>(costs.size())), stages_(stages), pieces_(stages * chunks),
+        budget_(budget), prefix_(costs.size() + 1, 0.0), loads_(stages, 0.0) {
+    for (size_t i = 0; i < costs.size(); ++i) prefix_[i + 1] = prefix_[i] + costs[i];
+  }
+  // (largest device load, largest piece) of a split.
+  std::pair<double, double> score(const std::vector<int64_t>& sizes) const {
+    std::vector<double> loads(stages_, 0.0);
+    double piece = 0;
+    int64_t begin = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const double c = prefix_[begin + sizes[k]] - prefix_[begin];
+      loads[k % stages_] += c;
+      piece = std::max(piece, c);
+      begin += sizes[k];
+    }
+    return {*std::max_element(loads.begin(), loads.end()), piece};
+  }
+  std::vector<int64_t> run(std::vector<int64_t> incumbent) {
+    best_ = score(incumbent);
+    best_sizes_ = std::move(incumbent);
+    sizes_.clear();
+    visit(0, 0, 0.0);
+    return best_sizes_;
+  }
+
+ private:
+  void visit(int64_t k, int64_t begin, double largest_piece) {
+    if (budget_-- <= 0) return;  // the best split found so far stands
+    if (k == pieces_) {
+      const double top = *std::max_element(loads_.begin(), loads_.end());
+      if (std::make_pair(top, largest_piece) < best_) {
+        best_ = {top, largest_piece};
+        best_sizes_ = sizes_;
+      }
+      return;
+    }
+    const int64_t last_end = k + 1 == pieces_ ? n_ : n_ - (pieces_ - k - 1);
+    const int64_t first_end = k + 1 == pieces_ ? n_ : begin + 1;
+    auto& load = loads_[k % stages_];
+    for (int64_t end = first_end; end <= last_end; ++end) {
+      const double c = prefix_[end] - prefix_[begin];
+      const double piece = std::max(largest_piece, c);
+      // Loads only grow with `end`: nothing further along can do better.
+      if (std::make_pair(load + c, piece) >= best_ && load + c >= best_.first) break;
+      load += c;
+      sizes_.push_back(end - begin);
+      visit(k + 1, end, piece);
+      sizes_.pop_back();
+      load -= c;
+    }
+  }
+
+  int64_t n_, stages_, pieces_, budget_;
+  std::vector<double> prefix_, loads_;
+  std::vector<int64_t> sizes_, best_sizes_;
+  std::pair<double, double> best_;
+};
+
+}  // namespace
+
+std::vector<int64_t> balance_interleaved(const std::vector<double>& costs, int64_t stages,
+                                         int64_t chunks, int64_t budget) {
+  TANDEM_CHECK(chunks >= 1, "--virtual-stages: expected at least 1, got ", chunks);
+  auto start = balance_stages(costs, stages * chunks);  // checks the counts and costs
+  if (chunks == 1) return start;
+  return InterleavedSearch(costs, stages, chunks, budget).run(std::move(start));
+}
+
 std::vector<double> parameter_costs(const models::Sequence& model) {
   std::vector<double> costs;
   for (size_t i = 0; i < model->size(); ++i) {

@@ -12,7 +12,8 @@ using testing::run_tandem;
 using testing::TempDir;
 
 // Issue 5's check: one epoch of convnet on Fashion-MNIST over cpu,cpu with 4
-// micro-batches reaches 85% with either schedule.
+// micro-batches reaches 85% with either schedule (and with interleaved 1F1B,
+// two chunks per device).
 class PipelineCliTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PipelineCliTest, ConvnetOnFashionMnistOverTwoCpuStages) {
@@ -34,7 +35,7 @@ TEST_P(PipelineCliTest, ConvnetOnFashionMnistOverTwoCpuStages) {
   EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, PipelineCliTest, ::testing::Values("gpipe", "1f1b"));
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineCliTest, ::testing::Values("gpipe", "1f1b", "interleaved"));
 
 // An explicit split and a split by parameter count are reported as given;
 // the run can be resumed from its checkpoint like any other.
@@ -51,6 +52,22 @@ TEST(PipelineCliOptionsTest, SplitsAreReported) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("stages flatten..relu1 | fc2..relu2 | fc3 (balanced by parameter count)"),
             std::string::npos) << r.output;
+  // Interleaved: devices x --virtual-stages pieces, device d running pieces
+  // d, d + 2, ...
+  common = "train --strategy pipeline --devices cpu,cpu --schedule interleaved --data idx:" + dir.path() +
+           " --model mlp --batch-size 16 --max-steps 2 --progress lines";
+  r = run_tandem(common + " --pipeline-split fc1,fc2,fc3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stages flatten | fc1..relu1 | fc2..relu2 | fc3 (--pipeline-split); 4 "
+                          "micro-batches, interleaved schedule (2 chunks per device: device d runs "
+                          "stages d, d + 2, ...)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(p-1)/(vm+p-1) = 0.11)"), std::string::npos) << r.output;
+  r = run_tandem(common + " --virtual-stages 3 --pipeline-balance params");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stages flatten | fc1 | relu1 | fc2 | relu2 | fc3 (balanced by parameter "
+                          "count); 4 micro-batches, interleaved schedule (3 chunks per device"),
+            std::string::npos) << r.output;
 }
 
 TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
@@ -59,9 +76,24 @@ TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
   EXPECT_NE(r.output.find("--strategy pipeline needs --devices"), std::string::npos) << r.output;
   r = run_tandem("train --micro-batches 8 --max-steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--micro-batches, --schedule, --pipeline-split and --pipeline-balance go "
-                          "with --strategy pipeline"),
+  EXPECT_NE(r.output.find("--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
+                          "--pipeline-balance go with --strategy pipeline"),
             std::string::npos) << r.output;
+  r = run_tandem("train --virtual-stages 2 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--virtual-stages, --pipeline-split"), std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --devices cpu,cpu --virtual-stages 2 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--virtual-stages 2: more than one chunk per device needs --schedule "
+                          "interleaved, not 1f1b"),
+            std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages 0 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--virtual-stages"), std::string::npos) << r.output;
+  r = run_tandem("train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu --schedule interleaved --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the model has 6 layers, fewer than the 8 stages"), std::string::npos)
+      << r.output;
   r = run_tandem("train --strategy pipeline --devices cpu,cpu --pipeline-split fc9 --max-steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"),

@@ -120,6 +120,64 @@ TEST(StageSplitTest, BalanceIsOptimalAgainstBruteForce) {
   }
 }
 
+// Interleaved: the largest per-stage total (pieces k, k + S, ... on stage
+// k % S), then the largest piece, are the smallest over every split of up
+// to 10 layers into S * V pieces.
+TEST(StageSplitTest, InterleavedBalanceIsOptimalAgainstBruteForce) {
+  std::mt19937 rng(9);
+  auto score = [](const std::vector<double>& costs, const std::vector<int64_t>& sizes, int64_t stages) {
+    std::vector<double> loads(stages, 0.0);
+    double piece = 0;
+    size_t next = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      double sum = 0;
+      for (int64_t j = 0; j < sizes[k]; ++j) sum += costs.at(next++);
+      loads[k % stages] += sum;
+      piece = std::max(piece, sum);
+    }
+    EXPECT_EQ(next, costs.size());
+    return std::make_pair(*std::max_element(loads.begin(), loads.end()), piece);
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t stages = 2 + trial % 2, chunks = 2 + (trial / 2) % 2;
+    const int n = static_cast<int>(stages * chunks) + static_cast<int>(rng() % 5);
+    std::vector<double> costs;
+    for (int i = 0; i < n; ++i) costs.push_back(static_cast<double>(rng() % 10));
+    std::pair<double, double> best{1e300, 1e300};
+    for (uint32_t mask = 0; mask < (1u << (n - 1)); ++mask) {  // bit i: a cut after layer i
+      if (__builtin_popcount(mask) != stages * chunks - 1) continue;
+      std::vector<int64_t> sizes;
+      int64_t run = 0;
+      for (int i = 0; i < n; ++i) {
+        ++run;
+        if (i == n - 1 || (mask >> i & 1)) {
+          sizes.push_back(run);
+          run = 0;
+        }
+      }
+      best = std::min(best, score(costs, sizes, stages));
+    }
+    auto sizes = balance_interleaved(costs, stages, chunks);
+    ASSERT_EQ(static_cast<int64_t>(sizes.size()), stages * chunks);
+    for (auto size : sizes) ASSERT_GT(size, 0);
+    EXPECT_EQ(score(costs, sizes, stages), best) << "trial " << trial;
+  }
+}
+
+// Balancing the pieces alone can load one stage three times as much as the
+// other: balance_stages cuts 1+3+1 | 1+1 | 5 | 1, stage loads 10 and 3;
+// the interleaved balance 1 | 3+1+1 | 1+5 | 1, stage loads 7 and 6.
+TEST(StageSplitTest, InterleavedBalanceEvensTheStagesNotThePieces) {
+  const std::vector<double> costs = {1, 3, 1, 1, 1, 5, 1};
+  EXPECT_EQ(balance_stages(costs, 4), (std::vector<int64_t>{3, 2, 1, 1}));
+  EXPECT_EQ(balance_interleaved(costs, 2, 2), (std::vector<int64_t>{1, 3, 2, 1}));
+  EXPECT_EQ(balance_interleaved(costs, 2, 1), balance_stages(costs, 2));
+  // With no search budget the start, balance_stages' split, stands.
+  EXPECT_EQ(balance_interleaved(costs, 2, 2, 0), balance_stages(costs, 4));
+  EXPECT_NE(error_of([] { balance_interleaved({1, 1, 1}, 2, 2); }).find("fewer than the 4 stages"),
+            std::string::npos);
+}
+
 TEST(StageSplitTest, ExplicitSplitByLayerNames) {
   auto net = small_convnet();
   EXPECT_EQ(split_at_names(net, "fc1", 2), (std::vector<int64_t>{4, 3}));

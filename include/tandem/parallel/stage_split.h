@@ -40,6 +40,17 @@ std::vector<int64_t> split_at_names(const models::Sequence& model, const std::st
 // negative.
 std::vector<int64_t> balance_stages(const std::vector<double>& costs, int64_t stages);
 
+// For the interleaved schedule: `stages` * `chunks` contiguous pieces,
+// piece k on stage k % stages, whose largest per-stage total cost is
+// smallest (what sets the pace once the pipeline is full), and among those
+// the one whose largest piece is smallest (what sets the fill and drain).
+// A branch and bound from balance_stages' split, which stops after
+// `budget` search nodes with the best split found by then (models of a
+// few dozen layers are searched to the end well within the default).
+// chunks == 1 is balance_stages. Throws as balance_stages does.
+std::vector<int64_t> balance_interleaved(const std::vector<double>& costs, int64_t stages,
+                                         int64_t chunks, int64_t budget = 2'000'000);
+
 std::vector<double> parameter_costs(const models::Sequence& model);
 
 // How many timed passes measured_costs makes: at least min_repeats, then
