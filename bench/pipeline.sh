@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The measured pipeline bubble against the textbook (p-1)/(m+p-1), for both
-# schedules and m = 1, 2, 4, 8 (bench/pipeline_step.cpp says how).
+# The measured pipeline bubble against the textbook (p-1)/(m+p-1), for GPipe,
+# 1F1B and interleaved 1F1B (2 chunks per stage, textbook (p-1)/(2m+p-1)
+# where p divides m) and m = 1, 2, 4, 8 (bench/pipeline_step.cpp says how).
 #
 #   bench/pipeline.sh [ROUNDS] [STAGES] [HOLD_US]
 #     (defaults: 5 rounds, 2 stages, 0; a computing stage needs a core)
@@ -34,7 +35,7 @@ fi
 field() { grep -o "\"$1\": [0-9.]*" | awk '{print $2}'; }
 declare -A lines
 for ((i = 0; i < rounds; i++)); do
-  for schedule in gpipe 1f1b; do
+  for schedule in gpipe 1f1b interleaved; do
     while read -r line; do
       m=$(echo "$line" | field m)
       lines[$schedule-$m]+="$line"$'\n'
@@ -44,13 +45,13 @@ for ((i = 0; i < rounds; i++)); do
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "$stages stages of $describe on cpu x $stages, 64 rows per micro-batch, $rounds rounds"
-printf '%-6s %3s %10s %9s %7s %11s %10s %9s %7s %12s %14s\n' schedule m idle textbook ratio least_idle most_idle speedup ideal \
+printf '%-11s %3s %10s %9s %7s %11s %10s %9s %7s %12s %14s\n' schedule m idle textbook ratio least_idle most_idle speedup ideal \
   over_replay over_textbook
-for schedule in gpipe 1f1b; do
+for schedule in gpipe 1f1b interleaved; do
   for m in 1 2 4 8; do
     all=${lines[$schedule-$m]}
     med() { echo -n "$all" | field "$1" | median; }
-    printf '%-6s %3s %10.3f %9.3f %7.3f %11.3f %10.3f %9.3f %7.3f %12.3f %14.3f\n' "$schedule" "$m" \
+    printf '%-11s %3s %10.3f %9.3f %7.3f %11.3f %10.3f %9.3f %7.3f %12.3f %14.3f\n' "$schedule" "$m" \
       "$(med idle_share)" "$(med textbook)" "$(med ratio)" "$(med least_idle_ratio)" "$(med most_idle_ratio)" \
       "$(med speedup)" "$(med ideal_speedup)" "$(med over_replay)" "$(med over_textbook)"
   done

@@ -3,7 +3,8 @@
 //
 // The model is a stack of identical Linear(W, W) + ReLU blocks cut into p
 // equal stages on repeated CPU devices, one compute thread per stage (so p
-// stages need p cores). Each micro-batch has --rows rows, so a batch of m
+// stages need p cores); with --schedule interleaved into p * V equal pieces,
+// V per stage (--virtual-stages, default 2). Each micro-batch has --rows rows, so a batch of m
 // micro-batches has m * rows rows and every action takes the same time
 // whatever m is, and the input requires grad, so the first stage's backward
 // does what every other stage's does (the gradient of its input): the
@@ -13,13 +14,17 @@
 // prints one JSON line: the median over steps of the mean idle share of the
 // stages (1 - busy / step time), the textbook share, their ratio, the least
 // and the most idle stage's own share against the textbook, the step
-// times, the speed-up against the ideal p m / (m + p - 1), and over_replay:
+// times, the speed-up against the ideal p (1 - textbook share), and over_replay:
 // how much longer the step took than the schedule replayed with its own
 // measured action times and instant hand-offs (replayed_seconds), and
 // over_textbook: how much longer it took than the textbook step time for
-// its stages' mean busy time, busy (m + p - 1) / m. (The idle share is a
-// small difference of large times: at m = 8 a step 5% over the textbook
-// time has an idle share 1.4 times the textbook's.)
+// its stages' mean busy time, busy / (1 - textbook share). The textbook
+// share is the schedule's simulate() with a backward twice as long as a
+// forward (as in these blocks): (p - 1) / (m + p - 1) for GPipe and 1F1B,
+// (p - 1) / (V m + p - 1) for interleaved 1F1B when p divides m, and
+// between the two otherwise. (The idle share is a small difference of
+// large times: at m = 8 a step 5% over the textbook time has an idle
+// share 1.4 times the textbook's.)
 //
 // With --hold-us US each block also holds its thread for US microseconds
 // per --rows rows in forward and twice that in backward, and the Linear
@@ -34,6 +39,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include <sys/prctl.h>
@@ -108,34 +114,37 @@ TORCH_MODULE(Hold);
 
 // The makespan the schedule would have with the step's measured action
 // durations and instant hand-offs: each action starts when its stage is
-// free and its input is there (F(i) after F(i) on the stage before, B(i)
-// after B(i) on the stage after). Measured / replayed - 1 is what the
-// executor and the machine add (thread wake-ups, copies, other load).
-double replayed_seconds(const parallel::PipelineStep& step) {
-  const size_t stages = step.stages.size();
+// free and its input is there (F(i) after F(i) on the piece before, B(i)
+// after B(i) on the piece after; chunk c of stage s is piece c * p + s).
+// Measured / replayed - 1 is what the executor and the machine add (thread
+// wake-ups, copies, other load).
+double replayed_seconds(const parallel::PipelineStep& step, int64_t chunks) {
+  const auto stages = static_cast<int64_t>(step.stages.size());
+  const int64_t pieces = stages * chunks;
   std::vector<size_t> next(stages, 0);
   std::vector<double> free_at(stages, 0.0);
-  std::vector<std::map<std::pair<int, int64_t>, double>> done(stages);
+  std::map<std::tuple<int64_t, int, int64_t>, double> done;  // (piece, 0 F / 1 B, micro-batch)
   bool progress = true;
   while (progress) {
     progress = false;
-    for (size_t s = 0; s < stages; ++s) {
+    for (int64_t s = 0; s < stages; ++s) {
       const auto& t = step.stages[s];
       while (next[s] < t.actions.size()) {
         const auto& a = t.actions[next[s]];
+        const int64_t piece = a.chunk * stages + s;
         double ready = free_at[s];
         bool forward = a.op == parallel::PipelineOp::kForward;
-        if (forward && s > 0) {
-          auto it = done[s - 1].find({0, a.micro_batch});
-          if (it == done[s - 1].end()) break;
+        if (forward && piece > 0) {
+          auto it = done.find({piece - 1, 0, a.micro_batch});
+          if (it == done.end()) break;
           ready = std::max(ready, it->second);
-        } else if (!forward && s + 1 < stages) {
-          auto it = done[s + 1].find({1, a.micro_batch});
-          if (it == done[s + 1].end()) break;
+        } else if (!forward && piece + 1 < pieces) {
+          auto it = done.find({piece + 1, 1, a.micro_batch});
+          if (it == done.end()) break;
           ready = std::max(ready, it->second);
         }
         free_at[s] = ready + (t.end[next[s]] - t.start[next[s]]);
-        done[s][{forward ? 0 : 1, a.micro_batch}] = free_at[s];
+        done[{piece, forward ? 0 : 1, a.micro_batch}] = free_at[s];
         ++next[s];
         progress = true;
       }
@@ -151,12 +160,14 @@ int main(int argc, char** argv) {
   std::string schedule = "1f1b", counts = "1,2,4,8";
   bool trace = false;
   int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3, hold_us = 0,
-          spin_us = parallel::PipelineOptions{}.spin.count();
+          spin_us = parallel::PipelineOptions{}.spin.count(), virtual_stages = 0;
   cli::FlagSet flags("pipeline_step", "Measured pipeline bubble against (p-1)/(m+p-1).");
-  flags.add_choice("schedule", &schedule, {"gpipe", "1f1b"}, "pipeline schedule");
+  flags.add_choice("schedule", &schedule, {"gpipe", "1f1b", "interleaved"}, "pipeline schedule");
   flags.add_int("stages", "P", &stages, "stages (one compute thread each)", 1);
+  flags.add_int("virtual-stages", "V", &virtual_stages,
+                "--schedule interleaved: chunks per stage (default 2)", 1);
   flags.add_string("micro-batches", "LIST", &counts, "micro-batch counts m to measure");
-  flags.add_int("blocks", "N", &blocks, "Linear + ReLU blocks (a multiple of --stages)", 1);
+  flags.add_int("blocks", "N", &blocks, "Linear + ReLU blocks (a multiple of --stages x chunks)", 1);
   flags.add_int("width", "W", &width, "features of each Linear", 1);
   flags.add_int("rows", "N", &rows, "rows per micro-batch", 1);
   flags.add_int("steps", "N", &steps, "timed steps per m", 1);
@@ -166,7 +177,10 @@ int main(int argc, char** argv) {
   flags.add_int("spin-us", "US", &spin_us, "how long a waiting stage polls before it sleeps", 0);
   flags.add_switch("trace", &trace, "print every stage's actions (start-end ms) of the last step");
   return bench::run("pipeline_step", flags, argc, argv, [&] {
-    TANDEM_CHECK(blocks % stages == 0, "--blocks ", blocks, " is not a multiple of --stages ", stages);
+    const int64_t chunks = virtual_stages > 0 ? virtual_stages : schedule == "interleaved" ? 2 : 1;
+    const int64_t pieces = stages * chunks;
+    TANDEM_CHECK(blocks % pieces == 0, "--blocks ", blocks, " is not a multiple of --stages ", stages,
+                 " x ", chunks, " chunk(s)");
     at::set_num_threads(1);  // each stage computes on its own thread alone
     torch::manual_seed(0);
     models::Sequence model;
@@ -175,7 +189,7 @@ int main(int argc, char** argv) {
       model->push_back("relu" + std::to_string(b), torch::nn::ReLU());
       if (hold_us > 0) model->push_back("hold" + std::to_string(b), Hold(hold_us, rows));
     }
-    std::vector<int64_t> sizes(stages, (hold_us > 0 ? 3 : 2) * blocks / stages);
+    std::vector<int64_t> sizes(pieces, (hold_us > 0 ? 3 : 2) * blocks / pieces);
     auto loss = [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::nn::functional::cross_entropy(out, target);
     };
@@ -184,6 +198,14 @@ int main(int argc, char** argv) {
       TANDEM_CHECK(m && *m >= 1, "--micro-batches: expected positive integers, got '", counts, "'");
       parallel::PipelineOptions options{*m, schedule};
       options.spin = std::chrono::microseconds(spin_us);
+      options.virtual_stages = chunks;
+      // The textbook idle share: the schedule simulated with backwards twice
+      // as long as forwards (the mean over stages).
+      double textbook = 0;
+      for (double share : parallel::simulate(parallel::make_pipeline_schedule(schedule, stages, *m, chunks),
+                                             1.0, 2.0).idle_share) {
+        textbook += share / static_cast<double>(stages);
+      }
       parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU), options);
       // The input requires grad so that stage 0's backward, like every other
       // stage's, also computes the gradient of its input: equal stages.
@@ -199,8 +221,8 @@ int main(int argc, char** argv) {
             const auto& t = step.stages[s];
             std::printf("m=%lld stage %zu:", static_cast<long long>(*m), s);
             for (size_t k = 0; k < t.actions.size(); ++k) {
-              std::printf(" %s%lld %.2f-%.2f", t.actions[k].op == parallel::PipelineOp::kForward ? "F" : "B",
-                          static_cast<long long>(t.actions[k].micro_batch), 1e3 * t.start[k], 1e3 * t.end[k]);
+              std::printf(" %s %.2f-%.2f", parallel::describe({t.actions[k]}).c_str(), 1e3 * t.start[k],
+                          1e3 * t.end[k]);
             }
             std::printf("  (step %.1f ms)\n", 1e3 * step.seconds);
           }
@@ -214,14 +236,13 @@ int main(int argc, char** argv) {
         }
         idle.push_back(sum / static_cast<double>(stages));
         pipe_ms.push_back(1e3 * step.seconds);
-        added.push_back(step.seconds / replayed_seconds(step) - 1);
+        added.push_back(step.seconds / replayed_seconds(step, chunks) - 1);
         // The step time the textbook predicts from this step's mean busy time
-        // per stage: busy * (m + p - 1) / m.
+        // per stage: busy / (1 - textbook share).
         double busy = 0;
         for (const auto& t : step.stages) busy += t.busy();
         busy /= static_cast<double>(stages);
-        double mb = static_cast<double>(step.micro_batches);
-        over_textbook.push_back(step.seconds / (busy * (mb + stages - 1) / mb) - 1);
+        over_textbook.push_back(step.seconds / (busy / (1 - textbook)) - 1);
       }
       // The unsplit model after the pipeline's steps, not between them: a
       // step of it leaves the stage threads' cores idle for as long as a
@@ -235,7 +256,7 @@ int main(int argc, char** argv) {
         if (i >= warmup) plain_ms.push_back(1e3 * clock.seconds());
       }
       double p = static_cast<double>(stages), mm = static_cast<double>(*m);
-      double textbook = (p - 1) / (mm + p - 1), measured = median(idle);
+      double measured = median(idle);
       double speedup = median(plain_ms) / median(pipe_ms);
       // Each stage's own idle share (median over steps) against the
       // textbook: the least idle stage is the one that sets the pace.
@@ -244,14 +265,15 @@ int main(int argc, char** argv) {
         least = std::min(least, median(shares));
         most = std::max(most, median(shares));
       }
-      std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
+      std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"chunks\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
                   "\"textbook\": %.4f, \"ratio\": %.3f, \"least_idle_ratio\": %.3f, "
                   "\"most_idle_ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
                   "\"speedup\": %.3f, \"ideal_speedup\": %.3f, \"over_replay\": %.3f, \"over_textbook\": %.3f}\n",
-                  schedule.c_str(), static_cast<long long>(stages), static_cast<long long>(*m),
+                  schedule.c_str(), static_cast<long long>(stages), static_cast<long long>(chunks),
+                  static_cast<long long>(*m),
                   measured, textbook, textbook > 0 ? measured / textbook : 0.0,
                   textbook > 0 ? least / textbook : 0.0, textbook > 0 ? most / textbook : 0.0,
-                  median(pipe_ms), median(plain_ms), speedup, p * mm / (mm + p - 1), median(added),
+                  median(pipe_ms), median(plain_ms), speedup, p * (1 - textbook), median(added),
                   median(over_textbook));
       std::fflush(stdout);
     }
