@@ -296,8 +296,8 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   bad.devices = "cpu,cpu";
   refused(bad, "--checkpoint-activations 2: with --strategy pipeline every stage is recomputed whole "
                "(GPipe's re-materialization); give --checkpoint-activations 1");
-  // A pipeline's stages recompute themselves: the same run, with either schedule.
-  for (const char* schedule : {"gpipe", "1f1b"}) {
+  // A pipeline's stages recompute themselves: the same run, with each schedule.
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
     auto plain_options = o;
     plain_options.strategy = "pipeline";
     plain_options.devices = "cpu,cpu";
