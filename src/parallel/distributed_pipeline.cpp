@@ -3,6 +3,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "pipeline_stage.h"
+#include "tandem/optim/amp.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/util/check.h"
 
@@ -161,6 +162,35 @@ DistributedPipeline::DistributedPipeline(std::vector<models::Sequence> chunks, t
 }
 
 DistributedPipeline::~DistributedPipeline() = default;
+
+torch::Tensor DistributedPipeline::forward(const torch::Tensor& input) {
+  const int64_t s = stage_index(), stages = stage_count();
+  const auto chunks = static_cast<int64_t>(chunks_.size());
+  const int64_t pieces = stages * chunks;
+  RankLinks links(Groups{group_.get(), gradients_.get(), wrap_activations_.get(), wrap_gradients_.get()},
+                  device_, 1);
+  c10::OptionalDeviceGuard guard;
+  if (device_.is_cuda()) guard.reset_device(device_);
+  torch::Tensor x;
+  try {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t piece = c * stages + s;
+      if (piece == 0) {
+        TANDEM_CHECK(input.defined(), "pipeline stage 0: expected the batch's inputs");
+        x = input.to(device_);
+      } else {
+        x = links.recv_activation(piece, 0);
+      }
+      optim::AutocastGuard autocast(device_.type(), options_.autocast);
+      x = chunks_[c]->forward(x);
+      if (piece + 1 < pieces) links.send_activation(piece, 0, x.detach());
+    }
+    links.finish();
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: ", e.what());
+  }
+  return s + 1 == stages ? x : torch::Tensor();
+}
 
 int64_t DistributedPipeline::stage_index() const { return group_->rank(); }
 int64_t DistributedPipeline::stage_count() const { return group_->size(); }

@@ -801,6 +801,7 @@ TEST(DistributedPipelineTest, SchedulesEqualNoPipeline) {
     std::vector<models::Sequence> copies;
     for (int r = 0; r < world; ++r) copies.push_back(copy_of(net));  // as if each rank built it
     std::vector<double> losses(world);
+    torch::Tensor outputs;
     testing::expect_no_errors(testing::run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
       auto r = group->rank();
       auto stage = split_sequence(copies[r], c.sizes)[r];
@@ -812,7 +813,15 @@ TEST(DistributedPipelineTest, SchedulesEqualNoPipeline) {
       EXPECT_EQ(step.output.defined(), r == world - 1);
       ASSERT_EQ(step.stages.size(), 1u);
       EXPECT_LE(step.stages[0].max_in_flight, c.schedule == "1f1b" ? world - r : c.micro_batches);
+      torch::NoGradGuard no_grad;
+      auto out = pipe.forward(r == 0 ? x : torch::Tensor());
+      EXPECT_EQ(out.defined(), r == world - 1);
+      if (out.defined()) outputs = out;
     }));
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::allclose(outputs, reference->forward(x), 1e-5, 1e-6)) << what;
+    }
     for (int r = 0; r < world; ++r) {
       EXPECT_NEAR(losses[r], want.item<double>(), 1e-5 * want.item<double>()) << what << " rank " << r;
       auto mine = split_sequence(copies[r], c.sizes)[r];
@@ -848,6 +857,7 @@ TEST(DistributedPipelineTest, InterleavedEqualsNoPipeline) {
     std::vector<models::Sequence> copies;
     for (int r = 0; r < c.world; ++r) copies.push_back(copy_of(net));
     std::vector<double> losses(c.world);
+    torch::Tensor outputs;
     auto mine = [&](int r) {  // rank r's chunks of its copy
       auto pieces = split_sequence(copies[r], c.sizes);
       std::vector<models::Sequence> out;
@@ -865,7 +875,16 @@ TEST(DistributedPipelineTest, InterleavedEqualsNoPipeline) {
       EXPECT_EQ(step.output.defined(), r == c.world - 1);
       ASSERT_EQ(step.stages.size(), 1u);
       EXPECT_EQ(step.stages[0].actions, interleaved_schedule(c.world, c.micro_batches, chunks).actions[r]);
+      // Evaluation: the whole batch through the pieces, the output on the last rank.
+      torch::NoGradGuard no_grad;
+      auto out = pipe.forward(r == 0 ? x : torch::Tensor());
+      EXPECT_EQ(out.defined(), r == c.world - 1);
+      if (out.defined()) outputs = out;
     }));
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::allclose(outputs, reference->forward(x), 1e-5, 1e-6)) << what;
+    }
     auto theirs = split_sequence(reference, c.sizes);
     for (int r = 0; r < c.world; ++r) {
       EXPECT_NEAR(losses[r], want.item<double>(), 1e-5 * want.item<double>()) << what << " rank " << r;

@@ -173,6 +173,13 @@ class DistributedPipeline {
   PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
                           const PipelineLoss& loss, const LossScale& scale = {});
 
+  // The whole batch through the model's pieces in order, no micro-batches
+  // (for evaluation; run it under torch::NoGradGuard): `input` is read on
+  // the first stage, each piece's output goes to the next piece's rank, and
+  // the last piece's output is returned on the last stage (undefined on the
+  // others). Every rank must call it, with batches of the same rows.
+  torch::Tensor forward(const torch::Tensor& input);
+
   int64_t stage_index() const;
   int64_t stage_count() const;
 
