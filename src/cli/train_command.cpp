@@ -89,10 +89,11 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "(ZeRO-3: each rank keeps 1/world of the parameters, gradients and momentum, "
                    "gathering one unit of layers at a time); dp: one process over --devices "
                    "(DataParallel); pipeline: the model cut into one stage per device of "
-                   "--devices, micro-batches flowing through them");
+                   "--devices, micro-batches flowing through them (or, launched over N "
+                   "processes, one stage per process on its --device)");
   flags.add_string("devices", "LIST", &o.devices,
-                   "devices of --strategy dp or pipeline, e.g. cpu,cpu or cuda:0,cuda:1 "
-                   "(repeats allowed)");
+                   "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
+                   "cuda:0,cuda:1 (repeats allowed)");
   flags.add_switch("dp-trace", &o.dp_trace,
                    "--strategy dp: print each replica's input and output shapes and device");
   flags.add_int("micro-batches", "M", &o.micro_batches,
@@ -201,11 +202,15 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
   int64_t world = r.epochs.back().world_size;
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
   const auto& last = r.epochs.back();
-  std::string devices = o.strategy == "dp"         ? o.devices + " (one process)"
+  // A pipeline over ranks: every stage (process) passes the whole batch.
+  const bool stages = o.strategy == "pipeline" && o.devices.empty();
+  std::string devices = o.strategy == "dp" ? o.devices + " (one process)"
+                        : stages ? format("%lld x %s (pipeline, a stage each)", static_cast<long long>(world),
+                                          o.device.c_str())
                         : o.strategy == "pipeline" ? o.devices + " (pipeline, one process)"
-                                            : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
+                                                   : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
   table.add_row({devices,
-                 std::to_string(o.batch_size), std::to_string(o.batch_size / world),
+                 std::to_string(o.batch_size), std::to_string(stages ? o.batch_size : o.batch_size / world),
                  format("%.1f", median(seconds)),
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
   std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
@@ -276,9 +281,13 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
                        " runs the job once per process count");
     }
   }
-  if (o.strategy == "none" || o.strategy == "dp" || o.strategy == "pipeline") {
+  if (o.strategy == "none" || o.strategy == "dp") {
     throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
                      " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
+  }
+  if (o.strategy == "pipeline") {
+    throw UsageError(sweep + " measures data-parallel scaling (auto, ddp, allreduce or fsdp); a "
+                     "pipeline over processes takes one count, --nproc-per-node N, a stage per process");
   }
   for (auto n : counts) {
     if (o.batch_per_process == 0 && o.batch_size % n != 0) {

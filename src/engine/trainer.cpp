@@ -137,6 +137,20 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     auto idle = micro.idle_share();
     for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
     ++counters.pipeline_steps;
+  } else if (rank_pipeline_) {  // this rank's stage (Note [pipeline over ranks])
+    parallel::LossScale scale;
+    if (scaler_) scale = [this](const torch::Tensor& loss) { return scaler_->scale(loss); };
+    RECORD_USER_SCOPE("tandem::pipeline");
+    auto micro = rank_pipeline_->train_step(
+        inputs, targets,
+        [&](const torch::Tensor& output, const torch::Tensor& target) {
+          return torch::nn::functional::cross_entropy(output, target, loss_options_);
+        },
+        scale);
+    out.logits = micro.output;  // on the last stage only
+    out.loss = micro.loss;      // on every stage (broadcast from the last)
+    counters.stage_idle[stages_->rank()] += micro.idle_share().at(0);
+    ++counters.pipeline_steps;
   } else {
     // --grad-accum: the batch in chunks, one forward and backward each. Each
     // chunk's mean loss is weighted by its share of the batch, so the
@@ -182,6 +196,8 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       if (scaler_) scaler_->unscale(optimizer);
       if (fsdp_) {  // each rank holds a shard of every gradient: the norm over all of them
         optim::clip_grad_norm(fsdp_->parameters(), options_.clip_grad_norm, &fsdp_->group());
+      } else if (stages_) {  // each stage holds its pieces' gradients: likewise
+        optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm, stages_.get());
       } else {
         optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
       }
@@ -214,6 +230,22 @@ EvalResult Trainer::evaluate() {
       auto input = nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
       return fsdp_ && !fsdp_->detached() ? fsdp_->forward(input) : model_->forward(input);
     };
+  }
+  if (rank_pipeline_) {
+    // Every stage passes every batch on; the last stage's result is the
+    // job's (the others compute theirs on stand-in zeros).
+    forward = [this](const torch::Tensor& x) {
+      auto y = rank_pipeline_->forward(x);
+      return y.defined() ? y : torch::zeros({x.size(0), num_classes_}, torch::TensorOptions().device(device_));
+    };
+    auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
+                                   nullptr, forward);
+    const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+    auto values = torch::tensor({result.loss, result.accuracy, static_cast<double>(result.count)},
+                                torch::kFloat64).to(wire);
+    stages_->broadcast(values, stages_->size() - 1).wait();
+    values = values.cpu();
+    return {values[0].item<double>(), values[1].item<double>(), static_cast<int64_t>(values[2].item<double>())};
   }
   return engine::evaluate(model_, *data_.test, options_.batch_size / world_, device_, options_.workers,
                           group_.get(), forward);
@@ -391,6 +423,17 @@ TrainResult Trainer::run() {
             ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"
             : "mixed precision: bf16 autocast");
   }
+  if (rank_pipeline_) {
+    say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
+               "%lld micro-batches, %s schedule%s",
+               static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
+               static_cast<long long>(o.micro_batches), o.schedule.c_str(),
+               virtual_stages() > 1
+                   ? format(" (%lld chunks per rank: rank r runs stages r, r + %lld, ...)",
+                            static_cast<long long>(virtual_stages()), static_cast<long long>(stages_->size()))
+                         .c_str()
+                   : ""));
+  }
   if (pipeline_) {
     std::string names;
     for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
@@ -416,6 +459,7 @@ TrainResult Trainer::run() {
     // A checkpoint holds the whole optimizer state: every rank gathers the
     // sharded momentum before rank 0 writes it (a collective).
     if (zero) zero->consolidate_state();
+    gather_stages(optimizer);  // a pipeline over ranks: every stage's weights and momentum
     if (fsdp_sgd) fsdp_sgd->consolidate_state();
     {
       std::optional<parallel::FullyShardedDataParallel::FullParams> full;  // the whole model on every rank
@@ -468,7 +512,7 @@ TrainResult Trainer::run() {
     Stopwatch epoch_clock;
     int64_t images_this_run = 0;
     StepCounters counters;
-    counters.stage_idle.assign(pipeline_ ? pipeline_->devices().size() : 0, 0.0);
+    counters.stage_idle.assign(pipeline_ ? pipeline_->devices().size() : stages_ ? stages_->size() : 0, 0.0);
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
@@ -478,6 +522,7 @@ TrainResult Trainer::run() {
       // On the device: NCCL takes CUDA tensors only.
       auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64)});
       if (group_) group_->all_reduce(sums).wait();
+      if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
       sums = sums.cpu();
       double loss = sums[0].item<double>(), hits = sums[1].item<double>();
       position.epoch_loss_sum += loss;
@@ -514,8 +559,8 @@ TrainResult Trainer::run() {
       const auto& loss = out.loss;
 
       int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
-      loss_sum += loss.detach().to(torch::kFloat64) * batch->size();
-      correct += logits.detach().argmax(1).eq(targets).sum();
+      loss_sum += loss.detach().to(loss_sum.device(), torch::kFloat64) * batch->size();
+      if (logits.defined()) correct += logits.detach().argmax(1).eq(targets).sum();  // not on a pipeline's first stages
       position.epoch_seen += n;
       images_this_run += n;
       ++position.batch_in_epoch;
@@ -555,6 +600,13 @@ TrainResult Trainer::run() {
       say(format("fp16 loss scale %g after this epoch; %lld step(s) skipped for inf/NaN gradients",
                  scaler_->get_scale(), static_cast<long long>(counters.skipped_steps)));
     }
+    if (stages_ && counters.pipeline_steps > 0) {  // each rank timed its own stage
+      const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+      auto idle = torch::tensor(counters.stage_idle, torch::kFloat64).to(wire);
+      stages_->all_reduce(idle).wait();
+      idle = idle.cpu();
+      counters.stage_idle.assign(idle.data_ptr<double>(), idle.data_ptr<double>() + idle.numel());
+    }
     if (counters.pipeline_steps > 0) {  // the measured bubble against the textbook one
       std::string shares;
       for (double idle : counters.stage_idle) {
@@ -570,7 +622,7 @@ TrainResult Trainer::run() {
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;
-    m.world_size = world_;
+    m.world_size = stages_ ? stages_->size() : world_;  // processes in the job
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
       progress->finish(position.batch_in_epoch, images_this_run,
@@ -607,6 +659,9 @@ TrainResult Trainer::run() {
   // FSDP ends here: every rank's model holds the whole trained weights
   // again (for the export below, and for evaluate() or model() after run()).
   if (fsdp_) fsdp_->detach_model();
+  // A pipeline over ranks: likewise, every rank's model gets every stage's
+  // weights (a collective, so before the rank 0 test below).
+  if (stages_ && !o.export_weights.empty()) gather_stages(optimizer);
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   const auto rank_field = o.export_weights.find("{rank}");
   if (!o.export_weights.empty() && (rank_ == 0 || rank_field != std::string::npos)) {

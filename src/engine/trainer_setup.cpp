@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -65,7 +66,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.strategy == "dp" || pipeline || o.devices.empty(),
                "--devices goes with --strategy dp or pipeline");
   TANDEM_CHECK(o.strategy == "dp" || !o.dp_trace, "--dp-trace goes with --strategy dp");
-  TANDEM_CHECK((o.strategy != "dp" && !pipeline) || !o.devices.empty(), "--strategy ", o.strategy,
+  TANDEM_CHECK(o.strategy != "dp" || !o.devices.empty(), "--strategy ", o.strategy,
                " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
   const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
   TANDEM_CHECK(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
@@ -116,9 +117,24 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     rank_ = group_->rank();
     world_ = group_->size();
   }
-  TANDEM_CHECK(world_ == 1 || (o.strategy != "dp" && !pipeline), "--strategy ", o.strategy,
+  TANDEM_CHECK(world_ == 1 || o.strategy != "dp", "--strategy ", o.strategy,
                " runs in one process over --devices (this is rank ", rank_, " of ", world_,
                "); for several processes use --strategy ddp");
+  if (pipeline && world_ > 1) {
+    // Note [pipeline over ranks]: one stage per rank, each on its own
+    // --device; every rank reads the whole batch (stage 0 feeds it in, the
+    // last stage takes the targets), so there is no data parallelism: the
+    // data and the checkpoints see one process (world_ 1), the ranks being
+    // stages_.
+    TANDEM_CHECK(o.devices.empty(), "--devices ", o.devices, ": --strategy pipeline over ", world_,
+                 " ranks runs one stage per rank, on its --device (cpu, or cuda:LOCAL_RANK); "
+                 "leave out --devices");
+    stages_ = std::move(group_);
+    world_ = 1;
+  } else {
+    TANDEM_CHECK(!pipeline || !o.devices.empty(), "--strategy pipeline needs --devices (e.g. cpu,cpu "
+                 "or cuda:0,cuda:1), or several ranks (--nproc-per-node N: one stage per rank)");
+  }
   TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
                rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
   TANDEM_CHECK(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
@@ -256,7 +272,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "backward; it does not work with --grad-accum ", o.grad_accum);
   TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
                "loss scaler decides on the host whether to take each step; use --amp bf16");
-  if (amp_ == torch::kHalf) scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, group_);
+  // Over a pipeline's ranks each holds its own stage's gradients, and an
+  // inf in any of them skips the step on all.
+  if (amp_ == torch::kHalf) {
+    scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, stages_ ? stages_ : group_);
+  }
   if (o.strategy == "dp") {
     parallel::DataParallelOptions dp_options;
     dp_options.devices = parallel::parse_devices(o.devices);
@@ -264,7 +284,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     dp_options.trace = o.dp_trace;
     dp_ = parallel::DataParallel(model_, dp_options);
   }
-  if (pipeline) make_pipeline(info);
+  num_classes_ = model_options.num_classes;
+  if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
   parameter_count_ = models::count_parameters(*model_);
   if (group_ && o.strategy == "fsdp") {
     // Note [fully sharded parameters]: from here on the model's parameters
@@ -324,6 +345,99 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
 int64_t Trainer::virtual_stages() const {
   const auto& o = options_;
   return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+}
+
+// --strategy pipeline over ranks (Note [pipeline over ranks]): the model
+// cut into ranks x --virtual-stages pieces, rank r keeping pieces r, r + S,
+// ...; rank 0 chooses the cut (a measured balance differs from machine to
+// machine) and broadcasts it.
+void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
+  const auto& o = options_;
+  const int64_t stages = stages_->size(), rank = stages_->rank(), chunks = virtual_stages();
+  const int64_t pieces = stages * chunks;
+  std::vector<int64_t> sizes(pieces, 0);
+  std::string how;
+  if (!o.pipeline_split.empty()) {
+    sizes = parallel::split_at_names(model_, o.pipeline_split, pieces);
+    how = "--pipeline-split";
+  } else if (o.pipeline_balance == "params") {
+    sizes = parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks);
+    how = "balanced by parameter count";
+  } else {
+    how = "balanced by measured time on rank 0";
+    if (rank == 0) {
+      auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
+      auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
+                                torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(device_));
+      sizes = parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks);
+    }
+  }
+  const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+  auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
+  stages_->broadcast(chosen, 0).wait();
+  chosen = chosen.cpu();
+  sizes.assign(chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + pieces);
+  pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
+  auto cut = parallel::split_sequence(model_, sizes);
+  std::vector<models::Sequence> mine;
+  for (int64_t k = 0; k < pieces; ++k) {
+    if (k % stages == rank) {
+      mine.push_back(cut[k]);
+    } else {
+      // Another rank's piece: only read when the stages are gathered, so
+      // it need not take device memory.
+      if (device_.is_cuda()) cut[k]->to(torch::kCPU);
+      others_pieces_.push_back(cut[k]);
+    }
+  }
+  parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
+  pipeline_options.virtual_stages = chunks;
+  pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
+  rank_pipeline_ = std::make_unique<parallel::DistributedPipeline>(mine, device_, stages_, pipeline_options);
+}
+
+void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
+  if (!stages_) return;
+  // Each rank contributes its own pieces' tensors and zeros for the
+  // others'; the sum over the ranks is every piece's, on every rank.
+  std::unordered_set<const void*> foreign;
+  for (const auto& piece : others_pieces_) {
+    for (const auto& p : piece->parameters()) foreign.insert(p.unsafeGetTensorImpl());
+    for (const auto& b : piece->buffers()) foreign.insert(b.unsafeGetTensorImpl());
+  }
+  const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+  auto gather = [&](const torch::Tensor& t, bool own) {
+    auto sum = own ? t.detach().to(wire).clone() : torch::zeros(t.sizes(), t.options().device(wire));
+    stages_->all_reduce(sum).wait();
+    return sum;
+  };
+  torch::NoGradGuard no_grad;
+  for (const auto& b : model_->buffers()) {
+    auto sum = gather(b, foreign.count(b.unsafeGetTensorImpl()) == 0);
+    b.copy_(sum);
+  }
+  auto& state = optimizer.state();
+  for (const auto& p : model_->parameters()) {
+    const bool own = foreign.count(p.unsafeGetTensorImpl()) == 0;
+    p.copy_(gather(p, own));
+    // Momentum: whether any rank has a buffer for p is the same on every
+    // rank (the same steps of the same parameter), so this is agreed.
+    if (options_.momentum == 0) continue;
+    auto found = state.find(p.unsafeGetTensorImpl());
+    torch::Tensor buffer;
+    if (own && found != state.end()) {
+      buffer = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+    }
+    auto has = torch::tensor({buffer.defined() ? 1.0 : 0.0}, torch::kFloat64).to(wire);
+    stages_->all_reduce(has).wait();
+    if (has.item<double>() == 0) continue;
+    auto sum = gather(buffer.defined() ? buffer : p, buffer.defined());
+    if (!own) {
+      auto fresh = std::make_unique<torch::optim::SGDParamState>();
+      fresh->momentum_buffer(sum.to(p.device()));
+      state[p.unsafeGetTensorImpl()] = std::move(fresh);
+    }
+  }
 }
 
 std::string Trainer::fingerprint() const {

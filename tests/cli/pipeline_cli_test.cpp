@@ -37,6 +37,25 @@ TEST_P(PipelineCliTest, ConvnetOnFashionMnistOverTwoCpuStages) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineCliTest, ::testing::Values("gpipe", "1f1b", "interleaved"));
 
+// The same over two processes, one stage each (Note [pipeline over ranks]):
+// rank 0 reports, the accuracy coming from the last stage.
+TEST(PipelineRanksTest, ConvnetOnFashionMnistOverTwoRanks) {
+  TempDir dir;
+  auto r = run_tandem("train --nproc-per-node 2 --strategy pipeline --micro-batches 4 --data fashion-mnist "
+                      "--model convnet --epochs 1 --progress lines --metrics-out " + dir.file("m.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] pipeline over 2 ranks, one stage per rank on its device (rank 0: cpu): "
+                          "stages conv1"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fc2 (balanced by measured time on rank 0); 4 micro-batches, 1f1b schedule"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] pipeline: stage idle share "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 x cpu (pipeline, a stage each) | 256          | 256"), std::string::npos) << r.output;
+  auto m = last_metrics(dir.file("m.jsonl"));
+  EXPECT_EQ(m["world_size"].get<int64_t>(), 2);
+  EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+}
+
 // An explicit split and a split by parameter count are reported as given;
 // the run can be resumed from its checkpoint like any other.
 TEST(PipelineCliOptionsTest, SplitsAreReported) {
@@ -90,6 +109,11 @@ TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
   r = run_tandem("train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages 0 --max-steps 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--virtual-stages"), std::string::npos) << r.output;
+  r = run_tandem("train --nproc-per-node 2 --strategy pipeline --devices cpu,cpu --max-steps 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--devices cpu,cpu: --strategy pipeline over 2 ranks runs one stage per rank, on "
+                          "its --device (cpu, or cuda:LOCAL_RANK); leave out --devices"),
+            std::string::npos) << r.output;
   r = run_tandem("train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu --schedule interleaved --max-steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("the model has 6 layers, fewer than the 8 stages"), std::string::npos)

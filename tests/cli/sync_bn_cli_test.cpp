@@ -3,7 +3,8 @@
 // a model without BatchNorm; and so does each rank's batch passed in chunks
 // (--grad-accum, DDP's no_sync), with and without gradient clipping; the
 // optimizer sharded over the ranks (--shard-optimizer) gives the plain one's;
-// and so does fully sharded data parallelism (--strategy fsdp).
+// and so do fully sharded data parallelism (--strategy fsdp) and a pipeline
+// over ranks (--strategy pipeline --nproc-per-node N).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -296,6 +297,67 @@ TEST(FsdpCliTest, CheckpointsResumeWithOrWithoutFsdp) {
     resumed.emplace_back(name, "2 FSDP ranks, then " + how);
   }
   expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+}
+
+// --strategy pipeline over ranks (Note [pipeline over ranks]): 2 and 3
+// ranks, one stage each, with GPipe, 1F1B and interleaved 1F1B, give one
+// process's weights, with or without a pipeline, in float64 to rounding;
+// so does --clip-grad-norm, its norm summed over the stages. convnet's
+// BatchNorm normalises each micro-batch alone, so it is held to the
+// one-process pipeline. Controls: another momentum; no clipping; 8
+// micro-batches instead of 4.
+TEST(PipelineRanksCliTest, OneProcesssWeightsOverTwoAndThreeRanks) {
+  const std::string ranks = " --strategy pipeline";
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 0 --devices cpu,cpu" + ranks,
+                       "--nproc-per-node 2" + ranks, "--nproc-per-node 2 --schedule interleaved" + ranks,
+                       "--nproc-per-node 3 --schedule gpipe --micro-batches 3 --pipeline-balance params" + ranks},
+                      "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + ranks},
+                      "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12, "--model mlp --dtype float64");
+  expect_same_weights({"--nproc-per-node 0 --devices cpu,cpu" + ranks, "--nproc-per-node 2" + ranks,
+                       "--nproc-per-node 2 --virtual-stages 2 --schedule interleaved" + ranks},
+                      "--model convnet --dtype float64", 1e-12,
+                      "--model convnet --dtype float64 --strategy pipeline --micro-batches 8");
+}
+
+// Its checkpoints hold every stage's weights and momentum, gathered at each
+// save: 2 pipeline ranks stopped at step 10 resume in one process without a
+// pipeline, or interleaved on 2 ranks, and end where 20 uninterrupted steps
+// on 2 pipeline ranks do. Evaluation comes from the last stage: the test
+// loss and accuracy are one process's.
+TEST(PipelineRanksCliTest, CheckpointsAndEvaluationAreOneProcesss) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 1024, 64);
+  const std::string model = "--model mlp --dtype float64 ";
+  const std::string ranks = "--nproc-per-node 2 --strategy pipeline";
+  train_and_export(dir, model + ranks, "whole.safetensors");
+  std::vector<std::pair<std::string, std::string>> resumed;
+  for (const std::string how : {std::string("--nproc-per-node 0"), ranks + " --schedule interleaved"}) {
+    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
+    auto r = resume_after_ten_steps(dir, model, ranks + " --checkpoint-every 4", how,
+                                    "ckpt-" + std::to_string(resumed.size()), name);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
+    resumed.emplace_back(name, "2 pipeline ranks, then " + how);
+  }
+  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+
+  auto train = [&](const std::string& flags) {
+    auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 8 "
+                        "--epochs 1 --progress off --metrics-out " + dir.file("m.jsonl") + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return testing::last_metrics(dir.file("m.jsonl"));
+  };
+  auto one = train("--nproc-per-node 0");
+  auto stages = train(ranks);
+  ASSERT_FALSE(one.is_null());
+  ASSERT_FALSE(stages.is_null());
+  EXPECT_NEAR(stages["test_loss"].get<double>(), one["test_loss"].get<double>(), 1e-12);
+  EXPECT_EQ(stages["test_acc"].get<double>(), one["test_acc"].get<double>());
+  EXPECT_NEAR(stages["train_loss"].get<double>(), one["train_loss"].get<double>(), 1e-12);
+  EXPECT_EQ(stages["train_acc"].get<double>(), one["train_acc"].get<double>());
+  EXPECT_EQ(stages["world_size"].get<int64_t>(), 2);
 }
 
 }  // namespace

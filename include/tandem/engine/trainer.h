@@ -85,6 +85,10 @@ class Trainer {
  private:
   void say(const std::string& line) const;
   void make_pipeline(const data::DatasetInfo& info);
+  void make_rank_pipeline(const data::DatasetInfo& info);
+  // --strategy pipeline over ranks: every stage's weights, buffers and
+  // momentum onto every rank (a collective), before a checkpoint or an export.
+  void gather_stages(torch::optim::Optimizer& optimizer);
   void report_warnings() const;
   // What one epoch's steps add up for its report.
   struct StepCounters {
@@ -105,19 +109,26 @@ class Trainer {
   data::DataSplits data_;
   models::Sequence model_{nullptr};
   // Set when the environment names a rank (launched by tandem launch,
-  // torchrun, srun, mpirun): data parallel over the group's ranks.
+  // torchrun, srun, mpirun): data parallel over the group's ranks (null
+  // under --strategy pipeline, whose ranks are stages_).
   std::shared_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
   // --strategy fsdp; detached at the end of run(), so the model holds its weights again.
   std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
   parallel::DataParallel dp_{nullptr};                      // --strategy dp
-  std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline
+  std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline (one process)
+  // --strategy pipeline over ranks (Note [pipeline over ranks]): the ranks'
+  // group, this rank's stage and the modules of the other ranks' pieces.
+  std::shared_ptr<dist::ProcessGroup> stages_;
+  std::unique_ptr<parallel::DistributedPipeline> rank_pipeline_;
+  std::vector<models::Sequence> others_pieces_;
+  int64_t num_classes_ = 0;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
   std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
-  int64_t rank_ = 0, world_ = 1;
+  int64_t rank_ = 0, world_ = 1;  // world_: data-parallel ranks (1 for a pipeline over ranks)
   int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
 };
 
