@@ -410,6 +410,9 @@ int64_t ProcessGroup::rank() const { return impl_->rendezvous.rank; }
 int64_t ProcessGroup::size() const { return impl_->rendezvous.world_size; }
 const std::string& ProcessGroup::backend() const { return impl_->backend; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
+torch::Device ProcessGroup::wire_device() const {
+  return impl_->backend == "nccl" ? torch::Device(impl_->options.device) : torch::Device(torch::kCPU);
+}
 
 Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   if (size() == 1) return impl_->local();

@@ -240,7 +240,7 @@ EvalResult Trainer::evaluate() {
     };
     auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
                                    nullptr, forward);
-    const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+    const auto wire = stages_->wire_device();
     auto values = torch::tensor({result.loss, result.accuracy, static_cast<double>(result.count)},
                                 torch::kFloat64).to(wire);
     stages_->broadcast(values, stages_->size() - 1).wait();
@@ -601,7 +601,7 @@ TrainResult Trainer::run() {
                  scaler_->get_scale(), static_cast<long long>(counters.skipped_steps)));
     }
     if (stages_ && counters.pipeline_steps > 0) {  // each rank timed its own stage
-      const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+      const auto wire = stages_->wire_device();
       auto idle = torch::tensor(counters.stage_idle, torch::kFloat64).to(wire);
       stages_->all_reduce(idle).wait();
       idle = idle.cpu();

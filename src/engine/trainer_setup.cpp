@@ -372,7 +372,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
       sizes = parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks);
     }
   }
-  const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+  const auto wire = stages_->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
   stages_->broadcast(chosen, 0).wait();
   chosen = chosen.cpu();
@@ -405,7 +405,7 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
     for (const auto& p : piece->parameters()) foreign.insert(p.unsafeGetTensorImpl());
     for (const auto& b : piece->buffers()) foreign.insert(b.unsafeGetTensorImpl());
   }
-  const auto wire = stages_->backend() == "nccl" ? device_ : torch::Device(torch::kCPU);
+  const auto wire = stages_->wire_device();
   auto gather = [&](const torch::Tensor& t, bool own) {
     auto sum = own ? t.detach().to(wire).clone() : torch::zeros(t.sizes(), t.options().device(wire));
     stages_->all_reduce(sum).wait();

@@ -34,14 +34,18 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
   const bool sharded = sharded_over != nullptr && sharded_over->size() > 1;
   if (groups.empty() && !sharded) return torch::zeros({});
 
-  const torch::Device first = groups.empty() ? torch::Device(torch::kCPU) : groups.front().device;
+  // A rank with no gradients (a pipeline stage of parameter-free layers)
+  // still joins the collective, on the group's device.
+  const torch::Device first = !groups.empty() ? groups.front().device
+                              : sharded      ? sharded_over->wire_device()
+                                             : torch::Device(torch::kCPU);
   std::vector<torch::Tensor> partial;  // each group's norm, on the first device
   for (const auto& g : groups) {
     partial.push_back(torch::linalg_vector_norm(torch::stack(at::_foreach_norm(g.grads, 2)), 2).to(first));
   }
   torch::Tensor total;
   if (partial.empty()) {
-    total = torch::zeros({});
+    total = torch::zeros({}, torch::TensorOptions().device(first));
   } else {
     total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
   }

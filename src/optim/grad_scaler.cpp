@@ -59,7 +59,9 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     found_inf_.add_(found.to(found_inf_.device()));
   }
   if (group_ && group_->size() > 1) {  // Note [found-inf across ranks]
-    auto flag = group_->backend() == "gloo" ? found_inf_.cpu() : found_inf_.clone();
+    // On the group's device: a pipeline stage that never scaled a loss (all
+    // but the last) keeps its found-inf flag on the CPU.
+    auto flag = found_inf_.to(group_->wire_device(), /*non_blocking=*/false, /*copy=*/true);
     group_->all_reduce(flag, dist::ReduceOp::kMax).wait();
     found_inf_.copy_(flag);
   }

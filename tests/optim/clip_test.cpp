@@ -111,6 +111,28 @@ TEST(ClipGradNormTest, NoGradientsGiveZeroAndABadLimitIsNamed) {
   }
 }
 
+// Over ranks that each hold part of the gradients (FSDP's shards, a
+// pipeline's stages), the norm is the whole gradient's on every rank; a
+// rank with no gradient at all (a stage of parameter-free layers) still
+// joins the collective and returns that norm.
+TEST(ClipGradNormTest, OverRanksTheNormIsTheWholeGradientsAndARankWithoutOneJoins) {
+  for (bool second_has_gradient : {true, false}) {
+    std::vector<double> norms(2), kept(2);
+    testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      const auto r = group->rank();
+      auto p = torch::zeros({2}).requires_grad_();
+      if (r == 0) p.mutable_grad() = torch::tensor({3.0f, 0.0f});
+      if (r == 1 && second_has_gradient) p.mutable_grad() = torch::tensor({0.0f, 4.0f});
+      norms[r] = clip_grad_norm({p}, 1.0, group.get()).item<double>();
+      kept[r] = p.grad().defined() ? p.grad().norm().item<double>() : -1.0;
+    }));
+    const double whole = second_has_gradient ? 5.0 : 3.0;
+    for (int r = 0; r < 2; ++r) EXPECT_NEAR(norms[r], whole, 1e-6) << "rank " << r;
+    EXPECT_NEAR(kept[0], 3.0 / whole, 1e-6);  // every part scaled by 1 / the whole norm
+    EXPECT_NEAR(kept[1], second_has_gradient ? 4.0 / whole : -1.0, 1e-6);
+  }
+}
+
 TEST(ClipGradNormTest, ANonFiniteNormIsReturnedNotThrown) {
   // PyTorch's default (error_if_nonfinite=False): the caller, or the fp16
   // scaler that already saw the inf, decides.

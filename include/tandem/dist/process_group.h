@@ -110,6 +110,9 @@ class ProcessGroup {
   Work reduce_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                       ReduceOp op = ReduceOp::kSum);
   Work barrier();
+  // Where this group's collectives take their tensors: this rank's device
+  // (GroupOptions::device) under NCCL, the CPU under Gloo.
+  torch::Device wire_device() const;
   Work send(const torch::Tensor& tensor, int64_t dst, int tag = 0);
   Work recv(torch::Tensor& tensor, int64_t src, int tag = 0);
 
