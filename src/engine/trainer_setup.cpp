@@ -316,24 +316,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   auto devices = parallel::parse_devices(o.devices);
   const int64_t chunks = virtual_stages();
-  const auto stages = static_cast<int64_t>(devices.size()) * chunks;
-  const auto device_count = static_cast<int64_t>(devices.size());
-  std::vector<int64_t> sizes;
-  std::string how;
-  if (!o.pipeline_split.empty()) {
-    sizes = parallel::split_at_names(model_, o.pipeline_split, stages);
-    how = "--pipeline-split";
-  } else if (o.pipeline_balance == "params") {
-    sizes = parallel::balance_interleaved(parallel::parameter_costs(model_), device_count, chunks);
-    how = "balanced by parameter count";
-  } else {
-    // Timed on a copy, on the first device, at the micro-batch size.
-    auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
-    auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
-                              torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(devices[0]));
-    sizes = parallel::balance_interleaved(parallel::measured_costs(model_, sample), device_count, chunks);
-    how = "balanced by measured time";
-  }
+  auto [sizes, how] = pipeline_cut(info, static_cast<int64_t>(devices.size()), devices[0], true);
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
   parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
   pipeline_options.virtual_stages = chunks;
@@ -347,6 +330,29 @@ int64_t Trainer::virtual_stages() const {
   return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
 }
 
+// The cut into stages x --virtual-stages pieces, and how it was chosen:
+// --pipeline-split, or balanced by parameter count, or by forward and
+// backward time measured on a copy of the model on `on` at the micro-batch
+// size (only when `measure`; otherwise zeros, to be filled in by the caller).
+std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::DatasetInfo& info, int64_t stages,
+                                                                   const torch::Device& on, bool measure) {
+  const auto& o = options_;
+  const int64_t chunks = virtual_stages();
+  if (!o.pipeline_split.empty()) {
+    return {parallel::split_at_names(model_, o.pipeline_split, stages * chunks), "--pipeline-split"};
+  }
+  if (o.pipeline_balance == "params") {
+    return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
+            "balanced by parameter count"};
+  }
+  if (!measure) return {std::vector<int64_t>(stages * chunks, 0), "balanced by measured time"};
+  auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
+  auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
+                            torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(on));
+  return {parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks),
+          "balanced by measured time"};
+}
+
 // --strategy pipeline over ranks (Note [pipeline over ranks]): the model
 // cut into ranks x --virtual-stages pieces, rank r keeping pieces r, r + S,
 // ...; rank 0 chooses the cut (a measured balance differs from machine to
@@ -355,23 +361,8 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   const int64_t stages = stages_->size(), rank = stages_->rank(), chunks = virtual_stages();
   const int64_t pieces = stages * chunks;
-  std::vector<int64_t> sizes(pieces, 0);
-  std::string how;
-  if (!o.pipeline_split.empty()) {
-    sizes = parallel::split_at_names(model_, o.pipeline_split, pieces);
-    how = "--pipeline-split";
-  } else if (o.pipeline_balance == "params") {
-    sizes = parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks);
-    how = "balanced by parameter count";
-  } else {
-    how = "balanced by measured time on rank 0";
-    if (rank == 0) {
-      auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
-      auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
-                                torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(device_));
-      sizes = parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks);
-    }
-  }
+  auto [sizes, how] = pipeline_cut(info, stages, device_, rank == 0);
+  if (how == "balanced by measured time") how += " on rank 0";
   const auto wire = stages_->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
   stages_->broadcast(chosen, 0).wait();
