@@ -604,12 +604,23 @@ TrainResult Trainer::run() {
       for (double idle : counters.stage_idle) {
         shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / counters.pipeline_steps);
       }
-      auto p = static_cast<double>(counters.stage_idle.size());
-      auto m_ = static_cast<double>(o.micro_batches);
-      auto v = static_cast<double>(virtual_stages());
-      say(format("pipeline: stage idle share %s (mean over %lld steps; %s = %.2f)", shares.c_str(),
-                 static_cast<long long>(counters.pipeline_steps),
-                 v > 1 ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)", (p - 1) / (v * m_ + p - 1)));
+      const auto p = static_cast<int64_t>(counters.stage_idle.size()), v = virtual_stages();
+      const double pd = static_cast<double>(p), md = static_cast<double>(o.micro_batches);
+      if (v == 1 || o.micro_batches % p == 0) {
+        say(format("pipeline: stage idle share %s (mean over %lld steps; %s = %.2f)", shares.c_str(),
+                   static_cast<long long>(counters.pipeline_steps), v > 1 ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)",
+                   (pd - 1) / (static_cast<double>(v) * md + pd - 1)));
+      } else {
+        // Interleaved with p not dividing m: no closed form; the schedule's
+        // own bubble, simulated with backwards twice as long as forwards.
+        double textbook = 0;
+        for (double share : parallel::simulate(parallel::make_pipeline_schedule(o.schedule, p, o.micro_batches, v),
+                                               1.0, 2.0).idle_share) {
+          textbook += share / pd;
+        }
+        say(format("pipeline: stage idle share %s (mean over %lld steps; the schedule's, simulated = %.2f)",
+                   shares.c_str(), static_cast<long long>(counters.pipeline_steps), textbook));
+      }
     }
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;

@@ -82,6 +82,13 @@ TEST(PipelineCliOptionsTest, SplitsAreReported) {
                           "stages d, d + 2, ...)"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(p-1)/(vm+p-1) = 0.11)"), std::string::npos) << r.output;
+  // 3 micro-batches over 2 stages: no closed form for the bubble, the
+  // schedule's own simulated one is printed (5/23, where (p-1)/(vm+p-1) = 1/7
+  // and 1F1B's (p-1)/(m+p-1) = 1/4).
+  r = run_tandem(common + " --micro-batches 3 --pipeline-balance params");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(mean over 2 steps; the schedule's, simulated = 0.22)"), std::string::npos)
+      << r.output;
   r = run_tandem(common + " --virtual-stages 3 --pipeline-balance params");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("stages flatten | fc1 | relu1 | fc2 | relu2 | fc3 (balanced by parameter "
