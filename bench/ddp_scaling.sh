@@ -52,6 +52,9 @@ for ((i = 0; i < rounds; i++)); do
       eff[$impl-$malloc]+="$(echo "$out" | field efficiency) "
       plain[$impl-$malloc]+="$(echo "$out" | field plain_ms) "
       step[$impl-$malloc]+="$(echo "$out" | field step_ms) "
+      # As it goes, on stderr: a run cut off by a time limit still leaves its rounds.
+      echo "round $((i + 1)) malloc $malloc $impl: efficiency $(echo "$out" | field efficiency)" \
+        "plain $(echo "$out" | field plain_ms) ms, DDP step $(echo "$out" | field step_ms) ms" >&2
     done
   done
 done

@@ -39,6 +39,7 @@ for ((i = 0; i < rounds; i++)); do
     while read -r line; do
       m=$(echo "$line" | field m)
       lines[$schedule-$m]+="$line"$'\n'
+      echo "round $((i + 1)) $line" >&2  # as it goes: a run cut off still leaves its rounds
     done < <("$build/bench/pipeline_step" --schedule "$schedule" --stages "$stages" "${model[@]}" \
                --micro-batches 1,2,4,8)
   done
