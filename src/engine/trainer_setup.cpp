@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
 #include <unordered_set>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -390,43 +392,74 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
 void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   if (!stages_) return;
   // Each rank contributes its own pieces' tensors and zeros for the
-  // others'; the sum over the ranks is every piece's, on every rank.
+  // others'; the sum over the ranks is every piece's, on every rank. Two
+  // rounds: one all-reduce of which parameters have momentum anywhere, then
+  // one per dtype of every buffer, parameter and momentum, flattened.
   std::unordered_set<const void*> foreign;
   for (const auto& piece : others_pieces_) {
     for (const auto& p : piece->parameters()) foreign.insert(p.unsafeGetTensorImpl());
     for (const auto& b : piece->buffers()) foreign.insert(b.unsafeGetTensorImpl());
   }
+  auto own = [&](const torch::Tensor& t) { return foreign.count(t.unsafeGetTensorImpl()) == 0; };
   const auto wire = stages_->wire_device();
-  auto gather = [&](const torch::Tensor& t, bool own) {
-    auto sum = own ? t.detach().to(wire).clone() : torch::zeros(t.sizes(), t.options().device(wire));
-    stages_->all_reduce(sum).wait();
-    return sum;
-  };
   torch::NoGradGuard no_grad;
-  for (const auto& b : model_->buffers()) {
-    auto sum = gather(b, foreign.count(b.unsafeGetTensorImpl()) == 0);
-    b.copy_(sum);
-  }
   auto& state = optimizer.state();
-  for (const auto& p : model_->parameters()) {
-    const bool own = foreign.count(p.unsafeGetTensorImpl()) == 0;
-    p.copy_(gather(p, own));
-    // Momentum: whether any rank has a buffer for p is the same on every
-    // rank (the same steps of the same parameter), so this is agreed.
-    if (options_.momentum == 0) continue;
-    auto found = state.find(p.unsafeGetTensorImpl());
-    torch::Tensor buffer;
-    if (own && found != state.end()) {
-      buffer = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+  const auto params = model_->parameters();
+  std::vector<torch::Tensor> momentum(params.size());
+  // Whether any rank has a momentum buffer for a parameter: the same steps
+  // ran on the same parameters everywhere, but only its owner holds one.
+  auto has = torch::zeros({static_cast<int64_t>(params.size())}, torch::kFloat64);
+  if (options_.momentum != 0) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto found = state.find(params[i].unsafeGetTensorImpl());
+      if (!own(params[i]) || found == state.end()) continue;
+      momentum[i] = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+      if (momentum[i].defined()) has[static_cast<int64_t>(i)] = 1.0;
     }
-    auto has = torch::tensor({buffer.defined() ? 1.0 : 0.0}, torch::kFloat64).to(wire);
-    stages_->all_reduce(has).wait();
-    if (has.item<double>() == 0) continue;
-    auto sum = gather(buffer.defined() ? buffer : p, buffer.defined());
-    if (!own) {
-      auto fresh = std::make_unique<torch::optim::SGDParamState>();
-      fresh->momentum_buffer(sum.to(p.device()));
-      state[p.unsafeGetTensorImpl()] = std::move(fresh);
+    auto sum = has.to(wire);
+    stages_->all_reduce(sum).wait();
+    has = sum.cpu();
+  }
+  // What to gather: the tensor, whether this rank holds it, and where the
+  // sum goes (a momentum buffer that this rank lacks is made).
+  struct Item {
+    torch::Tensor tensor;
+    bool own;
+    std::function<void(const torch::Tensor&)> store;
+  };
+  std::vector<Item> items;
+  auto in_place = [](torch::Tensor t) { return [t](const torch::Tensor& sum) mutable { t.copy_(sum); }; };
+  for (const auto& b : model_->buffers()) items.push_back({b, own(b), in_place(b)});
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    items.push_back({p, own(p), in_place(p)});
+    if (has[static_cast<int64_t>(i)].item<double>() == 0) continue;
+    if (momentum[i].defined()) {
+      items.push_back({momentum[i], true, in_place(momentum[i])});
+    } else {
+      items.push_back({p, false, [&state, p](const torch::Tensor& sum) {
+                         auto fresh = std::make_unique<torch::optim::SGDParamState>();
+                         fresh->momentum_buffer(sum.to(p.device()).clone());
+                         state[p.unsafeGetTensorImpl()] = std::move(fresh);
+                       }});
+    }
+  }
+  std::map<torch::ScalarType, std::vector<const Item*>> by_dtype;
+  for (const auto& item : items) by_dtype[item.tensor.scalar_type()].push_back(&item);
+  for (const auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> parts;
+    for (const auto* item : group) {
+      const auto& t = item->tensor;
+      parts.push_back(item->own ? t.detach().reshape({-1}).to(wire)
+                                : torch::zeros({t.numel()}, t.options().device(wire)));
+    }
+    auto flat = torch::cat(parts);
+    stages_->all_reduce(flat).wait();
+    int64_t offset = 0;
+    for (const auto* item : group) {
+      const auto& t = item->tensor;
+      item->store(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
     }
   }
 }
