@@ -82,6 +82,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     const auto& inputs = batch->inputs;
     const auto& targets = batch->targets;
     auto logits = forward ? forward(inputs) : model->forward(inputs);
+    if (!logits.defined()) continue;  // the output is another rank's (a pipeline's last stage)
     loss_sum += torch::nn::functional::cross_entropy(
         logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     correct += logits.argmax(1).eq(targets).sum();
@@ -225,11 +226,8 @@ EvalResult Trainer::evaluate() {
   }
   if (rank_pipeline_) {
     // Every stage passes every batch on; the last stage's result is the
-    // job's (the others compute theirs on stand-in zeros).
-    forward = [this](const torch::Tensor& x) {
-      auto y = rank_pipeline_->forward(x);
-      return y.defined() ? y : torch::zeros({x.size(0), num_classes_}, torch::TensorOptions().device(device_));
-    };
+    // job's (the others' forward returns no output, and they count nothing).
+    forward = [this](const torch::Tensor& x) { return rank_pipeline_->forward(x); };
     auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
                                    nullptr, forward);
     const auto wire = stages_->wire_device();

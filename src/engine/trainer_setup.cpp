@@ -286,7 +286,6 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     dp_options.trace = o.dp_trace;
     dp_ = parallel::DataParallel(model_, dp_options);
   }
-  num_classes_ = model_options.num_classes;
   if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
   parameter_count_ = models::count_parameters(*model_);
   if (group_ && o.strategy == "fsdp") {

@@ -53,7 +53,9 @@ struct EvalResult {
 // instead of model->forward (e.g. a pipeline's stages on their devices);
 // every rank then calls it equally often, on empty batches once its own
 // samples are done, so a forward with collectives in it (FSDP's) keeps the
-// ranks in step.
+// ranks in step. A `forward` that returns an undefined tensor has its output
+// on another rank (a pipeline stage before the last): that batch counts
+// nothing here.
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers = 0,
@@ -124,7 +126,6 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> stages_;
   std::unique_ptr<parallel::DistributedPipeline> rank_pipeline_;
   std::vector<models::Sequence> others_pieces_;
-  int64_t num_classes_ = 0;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
