@@ -413,16 +413,19 @@ TrainResult Trainer::run() {
             ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"
             : "mixed precision: bf16 autocast");
   }
+  // Interleaved: " (2 chunks per rank: rank r runs stages r, r + 2, ...)".
+  auto chunks_note = [&](const char* holder, int64_t holders) {
+    if (virtual_stages() <= 1) return std::string();
+    return format(" (%lld chunks per %s: %s %c runs stages %c, %c + %lld, ...)",
+                  static_cast<long long>(virtual_stages()), holder, holder, holder[0], holder[0], holder[0],
+                  static_cast<long long>(holders));
+  };
   if (rank_pipeline_) {
     say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
                "%lld micro-batches, %s schedule%s",
                static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
                static_cast<long long>(o.micro_batches), o.schedule.c_str(),
-               virtual_stages() > 1
-                   ? format(" (%lld chunks per rank: rank r runs stages r, r + %lld, ...)",
-                            static_cast<long long>(virtual_stages()), static_cast<long long>(stages_->size()))
-                         .c_str()
-                   : ""));
+               chunks_note("rank", stages_->size()).c_str()));
   }
   if (pipeline_) {
     std::string names;
@@ -430,11 +433,7 @@ TrainResult Trainer::run() {
     say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule%s",
                names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
                o.schedule.c_str(),
-               virtual_stages() > 1
-                   ? format(" (%lld chunks per device: device d runs stages d, d + %zu, ...)",
-                            static_cast<long long>(virtual_stages()), pipeline_->devices().size())
-                         .c_str()
-                   : ""));
+               chunks_note("device", static_cast<int64_t>(pipeline_->devices().size())).c_str()));
   }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(parameter_count_),
