@@ -116,17 +116,14 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
     EXPECT_NE(r.output.find(expected), std::string::npos) << launch << ": expected " << expected << "\n" << r.output;
   }
 
-  r = run_tandem("eval" + data);
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--weights FILE is required"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::tandem_fails("eval" + data, 2, "--weights FILE is required"));
   r = run_tandem("eval --weights " + dir.file("w.safetensors") + " --data idx:" + dir.path() + " --model mlp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // (the mlp's fc1 has another shape than the convnet's)
   EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") + ": tensor 'fc1.weight' has shape"),
             std::string::npos) << r.output;
-  r = run_tandem("eval --weights " + dir.file("absent.safetensors") + data);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find(dir.file("absent.safetensors") + ": cannot open"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("absent.safetensors") + data, 1,
+                                    dir.file("absent.safetensors") + ": cannot open"));
 }
 
 }  // namespace

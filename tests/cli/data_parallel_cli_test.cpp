@@ -37,19 +37,12 @@ TEST(DataParallelCliTest, TraceShowsEachReplica) {
 }
 
 TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
-  auto r = run_tandem("train --strategy dp --devices cpu,gpu7 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--devices: expected a comma-separated list of cpu, cuda or cuda:N, got "
-                          "'cpu,gpu7'"),
-            std::string::npos)
-      << r.output;
-  r = run_tandem("train --strategy dp --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--strategy dp needs --devices"), std::string::npos) << r.output;
-  r = run_tandem("train --devices cpu,cpu --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--devices goes with --strategy dp or pipeline"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy dp --devices cpu,gpu7 --max-steps 1", 1,
+      "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,gpu7'"));
+  EXPECT_TRUE(testing::tandem_fails("train --strategy dp --max-steps 1", 1, "--strategy dp needs --devices"));
+  EXPECT_TRUE(testing::tandem_fails("train --devices cpu,cpu --max-steps 1", 1,
+                                    "--devices goes with --strategy dp or pipeline"));
 }
 
 }  // namespace

@@ -62,37 +62,30 @@ TEST(ImageDataCliTest, ValDataWithOtherClassFoldersIsRefused) {
   testing::write_synthetic_image_folder(dir.file("train"), 3, 2, 20);
   testing::write_synthetic_image_folder(dir.file("val"), 3, 2, 20);
   std::filesystem::rename(dir.file("val/c1"), dir.file("val/c9"));
-  auto r = run_tandem("train --data imagefolder:" + dir.file("train") + " --val-data imagefolder:" +
-                      dir.file("val") + " --image-size 16 --epochs 1 --batch-size 2");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("tandem: error: --val-data imagefolder:" + dir.file("val") +
-                          ": its classes (c0, c2, c9) are not those of --data imagefolder:" +
-                          dir.file("train") + " (c0, c1, c2)"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --data imagefolder:" + dir.file("train") + " --val-data imagefolder:" + dir.file("val") +
+          " --image-size 16 --epochs 1 --batch-size 2",
+      1,
+      "tandem: error: --val-data imagefolder:" + dir.file("val") +
+          ": its classes (c0, c2, c9) are not those of --data imagefolder:" + dir.file("train") +
+          " (c0, c1, c2)"));
 }
 
 TEST(ImageDataCliTest, TruncatedCifarBatchIsNamed) {
   TempDir dir;
   testing::write_synthetic_cifar(dir.path(), 10, 10);
   std::filesystem::resize_file(dir.file("data_batch_1.bin"), 3073 * 5 + 17);
-  auto r = run_tandem("train --data cifar10:" + dir.path() + " --epochs 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("tandem: error: " + dir.file("data_batch_1.bin")), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails("train --data cifar10:" + dir.path() + " --epochs 1", 1,
+                                    "tandem: error: " + dir.file("data_batch_1.bin")));
 }
 
 TEST(ImageDataCliTest, EmptyImageFolderIsNamed) {
   TempDir dir;
-  auto r = run_tandem("train --data imagefolder:" + dir.path() + " --epochs 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("imagefolder:" + dir.path() + ": no class folders"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails("train --data imagefolder:" + dir.path() + " --epochs 1", 1,
+                                    "imagefolder:" + dir.path() + ": no class folders"));
   std::filesystem::create_directories(dir.file("cats"));
-  r = run_tandem("train --data imagefolder:" + dir.path() + " --epochs 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("no image files in class folder " + dir.file("cats")), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails("train --data imagefolder:" + dir.path() + " --epochs 1", 1,
+                                    "no image files in class folder " + dir.file("cats")));
 }
 
 TEST(ImageDataCliTest, BadImageStopsTheRunUnlessSkipped) {

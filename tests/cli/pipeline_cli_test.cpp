@@ -97,45 +97,34 @@ TEST(PipelineCliOptionsTest, SplitsAreReported) {
 }
 
 TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
-  auto r = run_tandem("train --strategy pipeline --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--strategy pipeline needs --devices"), std::string::npos) << r.output;
-  r = run_tandem("train --micro-batches 8 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
-                          "--pipeline-balance go with --strategy pipeline"),
-            std::string::npos) << r.output;
-  r = run_tandem("train --virtual-stages 2 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--virtual-stages, --pipeline-split"), std::string::npos) << r.output;
-  r = run_tandem("train --strategy pipeline --devices cpu,cpu --virtual-stages 2 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--virtual-stages 2: more than one chunk per device needs --schedule "
-                          "interleaved, not 1f1b"),
-            std::string::npos) << r.output;
-  r = run_tandem("train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages 0 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--virtual-stages"), std::string::npos) << r.output;
-  r = run_tandem("train --nproc-per-node 2 --strategy pipeline --devices cpu,cpu --max-steps 1");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("--devices cpu,cpu: --strategy pipeline over 2 ranks runs one stage per rank, on "
-                          "its --device (cpu, or cuda:LOCAL_RANK); leave out --devices"),
-            std::string::npos) << r.output;
-  r = run_tandem("train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu --schedule interleaved --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("the model has 6 layers, fewer than the 8 stages"), std::string::npos)
-      << r.output;
-  r = run_tandem("train --strategy pipeline --devices cpu,cpu --pipeline-split fc9 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"),
-            std::string::npos) << r.output;
-  r = run_tandem("train --strategy pipeline --devices cpu,cpu --schedule zigzag --max-steps 1");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--schedule"), std::string::npos) << r.output;
-  r = run_tandem("train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu,cpu,cpu,cpu --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("the model has 6 layers, fewer than the 7 stages"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(testing::tandem_fails("train --strategy pipeline --max-steps 1", 1,
+                                    "--strategy pipeline needs --devices"));
+  EXPECT_TRUE(testing::tandem_fails("train --micro-batches 8 --max-steps 1", 1,
+                                    "--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
+                                    "--pipeline-balance go with --strategy pipeline"));
+  EXPECT_TRUE(testing::tandem_fails("train --virtual-stages 2 --max-steps 1", 1,
+                                    "--virtual-stages, --pipeline-split"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy pipeline --devices cpu,cpu --virtual-stages 2 --max-steps 1", 1,
+      "--virtual-stages 2: more than one chunk per device needs --schedule interleaved, not 1f1b"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages 0 --max-steps 1",
+      2, "--virtual-stages"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --nproc-per-node 2 --strategy pipeline --devices cpu,cpu --max-steps 1", testing::kAnyFailure,
+      "--devices cpu,cpu: --strategy pipeline over 2 ranks runs one stage per rank, on its --device (cpu, or "
+      "cuda:LOCAL_RANK); leave out --devices"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu --schedule interleaved --max-steps 1",
+      1, "the model has 6 layers, fewer than the 8 stages"));
+  EXPECT_TRUE(
+      testing::tandem_fails("train --strategy pipeline --devices cpu,cpu --pipeline-split fc9 --max-steps 1",
+                            1, "--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy pipeline --devices cpu,cpu --schedule zigzag --max-steps 1", 2, "--schedule"));
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu,cpu,cpu,cpu --max-steps 1", 1,
+      "the model has 6 layers, fewer than the 7 stages"));
 }
 
 }  // namespace

@@ -153,6 +153,17 @@ CommandResult run_tandem(const std::string& args) {
   return run(std::string(TANDEM_CLI) + " " + args);
 }
 
+::testing::AssertionResult tandem_fails(const std::string& args, int exit_code, const std::string& message) {
+  auto r = run_tandem(args);
+  const bool code_ok = exit_code == kAnyFailure ? r.exit_code != 0 : r.exit_code == exit_code;
+  if (code_ok && r.output.find(message) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "tandem " << args << "\n  exit code " << r.exit_code << ", expected "
+         << (exit_code == kAnyFailure ? "non-zero" : std::to_string(exit_code))
+         << "\n  expected in the output: " << message << "\n  output:\n"
+         << r.output;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
@@ -66,6 +67,13 @@ CommandResult run(const std::string& command_line);
 
 // Runs the tandem binary with `args` (a shell-quoted string).
 CommandResult run_tandem(const std::string& args);
+
+// Whether `tandem ARGS` exits with `exit_code` (kAnyFailure: any non-zero
+// code) and prints `message`; else a failure showing the code and output.
+// EXPECT_TRUE(tandem_fails("train --flag x", 2, "--flag")) keeps the
+// caller's line in the report.
+constexpr int kAnyFailure = -1;
+::testing::AssertionResult tandem_fails(const std::string& args, int exit_code, const std::string& message);
 
 // Reads a whole file.
 std::string read_text(const std::string& path);
