@@ -58,6 +58,7 @@
 #include "tandem/util/parse.h"
 #include "tandem/util/stats.h"
 #include "tandem/util/stopwatch.h"
+#include "tandem/util/table.h"
 
 using namespace tandem;
 
@@ -212,7 +213,7 @@ int main(int argc, char** argv) {
       auto x = torch::randn({*m * rows, width}).requires_grad_(true);
       auto y = torch::randint(width, {*m * rows}, torch::kInt64);
       std::vector<double> idle, pipe_ms, plain_ms, added, over_textbook;
-      std::vector<std::vector<double>> stage_idle(stages);
+      std::vector<std::vector<double>> stage_idle(stages), stage_forward(stages), stage_backward(stages);
       for (int64_t i = 0; i < warmup + steps; ++i) {
         model->zero_grad();
         auto step = pipe.train_step(x, y, loss);
@@ -235,6 +236,19 @@ int main(int argc, char** argv) {
           stage_idle[k].push_back(shares[k]);
         }
         idle.push_back(sum / static_cast<double>(stages));
+        // Each stage's mean forward and backward action, in ms.
+        for (size_t k = 0; k < step.stages.size(); ++k) {
+          const auto& t = step.stages[k];
+          double f = 0, b = 0;
+          int64_t nf = 0, nb = 0;
+          for (size_t a = 0; a < t.actions.size(); ++a) {
+            const bool forward = t.actions[a].op == parallel::PipelineOp::kForward;
+            (forward ? f : b) += 1e3 * (t.end[a] - t.start[a]);
+            ++(forward ? nf : nb);
+          }
+          stage_forward[k].push_back(nf > 0 ? f / static_cast<double>(nf) : 0.0);
+          stage_backward[k].push_back(nb > 0 ? b / static_cast<double>(nb) : 0.0);
+        }
         pipe_ms.push_back(1e3 * step.seconds);
         added.push_back(step.seconds / replayed_seconds(step, chunks) - 1);
         // The step time the textbook predicts from this step's mean busy time
@@ -265,16 +279,29 @@ int main(int argc, char** argv) {
         least = std::min(least, median(shares));
         most = std::max(most, median(shares));
       }
+      // Per stage, the median over steps of its mean forward and backward
+      // action (ms), and what one piece's forward + backward of a
+      // micro-batch costs in the unsplit model on one thread alone: where
+      // the stages' actions run longer than that, or unequally, the stages
+      // slow each other (the machine), not the schedule.
+      auto per_stage = [](std::vector<std::vector<double>>& values) {
+        std::string list;
+        for (auto& v : values) list += (list.empty() ? "" : ", ") + format("%.3f", median(v));
+        return "[" + list + "]";
+      };
+      const double alone_ms = median(plain_ms) / (mm * static_cast<double>(pieces));
       std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"chunks\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
                   "\"textbook\": %.4f, \"ratio\": %.3f, \"least_idle_ratio\": %.3f, "
                   "\"most_idle_ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
-                  "\"speedup\": %.3f, \"ideal_speedup\": %.3f, \"over_replay\": %.3f, \"over_textbook\": %.3f}\n",
+                  "\"speedup\": %.3f, \"ideal_speedup\": %.3f, \"over_replay\": %.3f, \"over_textbook\": %.3f, "
+                  "\"stage_forward_ms\": %s, \"stage_backward_ms\": %s, \"alone_forward_backward_ms\": %.3f}\n",
                   schedule.c_str(), static_cast<long long>(stages), static_cast<long long>(chunks),
                   static_cast<long long>(*m),
                   measured, textbook, textbook > 0 ? measured / textbook : 0.0,
                   textbook > 0 ? least / textbook : 0.0, textbook > 0 ? most / textbook : 0.0,
                   median(pipe_ms), median(plain_ms), speedup, p * (1 - textbook), median(added),
-                  median(over_textbook));
+                  median(over_textbook), per_stage(stage_forward).c_str(), per_stage(stage_backward).c_str(),
+                  alone_ms);
       std::fflush(stdout);
     }
   });
