@@ -18,7 +18,11 @@
 // how much longer the step took than the schedule replayed with its own
 // measured action times and instant hand-offs (replayed_seconds), and
 // over_textbook: how much longer it took than the textbook step time for
-// its stages' mean busy time, busy / (1 - textbook share). The textbook
+// its stages' mean busy time, busy / (1 - textbook share); and per stage
+// its median forward and backward action (stage_forward_ms,
+// stage_backward_ms) beside one piece's forward + backward of a micro-batch
+// alone (alone_forward_backward_ms), to tell unequal or slowed stages (the
+// machine) from the schedule. The textbook
 // share is the schedule's simulate() with a backward twice as long as a
 // forward (as in these blocks): (p - 1) / (m + p - 1) for GPipe and 1F1B,
 // (p - 1) / (V m + p - 1) for interleaved 1F1B when p divides m, and
@@ -269,6 +273,17 @@ int main(int argc, char** argv) {
         loss(model->forward(x), y).backward();
         if (i >= warmup) plain_ms.push_back(1e3 * clock.seconds());
       }
+      // One micro-batch through the unsplit model, alone on the machine: what
+      // a piece's forward + backward costs with nothing beside it.
+      std::vector<double> alone_ms;
+      auto x1 = x.narrow(0, 0, rows).detach().requires_grad_(true);
+      auto y1 = y.narrow(0, 0, rows);
+      for (int64_t i = 0; i < warmup + steps; ++i) {
+        model->zero_grad();
+        Stopwatch clock;
+        loss(model->forward(x1), y1).backward();
+        if (i >= warmup) alone_ms.push_back(1e3 * clock.seconds() / static_cast<double>(pieces));
+      }
       double p = static_cast<double>(stages), mm = static_cast<double>(*m);
       double measured = median(idle);
       double speedup = median(plain_ms) / median(pipe_ms);
@@ -280,16 +295,14 @@ int main(int argc, char** argv) {
         most = std::max(most, median(shares));
       }
       // Per stage, the median over steps of its mean forward and backward
-      // action (ms), and what one piece's forward + backward of a
-      // micro-batch costs in the unsplit model on one thread alone: where
-      // the stages' actions run longer than that, or unequally, the stages
-      // slow each other (the machine), not the schedule.
+      // action (ms), and what one piece's forward + backward of one
+      // micro-batch costs alone (above): where the stages' actions run longer
+      // than that, or unequally, the machine slowed them, not the schedule.
       auto per_stage = [](std::vector<std::vector<double>>& values) {
         std::string list;
         for (auto& v : values) list += (list.empty() ? "" : ", ") + format("%.3f", median(v));
         return "[" + list + "]";
       };
-      const double alone_ms = median(plain_ms) / (mm * static_cast<double>(pieces));
       std::printf("{\"schedule\": \"%s\", \"stages\": %lld, \"chunks\": %lld, \"m\": %lld, \"idle_share\": %.4f, "
                   "\"textbook\": %.4f, \"ratio\": %.3f, \"least_idle_ratio\": %.3f, "
                   "\"most_idle_ratio\": %.3f, \"step_ms\": %.2f, \"no_pipeline_ms\": %.2f, "
@@ -301,7 +314,7 @@ int main(int argc, char** argv) {
                   textbook > 0 ? least / textbook : 0.0, textbook > 0 ? most / textbook : 0.0,
                   median(pipe_ms), median(plain_ms), speedup, p * (1 - textbook), median(added),
                   median(over_textbook), per_stage(stage_forward).c_str(), per_stage(stage_backward).c_str(),
-                  alone_ms);
+                  median(alone_ms));
       std::fflush(stdout);
     }
   });
