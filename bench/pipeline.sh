@@ -19,7 +19,10 @@
 # over the unsplit model in one thread (and the ideal p m / (m + p - 1)),
 # and how much longer a step took than its own measured actions replayed
 # with instant hand-offs (the executor's cost),
-# and how much longer than the textbook step time for the stages' busy time.
+# and how much longer than the textbook step time for the stages' busy time;
+# then per stage its median forward and backward action, beside one piece's
+# forward + backward of a micro-batch alone (unequal or mutually slowed
+# stages are the machine's doing, not the schedule's).
 # Results belong in docs/PERFORMANCE.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
@@ -48,6 +51,19 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "$stages stages of $describe on cpu x $stages, 64 rows per micro-batch, $rounds rounds"
 printf '%-11s %3s %10s %9s %7s %11s %10s %9s %7s %12s %14s\n' schedule m idle textbook ratio least_idle most_idle speedup ideal \
   over_replay over_textbook
+# Each stage's median forward and backward action over the rounds, and one
+# piece's forward + backward alone: unequal stages, or stages slowed by
+# running beside each other, are the machine's doing, not the schedule's.
+per_stage() {  # KEY: the per-stage medians of a list-valued field
+  local rows out="" i n
+  rows=$(echo -n "$all" | grep -o "\"$1\": \[[^]]*\]" | sed 's/.*\[//; s/\]//; s/,/ /g')
+  n=$(echo "$rows" | head -1 | wc -w)
+  for ((i = 1; i <= n; i++)); do
+    out+=$(printf '%s%.3f' "${out:+ }" "$(echo "$rows" | awk -v i="$i" '{print $i}' | median)")
+  done
+  echo "$out"
+}
+summary=$(
 for schedule in gpipe 1f1b interleaved; do
   for m in 1 2 4 8; do
     all=${lines[$schedule-$m]}
@@ -55,5 +71,14 @@ for schedule in gpipe 1f1b interleaved; do
     printf '%-11s %3s %10.3f %9.3f %7.3f %11.3f %10.3f %9.3f %7.3f %12.3f %14.3f\n' "$schedule" "$m" \
       "$(med idle_share)" "$(med textbook)" "$(med ratio)" "$(med least_idle_ratio)" "$(med most_idle_ratio)" \
       "$(med speedup)" "$(med ideal_speedup)" "$(med over_replay)" "$(med over_textbook)"
+  done
+done)
+echo "$summary"
+echo "per stage, ms (medians over rounds): forward, backward, and one piece's forward + backward alone"
+for schedule in gpipe 1f1b interleaved; do
+  for m in 1 2 4 8; do
+    all=${lines[$schedule-$m]}
+    printf '%-11s %3s  forward %-24s backward %-24s alone %s\n' "$schedule" "$m" "$(per_stage stage_forward_ms)" \
+      "$(per_stage stage_backward_ms)" "$(echo -n "$all" | field alone_forward_backward_ms | median)"
   done
 done
