@@ -147,6 +147,25 @@ testing::CommandResult resume_after_ten_steps(const TempDir& dir, const std::str
                     resume + " --export-weights " + dir.file(name));
 }
 
+// `run` (with `model`) stopped at step 10, its checkpoints every 4 steps,
+// then resumed each way of `hows`, ends where 20 uninterrupted steps of
+// `run` do (float64: to rounding). `label` names `run` in the report.
+void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& model, const std::string& run,
+                                     const std::vector<std::string>& hows, const std::string& label) {
+  train_and_export(dir, model + run, "whole.safetensors");
+  std::vector<std::pair<std::string, std::string>> resumed;
+  for (const auto& how : hows) {
+    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
+    auto r = resume_after_ten_steps(dir, model, run + " --checkpoint-every 4", how,
+                                    "ckpt-" + std::to_string(resumed.size()), name);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
+    resumed.emplace_back(name, label + ", then " + how);
+  }
+  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+}
+
 // Note [resuming on another world size]: 2 ranks stopped after 10 steps,
 // then resumed in one process or on 4 ranks, end where 20 uninterrupted
 // steps on 2 ranks do (float64: to rounding). A checkpoint whose global
@@ -208,18 +227,8 @@ TEST(ShardedOptimizerCliTest, CheckpointsHoldTheWholeStateAndResumeEitherWay) {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 1024, 64);
   const std::string model = "--model mlp --dtype float64 ";
-  train_and_export(dir, model + "--nproc-per-node 2 --shard-optimizer", "whole.safetensors");
-  std::vector<std::pair<std::string, std::string>> resumed;
-  for (const std::string how : {"--nproc-per-node 0", "--nproc-per-node 4 --shard-optimizer"}) {
-    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
-    auto r = resume_after_ten_steps(dir, model, "--nproc-per-node 2 --shard-optimizer --checkpoint-every 4", how,
-                                    "ckpt-" + std::to_string(resumed.size()), name);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
-    resumed.emplace_back(name, "2 sharded ranks, then " + how);
-  }
-  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+  expect_resumes_as_uninterrupted(dir, model, "--nproc-per-node 2 --shard-optimizer",
+                                  {"--nproc-per-node 0", "--nproc-per-node 4 --shard-optimizer"}, "2 sharded ranks");
 }
 
 // --strategy fsdp (Note [fully sharded parameters]): 2 and 4 ranks, units
@@ -285,18 +294,8 @@ TEST(FsdpCliTest, CheckpointsResumeWithOrWithoutFsdp) {
   testing::write_synthetic_idx(dir.path(), 1024, 64);
   const std::string model = "--model mlp --dtype float64 ";
   const std::string fsdp = "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0";
-  train_and_export(dir, model + fsdp, "whole.safetensors");
-  std::vector<std::pair<std::string, std::string>> resumed;
-  for (const std::string how : {"--nproc-per-node 0", "--nproc-per-node 4 --strategy fsdp"}) {
-    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
-    auto r = resume_after_ten_steps(dir, model, fsdp + " --checkpoint-every 4", how,
-                                    "ckpt-" + std::to_string(resumed.size()), name);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
-    resumed.emplace_back(name, "2 FSDP ranks, then " + how);
-  }
-  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+  expect_resumes_as_uninterrupted(dir, model, fsdp, {"--nproc-per-node 0", "--nproc-per-node 4 --strategy fsdp"},
+                                  "2 FSDP ranks");
 }
 
 // --strategy pipeline over ranks (Note [pipeline over ranks]): 2 and 3
@@ -330,18 +329,8 @@ TEST(PipelineRanksCliTest, CheckpointsAndEvaluationAreOneProcesss) {
   testing::write_synthetic_idx(dir.path(), 1024, 64);
   const std::string model = "--model mlp --dtype float64 ";
   const std::string ranks = "--nproc-per-node 2 --strategy pipeline";
-  train_and_export(dir, model + ranks, "whole.safetensors");
-  std::vector<std::pair<std::string, std::string>> resumed;
-  for (const std::string how : {std::string("--nproc-per-node 0"), ranks + " --schedule interleaved"}) {
-    const std::string name = "resumed-" + std::to_string(resumed.size()) + ".safetensors";
-    auto r = resume_after_ten_steps(dir, model, ranks + " --checkpoint-every 4", how,
-                                    "ckpt-" + std::to_string(resumed.size()), name);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
-    resumed.emplace_back(name, "2 pipeline ranks, then " + how);
-  }
-  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+  expect_resumes_as_uninterrupted(dir, model, ranks, {"--nproc-per-node 0", ranks + " --schedule interleaved"},
+                                  "2 pipeline ranks");
 
   auto train = [&](const std::string& flags) {
     auto r = run_tandem("train --data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps 8 "
