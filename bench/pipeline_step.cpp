@@ -206,11 +206,9 @@ int main(int argc, char** argv) {
       options.virtual_stages = chunks;
       // The textbook idle share: the schedule simulated with backwards twice
       // as long as forwards (the mean over stages).
-      double textbook = 0;
-      for (double share : parallel::simulate(parallel::make_pipeline_schedule(schedule, stages, *m, chunks),
-                                             1.0, 2.0).idle_share) {
-        textbook += share / static_cast<double>(stages);
-      }
+      const double textbook =
+          parallel::simulate(parallel::make_pipeline_schedule(schedule, stages, *m, chunks), 1.0, 2.0)
+              .mean_idle_share();
       parallel::Pipeline pipe(model, sizes, std::vector<torch::Device>(stages, torch::kCPU), options);
       // The input requires grad so that stage 0's backward, like every other
       // stage's, also computes the gradient of its input: equal stages.

@@ -111,6 +111,12 @@ std::string describe(const std::vector<PipelineAction>& actions) {
   return out;
 }
 
+double PipelineSimulation::mean_idle_share() const {
+  double sum = 0;
+  for (double share : idle_share) sum += share;
+  return idle_share.empty() ? 0.0 : sum / static_cast<double>(idle_share.size());
+}
+
 PipelineSimulation simulate(const PipelineSchedule& schedule, double forward_time,
                             double backward_time) {
   const int64_t S = schedule.stages, M = schedule.micro_batches, V = schedule.chunks;

@@ -51,6 +51,7 @@ TEST(PipelineScheduleTest, BubbleIsTheTextbookOne) {
         auto sim = simulate(schedule);
         EXPECT_DOUBLE_EQ(sim.makespan, 2.0 * (m + stages - 1)) << schedule.name;
         for (double idle : sim.idle_share) EXPECT_NEAR(idle, want, 1e-12) << schedule.name;
+        EXPECT_NEAR(sim.mean_idle_share(), want, 1e-12) << schedule.name;
       }
     }
   }

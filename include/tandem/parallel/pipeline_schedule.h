@@ -79,6 +79,8 @@ struct PipelineSimulation {
   double makespan = 0;
   std::vector<double> idle_share;    // per stage: 1 - busy / makespan
   std::vector<int64_t> max_in_flight;  // per stage: most forwards (of any chunk) not yet backwarded
+  // The bubble: idle_share's mean over the stages.
+  double mean_idle_share() const;
 };
 
 // Checks that every stage runs each F(i) and B(i) of each of its chunks
