@@ -3,18 +3,21 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
-#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "task_thread.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 
@@ -61,9 +64,14 @@ torch::Tensor gather(const std::vector<torch::Tensor>& outputs, const torch::Dev
   return torch::cat(moved, 0);
 }
 
-std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& replicas,
+namespace {
+
+// parallel_apply's body: replica 0 on this thread, replica i > 0 on
+// threads[i - 1] when given, else on a new thread.
+std::vector<torch::Tensor> apply_replicas(std::vector<torch::nn::AnyModule>& replicas,
                                           const std::vector<torch::Tensor>& inputs,
-                                          const std::vector<torch::Device>& devices) {
+                                          const std::vector<torch::Device>& devices,
+                                          const std::vector<std::unique_ptr<detail::TaskThread>>* threads) {
   TANDEM_CHECK(inputs.size() <= replicas.size() && inputs.size() <= devices.size(),
                "parallel_apply: ", inputs.size(), " inputs for ", replicas.size(), " replicas on ",
                devices.size(), " devices");
@@ -71,27 +79,38 @@ std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& rep
   std::vector<torch::Tensor> outputs(n);
   std::vector<std::exception_ptr> errors(n);
   // Grad mode, autocast and the rest of the caller's thread-local state go
-  // with each replica's thread.
+  // with each replica's thread, and so does the caller's current stream on
+  // each device (as in PyTorch's parallel_apply).
   const at::ThreadLocalState caller;
+  std::vector<std::optional<c10::Stream>> streams(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!devices[i].is_cpu()) streams[i] = c10::impl::VirtualGuardImpl(devices[i].type()).getStream(devices[i]);
+  }
   auto run = [&](size_t i) {
     try {
       at::ThreadLocalStateGuard state(caller);
-      std::optional<c10::DeviceGuard> guard;
-      if (devices[i].is_cuda()) guard.emplace(devices[i]);
+      c10::OptionalStreamGuard guard(streams[i]);
       outputs[i] = replicas[i].forward(inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
   };
-  std::vector<std::thread> threads;
+  std::vector<std::thread> spawned;
   for (size_t i = 1; i < n; ++i) {
-    threads.emplace_back([&run, i] {
-      at::init_num_threads();  // Note [intra-op settings of new threads] in pipeline.h
-      run(i);
-    });
+    if (threads) {
+      (*threads)[i - 1]->start([&run, i] { run(i); });
+    } else {
+      spawned.emplace_back([&run, i] {
+        at::init_num_threads();  // Note [intra-op settings of new threads] in pipeline.h
+        run(i);
+      });
+    }
   }
   if (n > 0) run(0);
-  for (auto& t : threads) t.join();
+  if (threads) {
+    for (size_t i = 1; i < n; ++i) (*threads)[i - 1]->wait();
+  }
+  for (auto& t : spawned) t.join();
   for (size_t i = 0; i < n; ++i) {
     if (!errors[i]) continue;
     try {
@@ -102,6 +121,14 @@ std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& rep
     }
   }
   return outputs;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& replicas,
+                                          const std::vector<torch::Tensor>& inputs,
+                                          const std::vector<torch::Device>& devices) {
+  return apply_replicas(replicas, inputs, devices, nullptr);
 }
 
 // ---- ReplicaSet ---------------------------------------------------------------
@@ -175,6 +202,7 @@ ReplicaSet::ReplicaSet(torch::nn::AnyModule module, std::vector<torch::Device> d
     }
     replicas_.push_back(std::move(replica));
   }
+  for (size_t i = 1; i < devices_.size(); ++i) threads_.push_back(std::make_unique<detail::TaskThread>());
 }
 
 ReplicaSet::~ReplicaSet() = default;
@@ -206,6 +234,17 @@ void ReplicaSet::keep_buffers() {
   for (size_t j = 0; j < buffers.size(); ++j) buffers[j].copy_(first[j]);
 }
 
+std::vector<torch::Tensor> ReplicaSet::forward(const std::vector<torch::Tensor>& inputs) {
+  std::unique_lock<std::mutex> one_at_a_time(running_, std::try_to_lock);
+  TANDEM_CHECK(one_at_a_time.owns_lock(), "DataParallel over ", devices_.size(),
+               " devices: forward called while another forward of the same module runs; "
+               "its replicas run one forward at a time");
+  refresh(inputs.size());
+  auto outputs = apply_replicas(replicas_, inputs, devices_, &threads_);
+  keep_buffers();
+  return outputs;
+}
+
 // ---- DataParallel ---------------------------------------------------------------
 
 namespace {
@@ -214,9 +253,7 @@ torch::Tensor run_data_parallel(ReplicaSet& replicas, const torch::Tensor& input
                                 const torch::Device& output_device, bool trace) {
   const auto& devices = replicas.devices();
   auto pieces = scatter(input, devices);
-  auto& modules = replicas.refresh(pieces.size());
-  auto outputs = parallel_apply(modules, pieces, devices);
-  replicas.keep_buffers();
+  auto outputs = replicas.forward(pieces);
   if (trace) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::fprintf(stderr, "[data parallel] replica %zu on %s: input %s -> output %s\n", i,

@@ -10,10 +10,10 @@
 #include <optional>
 #include <thread>
 
-#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
 #include "pipeline_stage.h"
+#include "task_thread.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/util/check.h"
 
@@ -126,57 +126,6 @@ class ThreadLinks : public detail::StageLinks {
 
 }  // namespace
 
-// A thread that stays for the pipeline's lifetime and runs one task at a
-// time, so a step does not start (and warm up) a new thread per stage.
-class Pipeline::StageWorker {
- public:
-  StageWorker() : thread_([this] { loop(); }) {}
-  ~StageWorker() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  // `task` must not throw.
-  void start(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      task_ = std::move(task);
-      busy_ = true;
-    }
-    wake_.notify_all();
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return !busy_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (true) {
-      wake_.wait(lock, [&] { return stop_ || task_; });
-      if (!task_) return;  // stopping, nothing left to run
-      auto task = std::move(task_);
-      task_ = nullptr;
-      lock.unlock();
-      at::init_num_threads();  // Note [intra-op settings of new threads] in pipeline.h
-      task();
-      lock.lock();
-      busy_ = false;
-      done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
-  std::function<void()> task_;
-  bool busy_ = false, stop_ = false;
-  std::thread thread_;  // last: starts after the members above exist
-};
-
 Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
                    std::vector<torch::Device> devices, PipelineOptions options)
     : options_(std::move(options)), devices_(std::move(devices)) {
@@ -192,7 +141,7 @@ Pipeline::Pipeline(models::Sequence model, const std::vector<int64_t>& sizes,
   std::vector<torch::Device> placement;  // piece k on devices_[k % S]
   for (size_t k = 0; k < sizes.size(); ++k) placement.push_back(devices_[k % devices_.size()]);
   chain_ = ModelParallel(split_sequence(model, sizes), std::move(placement));
-  for (size_t s = 1; s < devices_.size(); ++s) workers_.push_back(std::make_unique<StageWorker>());
+  for (size_t s = 1; s < devices_.size(); ++s) workers_.push_back(std::make_unique<detail::TaskThread>());
 }
 
 Pipeline::~Pipeline() = default;

@@ -11,7 +11,8 @@
 //                   smaller than the device list uses only its first devices
 //   replicate       copies of a module on the devices whose gradients flow
 //                   back and sum into the original's parameters
-//   parallel_apply  one thread per replica; the first exception is rethrown
+//   parallel_apply  one thread per replica, each on the caller's current
+//                   stream of its device; the first exception is rethrown
 //                   naming its device
 //   gather          concatenate the outputs on the output device
 //
@@ -34,9 +35,19 @@
 // normalises over its own share. Devices may repeat (cpu,cpu or
 // cuda:0,cuda:0): replicas are then separate copies on one device, which is
 // how CI tests this without GPUs.
+//
+// Note [kept threads]: replica 0 runs on the caller's thread, and a
+// ReplicaSet keeps one thread per further replica for its lifetime
+// (parallel_apply, for one-off use, starts new ones). A new thread per
+// forward starts with cold thread-local state, and cuDNN's execution plans
+// are cached per thread (ATen's Conv_v8.cpp): every convolution of a new
+// thread's forward built its plan again. On an H200, a resnet18 step over
+// cuda:0,cuda:0 took 2.9 times the model alone's with a new thread per
+// forward (docs/PERFORMANCE.md).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +58,10 @@
 
 namespace tandem::parallel {
 
+namespace detail {
+class TaskThread;  // src/parallel/task_thread.h
+}
+
 // The sizes scatter() splits n rows into over k devices.
 std::vector<int64_t> scatter_sizes(int64_t n, size_t k);
 
@@ -56,7 +71,9 @@ std::vector<torch::Tensor> scatter(const torch::Tensor& input,
 torch::Tensor gather(const std::vector<torch::Tensor>& outputs, const torch::Device& device);
 
 // replicas[i]->forward(inputs[i]) for every i, replica i on devices[i], one
-// thread each (grad mode and the current device follow the caller).
+// new thread each but the first (grad mode, autocast and the rest of ATen's
+// thread-local state follow the caller, and so does its current stream on
+// each device).
 std::vector<torch::Tensor> parallel_apply(std::vector<torch::nn::AnyModule>& replicas,
                                           const std::vector<torch::Tensor>& inputs,
                                           const std::vector<torch::Device>& devices);
@@ -74,6 +91,11 @@ class ReplicaSet {
   std::vector<torch::nn::AnyModule>& refresh(size_t count);
   // After a forward: the first replica's buffers into the original.
   void keep_buffers();
+  // One forward of the first inputs.size() replicas: refresh, then
+  // parallel_apply with replica i > 0 on the thread kept for it (Note [kept
+  // threads]), then keep_buffers. One at a time: a call while another runs
+  // (from another thread) is an error.
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& inputs);
   const std::vector<torch::Device>& devices() const { return devices_; }
 
  private:
@@ -82,6 +104,8 @@ class ReplicaSet {
   std::vector<torch::Device> devices_;
   std::vector<torch::nn::AnyModule> replicas_;
   std::shared_ptr<Shared> shared_;  // outlives this set while graphs need it
+  std::vector<std::unique_ptr<detail::TaskThread>> threads_;  // replicas 1..
+  std::mutex running_;  // forward()
 };
 
 struct DataParallelOptions {

@@ -69,6 +69,10 @@
 
 namespace tandem::parallel {
 
+namespace detail {
+class TaskThread;  // src/parallel/task_thread.h
+}
+
 struct PipelineOptions {
   int64_t micro_batches = 4;       // --micro-batches
   std::string schedule = "1f1b";   // --schedule: gpipe | 1f1b | interleaved
@@ -147,11 +151,10 @@ class Pipeline {
   const PipelineOptions& options() const { return options_; }
 
  private:
-  class StageWorker;
   PipelineOptions options_;
   std::vector<torch::Device> devices_;
   ModelParallel chain_{nullptr};
-  std::vector<std::unique_ptr<StageWorker>> workers_;  // stages 1.., kept across steps
+  std::vector<std::unique_ptr<detail::TaskThread>> workers_;  // stages 1.., kept across steps
 };
 
 class DistributedPipeline {
