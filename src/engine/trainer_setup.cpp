@@ -317,7 +317,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   auto devices = parallel::parse_devices(o.devices);
   const int64_t chunks = virtual_stages();
-  auto [sizes, how] = pipeline_cut(info, static_cast<int64_t>(devices.size()), devices[0], true);
+  auto [sizes, how] = pipeline_cut(info, static_cast<int64_t>(devices.size()), devices[0], true, "");
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
   parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
   pipeline_options.virtual_stages = chunks;
@@ -334,9 +334,11 @@ int64_t Trainer::virtual_stages() const {
 // The cut into stages x --virtual-stages pieces, and how it was chosen:
 // --pipeline-split, or balanced by parameter count, or by forward and
 // backward time measured on a copy of the model on `on` at the micro-batch
-// size (only when `measure`; otherwise zeros, to be filled in by the caller).
+// size (only when `measure`; otherwise zeros, to be filled in by the
+// caller); `where` follows "balanced by measured time" in the description.
 std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::DatasetInfo& info, int64_t stages,
-                                                                   const torch::Device& on, bool measure) {
+                                                                   const torch::Device& on, bool measure,
+                                                                   const std::string& where) {
   const auto& o = options_;
   const int64_t chunks = virtual_stages();
   if (!o.pipeline_split.empty()) {
@@ -346,12 +348,12 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }
-  if (!measure) return {std::vector<int64_t>(stages * chunks, 0), "balanced by measured time"};
+  const std::string measured = "balanced by measured time" + where;
+  if (!measure) return {std::vector<int64_t>(stages * chunks, 0), measured};
   auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
   auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
                             torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(on));
-  return {parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks),
-          "balanced by measured time"};
+  return {parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks), measured};
 }
 
 // --strategy pipeline over ranks (Note [pipeline over ranks]): the model
@@ -362,8 +364,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   const int64_t stages = stages_->size(), rank = stages_->rank(), chunks = virtual_stages();
   const int64_t pieces = stages * chunks;
-  auto [sizes, how] = pipeline_cut(info, stages, device_, rank == 0);
-  if (how == "balanced by measured time") how += " on rank 0";
+  auto [sizes, how] = pipeline_cut(info, stages, device_, rank == 0, " on rank 0");
   const auto wire = stages_->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
   stages_->broadcast(chosen, 0).wait();

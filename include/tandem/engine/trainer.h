@@ -89,7 +89,8 @@ class Trainer {
   void make_pipeline(const data::DatasetInfo& info);
   void make_rank_pipeline(const data::DatasetInfo& info);
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
-                                                            const torch::Device& on, bool measure);
+                                                            const torch::Device& on, bool measure,
+                                                            const std::string& where);
   // --strategy pipeline over ranks: every stage's weights, buffers and
   // momentum onto every rank (a collective), before a checkpoint or an export.
   void gather_stages(torch::optim::Optimizer& optimizer);
