@@ -121,28 +121,27 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     if (group_) dist::broadcast_buffers(*model_, *group_);
   }
   StepOutputs out;
-  // A pipeline's micro-batches: autocast per micro-batch forward in the
-  // stages (PipelineOptions); the fp16 scaler scales each micro-batch's
-  // loss before its backward.
-  parallel::LossScale scale;
-  if (scaler_) scale = [this](const torch::Tensor& loss) { return scaler_->scale(loss); };
-  const parallel::PipelineLoss micro_loss = [this](const torch::Tensor& output, const torch::Tensor& target) {
-    return torch::nn::functional::cross_entropy(output, target, loss_options_);
-  };
-  if (pipeline_) {  // forward and backward, micro-batch by micro-batch
+  if (pipeline_ || rank_pipeline_) {  // forward and backward, micro-batch by micro-batch
     RECORD_USER_SCOPE("tandem::pipeline");
-    auto micro = pipeline_->train_step(inputs, targets, micro_loss, scale);
-    out.logits = micro.output;
-    out.loss = micro.loss;
-    auto idle = micro.idle_share();
-    for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
-    ++counters.pipeline_steps;
-  } else if (rank_pipeline_) {  // this rank's stage (Note [pipeline over ranks])
-    RECORD_USER_SCOPE("tandem::pipeline");
-    auto micro = rank_pipeline_->train_step(inputs, targets, micro_loss, scale);
-    out.logits = micro.output;  // on the last stage only
-    out.loss = micro.loss;      // on every stage (broadcast from the last)
-    counters.stage_idle[stages_->rank()] += micro.idle_share().at(0);
+    // Autocast per micro-batch forward in the stages (PipelineOptions); the
+    // fp16 scaler scales each micro-batch's loss before its backward.
+    parallel::LossScale scale;
+    if (scaler_) scale = [this](const torch::Tensor& loss) { return scaler_->scale(loss); };
+    const parallel::PipelineLoss micro_loss = [this](const torch::Tensor& output, const torch::Tensor& target) {
+      return torch::nn::functional::cross_entropy(output, target, loss_options_);
+    };
+    if (pipeline_) {
+      auto micro = pipeline_->train_step(inputs, targets, micro_loss, scale);
+      out.logits = micro.output;
+      out.loss = micro.loss;
+      auto idle = micro.idle_share();
+      for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
+    } else {  // this rank's stage (Note [pipeline over ranks])
+      auto micro = rank_pipeline_->train_step(inputs, targets, micro_loss, scale);
+      out.logits = micro.output;  // on the last stage only
+      out.loss = micro.loss;      // on every stage (broadcast from the last)
+      counters.stage_idle[stages_->rank()] += micro.idle_share().at(0);
+    }
     ++counters.pipeline_steps;
   } else {
     // --grad-accum: the batch in chunks, one forward and backward each. Each
