@@ -11,6 +11,8 @@
 #include <thread>
 
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "pipeline_stage.h"
 #include "task_thread.h"
@@ -189,9 +191,17 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
   std::vector<detail::StageOutcome> outcomes(stages);
   std::vector<std::exception_ptr> errors(stages);
   const at::ThreadLocalState caller;  // grad mode, autocast, ... for every stage thread
+  // And the caller's current stream on each stage's device, so that stages
+  // sharing a device share its stream: a hand-off between them is then
+  // ordered on the device as it is on the host.
+  std::vector<std::optional<c10::Stream>> streams(stages);
+  for (size_t s = 0; s < stages; ++s) {
+    if (!devices[s].is_cpu()) streams[s] = c10::impl::VirtualGuardImpl(devices[s].type()).getStream(devices[s]);
+  }
   auto run = [&](size_t s) {
     try {
       at::ThreadLocalStateGuard state(caller);
+      c10::OptionalStreamGuard stream(streams[s]);
       outcomes[s] = detail::run_stage(jobs[s]);
     } catch (...) {
       errors[s] = std::current_exception();

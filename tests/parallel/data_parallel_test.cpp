@@ -3,10 +3,7 @@
 // buffers as PyTorch's DataParallel keeps them, errors naming the replica.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <future>
-#include <mutex>
-#include <optional>
 #include <set>
 #include <thread>
 
@@ -221,71 +218,28 @@ TEST(DataParallelTest, ReplicaThreadsComputeWithTheProcesssThreadCount) {
   }
 }
 
-// A number per thread, never reused (a joined thread's std::thread::id can
-// be a new thread's).
-int thread_serial() {
-  static std::atomic<int> next{0};
-  thread_local const int mine = next++;
-  return mine;
-}
-
-// An identity module that records, for each forward, the thread that ran
-// it (thread_serial()) and the current stream of its input's device; its clones (the
-// replicas) record into the same list. `gate`, when set, holds every
-// forward until it is opened.
-struct ThreadProbeImpl : torch::nn::Cloneable<ThreadProbeImpl> {
-  struct Seen {
-    int thread;
-    c10::Stream stream;
-  };
-  struct Shared {
-    std::mutex lock;
-    std::vector<Seen> seen;
-    std::optional<std::shared_future<void>> gate;
-    std::promise<void> entered;
-    bool announced = false;
-  };
-  void reset() override {}
-  torch::Tensor forward(torch::Tensor x) {
-    std::optional<std::shared_future<void>> gate;
-    {
-      std::lock_guard<std::mutex> hold(shared->lock);
-      shared->seen.push_back({thread_serial(),
-                              c10::impl::VirtualGuardImpl(x.device().type()).getStream(x.device())});
-      gate = shared->gate;
-      if (gate && !shared->announced) {
-        shared->announced = true;
-        shared->entered.set_value();
-      }
-    }
-    if (gate) gate->wait();
-    return x;
-  }
-  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
-};
-TORCH_MODULE(ThreadProbe);
 
 // Note [kept threads]: every forward runs replica 0 on the caller's thread
 // and the others on the same threads as the forward before; each replica
 // runs on the caller's current stream of its device.
 TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
-  ThreadProbe probe;
+  testing::ThreadProbe probe;
   DataParallel dp(probe, DataParallelOptions{cpus(3)});
   for (int step = 0; step < 3; ++step) dp->forward(torch::randn({6, 2}));
   std::set<int> threads;
   for (const auto& seen : probe->shared->seen) threads.insert(seen.thread);
   EXPECT_EQ(probe->shared->seen.size(), 9u);
   EXPECT_EQ(threads.size(), 3u);  // 7 with a new thread per replica and forward
-  EXPECT_TRUE(threads.count(thread_serial()));
+  EXPECT_TRUE(threads.count(testing::thread_serial()));
   // parallel_apply alone starts new threads on every call.
-  std::vector<torch::nn::AnyModule> replicas{torch::nn::AnyModule(ThreadProbe(*probe)),
-                                             torch::nn::AnyModule(ThreadProbe(*probe))};
+  std::vector<torch::nn::AnyModule> replicas{torch::nn::AnyModule(testing::ThreadProbe(*probe)),
+                                             torch::nn::AnyModule(testing::ThreadProbe(*probe))};
   parallel_apply(replicas, {torch::ones({1}), torch::ones({1})}, cpus(2));
   EXPECT_FALSE(threads.count(probe->shared->seen.back().thread));
 
   if (torch::cuda::is_available()) {
     const torch::Device gpu(torch::kCUDA, 0);
-    ThreadProbe on_gpu;
+    testing::ThreadProbe on_gpu;
     DataParallel dp_gpu(on_gpu, DataParallelOptions{{gpu, gpu}});
     c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
     auto side = cuda.getStreamFromGlobalPool(gpu);
@@ -302,7 +256,7 @@ TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
 // A second forward of the same DataParallel while one runs (from another
 // thread) would hand the kept threads two tasks: it is refused.
 TEST(DataParallelTest, AConcurrentForwardIsRefused) {
-  ThreadProbe probe;
+  testing::ThreadProbe probe;
   std::promise<void> open;
   probe->shared->gate = open.get_future().share();
   auto entered = probe->shared->entered.get_future();

@@ -7,8 +7,11 @@
 
 #include <chrono>
 #include <random>
+#include <set>
 #include <thread>
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "tandem/models/registry.h"
@@ -759,6 +762,58 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
     for (const auto& team : probes[s]->seen()) {
       EXPECT_EQ(team.omp, threads.count()) << "stage " << s;
       EXPECT_EQ(team.mkl, threads.count()) << "stage " << s;
+    }
+  }
+}
+
+// Stage 0 runs on the caller's thread and every other stage on a thread
+// kept across steps (Note [kept threads] in data_parallel.h); on a GPU every
+// stage runs on the caller's current stream of its device.
+TEST(PipelineTest, StageThreadsAreKeptAndUseTheCallersStream) {
+  namespace nn = torch::nn;
+  auto probed = [](std::vector<testing::ThreadProbe>& probes, size_t stages) {
+    models::Sequence net;
+    for (size_t s = 0; s < stages; ++s) {
+      probes.emplace_back();
+      net->push_back("probe" + std::to_string(s), probes.back());
+      net->push_back("fc" + std::to_string(s), nn::Linear(6, 6));
+    }
+    return net;
+  };
+  std::vector<testing::ThreadProbe> probes;
+  auto net = probed(probes, 3);
+  Pipeline pipe(net, {2, 2, 2}, cpus(3), {2, "1f1b"});
+  for (int step = 0; step < 3; ++step) {
+    pipe.train_step(torch::randn({4, 6}), torch::randint(6, {4}, torch::kInt64), cross_entropy);
+  }
+  std::set<int> all;
+  for (size_t s = 0; s < probes.size(); ++s) {
+    std::set<int> threads;
+    for (const auto& seen : probes[s]->shared->seen) threads.insert(seen.thread);
+    EXPECT_EQ(probes[s]->shared->seen.size(), 6u) << "stage " << s;  // 3 steps x 2 micro-batches
+    EXPECT_EQ(threads.size(), 1u) << "stage " << s;
+    all.insert(threads.begin(), threads.end());
+  }
+  EXPECT_EQ(all.size(), 3u);
+  EXPECT_TRUE(all.count(testing::thread_serial()));
+
+  if (torch::cuda::is_available()) {
+    const torch::Device gpu(torch::kCUDA, 0);
+    std::vector<testing::ThreadProbe> on_gpu;
+    auto gpu_net = probed(on_gpu, 2);
+    gpu_net->to(gpu);
+    Pipeline gpu_pipe(gpu_net, {2, 2}, {gpu, gpu}, {2, "1f1b"});
+    c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
+    auto side = cuda.getStreamFromGlobalPool(gpu);
+    ASSERT_NE(side, cuda.getDefaultStream(gpu));
+    {
+      c10::StreamGuard on_side(side);
+      gpu_pipe.train_step(torch::randn({4, 6}, gpu), torch::randint(6, {4}, torch::kInt64).to(gpu),
+                          cross_entropy);
+    }
+    for (size_t s = 0; s < on_gpu.size(); ++s) {
+      ASSERT_EQ(on_gpu[s]->shared->seen.size(), 2u) << "stage " << s;
+      for (const auto& seen : on_gpu[s]->shared->seen) EXPECT_EQ(seen.stream, side) << "stage " << s;
     }
   }
 }

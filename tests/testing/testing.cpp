@@ -6,8 +6,10 @@
 #include <zlib.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -218,6 +220,27 @@ torch::Tensor TeamProbeImpl::forward(torch::Tensor x) {
   auto team = this_threads_team();
   std::lock_guard<std::mutex> hold(record_->lock);
   record_->seen.push_back(team);
+  return x;
+}
+
+int thread_serial() {
+  static std::atomic<int> next{0};
+  thread_local const int mine = next++;
+  return mine;
+}
+
+torch::Tensor ThreadProbeImpl::forward(torch::Tensor x) {
+  std::optional<std::shared_future<void>> gate;
+  {
+    std::lock_guard<std::mutex> hold(shared->lock);
+    shared->seen.push_back({thread_serial(), c10::impl::VirtualGuardImpl(x.device().type()).getStream(x.device())});
+    gate = shared->gate;
+    if (gate && !shared->announced) {
+      shared->announced = true;
+      shared->entered.set_value();
+    }
+  }
+  if (gate) gate->wait();
   return x;
 }
 

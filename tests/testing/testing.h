@@ -3,7 +3,10 @@
 #pragma once
 
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +124,33 @@ struct TeamProbeImpl : torch::nn::Cloneable<TeamProbeImpl> {
   std::shared_ptr<Record> record_;
 };
 TORCH_MODULE(TeamProbe);
+
+// A number per thread, never reused (a joined thread's std::thread::id can
+// be a new thread's).
+int thread_serial();
+
+// An identity module that records, for each forward, the thread that ran it
+// (thread_serial()) and the current stream of its input's device; its clones
+// (DataParallel's replicas) record into the same list. `gate`, when set,
+// holds every forward until it is opened; `entered` is set by the first
+// forward that finds a gate.
+struct ThreadProbeImpl : torch::nn::Cloneable<ThreadProbeImpl> {
+  struct Seen {
+    int thread;
+    c10::Stream stream;
+  };
+  struct Shared {
+    std::mutex lock;
+    std::vector<Seen> seen;
+    std::optional<std::shared_future<void>> gate;
+    std::promise<void> entered;
+    bool announced = false;
+  };
+  void reset() override {}
+  torch::Tensor forward(torch::Tensor x);
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+};
+TORCH_MODULE(ThreadProbe);
 
 // Sets at::set_num_threads to a count that is neither the machine's core
 // count nor OMP_NUM_THREADS (so no fresh thread has it by default), and puts
