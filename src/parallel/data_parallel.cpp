@@ -10,7 +10,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -82,10 +81,8 @@ std::vector<torch::Tensor> apply_replicas(std::vector<torch::nn::AnyModule>& rep
   // with each replica's thread, and so does the caller's current stream on
   // each device (as in PyTorch's parallel_apply).
   const at::ThreadLocalState caller;
-  std::vector<std::optional<c10::Stream>> streams(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!devices[i].is_cpu()) streams[i] = c10::impl::VirtualGuardImpl(devices[i].type()).getStream(devices[i]);
-  }
+  std::vector<std::optional<c10::Stream>> streams;
+  for (size_t i = 0; i < n; ++i) streams.push_back(detail::current_stream(devices[i]));
   auto run = [&](size_t i) {
     try {
       at::ThreadLocalStateGuard state(caller);

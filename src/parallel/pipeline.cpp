@@ -12,7 +12,6 @@
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "pipeline_stage.h"
 #include "task_thread.h"
@@ -194,10 +193,8 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
   // And the caller's current stream on each stage's device, so that stages
   // sharing a device share its stream: a hand-off between them is then
   // ordered on the device as it is on the host.
-  std::vector<std::optional<c10::Stream>> streams(stages);
-  for (size_t s = 0; s < stages; ++s) {
-    if (!devices[s].is_cpu()) streams[s] = c10::impl::VirtualGuardImpl(devices[s].type()).getStream(devices[s]);
-  }
+  std::vector<std::optional<c10::Stream>> streams;
+  for (size_t s = 0; s < stages; ++s) streams.push_back(detail::current_stream(devices[s]));
   auto run = [&](size_t s) {
     try {
       at::ThreadLocalStateGuard state(caller);

@@ -1,6 +1,7 @@
 #include "task_thread.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace tandem::parallel::detail {
 
@@ -43,6 +44,11 @@ void TaskThread::loop() {
     busy_ = false;
     done_.notify_all();
   }
+}
+
+std::optional<c10::Stream> current_stream(const c10::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
 }  // namespace tandem::parallel::detail

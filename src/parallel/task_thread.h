@@ -9,7 +9,11 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 namespace tandem::parallel::detail {
 
@@ -35,5 +39,10 @@ class TaskThread {
   bool busy_ = false, stop_ = false;
   std::thread thread_;  // last: starts after the members above exist
 };
+
+// The calling thread's current stream on `device`, for work handed to
+// another thread to run on (under c10::OptionalStreamGuard), as the caller
+// would have; none for the CPU.
+std::optional<c10::Stream> current_stream(const c10::Device& device);
 
 }  // namespace tandem::parallel::detail
