@@ -55,6 +55,11 @@ int launch_command(const std::vector<std::string>& args) {
     throw UsageError("tandem launch: no command (expected: tandem launch [flags] -- CMD ARGS...)");
   }
   o.command.assign(dashes + 1, args.end());
+  if (o.nproc_per_node > launch::kMaxLocalWorkers) {
+    throw UsageError(format("--nproc-per-node: expected at most %lld workers on one node, got %lld",
+                            static_cast<long long>(launch::kMaxLocalWorkers),
+                            static_cast<long long>(o.nproc_per_node)));
+  }
   if (port < 0 || port > 65535) throw UsageError("--master-port: expected 0..65535");
   o.master_port = static_cast<int>(port);
   auto result = launch::run_workers(o, [&] { return dist::pick_free_port(o.master_addr); });

@@ -184,8 +184,10 @@ int64_t local_workers(const engine::TrainOptions& o) {
     return std::min<int64_t>(4, std::max<unsigned>(1, std::thread::hardware_concurrency()));
   }
   auto n = parse_int(o.nproc_per_node);
-  if (!n || *n < 0) {
-    throw UsageError("--nproc-per-node: expected a number >= 0, auto or a list such as 1,2,4, got '" +
+  if (!n || *n < 0 || *n > launch::kMaxLocalWorkers) {
+    throw UsageError(format("--nproc-per-node: expected a number from 0 to %lld, auto or a list such as "
+                            "1,2,4, got '",
+                            static_cast<long long>(launch::kMaxLocalWorkers)) +
                      o.nproc_per_node + "'");
   }
   return *n;
@@ -224,9 +226,11 @@ std::optional<std::vector<int64_t>> sweep_counts(const std::string& text) {
   std::vector<int64_t> counts;
   for (const auto& part : split(text, ',')) {
     auto n = parse_int(part);
-    if (!n || *n < 1 || *n > 4096) {
-      throw UsageError("--nproc-per-node: a sweep lists process counts from 1 to 4096, such as "
-                       "1,2,4; got '" + text + "'");
+    if (!n || *n < 1 || *n > launch::kMaxLocalWorkers) {
+      throw UsageError(format("--nproc-per-node: a sweep lists process counts from 1 to %lld, such as "
+                              "1,2,4; got '",
+                              static_cast<long long>(launch::kMaxLocalWorkers)) +
+                       text + "'");
     }
     counts.push_back(*n);
   }

@@ -4,12 +4,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <thread>
@@ -31,6 +33,50 @@ std::string random_token() {
 }
 
 using Clock = std::chrono::steady_clock;
+
+// Each worker's stdout and stderr reach the launcher through pipes of its
+// own: two descriptors kept per worker (four while it starts). Raises this
+// process's soft limit on open files as far as that needs and its hard
+// limit allows. Throws when even the hard limit is too low.
+void reserve_open_files(int64_t workers) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  std::error_code ec;
+  rlim_t open_now = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+    ++open_now;
+  }
+  const rlim_t need = open_now + 2 * static_cast<rlim_t>(workers) + 16;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= need) return;
+  TANDEM_CHECK(limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= need, "--nproc-per-node ",
+               workers, ": the launcher keeps two pipes per worker, about ", need,
+               " open files, but this process may open at most ", limit.rlim_max,
+               " (ulimit -Hn); raise that limit or start fewer workers");
+  rlimit raised = limit;
+  raised.rlim_cur = need;
+  TANDEM_CHECK(setrlimit(RLIMIT_NOFILE, &raised) == 0, "--nproc-per-node ", workers,
+               ": could not raise the limit on open files from ", limit.rlim_cur, " to ", need, ": ",
+               std::strerror(errno));
+}
+
+// reserve_open_files for one run; puts the limit back as it found it,
+// which is also the limit the workers get.
+class OpenFilesScope {
+ public:
+  explicit OpenFilesScope(int64_t workers) {
+    known_ = getrlimit(RLIMIT_NOFILE, &found_) == 0;
+    reserve_open_files(workers);
+  }
+  ~OpenFilesScope() {
+    if (known_) setrlimit(RLIMIT_NOFILE, &found_);
+  }
+  bool known() const { return known_; }
+  const rlimit& found() const { return found_; }
+
+ private:
+  bool known_ = false;
+  rlimit found_{};
+};
 
 // Signals reach the poll loop through a self-pipe (the handler only writes
 // one byte, which is async-signal-safe).
@@ -55,8 +101,15 @@ class SignalScope {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &action, &old_[s]);
+    // A launcher started with these blocked (the mask survives exec) would
+    // never hear them; one that arrived before now is delivered here.
+    sigset_t ours;
+    sigemptyset(&ours);
+    for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaddset(&ours, s);
+    sigprocmask(SIG_UNBLOCK, &ours, &old_mask_);
   }
   ~SignalScope() {
+    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     for (auto& [s, old] : old_) sigaction(s, &old, nullptr);
     close(g_signal_pipe[0]);
     close(g_signal_pipe[1]);
@@ -65,7 +118,23 @@ class SignalScope {
 
  private:
   std::map<int, struct sigaction> old_;
+  sigset_t old_mask_;
 };
+
+// SIGINT or SIGTERM among the bytes waiting in the signal pipe (the last
+// one), 0 if none; the bytes are consumed (a SIGCHLD byte only wakes the
+// watch loop, which polls every worker anyway).
+int take_stop_signal() {
+  int seen = 0;
+  char bytes[64];
+  ssize_t n;
+  while ((n = read(g_signal_pipe[0], bytes, sizeof bytes)) > 0) {
+    for (ssize_t k = 0; k < n; ++k) {
+      if (bytes[k] == SIGINT || bytes[k] == SIGTERM) seen = bytes[k];
+    }
+  }
+  return seen;
+}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return format("exited with code %d", WEXITSTATUS(status));
@@ -119,16 +188,38 @@ bool pump(Stream& s, int64_t rank, bool eof_flush) {
 }
 
 struct Attempt {
-  std::vector<Worker> workers;
+  std::vector<Worker> workers;  // those started
   int failed = -1;           // index of the first worker that failed
   int forwarded_signal = 0;  // SIGINT/SIGTERM the launcher received
+  bool starting_stopped = false;  // that signal came before every worker was started
+
+  Attempt() = default;
+  Attempt(const Attempt&) = delete;
+  Attempt& operator=(const Attempt&) = delete;
+  // Normally every worker is reaped and every pipe closed by now; when
+  // starting the workers failed part way (fork or pipe2 refused), this
+  // ends the ones already started, so none outlives the error.
+  ~Attempt() {
+    for (auto& w : workers) {
+      if (w.pid > 0 && !w.exited) {
+        kill(-w.pid, SIGKILL);
+        kill(w.pid, SIGKILL);
+        waitpid(w.pid, nullptr, 0);
+      }
+      for (Stream* st : {&w.out, &w.err}) {
+        if (st->fd >= 0) close(st->fd);
+      }
+    }
+  }
 };
 
 }  // namespace
 
 LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pick_port,
                          std::FILE* out, std::FILE* err) {
-  TANDEM_CHECK(o.nproc_per_node >= 1, "--nproc-per-node: expected >= 1, got ", o.nproc_per_node);
+  TANDEM_CHECK(o.nproc_per_node >= 1 && o.nproc_per_node <= kMaxLocalWorkers,
+               "--nproc-per-node: expected 1 to ", kMaxLocalWorkers, " workers on one node, got ",
+               o.nproc_per_node);
   TANDEM_CHECK(o.nnodes >= 1, "--nnodes: expected >= 1, got ", o.nnodes);
   TANDEM_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank: expected 0..",
                o.nnodes - 1, ", got ", o.node_rank);
@@ -150,15 +241,23 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   std::string token = o.job_token;
   if (token.empty() && o.nnodes == 1) token = random_token();
 
+  OpenFilesScope open_files(o.nproc_per_node);
+  const bool reset_open_files = open_files.known();
+  const rlimit workers_open_files = open_files.found();
+
   SignalScope signals;
   const pid_t launcher = getpid();
   LaunchResult result;
   for (int64_t attempt = 0;; ++attempt) {
     int port = o.master_port != 0 ? o.master_port : pick_port();
     Attempt a;
-    a.workers.resize(static_cast<size_t>(o.nproc_per_node));
+    a.workers.reserve(static_cast<size_t>(o.nproc_per_node));
+    int stop_signal = 0;
     for (int64_t i = 0; i < o.nproc_per_node; ++i) {
-      Worker& w = a.workers[i];
+      // Starting many workers takes a while (a fork each); a SIGINT or
+      // SIGTERM meanwhile stops it here rather than after the last one.
+      if ((stop_signal = take_stop_signal()) != 0) break;
+      Worker& w = a.workers.emplace_back();
       w.local_rank = i;
       w.rank = o.node_rank * o.nproc_per_node + i;
       // The environment, prepared before fork (no allocation in the child).
@@ -191,8 +290,14 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       argv.push_back(nullptr);
 
       int out_pipe[2], err_pipe[2];
-      TANDEM_CHECK(pipe2(out_pipe, O_CLOEXEC) == 0 && pipe2(err_pipe, O_CLOEXEC) == 0,
-                   "launch: pipe2 failed: ", std::strerror(errno));
+      TANDEM_CHECK(pipe2(out_pipe, O_CLOEXEC) == 0, "launch: pipe2 failed for rank ", w.rank, ": ",
+                   std::strerror(errno));
+      if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+        int why = errno;
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        TANDEM_CHECK(false, "launch: pipe2 failed for rank ", w.rank, ": ", std::strerror(why));
+      }
       // The child starts with our signals blocked: until it has dropped our
       // handlers, a SIGTERM meant for it would otherwise run our handler in
       // the child and reach our signal pipe as if sent to the launcher.
@@ -210,6 +315,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         sigprocmask(SIG_SETMASK, &previous, nullptr);  // a pending SIGTERM now ends it
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (reset_open_files) setrlimit(RLIMIT_NOFILE, &workers_open_files);  // as the launcher found it
         if (getppid() != launcher) _exit(127);
         dup2(out_pipe[1], STDOUT_FILENO);
         dup2(err_pipe[1], STDERR_FILENO);
@@ -225,7 +331,11 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       }
       int fork_errno = errno;
       sigprocmask(SIG_SETMASK, &previous, nullptr);
-      TANDEM_CHECK(pid >= 0, "launch: fork failed: ", std::strerror(fork_errno));
+      if (pid < 0) {
+        for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+        TANDEM_CHECK(false, "launch: fork failed for rank ", w.rank, " (", a.workers.size() - 1,
+                     " of ", o.nproc_per_node, " workers started): ", std::strerror(fork_errno));
+      }
       setpgid(pid, pid);  // also here, so that it holds before we signal the group
       close(out_pipe[1]);
       close(err_pipe[1]);
@@ -249,6 +359,16 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       signal_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
     };
+    if (stop_signal != 0) {
+      std::fprintf(err, "tandem launch: got SIG%s while starting the workers (%zu of %lld started), "
+                   "passing it to them\n", sigabbrev_np(stop_signal), a.workers.size(),
+                   static_cast<long long>(o.nproc_per_node));
+      std::fflush(err);
+      a.forwarded_signal = stop_signal;
+      a.starting_stopped = true;
+      signal_all(stop_signal);
+      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+    }
     size_t alive = a.workers.size();
     while (alive > 0) {
       std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
@@ -328,6 +448,10 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     if (a.forwarded_signal) {
       result.exit_code = 128 + a.forwarded_signal;
       result.reason = format("stopped by SIG%s", sigabbrev_np(a.forwarded_signal));
+      if (a.starting_stopped) {
+        result.reason += format(" while starting the workers (%zu of %lld started)", a.workers.size(),
+                                static_cast<long long>(o.nproc_per_node));
+      }
       return result;
     }
     if (a.failed < 0) {

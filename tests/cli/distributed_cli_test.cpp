@@ -138,6 +138,7 @@ TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
            {"--nproc-per-node 1,2 --profile-out t.json", "--profile-out belongs to a single run"},
            {"--nproc-per-node 1,x", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
            {"--nproc-per-node 1,0", "--nproc-per-node: a sweep lists process counts from 1 to 4096"},
+           {"--nproc-per-node 4097", "--nproc-per-node: expected a number from 0 to 4096, auto or a list"},
            {"--nproc-per-node 1,2 --strategy dp --devices cpu,cpu", "--strategy dp runs in one process"},
            {"--nproc-per-node 1,4 --batch-size 30", "--batch-size 30 is not divisible by 4 processes"},
            {"--batch-size 32 --batch-per-process 8", "give --batch-size (the global batch) or "

@@ -3,12 +3,17 @@
 // no process left behind, restarts, signal forwarding, and the launcher
 // itself being killed.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "testing.h"
 
@@ -193,12 +198,107 @@ TEST(LaunchTest, WorkersDieWithAKilledLauncher) {
   EXPECT_EQ(count_processes("sleep " + marker), 0);
 }
 
+// Runs `tandem launch ARGS` with its output in `out`, after `prepare` ran in
+// the child (before exec: it sets what the launcher inherits). Returns the
+// exit status, or -1 if it did not end within `seconds` (then it is killed).
+int launch_prepared(const std::vector<std::string>& args, const std::string& out,
+                    const std::function<void()>& prepare, double seconds) {
+  std::vector<std::string> argv_text{TANDEM_CLI, "launch"};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    prepare();
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (seconds_since(start) > seconds) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+// A SIGTERM that reaches the launcher while it starts its workers stops the
+// start there (a fork each: thousands take seconds) and is passed on. Here
+// it is pending from the start: blocked and raised before exec, which keeps
+// it pending; the launcher unblocks it, so it is not deaf to it either.
+TEST(LaunchTest, ASignalWhileStartingStopsTheStart) {
+  TempDir dir;
+  const std::string marker = "62.125";
+  int status = launch_prepared({"--nproc-per-node", "64", "--", "sleep", marker}, dir.file("out"),
+                               [] {
+                                 sigset_t term;
+                                 sigemptyset(&term);
+                                 sigaddset(&term, SIGTERM);
+                                 sigprocmask(SIG_BLOCK, &term, nullptr);
+                                 raise(SIGTERM);
+                               },
+                               20);
+  std::string out = testing::read_text(dir.file("out"));
+  ASSERT_NE(status, -1) << "the launcher did not end within 20 s:\n" << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status << "\n" << out;
+  EXPECT_NE(out.find("tandem launch: got SIGTERM while starting the workers (0 of 64 started)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopped by SIGTERM while starting the workers (0 of 64 started)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
+// Two pipes per worker: the launcher raises its soft limit on open files
+// as far as that takes (the workers get the limit it found), and refuses,
+// naming the limit, when the hard limit is too low.
+TEST(LaunchTest, OpenFileLimits) {
+  TempDir dir;
+  auto limit_files = [](rlim_t soft, rlim_t hard) {
+    return [=] {
+      rlimit l{soft, hard};
+      setrlimit(RLIMIT_NOFILE, &l);
+    };
+  };
+  int status = launch_prepared({"--nproc-per-node", "60", "--", "sh", "-c", "ulimit -n"}, dir.file("out"),
+                               limit_files(100, 4096), 60);
+  std::string out = testing::read_text(dir.file("out"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << out;
+  for (int rank : {0, 59}) {
+    EXPECT_NE(out.find("[rank " + std::to_string(rank) + "] 100\n"), std::string::npos) << out;
+  }
+  status = launch_prepared({"--nproc-per-node", "60", "--", "true"}, dir.file("out"),
+                           limit_files(100, 100), 60);
+  out = testing::read_text(dir.file("out"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << out;
+  EXPECT_NE(out.find("--nproc-per-node 60: the launcher keeps two pipes per worker, about "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("open files, but this process may open at most 100 (ulimit -Hn)"),
+            std::string::npos)
+      << out;
+}
+
 TEST(LaunchTest, UsageErrors) {
   auto r = run_tandem("launch --nproc-per-node 2");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("no command"), std::string::npos) << r.output;
   r = run_tandem("launch --nproc-per-node 0 -- true");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_tandem("launch --nproc-per-node 4097 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc-per-node: expected at most 4096 workers on one node, got 4097"),
+            std::string::npos)
+      << r.output;
   r = run_tandem("launch --nproc-per-node 1 -- /no/such/program");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank 0] cannot run /no/such/program"), std::string::npos) << r.output;

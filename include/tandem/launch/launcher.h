@@ -29,6 +29,10 @@
 
 namespace tandem::launch {
 
+// The most worker processes on one node (also the largest count of a
+// scaling sweep): a larger --nproc-per-node is refused before any starts.
+inline constexpr int64_t kMaxLocalWorkers = 4096;
+
 struct LaunchOptions {
   int64_t nproc_per_node = 1;
   int64_t nnodes = 1;
