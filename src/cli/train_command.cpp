@@ -115,7 +115,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "measured forward+backward time or by parameter count");
   flags.add_switch("sync-bn", &o.sync_bn,
                    "BatchNorm over the whole global batch (SyncBatchNorm), so results do not "
-                   "depend on the number of ranks");
+                   "depend on the number of ranks; with data-parallel ranks (not dp or pipeline)");
   flags.add_switch("shard-optimizer", &o.shard_optimizer,
                    "ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer): each rank keeps SGD's "
                    "momentum for its share of the parameters only, steps that share and "

@@ -196,6 +196,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_options.image_size = info.height;
   model_options.width_mult = o.width_mult;
   model_options.stem = o.stem;
+  TANDEM_CHECK(!o.sync_bn || (o.strategy != "dp" && o.strategy != "pipeline"),
+               "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, "
+               "allreduce or fsdp); it does not work with --strategy ", o.strategy, ", where ",
+               o.strategy == "dp" ? "each replica normalises its own share of the batch, as PyTorch's "
+                                    "DataParallel does"
+                                  : "each micro-batch is normalised on its own",
+               ": leave out --sync-bn");
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
     auto group = group_;
     model_options.norm_layer = [group](int64_t channels) {

@@ -336,6 +336,23 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
   }
 }
 
+// --sync-bn promises BatchNorm over the whole global batch, which only
+// data-parallel ranks give: DataParallel's replicas and a pipeline's
+// micro-batches each normalise alone, so the flag is refused there rather
+// than ignored.
+TEST_F(TrainerTest, SyncBnNeedsDataParallelRanks) {
+  auto o = small_run(data_.path());
+  o.sync_bn = true;
+  o.devices = "cpu,cpu";
+  o.strategy = "dp";
+  refused(o, "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, allreduce or "
+             "fsdp); it does not work with --strategy dp, where each replica normalises its own share of "
+             "the batch, as PyTorch's DataParallel does: leave out --sync-bn");
+  o.strategy = "pipeline";
+  refused(o, "it does not work with --strategy pipeline, where each micro-batch is normalised on its own: "
+             "leave out --sync-bn");
+}
+
 // --strategy fsdp in one process has nothing to shard over and trains as
 // one process does, bit for bit (the sharded ranks: FsdpCliTest); its flags
 // and the options it cannot work with are refused by name.
