@@ -19,6 +19,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -117,6 +119,61 @@ std::string local_address_towards(const std::string& host) {
 }
 
 constexpr const char* kTokenKey = "tandem/job_token";
+
+std::string joined_key(int64_t rank) { return "tandem/joined/" + std::to_string(rank); }
+
+// Note [who joined]: before the backend connects, every rank posts a key of
+// its own and waits for everyone's. A rank that never comes (a node not
+// started, or started with another --master-addr / --master-port) is then
+// named when the timeout ends, where the backend would say only which store
+// key it waited for; and a second process with the same RANK (the same
+// --node-rank on two nodes) is refused at once. The wait polls, keeping the
+// list of ranks not seen yet, so a rank whose store (rank 0's) is gone by
+// the deadline still knows whom it waited for.
+void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const std::string where = detail::str_cat("rendezvous at ", r.host, ":", r.port, " (", r.source, ")");
+  const int64_t times = store.add(joined_key(r.rank), 1);
+  TANDEM_CHECK(times == 1, where, ": rank ", r.rank, " of ", r.world_size,
+               " has joined already: two processes of the job have RANK=", r.rank,
+               " (the same --node-rank on two nodes?)");
+  std::vector<std::string> keys;
+  for (int64_t k = 0; k < r.world_size; ++k) keys.push_back(joined_key(k));
+  std::vector<int64_t> missing;  // not seen yet, as of the last look
+  for (int64_t k = 0; k < r.world_size; ++k) missing.push_back(k);
+  const auto deadline = Clock::now() + timeout;
+  auto next_look = Clock::now();
+  std::string store_error;
+  while (true) {
+    try {
+      if (store.check(keys)) return;
+      if (Clock::now() >= next_look) {
+        std::vector<int64_t> still;
+        for (int64_t k : missing) {
+          if (!store.check({keys[k]})) still.push_back(k);
+        }
+        missing = std::move(still);
+        next_look = Clock::now() + std::chrono::milliseconds(500);
+      }
+    } catch (const std::exception& e) {
+      store_error = first_line(e.what());
+    }
+    if (!store_error.empty() || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (missing.empty() || (missing.size() == static_cast<size_t>(r.world_size) && !store_error.empty())) {
+    TANDEM_FAIL(where, " failed on rank ", r.rank, ": ", store_error.empty() ? "timed out" : store_error);
+  }
+  std::string names;
+  for (size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+  if (missing.size() > 8) names += ", ...";
+  TANDEM_FAIL(where, ": ", missing.size(), " of ", r.world_size, " ranks did not join ",
+              store_error.empty() ? detail::str_cat("within ", timeout.count() / 1000.0, " s")
+                                  : "before rank 0's store went away (" + store_error + ")",
+              " (rank", missing.size() > 1 ? "s " : " ", names,
+              "); every node of the job must start its workers with the same --nnodes, "
+              "--master-addr and --master-port");
+}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -353,6 +410,7 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
                 ": ", why);
   }
 
+  wait_for_every_rank(r, *impl_->store, options.timeout);
   impl_->connect();
 }
 

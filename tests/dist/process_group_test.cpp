@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -331,6 +332,81 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Note [who joined]: a rank that never comes is named, on every rank that
+// did, when the timeout ends (before, Gloo's "wait timeout ..., keys: /0/1").
+TEST(ProcessGroupTest, AMissingRankIsNamedAfterTheTimeout) {
+  const int port = pick_free_port();
+  GroupOptions options;
+  options.timeout = 1500ms;
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ranks;
+  for (int64_t rank : {0, 2}) {
+    ranks.emplace_back([&, rank] {
+      Rendezvous rv;
+      rv.port = port;
+      rv.rank = rank;
+      rv.world_size = 3;
+      rv.source = "test";
+      try {
+        ProcessGroup group(rv, options);
+      } catch (const Error& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  // Rank 0 hosts the store and gives up first; rank 2 may see the store
+  // go before its own deadline, and says so, naming whom it waited for.
+  EXPECT_NE(errors[0].find("rendezvous at 127.0.0.1:" + std::to_string(port) +
+                           " (test): 1 of 3 ranks did not join within 1.5 s (rank 1); every node "
+                           "of the job must start its workers with the same --nnodes"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[2].find("rendezvous at 127.0.0.1:" + std::to_string(port) + " (test): 1 of 3 ranks did not join "),
+            std::string::npos)
+      << errors[2];
+  EXPECT_NE(errors[2].find(" (rank 1); every node of the job must start its workers with the same --nnodes"),
+            std::string::npos)
+      << errors[2];
+}
+
+// ... and a second process with a rank that has joined is refused at once,
+// while the job goes on.
+TEST(ProcessGroupTest, TheSameRankTwiceIsRefused) {
+  const int port = pick_free_port();
+  auto rendezvous = [port](int64_t rank) {
+    Rendezvous rv;
+    rv.port = port;
+    rv.rank = rank;
+    rv.world_size = 2;
+    rv.source = "test";
+    return rv;
+  };
+  GroupOptions options;
+  options.timeout = 20s;
+  std::unique_ptr<ProcessGroup> rank0, rank1;
+  std::thread first([&] { rank0 = std::make_unique<ProcessGroup>(rendezvous(0), options); });
+  rank1 = std::make_unique<ProcessGroup>(rendezvous(1), options);
+  first.join();
+  ASSERT_TRUE(rank0 && rank1);
+  try {
+    ProcessGroup again(rendezvous(1), options);
+    ADD_FAILURE() << "a second rank 1 joined";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(": rank 1 of 2 has joined already: two processes of the job "
+                                         "have RANK=1 (the same --node-rank on two nodes?)"),
+              std::string::npos)
+        << e.what();
+  }
+  auto a = torch::ones({1});
+  auto b = torch::full({1}, 2.0f);
+  std::thread reduce0([&] { rank0->all_reduce(a).wait(); });
+  rank1->all_reduce(b).wait();
+  reduce0.join();
+  EXPECT_EQ(a.item<float>(), 3.0f);
+  EXPECT_EQ(b.item<float>(), 3.0f);
 }
 
 // Note [job token]: a process whose token differs from rank 0's is refused
