@@ -128,10 +128,13 @@ std::string joined_key(int64_t rank) { return "tandem/joined/" + std::to_string(
 // named when the timeout ends, where the backend would say only which store
 // key it waited for; and a second process with the same RANK (the same
 // --node-rank on two nodes) is refused at once. The wait polls, keeping the
-// list of ranks not seen yet, so a rank whose store (rank 0's) is gone by
-// the deadline still knows whom it waited for.
+// list of ranks not seen yet. Rank 0 hosts the store and, starting first,
+// reaches its deadline first: it posts its verdict and keeps the store up
+// a moment, so the others end with the same message instead of a closed
+// connection.
 void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
+  constexpr const char* kVerdictKey = "tandem/joined/verdict";
   const std::string where = detail::str_cat("rendezvous at ", r.host, ":", r.port, " (", r.source, ")");
   const int64_t times = store.add(joined_key(r.rank), 1);
   TANDEM_CHECK(times == 1, where, ": rank ", r.rank, " of ", r.world_size,
@@ -147,6 +150,10 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
   while (true) {
     try {
       if (store.check(keys)) return;
+      if (r.rank != 0 && store.check({kVerdictKey})) {
+        auto verdict = store.get(kVerdictKey);
+        TANDEM_FAIL(where, ": ", std::string(verdict.begin(), verdict.end()));
+      }
       if (Clock::now() >= next_look) {
         std::vector<int64_t> still;
         for (int64_t k : missing) {
@@ -155,6 +162,8 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
         missing = std::move(still);
         next_look = Clock::now() + std::chrono::milliseconds(500);
       }
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
       store_error = first_line(e.what());
     }
@@ -167,12 +176,21 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
   std::string names;
   for (size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
   if (missing.size() > 8) names += ", ...";
-  TANDEM_FAIL(where, ": ", missing.size(), " of ", r.world_size, " ranks did not join ",
-              store_error.empty() ? detail::str_cat("within ", timeout.count() / 1000.0, " s")
-                                  : "before rank 0's store went away (" + store_error + ")",
-              " (rank", missing.size() > 1 ? "s " : " ", names,
-              "); every node of the job must start its workers with the same --nnodes, "
-              "--master-addr and --master-port");
+  const std::string verdict = detail::str_cat(
+      missing.size(), " of ", r.world_size, " ranks did not join ",
+      store_error.empty() ? detail::str_cat("within ", timeout.count() / 1000.0, " s")
+                          : "before rank 0's store went away (" + store_error + ")",
+      " (rank", missing.size() > 1 ? "s " : " ", names,
+      "); every node of the job must start its workers with the same --nnodes, --master-addr and "
+      "--master-port");
+  if (r.rank == 0) {
+    try {
+      store.set(kVerdictKey, std::vector<uint8_t>(verdict.begin(), verdict.end()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others poll every 20 ms
+    } catch (const std::exception&) {
+    }
+  }
+  TANDEM_FAIL(where, ": ", verdict);
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
