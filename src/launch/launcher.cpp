@@ -349,9 +349,14 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     // Watch until every worker has exited (Note [worker life cycle]).
     std::optional<Clock::time_point> kill_at;
     bool killed = false;
+    // A stopped worker (SIGSTOP, a debugger's ^Z) would hold a SIGINT or
+    // SIGTERM pending until SIGKILL, --stop-grace later; SIGCONT after it
+    // lets it act on it now.
     auto signal_all = [&](int s) {
       for (auto& w : a.workers) {
-        if (!w.exited) kill(-w.pid, s);
+        if (w.exited) continue;
+        kill(-w.pid, s);
+        if (s == SIGINT || s == SIGTERM) kill(-w.pid, SIGCONT);
       }
     };
     auto stop_all = [&] {

@@ -230,6 +230,19 @@ int launch_prepared(const std::vector<std::string>& args, const std::string& out
   return status;
 }
 
+// A stopped worker gets SIGCONT with its SIGTERM, so a failure elsewhere
+// ends it at once rather than after --stop-grace (30 s here).
+TEST(LaunchTest, AStoppedWorkerIsWokenToEnd) {
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem("launch --nproc-per-node 2 --stop-grace 30 -- sh -c "
+                      "'if [ $RANK = 1 ]; then kill -STOP $$; fi; sleep 2; exit 3'");
+  double took = seconds_since(start);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem launch: rank 0 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(") exited with code 3; stopping the other workers"), std::string::npos) << r.output;
+  EXPECT_LT(took, 15) << r.output;
+}
+
 // A SIGTERM that reaches the launcher while it starts its workers stops the
 // start there (a fork each: thousands take seconds) and is passed on. Here
 // it is pending from the start: blocked and raised before exec, which keeps
