@@ -390,6 +390,8 @@ int train_command(const std::vector<std::string>& args) {
   if (nproc > 0 && !worker) {
     // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
     // the workers run this same command line; RANK set tells them they are workers.
+    // A --device that no worker could use is named once, here, not by each.
+    engine::parse_device(options.device);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "testing.h"
 
 namespace tandem {
@@ -120,6 +122,18 @@ TEST(DistributedCliTest, AScalingSweepPrintsSeed002sTable) {
   EXPECT_GT(speedup, 0);
   EXPECT_NEAR(efficiency, speedup / 2, 0.006);
   EXPECT_NE(second[3].find_first_of("0123456789"), std::string::npos) << "no epoch time: " << second[3];
+}
+
+// A --device that no worker could use is refused once, before any worker
+// starts (cuda:99: no such GPU here, with or without CUDA).
+TEST(DistributedCliTest, AnUnusableDeviceIsRefusedBeforeTheWorkersStart) {
+  auto r = run_tandem("train --nproc-per-node 2 --device cuda:99 --epochs 1 --progress off");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(torch::cuda::is_available() ? "--device cuda:99: only "
+                                                      : "--device cuda:99: no CUDA device is available"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[rank "), std::string::npos) << "a worker started:\n" << r.output;
 }
 
 // What a sweep cannot do is refused before anything runs, by name; a run
