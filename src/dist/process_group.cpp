@@ -127,11 +127,12 @@ std::string joined_key(int64_t rank) { return "tandem/joined/" + std::to_string(
 // started, or started with another --master-addr / --master-port) is then
 // named when the timeout ends, where the backend would say only which store
 // key it waited for; and a second process with the same RANK (the same
-// --node-rank on two nodes) is refused at once. The wait polls, keeping the
-// list of ranks not seen yet. Rank 0 hosts the store and, starting first,
-// reaches its deadline first: it posts its verdict and keeps the store up
-// a moment, so the others end with the same message instead of a closed
-// connection.
+// --node-rank on two nodes) is refused at once. Which ranks are missing is
+// asked key by key only at the deadline (one check of all keys per poll
+// before, so a large job's start-up costs the store little). Rank 0 hosts
+// the store and, starting first, reaches its deadline first: it posts its
+// verdict and keeps the store up a moment, so the others end with the same
+// message instead of a closed connection.
 void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   constexpr const char* kVerdictKey = "tandem/joined/verdict";
@@ -142,55 +143,40 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
                " (the same --node-rank on two nodes?)");
   std::vector<std::string> keys;
   for (int64_t k = 0; k < r.world_size; ++k) keys.push_back(joined_key(k));
-  std::vector<int64_t> missing;  // not seen yet, as of the last look
-  for (int64_t k = 0; k < r.world_size; ++k) missing.push_back(k);
   const auto deadline = Clock::now() + timeout;
-  auto next_look = Clock::now();
-  std::string store_error;
-  while (true) {
-    try {
-      if (store.check(keys)) return;
+  std::string verdict;
+  try {
+    while (!store.check(keys)) {
       if (r.rank != 0 && store.check({kVerdictKey})) {
-        auto verdict = store.get(kVerdictKey);
-        TANDEM_FAIL(where, ": ", std::string(verdict.begin(), verdict.end()));
+        auto posted = store.get(kVerdictKey);
+        TANDEM_FAIL(where, ": ", std::string(posted.begin(), posted.end()));
       }
-      if (Clock::now() >= next_look) {
-        std::vector<int64_t> still;
-        for (int64_t k : missing) {
-          if (!store.check({keys[k]})) still.push_back(k);
+      if (Clock::now() >= deadline) {
+        std::vector<int64_t> missing;
+        for (int64_t k = 0; k < r.world_size; ++k) {
+          if (!store.check({keys[k]})) missing.push_back(k);
         }
-        missing = std::move(still);
-        next_look = Clock::now() + std::chrono::milliseconds(500);
+        std::string names;
+        for (size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+        if (missing.size() > 8) names += ", ...";
+        verdict = detail::str_cat(missing.size(), " of ", r.world_size, " ranks did not join within ",
+                                  timeout.count() / 1000.0, " s (rank", missing.size() > 1 ? "s " : " ", names,
+                                  "); every node of the job must start its workers with the same --nnodes, "
+                                  "--master-addr and --master-port");
+        if (r.rank == 0) {
+          store.set(kVerdictKey, std::vector<uint8_t>(verdict.begin(), verdict.end()));
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others poll every 20 ms
+        }
+        break;
       }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      store_error = first_line(e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (!store_error.empty() || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // the store is gone (rank 0 ended without a verdict)
+    if (verdict.empty()) TANDEM_FAIL(where, " failed on rank ", r.rank, ": ", first_line(e.what()));
   }
-  if (missing.empty() || (missing.size() == static_cast<size_t>(r.world_size) && !store_error.empty())) {
-    TANDEM_FAIL(where, " failed on rank ", r.rank, ": ", store_error.empty() ? "timed out" : store_error);
-  }
-  std::string names;
-  for (size_t i = 0; i < missing.size() && i < 8; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
-  if (missing.size() > 8) names += ", ...";
-  const std::string verdict = detail::str_cat(
-      missing.size(), " of ", r.world_size, " ranks did not join ",
-      store_error.empty() ? detail::str_cat("within ", timeout.count() / 1000.0, " s")
-                          : "before rank 0's store went away (" + store_error + ")",
-      " (rank", missing.size() > 1 ? "s " : " ", names,
-      "); every node of the job must start its workers with the same --nnodes, --master-addr and "
-      "--master-port");
-  if (r.rank == 0) {
-    try {
-      store.set(kVerdictKey, std::vector<uint8_t>(verdict.begin(), verdict.end()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others poll every 20 ms
-    } catch (const std::exception&) {
-    }
-  }
-  TANDEM_FAIL(where, ": ", verdict);
+  if (!verdict.empty()) TANDEM_FAIL(where, ": ", verdict);
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {

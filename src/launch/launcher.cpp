@@ -60,18 +60,17 @@ void reserve_open_files(int64_t workers) {
 }
 
 // reserve_open_files for one run; puts the limit back as it found it,
-// which is also the limit the workers get.
+// which is also the limit the workers get (restore() in each, before exec).
 class OpenFilesScope {
  public:
   explicit OpenFilesScope(int64_t workers) {
     known_ = getrlimit(RLIMIT_NOFILE, &found_) == 0;
     reserve_open_files(workers);
   }
-  ~OpenFilesScope() {
+  ~OpenFilesScope() { restore(); }
+  void restore() const {  // async-signal-safe: one system call
     if (known_) setrlimit(RLIMIT_NOFILE, &found_);
   }
-  bool known() const { return known_; }
-  const rlimit& found() const { return found_; }
 
  private:
   bool known_ = false;
@@ -193,6 +192,13 @@ struct Attempt {
   int forwarded_signal = 0;  // SIGINT/SIGTERM the launcher received
   bool starting_stopped = false;  // that signal came before every worker was started
 
+  // " while starting the workers (k of n started)" when it did, else "".
+  std::string starting_note(int64_t wanted) const {
+    return starting_stopped ? format(" while starting the workers (%zu of %lld started)", workers.size(),
+                                     static_cast<long long>(wanted))
+                            : "";
+  }
+
   Attempt() = default;
   Attempt(const Attempt&) = delete;
   Attempt& operator=(const Attempt&) = delete;
@@ -242,8 +248,6 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   if (token.empty() && o.nnodes == 1) token = random_token();
 
   OpenFilesScope open_files(o.nproc_per_node);
-  const bool reset_open_files = open_files.known();
-  const rlimit workers_open_files = open_files.found();
 
   SignalScope signals;
   const pid_t launcher = getpid();
@@ -315,7 +319,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         sigprocmask(SIG_SETMASK, &previous, nullptr);  // a pending SIGTERM now ends it
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (reset_open_files) setrlimit(RLIMIT_NOFILE, &workers_open_files);  // as the launcher found it
+        open_files.restore();  // the limit as the launcher found it
         if (getppid() != launcher) _exit(127);
         dup2(out_pipe[1], STDOUT_FILENO);
         dup2(err_pipe[1], STDERR_FILENO);
@@ -359,20 +363,31 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         if (s == SIGINT || s == SIGTERM) kill(-w.pid, SIGCONT);
       }
     };
+    auto start_grace = [&] {
+      if (!kill_at) {
+        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+      }
+    };
     auto stop_all = [&] {
       if (kill_at) return;
       signal_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+      start_grace();
+    };
+    // A SIGINT or SIGTERM to the launcher: passed to every worker, which
+    // then has --stop-grace to end.
+    auto forward = [&](int s) {
+      if (a.forwarded_signal == 0) {
+        std::fprintf(err, "tandem launch: got SIG%s%s, passing it to %s\n", sigabbrev_np(s),
+                     a.starting_note(o.nproc_per_node).c_str(), a.starting_stopped ? "them" : "the workers");
+        std::fflush(err);
+      }
+      a.forwarded_signal = s;
+      signal_all(s);
+      start_grace();
     };
     if (stop_signal != 0) {
-      std::fprintf(err, "tandem launch: got SIG%s while starting the workers (%zu of %lld started), "
-                   "passing it to them\n", sigabbrev_np(stop_signal), a.workers.size(),
-                   static_cast<long long>(o.nproc_per_node));
-      std::fflush(err);
-      a.forwarded_signal = stop_signal;
       a.starting_stopped = true;
-      signal_all(stop_signal);
-      kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
+      forward(stop_signal);
     }
     size_t alive = a.workers.size();
     while (alive > 0) {
@@ -390,23 +405,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       int ready = poll(fds.data(), fds.size(), 100);
       if (ready > 0) {
         if (fds[0].revents & POLLIN) {
-          char signals_seen[64];
-          ssize_t n = read(g_signal_pipe[0], signals_seen, sizeof signals_seen);
-          for (ssize_t k = 0; k < n; ++k) {
-            int s = signals_seen[k];
-            if (s == SIGINT || s == SIGTERM) {
-              if (a.forwarded_signal == 0) {
-                std::fprintf(err, "tandem launch: got SIG%s, passing it to the workers\n", sigabbrev_np(s));
-                std::fflush(err);
-              }
-              a.forwarded_signal = s;
-              signal_all(s);
-              if (!kill_at) {
-                kill_at = Clock::now() +
-                          std::chrono::milliseconds(static_cast<int64_t>(o.stop_grace_seconds * 1000));
-              }
-            }
-          }
+          if (int s = take_stop_signal()) forward(s);
         }
         for (size_t k = 1; k < fds.size(); ++k) {
           if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*streams[k], ranks[k], false);
@@ -453,10 +452,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     if (a.forwarded_signal) {
       result.exit_code = 128 + a.forwarded_signal;
       result.reason = format("stopped by SIG%s", sigabbrev_np(a.forwarded_signal));
-      if (a.starting_stopped) {
-        result.reason += format(" while starting the workers (%zu of %lld started)", a.workers.size(),
-                                static_cast<long long>(o.nproc_per_node));
-      }
+      result.reason += a.starting_note(o.nproc_per_node);
       return result;
     }
     if (a.failed < 0) {
