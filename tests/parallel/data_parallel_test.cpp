@@ -3,6 +3,7 @@
 // buffers as PyTorch's DataParallel keeps them, errors naming the replica.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 #include <set>
 #include <thread>
@@ -208,13 +209,13 @@ TEST(DataParallelTest, GradModeFollowsTheCaller) {
 // first convolution or matrix product would start a team of that size.
 TEST(DataParallelTest, ReplicaThreadsComputeWithTheProcesssThreadCount) {
   testing::UnusualThreadCount threads;
-  testing::TeamProbe probe;
+  testing::ThreadProbe probe;
   DataParallel dp(probe, DataParallelOptions{cpus(3)});
   dp->forward(torch::randn({6, 6}));
   ASSERT_EQ(probe->seen().size(), 3u);
-  for (const auto& team : probe->seen()) {
-    EXPECT_EQ(team.omp, threads.count());
-    EXPECT_EQ(team.mkl, threads.count());
+  for (const auto& seen : probe->seen()) {
+    EXPECT_EQ(seen.team.omp, threads.count());
+    EXPECT_EQ(seen.team.mkl, threads.count());
   }
 }
 
@@ -227,15 +228,15 @@ TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
   DataParallel dp(probe, DataParallelOptions{cpus(3)});
   for (int step = 0; step < 3; ++step) dp->forward(torch::randn({6, 2}));
   std::set<int> threads;
-  for (const auto& seen : probe->shared->seen) threads.insert(seen.thread);
-  EXPECT_EQ(probe->shared->seen.size(), 9u);
+  for (const auto& seen : probe->seen()) threads.insert(seen.thread);
+  EXPECT_EQ(probe->seen().size(), 9u);
   EXPECT_EQ(threads.size(), 3u);  // 7 with a new thread per replica and forward
   EXPECT_TRUE(threads.count(testing::thread_serial()));
   // parallel_apply alone starts new threads on every call.
   std::vector<torch::nn::AnyModule> replicas{torch::nn::AnyModule(testing::ThreadProbe(*probe)),
                                              torch::nn::AnyModule(testing::ThreadProbe(*probe))};
   parallel_apply(replicas, {torch::ones({1}), torch::ones({1})}, cpus(2));
-  EXPECT_FALSE(threads.count(probe->shared->seen.back().thread));
+  EXPECT_FALSE(threads.count(probe->seen().back().thread));
 
   if (torch::cuda::is_available()) {
     const torch::Device gpu(torch::kCUDA, 0);
@@ -248,8 +249,8 @@ TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
       c10::StreamGuard on_side(side);
       dp_gpu->forward(torch::ones({4, 2}, gpu));
     }
-    ASSERT_EQ(on_gpu->shared->seen.size(), 2u);
-    for (const auto& seen : on_gpu->shared->seen) EXPECT_EQ(seen.stream, side);
+    ASSERT_EQ(on_gpu->seen().size(), 2u);
+    for (const auto& seen : on_gpu->seen()) EXPECT_EQ(seen.stream, side);
   }
 }
 
@@ -262,11 +263,23 @@ TEST(DataParallelTest, AConcurrentForwardIsRefused) {
   auto entered = probe->shared->entered.get_future();
   DataParallel dp(probe, DataParallelOptions{cpus(2)});
   auto first = std::async(std::launch::async, [&] { return dp->forward(torch::ones({4, 2})); });
-  entered.wait();
-  EXPECT_EQ(testing::error_of([&] { dp->forward(torch::ones({4, 2})); }),
+  // Without the refusal the second forward would wait at the gate as well: it
+  // runs on a thread of its own, and the gate opens before any assertion, so
+  // that the test fails instead of hanging.
+  const auto bound = std::chrono::seconds(20);
+  const bool held = entered.wait_for(bound) == std::future_status::ready;
+  std::future<std::string> second;
+  if (held) {
+    second = std::async(std::launch::async,
+                        [&] { return testing::error_of([&] { dp->forward(torch::ones({4, 2})); }); });
+  }
+  const bool answered = held && second.wait_for(bound) == std::future_status::ready;
+  open.set_value();
+  ASSERT_TRUE(held) << "the first forward did not reach its replica within 20 s";
+  ASSERT_TRUE(answered) << "the second forward was neither refused nor done within 20 s";
+  EXPECT_EQ(second.get(),
             "DataParallel over 2 devices: forward called while another forward of the same module "
             "runs; its replicas run one forward at a time");
-  open.set_value();
   EXPECT_TRUE(torch::equal(first.get(), torch::ones({4, 2})));
   probe->shared->gate.reset();
   EXPECT_TRUE(torch::equal(dp->forward(torch::full({4, 2}, 2.0)), torch::full({4, 2}, 2.0)));

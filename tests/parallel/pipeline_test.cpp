@@ -749,7 +749,7 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
   namespace nn = torch::nn;
   testing::UnusualThreadCount threads;
   models::Sequence net;
-  std::vector<testing::TeamProbe> probes;
+  std::vector<testing::ThreadProbe> probes;
   for (int s = 0; s < 3; ++s) {
     probes.emplace_back();
     net->push_back("probe" + std::to_string(s), probes.back());
@@ -759,9 +759,9 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
   pipe.train_step(torch::randn({4, 6}), torch::randint(6, {4}, torch::kInt64), cross_entropy);
   for (size_t s = 0; s < probes.size(); ++s) {
     ASSERT_EQ(probes[s]->seen().size(), 2u) << "stage " << s;
-    for (const auto& team : probes[s]->seen()) {
-      EXPECT_EQ(team.omp, threads.count()) << "stage " << s;
-      EXPECT_EQ(team.mkl, threads.count()) << "stage " << s;
+    for (const auto& seen : probes[s]->seen()) {
+      EXPECT_EQ(seen.team.omp, threads.count()) << "stage " << s;
+      EXPECT_EQ(seen.team.mkl, threads.count()) << "stage " << s;
     }
   }
 }
@@ -789,8 +789,8 @@ TEST(PipelineTest, StageThreadsAreKeptAndUseTheCallersStream) {
   std::set<int> all;
   for (size_t s = 0; s < probes.size(); ++s) {
     std::set<int> threads;
-    for (const auto& seen : probes[s]->shared->seen) threads.insert(seen.thread);
-    EXPECT_EQ(probes[s]->shared->seen.size(), 6u) << "stage " << s;  // 3 steps x 2 micro-batches
+    for (const auto& seen : probes[s]->seen()) threads.insert(seen.thread);
+    EXPECT_EQ(probes[s]->seen().size(), 6u) << "stage " << s;  // 3 steps x 2 micro-batches
     EXPECT_EQ(threads.size(), 1u) << "stage " << s;
     all.insert(threads.begin(), threads.end());
   }
@@ -812,8 +812,8 @@ TEST(PipelineTest, StageThreadsAreKeptAndUseTheCallersStream) {
                           cross_entropy);
     }
     for (size_t s = 0; s < on_gpu.size(); ++s) {
-      ASSERT_EQ(on_gpu[s]->shared->seen.size(), 2u) << "stage " << s;
-      for (const auto& seen : on_gpu[s]->shared->seen) EXPECT_EQ(seen.stream, side) << "stage " << s;
+      ASSERT_EQ(on_gpu[s]->seen().size(), 2u) << "stage " << s;
+      for (const auto& seen : on_gpu[s]->seen()) EXPECT_EQ(seen.stream, side) << "stage " << s;
     }
   }
 }

@@ -209,20 +209,6 @@ ThreadTeam this_threads_team() {
   return team;
 }
 
-struct TeamProbeImpl::Record {
-  std::mutex lock;
-  std::vector<ThreadTeam> seen;
-};
-
-TeamProbeImpl::TeamProbeImpl() : record_(std::make_shared<Record>()) {}
-
-torch::Tensor TeamProbeImpl::forward(torch::Tensor x) {
-  auto team = this_threads_team();
-  std::lock_guard<std::mutex> hold(record_->lock);
-  record_->seen.push_back(team);
-  return x;
-}
-
 int thread_serial() {
   static std::atomic<int> next{0};
   thread_local const int mine = next++;
@@ -230,10 +216,12 @@ int thread_serial() {
 }
 
 torch::Tensor ThreadProbeImpl::forward(torch::Tensor x) {
+  const ThreadTeam team = this_threads_team();  // before ATen looks at this thread
   std::optional<std::shared_future<void>> gate;
   {
     std::lock_guard<std::mutex> hold(shared->lock);
-    shared->seen.push_back({thread_serial(), c10::impl::VirtualGuardImpl(x.device().type()).getStream(x.device())});
+    shared->seen.push_back(
+        {thread_serial(), team, c10::impl::VirtualGuardImpl(x.device().type()).getStream(x.device())});
     gate = shared->gate;
     if (gate && !shared->announced) {
       shared->announced = true;
@@ -244,9 +232,9 @@ torch::Tensor ThreadProbeImpl::forward(torch::Tensor x) {
   return x;
 }
 
-std::vector<ThreadTeam> TeamProbeImpl::seen() const {
-  std::lock_guard<std::mutex> hold(record_->lock);
-  return record_->seen;
+std::vector<ThreadProbeImpl::Seen> ThreadProbeImpl::seen() const {
+  std::lock_guard<std::mutex> hold(shared->lock);
+  return shared->seen;
 }
 
 UnusualThreadCount::UnusualThreadCount() : old_(at::get_num_threads()) {

@@ -110,33 +110,20 @@ struct ThreadTeam {
 };
 ThreadTeam this_threads_team();
 
-// An identity module that records this_threads_team() of the thread that
-// runs each forward, before any ATen operation there. Its clones (e.g.
-// DataParallel's replicas) record into the same list.
-struct TeamProbeImpl : torch::nn::Cloneable<TeamProbeImpl> {
-  TeamProbeImpl();
-  void reset() override {}
-  torch::Tensor forward(torch::Tensor x);
-  std::vector<ThreadTeam> seen() const;
-
- private:
-  struct Record;
-  std::shared_ptr<Record> record_;
-};
-TORCH_MODULE(TeamProbe);
-
 // A number per thread, never reused (a joined thread's std::thread::id can
 // be a new thread's).
 int thread_serial();
 
 // An identity module that records, for each forward, the thread that ran it
-// (thread_serial()) and the current stream of its input's device; its clones
-// (DataParallel's replicas) record into the same list. `gate`, when set,
-// holds every forward until it is opened; `entered` is set by the first
-// forward that finds a gate.
+// (thread_serial()), that thread's intra-op team (this_threads_team(), read
+// before any ATen operation there) and the current stream of its input's
+// device; its clones (DataParallel's replicas) record into the same list.
+// `gate`, when set, holds every forward until it is opened; `entered` is set
+// by the first forward that finds a gate.
 struct ThreadProbeImpl : torch::nn::Cloneable<ThreadProbeImpl> {
   struct Seen {
     int thread;
+    ThreadTeam team;
     c10::Stream stream;
   };
   struct Shared {
@@ -148,6 +135,8 @@ struct ThreadProbeImpl : torch::nn::Cloneable<ThreadProbeImpl> {
   };
   void reset() override {}
   torch::Tensor forward(torch::Tensor x);
+  // A copy of what has been seen so far.
+  std::vector<Seen> seen() const;
   std::shared_ptr<Shared> shared = std::make_shared<Shared>();
 };
 TORCH_MODULE(ThreadProbe);
