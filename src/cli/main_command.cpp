@@ -4,6 +4,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/util/message.h"
 
 namespace tandem::cli {
 namespace {
@@ -22,12 +23,6 @@ std::string top_help() {
              "  version   print the version\n\n"
              "`tandem <command> --help` describes one command. The train flags:\n\n") +
          train_help();
-}
-
-// The first line of an exception's message (libtorch appends stack traces).
-std::string first_line(const char* what) {
-  std::string text(what);
-  return text.substr(0, text.find('\n'));
 }
 
 }  // namespace
@@ -54,7 +49,9 @@ int main_command(int argc, char** argv) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntandem: error: %s\n", first_line(e.what()).c_str());
+    // The whole message: tandem's put details on further lines (the files
+    // tried, both sides of a mismatch); libtorch's stack trace is left out.
+    std::fprintf(stderr, "\ntandem: error: %s\n", message_of(e).c_str());
     return 1;
   }
 }

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -118,7 +119,38 @@ std::string local_address_towards(const std::string& host) {
   return address;
 }
 
+// Note [store deadline]: c10d's TCPStore client keeps trying to connect for
+// its timeout, and after a failed try may start another (up to about twice
+// the timeout, with a stack trace logged for each); once connected, its
+// handshake reads without any timeout, so a port held by another kind of
+// server (not a store) blocks it for good. A rank other than 0 therefore
+// makes its client on a thread of its own and waits for it up to the
+// timeout (c10d's own set a little later, so that this message comes
+// first). On time-out the thread is left behind, blocked or still trying:
+// the rank ends with the error.
+c10::intrusive_ptr<c10d::TCPStore> connect_to_store(const Rendezvous& r,
+                                                    c10d::TCPStoreOptions options) {
+  const auto timeout = options.timeout;
+  options.timeout += std::chrono::seconds(5);
+  using Made = c10::intrusive_ptr<c10d::TCPStore>;
+  auto task = std::make_shared<std::packaged_task<Made()>>(
+      [host = r.host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
+  auto made = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  TANDEM_CHECK(made.wait_for(timeout) == std::future_status::ready, "rendezvous at ", r.host, ":",
+               r.port, " (", r.source, "): no store answered rank ", r.rank, " within ",
+               std::chrono::duration<double>(timeout).count(), " s: rank 0 (on the node with "
+               "--node-rank 0) has not started, or another program holds that port; every node "
+               "must start its workers with the same --master-addr and --master-port");
+  return made.get();  // the store, or its error
+}
+
 constexpr const char* kTokenKey = "tandem/job_token";
+
+// Note [job token]'s refusal, told apart from the other errors of joining.
+struct TokenRefused : Error {
+  using Error::Error;
+};
 
 std::string joined_key(int64_t rank) { return "tandem/joined/" + std::to_string(rank); }
 
@@ -137,6 +169,23 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
   using Clock = std::chrono::steady_clock;
   constexpr const char* kVerdictKey = "tandem/joined/verdict";
   const std::string where = detail::str_cat("rendezvous at ", r.host, ":", r.port, " (", r.source, ")");
+  // Ranks started for another world size (--nnodes or --nproc-per-node not
+  // the same on every node) are told so, and so is every rank waiting.
+  constexpr const char* kWorldKey = "tandem/joined/world";
+  if (r.rank == 0) {
+    const std::string world = std::to_string(r.world_size);
+    store.set(kWorldKey, std::vector<uint8_t>(world.begin(), world.end()));
+  } else {
+    auto posted = store.get(kWorldKey);
+    const std::string world(posted.begin(), posted.end());
+    if (world != std::to_string(r.world_size)) {
+      const std::string verdict = detail::str_cat(
+          "rank ", r.rank, " was started for a job of ", r.world_size, " ranks, rank 0 for ", world,
+          ": every node of the job must start its workers with the same --nnodes and --nproc-per-node");
+      store.set(kVerdictKey, std::vector<uint8_t>(verdict.begin(), verdict.end()));
+      TANDEM_FAIL(where, ": ", verdict);
+    }
+  }
   const int64_t times = store.add(joined_key(r.rank), 1);
   TANDEM_CHECK(times == 1, where, ": rank ", r.rank, " of ", r.world_size,
                " has joined already: two processes of the job have RANK=", r.rank,
@@ -147,8 +196,10 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
   std::string verdict;
   try {
     while (!store.check(keys)) {
-      if (r.rank != 0 && store.check({kVerdictKey})) {
+      if (store.check({kVerdictKey})) {  // rank 0's at its deadline, or a world size refused
         auto posted = store.get(kVerdictKey);
+        // Rank 0 keeps the store up a moment for the others to read it too.
+        if (r.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
         TANDEM_FAIL(where, ": ", std::string(posted.begin(), posted.end()));
       }
       if (Clock::now() >= deadline) {
@@ -162,7 +213,7 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
         verdict = detail::str_cat(missing.size(), " of ", r.world_size, " ranks did not join within ",
                                   timeout.count() / 1000.0, " s (rank", missing.size() > 1 ? "s " : " ", names,
                                   "); every node of the job must start its workers with the same --nnodes, "
-                                  "--master-addr and --master-port");
+                                  "--nproc-per-node, --master-addr, --master-port and --job-token");
         if (r.rank == 0) {
           store.set(kVerdictKey, std::vector<uint8_t>(verdict.begin(), verdict.end()));
           std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others poll every 20 ms
@@ -386,7 +437,8 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   store_options.timeout = options.timeout;
   if (r.rank == 0) store_options.masterListenFd = bound_listener(r.host, r.port);  // Note [store address]
   try {
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(r.host, store_options);
+    impl_->store = r.rank == 0 ? c10::make_intrusive<c10d::TCPStore>(r.host, store_options)
+                               : connect_to_store(r, store_options);
     // Note [job token]: rank 0 posts the job's token; the others compare
     // theirs before they join the group, so a stray process leaves nothing
     // behind in the store. (A guard against mistakes, not an attacker: the
@@ -396,14 +448,16 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
     } else {
       auto posted = impl_->store->get(kTokenKey);
       if (std::string(posted.begin(), posted.end()) != r.job_token) {
-        throw Error(r.job_token.empty() ? "the job has a job token and this process none"
-                                        : "this process's job token does not match the job's");
+        throw TokenRefused(r.job_token.empty() ? "the job has a job token and this process none"
+                                               : "this process's job token does not match the job's");
       }
     }
-  } catch (const Error& e) {
+  } catch (const TokenRefused& e) {
     TANDEM_FAIL("rendezvous at ", r.host, ":", r.port, " refused rank ", r.rank, ": ", e.what(),
                 " (TANDEM_JOB_TOKEN / --job-token): it belongs to another job, or was started "
                 "with the wrong token");
+  } catch (const Error&) {
+    throw;  // already names the rendezvous (Note [store deadline])
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
     if (r.rank == 0 && why.find("EADDRINUSE") != std::string::npos) {
@@ -577,17 +631,19 @@ Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
 bool built_with_nccl() { return TANDEM_WITH_NCCL; }
 
 int pick_free_port(const std::string& host) {
-  c10d::TCPStoreOptions o;
-  o.port = 0;
-  o.isServer = true;
-  o.numWorkers = 1;
-  o.waitWorkers = false;
-  try {
-    c10d::TCPStore probe(host, o);
-    return static_cast<int>(probe.getPort());
-  } catch (const std::exception& e) {
-    TANDEM_FAIL("cannot find a free port on ", host, ": ", first_line(e.what()));
-  }
+  // The kernel's pick for a socket bound to `host`, port 0 (bound_listener
+  // names an address that cannot be resolved or listened on at once; a store
+  // server would instead wait for its own client to connect, up to 300 s).
+  TANDEM_CHECK(!host.empty(), "rendezvous: the master address is empty (--master-addr / MASTER_ADDR)");
+  int fd = bound_listener(host, 0);
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  int err = errno;
+  ::close(fd);
+  TANDEM_CHECK(rc == 0, "cannot find a free port on ", host, ": ", std::strerror(err));
+  return ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 }
 
 }  // namespace tandem::dist

@@ -14,13 +14,18 @@ struct Names {
   const char* world_size;
   const char* local_rank;
   const char* local_world_size;
+  // The job's number of nodes, where the launcher says it even when it does
+  // not give the processes per node (srun -N2 sets SLURM_NNODES but sets
+  // SLURM_NTASKS_PER_NODE only with --ntasks-per-node); null: none.
+  const char* nodes;
 };
 
 constexpr Names kLaunchers[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", nullptr},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+     "SLURM_NNODES"},
     {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
 };
 
 int64_t read_int(const EnvLookup& lookup, const char* name, int64_t fallback, int64_t min) {
@@ -51,6 +56,11 @@ void check_ranks(const Rendezvous& r) {
 }  // namespace
 
 std::optional<Rendezvous> rendezvous_from_env(const EnvLookup& lookup) {
+  // torchrun's world size without a rank is a job set up by hand and cut
+  // short: running alone instead would silently train on one process.
+  TANDEM_CHECK(!lookup("WORLD_SIZE") || lookup("RANK"),
+               "environment variable WORLD_SIZE is set but RANK is not (set both, or neither to "
+               "run one process)");
   for (const auto& names : kLaunchers) {
     if (!lookup(names.rank)) continue;
     Rendezvous r;
@@ -65,7 +75,8 @@ std::optional<Rendezvous> rendezvous_from_env(const EnvLookup& lookup) {
       TANDEM_CHECK(!host->empty(), "environment variable MASTER_ADDR is empty");
       r.host = *host;
     } else {
-      TANDEM_CHECK(r.local_world_size == r.world_size, r.source, " rendezvous over ",
+      const int64_t nodes = names.nodes ? read_int(lookup, names.nodes, 1, 1) : 1;
+      TANDEM_CHECK(r.local_world_size == r.world_size && nodes == 1, r.source, " rendezvous over ",
                    r.world_size, " ranks on several nodes needs MASTER_ADDR (rank 0's host)");
     }
     if (auto port = lookup("MASTER_PORT")) r.port = parse_port(*port, "MASTER_PORT");

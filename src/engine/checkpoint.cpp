@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -221,6 +223,88 @@ void check_archive_bounds(const std::string& bytes) {
   }
 }
 
+// Note [storage records]: libtorch's unpickler makes each storage from its
+// record (data/N), with the number of bytes data.pkl declares for it, and
+// never compares the two; a tensor's sizes and strides are then set from
+// data.pkl without comparing them with its storage either. A record cut
+// short (with a matching CRC: a tampered file) was read past its end: NaN
+// weights, or a crash; libtorch's Optimizer::load reads some itself. So
+// once the archive is parsed, before anything reads a tensor's data, every
+// tensor in it is checked: it must lie within its storage, and the
+// storages' declared sizes must fit the archive's records (each of an honest
+// file holds exactly one storage of its size; matched here largest first,
+// each to the smallest record left that holds it).
+struct ReadTensor {
+  std::string name;
+  torch::Tensor tensor;
+};
+
+void check_within_storage(const ReadTensor& read) {
+  const auto& t = read.tensor;
+  if (!t.defined() || t.numel() == 0) return;
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    TANDEM_CHECK(t.stride(d) >= 0, read.name, ": a negative stride");
+    last += (t.size(d) - 1) * t.stride(d);
+  }
+  const auto needed = static_cast<uint64_t>(last + 1) * t.element_size();
+  TANDEM_CHECK(t.storage_offset() >= 0 && needed <= t.storage().nbytes(), read.name,
+               ": its storage holds ", t.storage().nbytes(), " bytes, the tensor (", t.sizes(), ", ",
+               t.scalar_type(), ") needs ", needed);
+}
+
+void check_storage_records(const std::vector<ReadTensor>& tensors, const std::string& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<StringReader>(bytes));
+  std::multiset<uint64_t> records;
+  for (const auto& name : reader.getAllRecords()) {
+    if (name.rfind("data/", 0) == 0) records.insert(reader.getRecordSize(name));
+  }
+  std::set<const void*> seen;  // each storage once, in the order read
+  std::vector<std::pair<uint64_t, const ReadTensor*>> declared;
+  for (const auto& read : tensors) {
+    if (!read.tensor.defined()) continue;
+    check_within_storage(read);
+    if (seen.insert(read.tensor.storage().unsafeGetStorageImpl()).second) {
+      declared.emplace_back(read.tensor.storage().nbytes(), &read);
+    }
+  }
+  std::stable_sort(declared.begin(), declared.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [size, read] : declared) {
+    auto record = records.lower_bound(size);
+    TANDEM_CHECK(record != records.end(), read->name, ": data.pkl declares its storage as ", size,
+                 " bytes, and no record of the archive left holds that many (",
+                 records.empty() ? std::string("none left") : "the largest: " + std::to_string(*records.rbegin()),
+                 "): a record was cut short");
+    records.erase(record);
+  }
+}
+
+// Every tensor in `value`, named by its path (attributes of objects, such
+// as the archive's modules, by name; list and tuple items by index).
+void collect_tensors(const c10::IValue& value, const std::string& name, std::vector<ReadTensor>& out) {
+  auto child = [&](const std::string& part) { return name.empty() ? part : name + "." + part; };
+  if (value.isTensor()) {
+    out.push_back({name, value.toTensor()});
+  } else if (value.isObject()) {
+    const auto object = value.toObject();
+    for (size_t i = 0; i < object->slots().size(); ++i) {
+      collect_tensors(object->getSlot(i), child(object->type()->getAttributeName(i)), out);
+    }
+  } else if (value.isList()) {
+    const auto list = value.toList();
+    for (size_t i = 0; i < list.size(); ++i) collect_tensors(list.get(i), name + "[" + std::to_string(i) + "]", out);
+  } else if (value.isTuple()) {
+    const auto& items = value.toTupleRef().elements();
+    for (size_t i = 0; i < items.size(); ++i) collect_tensors(items[i], name + "[" + std::to_string(i) + "]", out);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) {
+      collect_tensors(entry.key(), name + "{key}", out);
+      collect_tensors(entry.value(), name + "{value}", out);
+    }
+  }
+}
+
 // Note [loading in place]: libtorch's Module::load and Optimizer::load put
 // each tensor read in place of the model's (set_, or set_data when the
 // devices differ), so a parameter came back on the device it was saved from
@@ -256,6 +340,9 @@ void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
       if (found == state.end()) continue;
       auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get());
       TANDEM_CHECK(sgd, "the optimizer state is not SGD's; only SGD state can be resumed");
+      TANDEM_CHECK(!sgd->momentum_buffer().defined() || sgd->momentum_buffer().sizes() == p.sizes(),
+                   "a momentum buffer of ", sgd->momentum_buffer().sizes(), " for a parameter of ",
+                   p.sizes());
       if (sgd->momentum_buffer().defined()) sgd->momentum_buffer(sgd->momentum_buffer().to(p.device()));
     }
   }
@@ -266,11 +353,16 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return found;
-  static const std::regex pattern(R"(checkpoint-(\d+)\.pt)");
+  // Only regular files (or links to one) count: a directory, a FIFO or a
+  // dangling link named like a checkpoint is neither resumed from (a FIFO
+  // would block the read) nor kept in place of a real checkpoint when older
+  // ones are removed. At most 18 digits, so that the step fits an int64_t.
+  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.pt)");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch match;
     std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern)) {
+    std::error_code kind;
+    if (std::regex_match(name, match, pattern) && fs::is_regular_file(entry.path(), kind)) {
       found.emplace_back(std::stoll(match[1].str()), entry.path());
     }
   }
@@ -373,6 +465,37 @@ std::string without_fields(const std::string& fingerprint, const std::vector<std
   return kept;
 }
 
+std::string fingerprint_differences(const std::string& checkpoint, const std::string& run,
+                                   const std::vector<std::string>& ignored) {
+  // KEY -> VALUE of each fingerprint, keys in the order they first appear.
+  std::vector<std::string> keys;
+  std::map<std::string, std::string> values[2];
+  const std::string* sides[2] = {&checkpoint, &run};
+  for (int side = 0; side < 2; ++side) {
+    std::istringstream words(*sides[side]);
+    for (std::string word; words >> word;) {
+      auto eq = word.find('=');
+      auto key = word.substr(0, eq);
+      if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+      values[side][key] = eq == std::string::npos ? "" : word.substr(eq + 1);
+    }
+  }
+  std::string text;
+  for (const auto& key : keys) {
+    auto in_checkpoint = values[0].find(key), in_run = values[1].find(key);
+    bool both = in_checkpoint != values[0].end() && in_run != values[1].end();
+    if (both && in_checkpoint->second == in_run->second) continue;
+    auto shown = [&](const std::map<std::string, std::string>& side,
+                     std::map<std::string, std::string>::const_iterator it) {
+      return it == side.end() ? "no " + key : key + "=" + it->second;
+    };
+    text += (text.empty() ? "" : ", ") + shown(values[0], in_checkpoint) + " in the checkpoint, " +
+            shown(values[1], in_run) + " in this run";
+  }
+  return text;
+}
+
 std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key) {
   std::istringstream words(fingerprint);
   for (std::string word; words >> word;) {
@@ -405,6 +528,14 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
       TANDEM_FAIL("not a readable tandem checkpoint (", e.what(), ")");
     }
     archive.load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));  // Note [loading in place]
+    {  // Note [storage records]: every tensor of the archive, before any data is read
+      std::vector<ReadTensor> tensors;
+      for (const auto& key : archive.keys()) {
+        c10::IValue value;
+        if (archive.try_read(key, value)) collect_tensors(value, key, tensors);
+      }
+      check_storage_records(tensors, bytes);
+    }
     int64_t version = read_int(archive, "format_version");
     TANDEM_CHECK(version == kFormatVersion, "format version ", version, ", expected ",
                  kFormatVersion);
@@ -412,8 +543,11 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     archive.read("fingerprint", saved);
     TANDEM_CHECK(without_fields(saved.toStringRef(), options_.may_change) ==
                      without_fields(fingerprint, options_.may_change),
-                 "it was written by a run with other settings:\n  checkpoint: ",
-                 saved.toStringRef(), "\n  this run:   ", fingerprint);
+                 "it was written by a run with other settings (",
+                 fingerprint_differences(saved.toStringRef(), fingerprint, options_.may_change),
+                 "); resume with the checkpoint's settings, or train afresh in another "
+                 "--checkpoint-dir\n  checkpoint: ", saved.toStringRef(), "\n  this run:   ",
+                 fingerprint);
     p.fingerprint = saved.toStringRef();
     p.epoch = read_int(archive, "epoch");
     p.batch_in_epoch = read_int(archive, "batch_in_epoch");
@@ -421,6 +555,11 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     p.epoch_loss_sum = read_double(archive, "epoch_loss_sum");
     p.epoch_correct = read_int(archive, "epoch_correct");
     p.epoch_seen = read_int(archive, "epoch_seen");
+    TANDEM_CHECK(p.epoch >= 0 && p.batch_in_epoch >= 0 && p.step >= 0 && p.epoch_correct >= 0 &&
+                     p.epoch_seen >= 0 && p.epoch_correct <= p.epoch_seen,
+                 "not a readable tandem checkpoint (position epoch ", p.epoch, ", batch ",
+                 p.batch_in_epoch, ", step ", p.step, ", ", p.epoch_correct, " of ", p.epoch_seen,
+                 " correct: expected counts >= 0)");
     c10::IValue scale;  // absent from checkpoints written before --amp
     if (archive.try_read("loss_scale", scale)) {
       p.loss_scale = scale.toDouble();

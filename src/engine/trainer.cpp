@@ -341,8 +341,11 @@ TrainResult Trainer::run() {
       if (scaler_ && position.loss_scale > 0) {
         scaler_->load_state(position.loss_scale, position.scale_growth_tracker);
       }
-      say(format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
-                 static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step)));
+      say(position.epoch < o.epochs
+              ? format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
+                       static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step))
+              : format("resumed from %s (step %lld, after the last epoch)", path->c_str(),
+                       static_cast<long long>(position.step)));
     } else {
       say("no checkpoint in " + o.checkpoint_dir + ": starting from the beginning");
     }

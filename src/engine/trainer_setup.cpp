@@ -51,6 +51,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
+               o.checkpoint_every);
+  TANDEM_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
+               "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
   auto profile_options = parse_profile_steps(o.profile_steps);  // a bad window: before anything runs
   profile_options.path = o.profile_out;
   TANDEM_CHECK(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,

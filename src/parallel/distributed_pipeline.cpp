@@ -6,6 +6,7 @@
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/util/check.h"
+#include "tandem/util/message.h"
 
 namespace tandem::parallel {
 
@@ -187,7 +188,7 @@ torch::Tensor DistributedPipeline::forward(const torch::Tensor& input) {
     }
     links.finish();
   } catch (const std::exception& e) {
-    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: ", e.what());
+    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: ", message_of(e));
   }
   return s + 1 == stages ? x : torch::Tensor();
 }
@@ -232,7 +233,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
     outcome = detail::run_stage(job);
     links.finish();
   } catch (const std::exception& e) {
-    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "): ", e.what());
+    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "): ", message_of(e));
   }
 
   PipelineStep step;

@@ -17,6 +17,7 @@
 #include "task_thread.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/util/check.h"
+#include "tandem/util/message.h"
 
 namespace tandem::parallel {
 
@@ -215,7 +216,7 @@ PipelineStep Pipeline::train_step(const torch::Tensor& input, const torch::Tenso
       std::rethrow_exception(errors[s]);
     } catch (const Aborted&) {
     } catch (const std::exception& e) {
-      TANDEM_FAIL("pipeline stage ", s, " (", devices[s].str(), "): ", e.what());
+      TANDEM_FAIL("pipeline stage ", s, " (", devices[s].str(), "): ", message_of(e));
     }
   }
 

@@ -192,7 +192,14 @@ TEST(ResumeCliTest, ACheckpointResumesOnAnotherWorldSize) {
       "train --data idx:" + dir.path() + " " + model +
           "--batch-per-process 16 --max-steps 20 --lr 0.05 --progress off --resume --checkpoint-dir " +
           dir.file("ckpt-4") + " --nproc-per-node 4",
-      testing::kAnyFailure, "it was written by a run with other settings"));
+      testing::kAnyFailure,
+      "it was written by a run with other settings (batch=32 in the checkpoint, batch=64 in this run)"));
+  // The CLI prints the message's further lines too: both fingerprints.
+  EXPECT_TRUE(testing::tandem_fails(
+      "train --data idx:" + dir.path() + " " + model +
+          "--batch-size 64 --max-steps 20 --lr 0.05 --progress off --resume --checkpoint-dir " +
+          dir.file("ckpt-4"),
+      testing::kAnyFailure, "\n  checkpoint: model="));
 }
 
 // --shard-optimizer (Note [sharded optimizer state]): each rank steps its

@@ -4,6 +4,11 @@
 // rank 0) ending in an error that names the collective, in bounded time.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -324,13 +329,88 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
   rv.source = "test";
   GroupOptions options;
   options.timeout = 1500ms;
+  const auto start = std::chrono::steady_clock::now();
   try {
     ProcessGroup group(rv, options);
     FAIL() << "joined a group without rank 0";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rendezvous at 127.0.0.1:" + std::to_string(rv.port)),
-              std::string::npos)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()),
+              "rendezvous at 127.0.0.1:" + std::to_string(rv.port) +
+                  " (test): no store answered rank 1 within 1.5 s: rank 0 (on the node with "
+                  "--node-rank 0) has not started, or another program holds that port; every node "
+                  "must start its workers with the same --master-addr and --master-port");
+  }
+  // Note [store deadline]: c10d alone tries again after its timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2900ms);
+}
+
+// Note [store deadline]: a port held by a server that is not a store (here a
+// socket that listens and never answers) ends the rank at the timeout; c10d's
+// client alone waits for the handshake's answer for good.
+TEST(ProcessGroupTest, AnotherServerOnThePortIsAnErrorAtTheTimeout) {
+  const int port = pick_free_port();
+  const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(server, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(server, 8), 0);
+  Rendezvous rv;
+  rv.port = port;
+  rv.rank = 1;
+  rv.world_size = 2;
+  rv.source = "test";
+  GroupOptions options;
+  options.timeout = 1500ms;
+  const auto start = std::chrono::steady_clock::now();
+  std::string error = testing::error_of([&] { ProcessGroup group(rv, options); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2900ms);
+  EXPECT_NE(error.find("(test): no store answered rank 1 within 1.5 s"), std::string::npos) << error;
+  ::close(server);
+}
+
+// A free port is the kernel's pick for the address, and an address this
+// machine cannot listen on is named at once (a store server waited 300 s).
+TEST(ProcessGroupTest, PickFreePortNamesABadAddress) {
+  EXPECT_GT(pick_free_port("127.0.0.1"), 0);
+  EXPECT_EQ(testing::error_of([] { pick_free_port(""); }),
+            "rendezvous: the master address is empty (--master-addr / MASTER_ADDR)");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::error_of([] { pick_free_port("10.255.255.1"); })
+                .find("rendezvous: cannot listen on 10.255.255.1:0: "),
+            std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// Ranks started for other world sizes (--nnodes or --nproc-per-node not the
+// same on every node) are told so on every rank, before the backend.
+TEST(ProcessGroupTest, RanksOfAnotherWorldSizeAreNamed) {
+  const int port = pick_free_port();
+  GroupOptions options;
+  options.timeout = 20s;
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int64_t rank : {0, 1}) {
+    ranks.emplace_back([&, rank] {
+      Rendezvous rv;
+      rv.port = port;
+      rv.rank = rank;
+      rv.world_size = rank == 0 ? 2 : 3;
+      rv.source = "test";
+      errors[rank] = testing::error_of([&] { ProcessGroup group(rv, options); });
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  for (int64_t rank : {0, 1}) {
+    EXPECT_EQ(errors[rank], "rendezvous at 127.0.0.1:" + std::to_string(port) +
+                                " (test): rank 1 was started for a job of 3 ranks, rank 0 for 2: every "
+                                "node of the job must start its workers with the same --nnodes and "
+                                "--nproc-per-node")
+        << "rank " << rank;
   }
 }
 

@@ -89,6 +89,19 @@ TEST(RendezvousTest, BadVariablesAreNamed) {
                   env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}}));
             }).find("needs MASTER_ADDR"),
             std::string::npos);
+  // srun -N2 -n2: the number of nodes, no tasks per node; loopback would
+  // leave the other node's ranks waiting for a store they cannot reach.
+  EXPECT_NE(error_of([] {
+              rendezvous_from_env(env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
+                                          {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "2"}}));
+            }).find("slurm rendezvous over 2 ranks on several nodes needs MASTER_ADDR"),
+            std::string::npos);
+  EXPECT_TRUE(rendezvous_from_env(env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},
+                                          {"SLURM_NNODES", "1"}})));
+  // A world size without a rank would otherwise run one process, silently.
+  EXPECT_EQ(error_of([] { rendezvous_from_env(env_of({{"WORLD_SIZE", "2"}})); }),
+            "environment variable WORLD_SIZE is set but RANK is not (set both, or neither to run "
+            "one process)");
 }
 
 TEST(RendezvousTest, Url) {

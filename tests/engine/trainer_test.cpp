@@ -10,9 +10,12 @@
 #include <tuple>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
 
 #include "tandem/engine/checkpoint.h"
@@ -675,6 +678,101 @@ TEST(CheckpointTest, FieldsThatMayChangeAreLeftOutOfTheComparison) {
   EXPECT_EQ(position.fingerprint, "model=linear lr=0.1 world=2");
   EXPECT_THROW(plain.load(path, *model, sgd, "model=linear lr=0.1 world=4"), Error);
   EXPECT_THROW(elastic.load(path, *model, sgd, "model=linear lr=0.2 world=2"), Error);
+}
+
+// The refusal of a checkpoint written under other settings names the fields
+// that differ, not only the two fingerprints.
+TEST(CheckpointTest, FingerprintDifferencesNameTheFields) {
+  EXPECT_EQ(fingerprint_differences("model=mlp lr=0.1 world=2", "model=mlp lr=0.1 world=4", {"world"}), "");
+  EXPECT_EQ(fingerprint_differences("model=mlp lr=0.1 batch=32 world=2", "model=convnet lr=0.1 batch=64 world=4",
+                                    {"world"}),
+            "model=mlp in the checkpoint, model=convnet in this run, batch=32 in the checkpoint, "
+            "batch=64 in this run");
+  EXPECT_EQ(fingerprint_differences("model=mlp", "model=mlp clip=1", {}), "no clip in the checkpoint, clip=1 in this run");
+
+  TempDir dir;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  Checkpointer checkpointer({dir.path()});
+  auto path = checkpointer.save(TrainPosition{}, *model, sgd, "model=linear lr=0.1");
+  EXPECT_EQ(testing::error_of([&] { checkpointer.load(path, *model, sgd, "model=linear lr=0.2"); }),
+            "cannot resume from " + path + ": it was written by a run with other settings (lr=0.1 in the "
+            "checkpoint, lr=0.2 in this run); resume with the checkpoint's settings, or train afresh in "
+            "another --checkpoint-dir\n  checkpoint: model=linear lr=0.1\n  this run:   model=linear lr=0.2");
+}
+
+// A checkpoint's zip archive (without the trailer) with every record passed
+// through `edit`, sealed again: a file whose CRC holds, as a tampered one's would.
+std::string rewritten_checkpoint(const std::string& path,
+                                 const std::function<void(const std::string&, std::string&)>& edit) {
+  std::string sealed = testing::read_text(path);
+  std::istringstream zip(sealed.substr(0, sealed.size() - 20));  // Note [checkpoint trailer]: 20 bytes
+  caffe2::serialize::PyTorchStreamReader reader(&zip);
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  for (const auto& name : reader.getAllRecords()) {
+    // The writer's own records, written at its end.
+    if (name == "version" || name == "byteorder" || name.rfind(".data/", 0) == 0) continue;
+    auto [data, size] = reader.getRecord(name);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    edit(name, bytes);
+    writer.writeRecord(name, bytes.data(), bytes.size());
+  }
+  writer.writeEndOfFile();
+  return seal_checkpoint(out);
+}
+
+// libtorch's unpickler sizes a storage by its record and a tensor by
+// data.pkl without comparing the two: a record cut short was read past its
+// end (NaN weights, or a crash). It is refused, naming the tensor.
+TEST(CheckpointTest, ATensorLongerThanItsRecordIsRefused) {
+  TempDir dir;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  model->forward(torch::ones({1, 3})).sum().backward();
+  sgd.step();  // momentum buffers to save
+  Checkpointer checkpointer({dir.path()});
+  auto path = checkpointer.save(TrainPosition{}, *model, sgd, "model=linear");
+  ASSERT_NO_THROW(checkpointer.load(path, *model, sgd, "model=linear"));
+  // The weight (and its momentum) are 24 bytes, the bias (and its) 8.
+  for (const auto& [name, size] : std::vector<std::pair<std::string, size_t>>{{"weight", 24}, {"bias", 8}}) {
+    const std::string cut = dir.file("cut-" + name + ".pt");
+    std::ofstream(cut, std::ios::binary) << rewritten_checkpoint(path, [&](const std::string& record, std::string& bytes) {
+      if (record.rfind("data/", 0) == 0 && bytes.size() == size) bytes.resize(4);
+    });
+    std::string message = testing::error_of([&] { checkpointer.load(cut, *model, sgd, "model=linear"); });
+    EXPECT_NE(message.find("cannot resume from " + cut + ": model." + name + ": data.pkl declares its storage as " +
+                           std::to_string(size) + " bytes, and no record of the archive left holds that many"),
+              std::string::npos)
+        << message;
+  }
+}
+
+// Only regular files named checkpoint-<step>.pt count: a directory or a FIFO
+// of that name is neither resumed from (the FIFO would block the read) nor
+// kept in place of a real checkpoint when older ones are removed.
+TEST(CheckpointTest, OnlyRegularFilesCountAsCheckpoints) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.file("checkpoint-00000050.pt"));
+  ASSERT_EQ(::mkfifo(dir.file("checkpoint-00000060.pt").c_str(), 0600), 0);
+  std::ofstream(dir.file("checkpoint-99999999999999999999.pt")) << "too large a step";
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  Checkpointer checkpointer({dir.path()});
+  TrainPosition p;
+  for (p.step = 1; p.step <= 3; ++p.step) checkpointer.save(p, *model, sgd, "model=linear");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("checkpoint-00000001.pt")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("checkpoint-00000002.pt")));
+  EXPECT_EQ(checkpointer.latest(), dir.file("checkpoint-00000003.pt"));
+  TrainPosition loaded;
+  std::vector<std::string> warnings;
+  EXPECT_EQ(checkpointer.load_newest_good(loaded, *model, sgd, "model=linear", &warnings),
+            dir.file("checkpoint-00000003.pt"));
+  EXPECT_EQ(loaded.step, 3);
+  EXPECT_TRUE(warnings.empty());
 }
 
 // Two fuzz findings (fuzz/regressions/checkpoint): a data.pkl that stores

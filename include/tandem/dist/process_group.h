@@ -138,8 +138,10 @@ std::mutex& gloo_launch_mutex();
 // src/dist/process_group.cpp); they also need a CUDA device at run time.
 bool built_with_nccl();
 
-// A port on `host` that nobody was listening on a moment ago (a store server
-// bound to port 0 asks the kernel, then closes): for launchers and tests.
+// A port on `host` that nobody was listening on a moment ago (a socket bound
+// to `host`, port 0, asks the kernel, then closes): for launchers and tests.
+// Throws at once naming `host` when it is empty, cannot be resolved, or is
+// not an address of this machine.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
 }  // namespace tandem::dist

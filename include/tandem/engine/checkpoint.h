@@ -57,6 +57,12 @@ struct CheckpointOptions {
 // `fingerprint` without its KEY=VALUE words whose KEY is in `keys`.
 std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys);
 
+// The fields in which two fingerprints differ, KEYs in `ignored` left out,
+// as "KEY=A in the checkpoint, KEY=B in this run" joined by ", " ("no KEY"
+// for a field one side lacks); empty when they agree.
+std::string fingerprint_differences(const std::string& checkpoint, const std::string& run,
+                                    const std::vector<std::string>& ignored);
+
 // The VALUE of `fingerprint`'s KEY=VALUE word for `key`, if it has one.
 std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key);
 

@@ -2,7 +2,8 @@
 //
 // Library code never exits or asserts: it throws tandem::Error with a message
 // that names the thing at fault (a file, a flag, a rank) and what was
-// expected. The CLI turns it into one line on stderr and a non-zero exit.
+// expected. The CLI prints it on stderr (its first line the summary; any
+// further lines the details, such as a list of files) and exits non-zero.
 #pragma once
 
 #include <sstream>
