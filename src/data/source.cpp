@@ -63,6 +63,8 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   auto splits = open_idx(dir);
   auto train = std::static_pointer_cast<const IdxDataset>(splits.train);
   auto info = train->info();
+  splits.default_augment = "none";
+  splits.default_image_size = info.height;
   bool plain = (o.augment.empty() || o.augment == "none") &&
                (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
   if (plain) return splits;
@@ -71,7 +73,8 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   return {transformed(std::make_shared<IdxSource>(train),
                       make_train_transform(a, info.height, info.width), o),
           transformed(std::make_shared<IdxSource>(test),
-                      make_eval_transform(a, info.height, info.width), o)};
+                      make_eval_transform(a, info.height, info.width), o),
+          "none", info.height};
 }
 
 DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOptions& o) {
@@ -80,7 +83,7 @@ DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOpt
   auto a = augment_options(o, "cifar", 32, ten ? kCifar10Mean : kCifar100Mean,
                            ten ? kCifar10Std : kCifar100Std);
   return {transformed(cifar.train, make_train_transform(a, 32, 32), o),
-          transformed(cifar.test, make_eval_transform(a, 32, 32), o)};
+          transformed(cifar.test, make_eval_transform(a, 32, 32), o), "cifar", 32};
 }
 
 AugmentOptions image_folder_augment(const DataOptions& o) {
@@ -98,7 +101,7 @@ DataSplits open_data(const std::string& spec, const DataOptions& options) {
   auto a = image_folder_augment(options);
   return {transformed(std::make_shared<ImageFolderSource>(s.path), make_train_transform(a, 0, 0),
                       options),
-          nullptr};
+          nullptr, "imagenet", 224};
 }
 
 std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options) {

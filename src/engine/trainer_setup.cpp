@@ -477,10 +477,15 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
 
 std::string Trainer::fingerprint() const {
   const auto& o = options_;
+  // A format's default given explicitly is written as the default is
+  // (empty, 0), so that --augment none or --image-size 28 on Fashion-MNIST
+  // resumes a run that left them out, and the other way round.
+  const std::string augment = o.augment == data_.default_augment ? std::string() : o.augment;
+  const int64_t image_size = o.image_size == data_.default_image_size ? 0 : o.image_size;
   return format("model=%s dtype=%s amp=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), o.dtype.c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), o.augment.c_str(),
-                static_cast<long long>(o.image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
+                o.model.c_str(), o.dtype.c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), augment.c_str(),
+                static_cast<long long>(image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),
                 static_cast<long long>(world_)) +

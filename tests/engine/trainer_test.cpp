@@ -633,6 +633,16 @@ TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
   auto chunked = small_run(data_.path());
   chunked.grad_accum = 2;
   EXPECT_EQ(Trainer(chunked, nullptr).fingerprint(), Trainer(small_run(data_.path()), nullptr).fingerprint());
+  // A format's default given explicitly is the default (IDX: no preset, the
+  // files' own 28 px), as it trains the same; another value is not.
+  auto explicit_defaults = small_run(data_.path());
+  explicit_defaults.augment = "none";
+  explicit_defaults.image_size = 28;
+  EXPECT_EQ(Trainer(explicit_defaults, nullptr).fingerprint(),
+            Trainer(small_run(data_.path()), nullptr).fingerprint());
+  auto resized = small_run(data_.path());
+  resized.image_size = 32;
+  EXPECT_NE(Trainer(resized, nullptr).fingerprint().find("image_size=32"), std::string::npos);
 }
 
 TEST_F(TrainerTest, GarbageCheckpointIsRefusedWithItsName) {

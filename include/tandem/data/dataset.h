@@ -51,6 +51,12 @@ class Dataset {
 struct DataSplits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;
+  // The format's defaults, what an empty --augment and --image-size 0 stand
+  // for (idx: none and the files' own height; cifar: cifar and 32;
+  // imagefolder: imagenet and 224), so that a value given explicitly can be
+  // told to mean the default (a checkpoint's fingerprint).
+  std::string default_augment;
+  int64_t default_image_size = 0;
 };
 
 }  // namespace tandem::data
