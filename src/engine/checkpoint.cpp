@@ -504,6 +504,20 @@ std::optional<std::string> fingerprint_field(const std::string& fingerprint, con
   return std::nullopt;
 }
 
+void Checkpointer::check_writable() const {
+  std::error_code ec;
+  TANDEM_CHECK(!fs::exists(options_.dir, ec) || fs::is_directory(options_.dir, ec), "--checkpoint-dir ",
+               options_.dir, ": exists and is not a directory");
+  fs::create_directories(options_.dir, ec);
+  TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create: ", ec.message());
+  const std::string probe =
+      (fs::path(options_.dir) / (".tandem-write-check-" + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  TANDEM_CHECK(fd >= 0, "--checkpoint-dir ", options_.dir, ": cannot write there: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 std::optional<std::string> Checkpointer::latest() const {
   auto all = list_checkpoints(options_.dir);
   if (all.empty()) return std::nullopt;

@@ -297,7 +297,10 @@ TrainResult Trainer::run() {
   // --sync-bn normalises over each rank's share, which does depend on it).
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
-  if (!o.checkpoint_dir.empty()) checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
+  if (!o.checkpoint_dir.empty()) {
+    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
+    if (rank_ == 0) checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
+  }
   TrainPosition position;
   // A worker restarted by the launcher (--max-restarts) resumes by itself.
   bool resume = o.resume;

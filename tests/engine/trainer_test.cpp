@@ -870,6 +870,27 @@ TEST_F(TrainerTest, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
 // an error naming the file and the system's reason; the checkpoint before it
 // is intact and loads. Mounting needs root, which these machines give; the
 // test fails, not skips, without it.
+// A --checkpoint-dir where nothing can be written is refused before the
+// first step, not at the first save (a read-only tmpfs: root writes anywhere else).
+TEST_F(TrainerTest, AnUnwritableCheckpointDirIsRefusedAtTheStart) {
+  TempDir checkpoints;
+  auto mounted = testing::run("mount -t tmpfs -o ro,size=1m tmpfs " + checkpoints.path() + " 2>&1");
+  ASSERT_EQ(mounted.exit_code, 0) << "this test mounts a read-only tmpfs and needs root: " << mounted.output;
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { testing::run("umount " + dir); }
+  } unmount{checkpoints.path()};
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
+            "--checkpoint-dir " + checkpoints.path() + ": cannot write there: Read-only file system");
+  TempDir elsewhere;
+  std::ofstream(elsewhere.file("a-file")) << "not a directory";
+  o.checkpoint_dir = elsewhere.file("a-file");
+  EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
+            "--checkpoint-dir " + o.checkpoint_dir + ": exists and is not a directory");
+}
+
 TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   TempDir checkpoints;
   auto mounted = testing::run("mount -t tmpfs -o size=5m tmpfs " + checkpoints.path() + " 2>&1");

@@ -74,6 +74,12 @@ class Checkpointer {
   std::string save(const TrainPosition& position, torch::nn::Module& model,
                    torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
 
+  // Creates the directory if need be and checks that a file can be made
+  // there (then removes it), so that a run learns at its start, not at its
+  // first save, that its checkpoints cannot be written. Throws naming the
+  // directory and the system's reason.
+  void check_writable() const;
+
   // The newest checkpoint in the directory, if any.
   std::optional<std::string> latest() const;
 
