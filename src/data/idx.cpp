@@ -5,6 +5,7 @@
 #include <array>
 #include <filesystem>
 #include <memory>
+#include <tuple>
 
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
@@ -136,10 +137,32 @@ DataSplits open_idx(const std::string& dir) {
     auto labels = read_idx(labels_path, 1);
     TANDEM_CHECK(images.size(0) == labels.size(0), images_path, " holds ", images.size(0),
                  " images but ", labels_path, " holds ", labels.size(0), " labels");
-    return std::make_pair(images, labels);
+    return std::make_tuple(images, labels, labels_path);
   };
-  auto [train_images, train_labels] = load("train");
-  auto [test_images, test_labels] = load("t10k");
+  auto [train_images, train_labels, train_labels_path] = load("train");
+  auto [test_images, test_labels, test_labels_path] = load("t10k");
+  // IDX has no class count: it is the training labels' largest plus one. So
+  // a damaged label byte (255) would silently make a 256-class model; the
+  // classes 0..K-1 must each have a training image, and the test labels
+  // must be among them.
+  if (train_labels.numel() > 0) {
+    const int64_t classes = train_labels.max().item<int64_t>() + 1;
+    auto counts = torch::bincount(train_labels.to(torch::kInt64), {}, classes);
+    auto empty = (counts == 0).nonzero();
+    if (empty.numel() > 0) {
+      const int64_t item = train_labels.argmax().item<int64_t>();
+      TANDEM_FAIL(train_labels_path, ": item ", item, " has label ", classes - 1, ", but class ",
+                  empty[0].item<int64_t>(), " has no training image (", empty.size(0),
+                  " classes below it have none); expected labels 0..K-1, every class present "
+                  "(a damaged label?)");
+    }
+    if (test_labels.numel() > 0) {
+      const int64_t item = test_labels.argmax().item<int64_t>();
+      const int64_t label = test_labels[item].item<int64_t>();
+      TANDEM_CHECK(label < classes, test_labels_path, ": item ", item, " has label ", label,
+                   ", but the training labels are 0..", classes - 1);
+    }
+  }
   TANDEM_CHECK(train_images.sizes().slice(1) == test_images.sizes().slice(1), "idx:", dir,
                ": training and test images differ in size");
   auto pixels = train_images.to(torch::kFloat64).div_(255.0);

@@ -1,7 +1,9 @@
 #include "tandem/engine/safetensors.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/atomic_file.h"
@@ -73,6 +75,9 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), path,
+               ": not a regular file (a safetensors file was expected)");
   std::ifstream in(path, std::ios::binary);
   TANDEM_CHECK(in, path, ": cannot open");
   in.seekg(0, std::ios::end);
@@ -89,7 +94,14 @@ SafetensorsFile read_safetensors(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(length));
   json header;
   try {
-    header = json::parse(text);
+    // A name given twice would silently load the last (the spec allows one).
+    std::set<std::string> names;
+    header = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second) {
+        throw Error(path + ": tensor '" + parsed.get<std::string>() + "' is named twice in the header");
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
     TANDEM_FAIL(path, ": header is not valid JSON (", e.what(), ")");
   }
@@ -141,7 +153,17 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   std::sort(entries.begin(), entries.end(),
             [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-  for (auto& [begin, name, tensor] : entries) result.tensors.emplace_back(name, tensor);
+  // The format's rule: the tensors cover the data exactly, in order, with no
+  // overlap (one tensor's bytes read as another's), gap or bytes after.
+  int64_t covered = 0;
+  for (auto& [begin, name, tensor] : entries) {
+    TANDEM_CHECK(begin == covered, path, ": tensor '", name, "' starts at byte ", begin, " of the data, "
+                 "expected ", covered, " (tensors must cover the data in order, without overlap or gap)");
+    covered += static_cast<int64_t>(tensor.nbytes());
+    result.tensors.emplace_back(name, tensor);
+  }
+  TANDEM_CHECK(covered == data_size, path, ": ", data_size - covered,
+               " bytes after the last tensor's data");
   return result;
 }
 
@@ -175,6 +197,13 @@ void load_weights(const std::string& path, torch::nn::Module& module,
     TANDEM_CHECK(it != found.end(), path, ": no tensor for the model's ", kind, " '", name, "'");
     TANDEM_CHECK(it->second.sizes() == target.sizes(), path, ": tensor '", name, "' has shape ",
                  it->second.sizes(), ", the model's ", kind, " has ", target.sizes());
+    // A float tensor given as integers (or the other way) converts silently
+    // to nonsense; a float one must also be finite.
+    TANDEM_CHECK(it->second.is_floating_point() == target.is_floating_point(), path, ": tensor '", name,
+                 "' is ", dtype_name(it->second.scalar_type()), ", the model's ", kind, " is ",
+                 target.scalar_type());
+    TANDEM_CHECK(!it->second.is_floating_point() || torch::isfinite(it->second).all().item<bool>(), path,
+                 ": tensor '", name, "' holds NaN or infinite values");
     copies.emplace_back(target, it->second);
     found.erase(it);
   };

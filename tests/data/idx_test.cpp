@@ -101,6 +101,28 @@ TEST(IdxTest, MissingDirectoryAndMissingFileAreNamed) {
             std::string::npos);
 }
 
+// IDX has no class count: it is the training labels' largest plus one. A
+// damaged label byte (255) made a 256-class model, silently; now the classes
+// must each have a training image and the test labels must be among them.
+TEST(IdxTest, ALabelBeyondTheClassesIsNamed) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto set_label = [&](const std::string& file, int64_t item, uint8_t label) {
+    auto labels = read_idx(dir.file(file), 1);
+    labels[item] = label;
+    testing::write_idx(dir.file(file), labels, /*gzip=*/false);
+  };
+  set_label("t10k-labels-idx1-ubyte", 3, 255);
+  EXPECT_EQ(error_of([&] { open_data("idx:" + dir.path()); }),
+            dir.file("t10k-labels-idx1-ubyte") + ": item 3 has label 255, but the training labels are 0..9");
+  set_label("t10k-labels-idx1-ubyte", 3, 9);
+  set_label("train-labels-idx1-ubyte", 5, 12);
+  EXPECT_EQ(error_of([&] { open_data("idx:" + dir.path()); }),
+            dir.file("train-labels-idx1-ubyte") + ": item 5 has label 12, but class 10 has no training "
+            "image (2 classes below it have none); expected labels 0..K-1, every class present (a "
+            "damaged label?)");
+}
+
 TEST(IdxTest, DatasetNormalisesWithTrainingStatistics) {
   TempDir dir;
   auto train = testing::write_synthetic_idx(dir.path(), 200, 50, /*gzip=*/true);

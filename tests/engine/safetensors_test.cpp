@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "tandem/engine/safetensors.h"
@@ -67,6 +68,39 @@ TEST(SafetensorsTest, DefectsAreNamedNotCrashed) {
                "unsupported dtype");
   expect_error(with_header(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 8),
                "bad dimension");
+  // The format's layout: the tensors cover the data in order, no overlap,
+  // gap or trailing bytes; a name once.
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8),
+               "starts at byte 0 of the data, expected 4");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8),
+               ": 4 bytes after the last tensor's data");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+               ": tensor 'a' is named twice in the header");
+  EXPECT_EQ(testing::error_of([&] { read_safetensors(dir.path()); }),
+            dir.path() + ": not a regular file (a safetensors file was expected)");
+}
+
+// Weights of an integer type for a float parameter would convert silently
+// to nonsense, and NaN or infinite ones train or evaluate to NaN: both are
+// refused, naming the tensor.
+TEST(SafetensorsTest, LoadWeightsRefusesIntegerAndNonFiniteFloats) {
+  TempDir dir;
+  torch::nn::Linear model(2, 1);
+  auto write = [&](const std::string& name, const torch::Tensor& weight) {
+    write_safetensors(dir.file(name), {{"weight", weight}, {"bias", torch::zeros({1})}});
+    return dir.file(name);
+  };
+  auto ints = write("ints.safetensors", torch::ones({1, 2}, torch::kInt32));
+  EXPECT_EQ(testing::error_of([&] { load_weights(ints, *model); }),
+            ints + ": tensor 'weight' is I32, the model's parameter is Float");
+  auto nan = write("nan.safetensors", torch::tensor({{1.0f, std::nanf("")}}));
+  EXPECT_EQ(testing::error_of([&] { load_weights(nan, *model); }),
+            nan + ": tensor 'weight' holds NaN or infinite values");
+  auto good = write("good.safetensors", torch::tensor({{1.0, 2.0}}, torch::kFloat64));  // float to float: fine
+  load_weights(good, *model);
+  EXPECT_TRUE(torch::equal(model->weight, torch::tensor({{1.0f, 2.0f}})));
 }
 
 // The exported weights load into torchvision's resnet18 with strict name
