@@ -1,5 +1,6 @@
 #include "tandem/engine/safetensors.h"
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -59,7 +60,7 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   write_atomically(path, [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TANDEM_CHECK(out, tmp, ": cannot create");
+    TANDEM_CHECK(out, tmp, ": cannot create: ", std::strerror(errno));
     uint64_t length = text.size();
     unsigned char le[8];
     for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));

@@ -80,6 +80,10 @@ TEST(SafetensorsTest, DefectsAreNamedNotCrashed) {
                ": tensor 'a' is named twice in the header");
   EXPECT_EQ(testing::error_of([&] { read_safetensors(dir.path()); }),
             dir.path() + ": not a regular file (a safetensors file was expected)");
+  // Writing into a folder that does not exist says why it cannot.
+  EXPECT_NE(testing::error_of([&] { write_safetensors(dir.file("no-such-dir/w.st"), {{"a", torch::ones({1})}}); })
+                .find(": cannot create: No such file or directory"),
+            std::string::npos);
 }
 
 // Weights of an integer type for a float parameter would convert silently
