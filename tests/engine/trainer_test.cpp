@@ -865,21 +865,27 @@ TEST_F(TrainerTest, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
   }
 }
 
-// Issue 7: the disk fills up while a checkpoint is written (a 5 MiB tmpfs
-// holds one convnet checkpoint of about 3.4 MB, not two). The run ends with
-// an error naming the file and the system's reason; the checkpoint before it
-// is intact and loads. Mounting needs root, which these machines give; the
-// test fails, not skips, without it.
+// A tmpfs mounted on `dir` with `options` for the test's life (root; these
+// machines give it). The test fails, not skips, where the mount fails.
+struct TmpfsMount {
+  TmpfsMount(const std::string& dir, const std::string& options) : dir(dir) {
+    auto mounted = testing::run("mount -t tmpfs -o " + options + " tmpfs " + dir + " 2>&1");
+    ok = mounted.exit_code == 0;
+    output = mounted.output;
+  }
+  ~TmpfsMount() {
+    if (ok) testing::run("umount " + dir);
+  }
+  std::string dir, output;
+  bool ok = false;
+};
+
 // A --checkpoint-dir where nothing can be written is refused before the
 // first step, not at the first save (a read-only tmpfs: root writes anywhere else).
 TEST_F(TrainerTest, AnUnwritableCheckpointDirIsRefusedAtTheStart) {
   TempDir checkpoints;
-  auto mounted = testing::run("mount -t tmpfs -o ro,size=1m tmpfs " + checkpoints.path() + " 2>&1");
-  ASSERT_EQ(mounted.exit_code, 0) << "this test mounts a read-only tmpfs and needs root: " << mounted.output;
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { testing::run("umount " + dir); }
-  } unmount{checkpoints.path()};
+  TmpfsMount read_only(checkpoints.path(), "ro,size=1m");
+  ASSERT_TRUE(read_only.ok) << "this test mounts a read-only tmpfs and needs root: " << read_only.output;
   auto o = small_run(data_.path());
   o.checkpoint_dir = checkpoints.path();
   EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
@@ -891,14 +897,15 @@ TEST_F(TrainerTest, AnUnwritableCheckpointDirIsRefusedAtTheStart) {
             "--checkpoint-dir " + o.checkpoint_dir + ": exists and is not a directory");
 }
 
+// Issue 7: the disk fills up while a checkpoint is written (a 5 MiB tmpfs
+// holds one convnet checkpoint of about 3.4 MB, not two). The run ends with
+// an error naming the file and the system's reason; the checkpoint before it
+// is intact and loads. Mounting needs root, which these machines give; the
+// test fails, not skips, without it.
 TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   TempDir checkpoints;
-  auto mounted = testing::run("mount -t tmpfs -o size=5m tmpfs " + checkpoints.path() + " 2>&1");
-  ASSERT_EQ(mounted.exit_code, 0) << "this test mounts a small tmpfs and needs root: " << mounted.output;
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { testing::run("umount " + dir); }
-  } unmount{checkpoints.path()};
+  TmpfsMount small(checkpoints.path(), "size=5m");
+  ASSERT_TRUE(small.ok) << "this test mounts a small tmpfs and needs root: " << small.output;
   auto o = small_run(data_.path());
   o.checkpoint_dir = checkpoints.path();
   Trainer trainer(o, nullptr);
