@@ -28,6 +28,18 @@
 #include "tandem/util/stopwatch.h"
 #include "tandem/util/table.h"
 
+// Note [diverged]: a loss that turns NaN or infinite never comes back (the
+// weights are NaN from then on), and going on would spend the rest of the
+// run, and write NaN checkpoints that --resume would pick up, for nothing.
+// The loss is summed on the device and read every 10 steps, before every
+// checkpoint and at the end of an epoch (sync_sums, where the ranks' sums
+// are all-reduced anyway); a sum that is not finite ends the run there, on
+// every rank at the same step, before any checkpoint of those steps is
+// written. Checking every step would cost a device sync per step. With
+// --amp fp16 an overflow in the backward of the scaled loss is the
+// scaler's to handle (it skips that step); the loss summed here is the
+// unscaled one, so only a forward that overflows stops the run.
+
 namespace tandem::engine {
 
 namespace {
@@ -510,8 +522,10 @@ TrainResult Trainer::run() {
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+    int64_t synced_step = position.step;  // the step of the last sync_sums, whose sums were finite
     // Folds the device-side sums into the position; over all ranks, so every
-    // rank calls it at the same steps (Note: a collective).
+    // rank calls it at the same steps (Note: a collective). A loss that is no
+    // longer finite ends the run on every rank (Note [diverged]).
     auto sync_sums = [&] {
       // On the device: NCCL takes CUDA tensors only.
       auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64)});
@@ -519,6 +533,12 @@ TrainResult Trainer::run() {
       if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
       sums = sums.cpu();
       double loss = sums[0].item<double>(), hits = sums[1].item<double>();
+      TANDEM_CHECK(std::isfinite(loss), "training diverged: the loss became ",
+                   std::isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf", " between steps ",
+                   synced_step, " and ", position.step, " (epoch ", position.epoch + 1, ", learning rate ",
+                   format("%g", lr), "); stopped", checkpointer ? " before writing a checkpoint of it" : "",
+                   ". Train again with a lower --lr, a longer --warmup-epochs or --clip-grad-norm");
+      synced_step = position.step;
       position.epoch_loss_sum += loss;
       position.epoch_correct += static_cast<int64_t>(std::llround(hits));
       loss_sum.zero_();

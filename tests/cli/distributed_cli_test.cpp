@@ -179,6 +179,24 @@ TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
 }
 
+// Note [diverged] over ranks: the loss sums are all-reduced before they are
+// checked, so every rank stops at the same step and none waits in a
+// collective for a rank that has gone.
+TEST(DistributedCliTest, ADivergedJobEndsOnEveryRankAtOnce) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 2048, 64);
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() +
+                      " --model convnet --batch-size 64 --lr 1e6 --warmup-epochs 0 --progress off"
+                      " --dist-timeout 600");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("training diverged: the loss became "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" between steps 0 and 10 (epoch 1, "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << r.output;
+  // Not a rank waiting out the --dist-timeout for another.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 120) << r.output;
+}
+
 // A worker killed mid-training ends the job: non-zero, that rank named,
 // within 30 s, and no process left.
 // The pid of the `tandem train` worker whose command line contains `marker`

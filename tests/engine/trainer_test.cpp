@@ -930,6 +930,25 @@ TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   EXPECT_EQ(position.step, 8);
 }
 
+// Note [diverged]: a learning rate of a million makes the loss NaN within
+// the first epoch; the run stops at the epoch's end, before its checkpoint,
+// on an error that says where and what to change. A sane rate never stops
+// (every other test).
+TEST_F(TrainerTest, ADivergedRunStopsBeforeWritingACheckpoint) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.lr = 1e6;
+  o.warmup_epochs = 0;
+  o.checkpoint_dir = checkpoints.path();
+  auto message = testing::error_of([&] { Trainer(o, nullptr).run(); });
+  EXPECT_EQ(message.rfind("training diverged: the loss became ", 0), 0u) << message;
+  EXPECT_NE(message.find(" between steps 0 and 8 (epoch 1, learning rate "), std::string::npos) << message;
+  EXPECT_NE(message.find("); stopped before writing a checkpoint of it. Train again with a lower --lr"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(file_names(checkpoints.path()).empty());
+}
+
 TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {
   TempDir checkpoints;
   auto o = small_run(data_.path());
