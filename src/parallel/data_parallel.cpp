@@ -18,6 +18,7 @@
 
 #include "task_thread.h"
 #include "tandem/util/check.h"
+#include "tandem/util/message.h"
 #include "tandem/util/parse.h"
 
 namespace tandem::parallel {
@@ -113,8 +114,7 @@ std::vector<torch::Tensor> apply_replicas(std::vector<torch::nn::AnyModule>& rep
     try {
       std::rethrow_exception(errors[i]);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      TANDEM_FAIL("replica ", i, " on ", devices[i].str(), " failed: ", what.substr(0, what.find('\n')));
+      TANDEM_FAIL("replica ", i, " on ", devices[i].str(), " failed: ", message_of(e));
     }
   }
   return outputs;
@@ -179,9 +179,8 @@ ReplicaSet::ReplicaSet(torch::nn::AnyModule module, std::vector<torch::Device> d
     try {
       replica = module_.clone(device);
     } catch (const std::exception& e) {
-      std::string what = e.what();
       TANDEM_FAIL("DataParallel: cannot copy module ", module_.ptr()->name(), " to ", device.str(),
-                  ": ", what.substr(0, what.find('\n')),
+                  ": ", message_of(e),
                   " (a module must derive from torch::nn::Cloneable to be replicated)");
     }
     auto params = replica.ptr()->parameters();

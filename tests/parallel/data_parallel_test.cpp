@@ -177,6 +177,28 @@ TEST(DataParallelTest, AReplicasExceptionNamesItsDevice) {
   EXPECT_EQ(testing::error_of([&] { dp->forward(x); }), "replica 1 on cpu failed: negative input");
 }
 
+// A replica's whole message comes through, its later lines too, and a
+// libtorch error without libtorch's stack trace (util/message.h).
+struct FailInTwoWaysImpl : torch::nn::Cloneable<FailInTwoWaysImpl> {
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    TANDEM_CHECK(x.min().item<float>() >= 0, "negative input\nat row ", x.argmin().item<int64_t>() / x.size(1));
+    return x.matmul(torch::ones({3, 3}));  // x has 2 columns: libtorch refuses
+  }
+};
+TORCH_MODULE(FailInTwoWays);
+
+TEST(DataParallelTest, AReplicasWholeMessageComesThroughWithoutLibtorchsTrace) {
+  DataParallel dp(FailInTwoWays(), DataParallelOptions{cpus(2)});
+  auto x = torch::ones({4, 2});
+  x[1][0] = -1;  // in the first replica's share (the second fails on the product)
+  EXPECT_EQ(testing::error_of([&] { dp->forward(x); }), "replica 0 on cpu failed: negative input\nat row 1");
+  auto message = testing::error_of([&] { dp->forward(torch::ones({4, 2})); });
+  EXPECT_EQ(message.rfind("replica 0 on cpu failed: ", 0), 0u) << message;
+  EXPECT_NE(message.find("cannot be multiplied"), std::string::npos) << message;
+  EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;
+}
+
 // A frozen parameter stays frozen (its replicas too), and two forwards
 // before one backward give the gradient of both.
 TEST(DataParallelTest, FrozenParametersAndTwoForwardsBeforeBackward) {
