@@ -454,13 +454,40 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
   return std::nullopt;
 }
 
-std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys) {
-  std::string kept;
+namespace {
+
+// A fingerprint's KEY=VALUE fields in order. A field starts at a word whose
+// KEY is lower-case letters and underscores; any other word belongs to the
+// value before it, so that a --data path with a space in it stays one
+// value ("data=idx:/my data").
+std::vector<std::pair<std::string, std::string>> fingerprint_fields(const std::string& fingerprint) {
+  std::vector<std::pair<std::string, std::string>> fields;
   std::istringstream words(fingerprint);
   for (std::string word; words >> word;) {
-    auto key = word.substr(0, word.find('='));
-    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
-    kept += (kept.empty() ? "" : " ") + word;
+    const auto eq = word.find('=');
+    const bool starts_field =
+        eq != std::string::npos && eq > 0 &&
+        std::all_of(word.begin(), word.begin() + static_cast<std::ptrdiff_t>(eq),
+                    [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; });
+    if (starts_field || fields.empty()) {
+      fields.emplace_back(word.substr(0, eq), eq == std::string::npos ? "" : word.substr(eq + 1));
+    } else {
+      fields.back().second += " " + word;
+    }
+  }
+  return fields;
+}
+
+bool contains(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+}  // namespace
+
+std::string without_fields(const std::string& fingerprint, const std::vector<std::string>& keys) {
+  std::string kept;
+  for (const auto& [key, value] : fingerprint_fields(fingerprint)) {
+    if (!contains(keys, key)) kept += (kept.empty() ? "" : " ") + key + "=" + value;
   }
   return kept;
 }
@@ -472,13 +499,10 @@ std::string fingerprint_differences(const std::string& checkpoint, const std::st
   std::map<std::string, std::string> values[2];
   const std::string* sides[2] = {&checkpoint, &run};
   for (int side = 0; side < 2; ++side) {
-    std::istringstream words(*sides[side]);
-    for (std::string word; words >> word;) {
-      auto eq = word.find('=');
-      auto key = word.substr(0, eq);
-      if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
-      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
-      values[side][key] = eq == std::string::npos ? "" : word.substr(eq + 1);
+    for (const auto& [key, value] : fingerprint_fields(*sides[side])) {
+      if (contains(ignored, key)) continue;
+      if (!contains(keys, key)) keys.push_back(key);
+      values[side][key] = value;
     }
   }
   std::string text;
@@ -497,9 +521,8 @@ std::string fingerprint_differences(const std::string& checkpoint, const std::st
 }
 
 std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key) {
-  std::istringstream words(fingerprint);
-  for (std::string word; words >> word;) {
-    if (word.rfind(key + "=", 0) == 0) return word.substr(key.size() + 1);
+  for (const auto& [k, value] : fingerprint_fields(fingerprint)) {
+    if (k == key) return value;
   }
   return std::nullopt;
 }

@@ -676,6 +676,12 @@ TEST(CheckpointTest, FieldsThatMayChangeAreLeftOutOfTheComparison) {
   EXPECT_EQ(without_fields("world=2 worldly=1 x=world=2", {"world"}), "worldly=1 x=world=2");
   EXPECT_EQ(fingerprint_field("worldly=1 world=2 x=world=3", "world"), "2");
   EXPECT_EQ(fingerprint_field("model=mlp", "world"), std::nullopt);
+  // A --data path with spaces is one value (one word of it that looks like
+  // KEY=VALUE, such as "/a world=3", would still start a field).
+  const std::string spaced = "data=idx:/my data/Fashion MNIST world=2";
+  EXPECT_EQ(fingerprint_field(spaced, "data"), "idx:/my data/Fashion MNIST");
+  EXPECT_EQ(fingerprint_field(spaced, "world"), "2");
+  EXPECT_EQ(without_fields(spaced, {"world"}), "data=idx:/my data/Fashion MNIST");
 
   TempDir dir;
   torch::manual_seed(1);
@@ -699,6 +705,8 @@ TEST(CheckpointTest, FingerprintDifferencesNameTheFields) {
             "model=mlp in the checkpoint, model=convnet in this run, batch=32 in the checkpoint, "
             "batch=64 in this run");
   EXPECT_EQ(fingerprint_differences("model=mlp", "model=mlp clip=1", {}), "no clip in the checkpoint, clip=1 in this run");
+  EXPECT_EQ(fingerprint_differences("data=idx:/a b model=mlp", "data=idx:/a c model=mlp", {}),
+            "data=idx:/a b in the checkpoint, data=idx:/a c in this run");
 
   TempDir dir;
   torch::nn::Linear model(3, 2);
