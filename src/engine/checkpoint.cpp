@@ -1,6 +1,7 @@
 #include "tandem/engine/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -539,6 +540,24 @@ void Checkpointer::check_writable() const {
   TANDEM_CHECK(fd >= 0, "--checkpoint-dir ", options_.dir, ": cannot write there: ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+std::vector<std::string> Checkpointer::remove_stale_temporaries() const {
+  std::vector<std::string> removed;
+  static const std::regex pattern(R"(checkpoint-\d{1,18}\.pt\.tmp-(\d{1,9}))");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.dir, ec)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    std::error_code kind;
+    if (!std::regex_match(name, match, pattern) || !fs::is_regular_file(entry.symlink_status(kind))) continue;
+    const auto pid = static_cast<pid_t>(std::stol(match[1].str()));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code gone;
+    if (fs::remove(entry.path(), gone)) removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 std::optional<std::string> Checkpointer::latest() const {

@@ -311,7 +311,12 @@ TrainResult Trainer::run() {
   // world size, and the fingerprint's batch then refuses the checkpoint.
   if (!o.checkpoint_dir.empty()) {
     checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
-    if (rank_ == 0) checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
+    if (rank_ == 0) {
+      checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
+      for (const auto& name : checkpointer->remove_stale_temporaries()) {
+        say("removed " + name + " from --checkpoint-dir: a checkpoint its process did not finish writing");
+      }
+    }
   }
   TrainPosition position;
   // A worker restarted by the launcher (--max-restarts) resumes by itself.

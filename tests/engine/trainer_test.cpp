@@ -16,6 +16,8 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <torch/cuda.h>
 
 #include "tandem/engine/checkpoint.h"
@@ -955,6 +957,29 @@ TEST_F(TrainerTest, ADivergedRunStopsBeforeWritingACheckpoint) {
             std::string::npos)
       << message;
   EXPECT_TRUE(file_names(checkpoints.path()).empty());
+}
+
+// A rank 0 killed while it wrote a checkpoint leaves "checkpoint-N.pt.tmp-PID".
+// The next run in that directory removes such files whose process is gone,
+// and leaves a live process's file (another run may be writing it).
+TEST_F(TrainerTest, TemporariesOfDeadProcessesAreRemovedAtTheStart) {
+  TempDir checkpoints;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a PID that no longer runs
+  const std::string dead = "checkpoint-00000008.pt.tmp-" + std::to_string(child);
+  const std::string live = "checkpoint-00000008.pt.tmp-1";  // init
+  const std::string other = "checkpoint-00000008.pt.tmp-x" + std::to_string(child);  // not tandem's name
+  for (const auto& name : {dead, live, other}) std::ofstream(checkpoints.file(name)) << "partial";
+  EXPECT_EQ(Checkpointer({checkpoints.path()}).remove_stale_temporaries(), (std::vector<std::string>{dead}));
+  std::ofstream(checkpoints.file(dead)) << "partial";
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.checkpoint_dir = checkpoints.path();
+  Trainer(o, nullptr).run();
+  auto names = file_names(checkpoints.path());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoint-00000008.pt", live, other}));
 }
 
 TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {

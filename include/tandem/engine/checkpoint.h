@@ -80,6 +80,12 @@ class Checkpointer {
   // directory and the system's reason.
   void check_writable() const;
 
+  // Removes the temporary files ("checkpoint-N.pt.tmp-PID", atomic_file.h)
+  // that a process of this host killed while writing a checkpoint left
+  // behind: those whose PID no longer runs. A live PID's file is left alone
+  // (another run may be writing it). Returns the names removed.
+  std::vector<std::string> remove_stale_temporaries() const;
+
   // The newest checkpoint in the directory, if any.
   std::optional<std::string> latest() const;
 
