@@ -271,6 +271,30 @@ TEST(LaunchTest, ASignalWhileStartingStopsTheStart) {
   EXPECT_EQ(count_processes("sleep " + marker), 0);
 }
 
+// fork() refused for the third of three workers (the system out of
+// processes; tests/launch/fork_fails.cpp preloaded): the launcher ends the
+// two it started at once, names the rank and the reason, and exits 1.
+TEST(LaunchTest, AForkFailureEndsTheStartedWorkers) {
+  TempDir dir;
+  const std::string marker = "61.375";
+  auto start = std::chrono::steady_clock::now();
+  int status = launch_prepared({"--nproc-per-node", "3", "--", "sleep", marker}, dir.file("out"),
+                               [] {
+                                 setenv("LD_PRELOAD", TANDEM_FORK_FAILS, 1);
+                                 setenv("TANDEM_TEST_FAIL_FORK", "3", 1);
+                               },
+                               20);
+  std::string out = testing::read_text(dir.file("out"));
+  ASSERT_NE(status, -1) << "the launcher did not end within 20 s:\n" << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << out;
+  EXPECT_NE(out.find("launch: fork failed for rank 2 (2 of 3 workers started): Resource temporarily "
+                     "unavailable"),
+            std::string::npos)
+      << out;
+  EXPECT_LT(seconds_since(start), 10) << out;  // not after the workers' sleep of a minute
+  EXPECT_EQ(count_processes("sleep " + marker), 0) << out;
+}
+
 // Two pipes per worker: the launcher raises its soft limit on open files
 // as far as that takes (the workers get the limit it found), and refuses,
 // naming the limit, when the hard limit is too low.
