@@ -51,7 +51,9 @@ int eval_command(const std::vector<std::string>& args) {
   // classes and input size from the data), joins the ranks if there are
   // any, and evaluates as it does after every epoch.
   engine::Trainer trainer(options, nullptr);
-  engine::load_weights(weights, *trainer.model());
+  auto file = engine::read_safetensors(weights);
+  trainer.check_weights_metadata(file.metadata, weights);  // the model and classes it was trained for
+  engine::load_weights(file, weights, *trainer.model());
   auto result = trainer.evaluate();
   if (trainer.rank() == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld images)\n",

@@ -111,6 +111,41 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
                      make_eval_transform(image_folder_augment(options), 0, 0), options);
 }
 
+std::string data_format(const std::string& spec) { return parse_spec(spec).kind; }
+
+std::string class_list(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) text += (i ? ", " : "") + names[i];
+  return names.size() > 8 ? text + ", ... (" + std::to_string(names.size()) + ")" : text;
+}
+
+void check_same_classes(const std::string& train_spec, const DatasetInfo& train,
+                        const std::string& eval_spec, const DatasetInfo& eval, const std::string& flag) {
+  if (eval_spec == train_spec) return;
+  const std::string what = flag + eval_spec;
+  const bool train_named = !train.class_names.empty(), eval_named = !eval.class_names.empty();
+  if (train_named && eval_named) {
+    // Labels are the index of the class folder, so both must list the same.
+    TANDEM_CHECK(train.class_names == eval.class_names, what, ": its classes (", class_list(eval.class_names),
+                 ") are not those of --data ", train_spec, " (", class_list(train.class_names),
+                 "); labels are class folder indices, so both need the same class folders");
+    return;
+  }
+  TANDEM_CHECK(!train_named, what, ": its labels are numbers (", data_format(eval_spec), " data) while --data ",
+               train_spec, " names its classes by folder (", class_list(train.class_names),
+               "): nothing says which number is which class; evaluate on an imagefolder with the same "
+               "class folders");
+  TANDEM_CHECK(!eval_named, what, ": it names its classes by folder (", class_list(eval.class_names),
+               ") while --data ", train_spec, " numbers them (", data_format(train_spec), " data): nothing "
+               "says which folder is which number; evaluate on data of the training data's kind");
+  TANDEM_CHECK(data_format(train_spec) == data_format(eval_spec), what, ": ", data_format(eval_spec),
+               " labels, but --data ", train_spec, " is ", data_format(train_spec),
+               " data: the same numbers name other classes; evaluate on data of the same kind");
+  TANDEM_CHECK(eval.num_classes <= train.num_classes, what, ": labels up to ", eval.num_classes - 1,
+               ", but --data ", train_spec, " has ", train.num_classes, " classes (labels 0 to ",
+               train.num_classes - 1, "), which the model's outputs are");
+}
+
 std::vector<std::string> data_spec_help() {
   return {"fashion-mnist     Fashion-MNIST from Debian's dataset-fashion-mnist",
           "idx:DIR           MNIST-layout IDX files in DIR (plain or .gz)",

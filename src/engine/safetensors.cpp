@@ -177,7 +177,11 @@ bool under(const std::string& name, const std::string& prefix) {
 
 void load_weights(const std::string& path, torch::nn::Module& module,
                   const std::vector<std::string>& except) {
-  auto file = read_safetensors(path);
+  load_weights(read_safetensors(path), path, module, except);
+}
+
+void load_weights(const SafetensorsFile& file, const std::string& path, torch::nn::Module& module,
+                  const std::vector<std::string>& except) {
   auto excepted = [&](const std::string& name) {
     return std::any_of(except.begin(), except.end(), [&](const auto& prefix) { return under(name, prefix); });
   };

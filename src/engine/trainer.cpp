@@ -698,7 +698,7 @@ TrainResult Trainer::run() {
     NamedTensors tensors;
     for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
-    write_safetensors(path, tensors, {{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}});
+    write_safetensors(path, tensors, weights_metadata());
     say("weights written to " + path);
   }
   if (graphed) {

@@ -9,6 +9,8 @@
 #include <map>
 #include <unordered_set>
 
+#include <nlohmann/json.hpp>
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "tandem/data/source.h"
@@ -181,22 +183,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                test_info.height, "x", test_info.width, " after transforms, but ",
                info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
 
-  if (!info.class_names.empty() && !test_info.class_names.empty()) {
-    // Labels are the index of the class folder, so both must list the same.
-    auto list = [](const std::vector<std::string>& names) {
-      std::string text;
-      for (size_t i = 0; i < names.size() && i < 8; ++i) text += (i ? ", " : "") + names[i];
-      return names.size() > 8 ? text + ", ... (" + std::to_string(names.size()) + ")" : text;
-    };
-    TANDEM_CHECK(info.class_names == test_info.class_names, "--val-data ", o.val_data,
-                 ": its classes (", list(test_info.class_names), ") are not those of --data ",
-                 o.data, " (", list(info.class_names), "); labels are class folder indices, "
-                 "so both need the same class folders");
-  }
+  data::check_same_classes(o.data, info, o.val_data.empty() ? o.data : o.val_data, test_info, "--val-data ");
   torch::manual_seed(o.seed);
   models::ModelOptions model_options;
   model_options.in_channels = info.channels;
-  model_options.num_classes = std::max(info.num_classes, test_info.num_classes);
+  model_options.num_classes = info.num_classes;  // the training data's (check_same_classes)
   model_options.image_size = info.height;
   model_options.width_mult = o.width_mult;
   model_options.stem = o.stem;
@@ -491,6 +482,56 @@ std::string Trainer::fingerprint() const {
                 static_cast<long long>(world_)) +
          // Only when set, so that checkpoints from before the flag still resume.
          (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string());
+}
+
+std::map<std::string, std::string> Trainer::weights_metadata() const {
+  const auto info = data_.train->info();
+  std::map<std::string, std::string> metadata{{"format", "pt"},
+                                              {"producer", "tandem"},
+                                              {"model", options_.model},
+                                              {"num_classes", std::to_string(info.num_classes)}};
+  if (!info.class_names.empty()) {
+    metadata["classes"] = nlohmann::json(info.class_names).dump();
+  } else {
+    metadata["labels"] = data::data_format(options_.data);
+  }
+  return metadata;
+}
+
+void Trainer::check_weights_metadata(const std::map<std::string, std::string>& metadata,
+                                     const std::string& path) const {
+  const auto info = data_.train->info();
+  auto field = [&](const char* key) -> const std::string* {
+    auto it = metadata.find(key);
+    return it == metadata.end() ? nullptr : &it->second;
+  };
+  if (const auto* model = field("model")) {
+    TANDEM_CHECK(*model == options_.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
+                 options_.model);
+  }
+  if (const auto* classes = field("classes")) {
+    auto parsed = nlohmann::json::parse(*classes, nullptr, /*allow_exceptions=*/false);
+    TANDEM_CHECK(parsed.is_array() && std::all_of(parsed.begin(), parsed.end(), [](const auto& c) { return c.is_string(); }),
+                 path, ": its metadata's classes are not a list of names: ", *classes);
+    const auto names = parsed.get<std::vector<std::string>>();
+    TANDEM_CHECK(!info.class_names.empty(), path, ": trained on class folders (", data::class_list(names),
+                 "), but --data ", options_.data, " numbers its labels (", data::data_format(options_.data),
+                 " data): nothing says which number is which class");
+    TANDEM_CHECK(names == info.class_names, path, ": trained on the classes ", data::class_list(names),
+                 ", but --data ", options_.data, " has the class folders ", data::class_list(info.class_names),
+                 "; labels are class folder indices, so both need the same class folders");
+  }
+  if (const auto* labels = field("labels")) {
+    TANDEM_CHECK(info.class_names.empty(), path, ": trained on numbered labels (", *labels, " data), but --data ",
+                 options_.data, " names its classes by folder (", data::class_list(info.class_names),
+                 "): nothing says which folder is which number");
+    TANDEM_CHECK(*labels == data::data_format(options_.data), path, ": trained on ", *labels, " labels, but --data ",
+                 options_.data, " is ", data::data_format(options_.data), " data: the same numbers name other classes");
+  }
+  if (const auto* count = field("num_classes")) {
+    TANDEM_CHECK(*count == std::to_string(info.num_classes), path, ": trained for ", *count, " classes, but --data ",
+                 options_.data, " has ", info.num_classes);
+  }
 }
 
 void Trainer::report_warnings() const {

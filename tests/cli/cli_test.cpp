@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tandem/engine/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -119,8 +120,17 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   EXPECT_TRUE(testing::tandem_fails("eval" + data, 2, "--weights FILE is required"));
   r = run_tandem("eval --weights " + dir.file("w.safetensors") + " --data idx:" + dir.path() + " --model mlp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") +
+                          ": weights of --model convnet (its metadata), not of --model mlp"),
+            std::string::npos) << r.output;
+  // A file without that metadata (written by another program): the first
+  // tensor that does not fit is named.
+  auto file = engine::read_safetensors(dir.file("w.safetensors"));
+  engine::write_safetensors(dir.file("bare.safetensors"), file.tensors);
+  r = run_tandem("eval --weights " + dir.file("bare.safetensors") + " --data idx:" + dir.path() + " --model mlp");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   // (the mlp's fc1 has another shape than the convnet's)
-  EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") + ": tensor 'fc1.weight' has shape"),
+  EXPECT_NE(r.output.find("tandem: error: " + dir.file("bare.safetensors") + ": tensor 'fc1.weight' has shape"),
             std::string::npos) << r.output;
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("absent.safetensors") + data, 1,
                                     dir.file("absent.safetensors") + ": cannot open"));

@@ -71,6 +71,50 @@ TEST(ImageDataCliTest, ValDataWithOtherClassFoldersIsRefused) {
           " (c0, c1, c2)"));
 }
 
+// Exported weights say which classes their outputs are (Trainer::
+// weights_metadata); tandem eval refuses data whose labels mean others.
+TEST(ImageDataCliTest, EvalRefusesDataOfOtherClassesThanTheWeights) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.file("train"), 3, 2, 20);
+  testing::write_synthetic_image_folder(dir.file("other"), 3, 2, 20);
+  std::filesystem::rename(dir.file("other/c1"), dir.file("other/c9"));
+  std::filesystem::create_directories(dir.file("idx"));
+  testing::write_synthetic_idx(dir.file("idx"), 64, 16);
+  const std::string weights = dir.file("w.safetensors");
+  auto r = run_tandem("train --data imagefolder:" + dir.file("train") + " --image-size 16 --model mlp "
+                      "--max-steps 2 --batch-size 2 --progress off --export-weights " + weights);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto on = [&](const std::string& spec) {
+    return "eval --model mlp --image-size 16 --weights " + weights + " --data " + spec + " --val-data " + spec;
+  };
+  r = run_tandem(on("imagefolder:" + dir.file("train")));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(6 images)"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::tandem_fails(on("imagefolder:" + dir.file("other")), 1,
+                                    weights + ": trained on the classes c0, c1, c2, but --data imagefolder:" +
+                                        dir.file("other") + " has the class folders c0, c2, c9"));
+  EXPECT_TRUE(testing::tandem_fails("eval --model mlp --image-size 16 --weights " + weights + " --data idx:" +
+                                        dir.file("idx"),
+                                    1, weights + ": trained on class folders (c0, c1, c2), but --data idx:" +
+                                           dir.file("idx") + " numbers its labels (idx data)"));
+}
+
+// --val-data whose labels are numbers of another format, or beyond the
+// training classes, is refused (a model of more outputs used to be built
+// for it, scored against labels that mean other classes).
+TEST(ImageDataCliTest, ValDataOfAnotherKindIsRefused) {
+  TempDir dir;
+  testing::write_synthetic_image_folder(dir.file("folders"), 3, 2, 20);
+  testing::write_synthetic_cifar(dir.file("cifar"), 4, 8);
+  const std::string common = " --model mlp --max-steps 2 --batch-size 2 --progress off";
+  EXPECT_TRUE(testing::tandem_fails("train --data imagefolder:" + dir.file("folders") + " --val-data cifar10:" +
+                                        dir.file("cifar") + " --image-size 32" + common,
+                                    1, "--val-data cifar10:" + dir.file("cifar") + ": its labels are numbers"));
+  EXPECT_TRUE(testing::tandem_fails("train --data cifar10:" + dir.file("cifar") + " --val-data imagefolder:" +
+                                        dir.file("folders") + " --image-size 32" + common,
+                                    1, "it names its classes by folder (c0, c1, c2) while --data cifar10:"));
+}
+
 TEST(ImageDataCliTest, TruncatedCifarBatchIsNamed) {
   TempDir dir;
   testing::write_synthetic_cifar(dir.path(), 10, 10);

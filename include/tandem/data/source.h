@@ -37,6 +37,22 @@ DataSplits open_data(const std::string& spec, const DataOptions& options = {});
 std::shared_ptr<const Dataset> open_eval_data(const std::string& spec,
                                               const DataOptions& options = {});
 
+// The format a spec names: "idx" (also for fashion-mnist), "cifar10",
+// "cifar100" or "imagefolder". Throws tandem::Error for an unknown one.
+std::string data_format(const std::string& spec);
+
+// Refuses evaluation data whose labels do not mean the training data's
+// classes (the model has the training data's outputs): class folders of
+// other names, class folders on one side and numbered labels on the other,
+// numbered labels of another format (cifar100 against cifar10), or labels
+// beyond the training classes. Throws tandem::Error starting with `flag`
+// and `eval_spec` and naming both; nothing when eval_spec is train_spec.
+void check_same_classes(const std::string& train_spec, const DatasetInfo& train,
+                        const std::string& eval_spec, const DatasetInfo& eval, const std::string& flag);
+
+// A class list for a message: the first 8 names, then "... (N)".
+std::string class_list(const std::vector<std::string>& names);
+
 // The accepted spec forms, one line each, for --help.
 std::vector<std::string> data_spec_help();
 

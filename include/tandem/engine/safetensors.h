@@ -42,4 +42,8 @@ SafetensorsFile read_safetensors(const std::string& path);
 void load_weights(const std::string& path, torch::nn::Module& module,
                   const std::vector<std::string>& except = {});
 
+// The same, from a file already read (`path` names it in messages).
+void load_weights(const SafetensorsFile& file, const std::string& path, torch::nn::Module& module,
+                  const std::vector<std::string>& except = {});
+
 }  // namespace tandem::engine

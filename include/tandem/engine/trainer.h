@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,18 @@ class Trainer {
 
   // The settings a checkpoint must share with the run that resumes it.
   std::string fingerprint() const;
+
+  // What --export-weights writes beside the weights (docs/DATA.md): the
+  // model, and the classes its outputs are: "num_classes", then "classes"
+  // (a JSON list of the class folders) for named classes, or "labels" (the
+  // data format: idx, cifar10, cifar100) for numbered ones.
+  std::map<std::string, std::string> weights_metadata() const;
+
+  // Refuses weights whose metadata (weights_metadata of the run that wrote
+  // them) says they are of another model or for other classes than this
+  // trainer's --data; a key the file lacks (an older export) is not checked.
+  // Throws tandem::Error naming `path`.
+  void check_weights_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) const;
   int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
  private:
