@@ -168,6 +168,14 @@ DataSplits open_idx(const std::string& dir) {
   auto pixels = train_images.to(torch::kFloat64).div_(255.0);
   double mean = pixels.mean().item<double>();
   double std = pixels.std().item<double>();
+  // Inputs are normalised by (x - mean) / std: images all of one value
+  // would make every input NaN (or, with rounding, huge), as torchvision's
+  // Normalize refuses. Compared exactly on the bytes.
+  TANDEM_CHECK(train_images.numel() > 0 && train_images.max().item<int64_t>() > train_images.min().item<int64_t>(),
+               find_file(root, "train-images-idx3-ubyte"), ": every pixel of the ", train_images.size(0),
+               " training images is ", train_images.numel() ? train_images.max().item<int64_t>() : 0,
+               ": images without any variance cannot be normalised (standard deviation 0); expected images "
+               "that differ");
   auto name = [&](const char* split, const torch::Tensor& images) {
     return format("idx:%s %s (%lld images)", dir.c_str(), split,
                   static_cast<long long>(images.size(0)));

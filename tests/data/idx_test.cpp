@@ -123,6 +123,17 @@ TEST(IdxTest, ALabelBeyondTheClassesIsNamed) {
             "damaged label?)");
 }
 
+// Training images that are all one value have a standard deviation of 0:
+// normalising them would make every input NaN. Refused, naming the file.
+TEST(IdxTest, ImagesWithoutVarianceAreRefused) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  testing::write_idx(dir.file("train-images-idx3-ubyte"), torch::full({64, 28, 28}, 7, torch::kUInt8), false);
+  EXPECT_EQ(error_of([&] { open_data("idx:" + dir.path()); }),
+            dir.file("train-images-idx3-ubyte") + ": every pixel of the 64 training images is 7: images "
+            "without any variance cannot be normalised (standard deviation 0); expected images that differ");
+}
+
 TEST(IdxTest, DatasetNormalisesWithTrainingStatistics) {
   TempDir dir;
   auto train = testing::write_synthetic_idx(dir.path(), 200, 50, /*gzip=*/true);
