@@ -174,6 +174,10 @@ std::string self_executable() {
 
 // --nproc-per-node: N, or auto (GPUs for a CUDA device, else up to 4 CPU
 // workers); 0 runs in this process.
+// Set in the environment of the workers `tandem train --nproc-per-node`
+// starts itself: they run the same command line, --nproc-per-node included.
+constexpr const char* kSelfLaunched = "TANDEM_TRAIN_SELF_LAUNCHED";
+
 int64_t local_workers(const engine::TrainOptions& o) {
   if (o.nproc_per_node == "auto") {
     if (o.device.rfind("cuda", 0) == 0) {
@@ -323,6 +327,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
     lo.nproc_per_node = n;
     lo.command = {self_executable(), "train"};
     lo.command.insert(lo.command.end(), args.begin(), args.end());
+    lo.extra_env = {{kSelfLaunched, "1"}};
     // Later flags override earlier ones: this run's count and metrics file.
     for (const auto& extra : {std::string("--nproc-per-node"), std::to_string(n),
                               std::string("--metrics-out"), metrics}) {
@@ -383,6 +388,17 @@ int train_command(const std::vector<std::string>& args) {
     throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
   }
   const bool worker = env::get("RANK").has_value();
+  // Under another launcher (tandem launch, torchrun, Slurm's srun setting
+  // RANK) this process is one worker already: --nproc-per-node would be
+  // ignored, and the job run with fewer processes than asked. Refused.
+  if (worker && !env::get(kSelfLaunched).has_value() && flags.given("nproc-per-node") &&
+      options.nproc_per_node != "0") {
+    throw UsageError("--nproc-per-node " + options.nproc_per_node + ": this process is already rank " +
+                     env::get("RANK").value_or("") + " of a launched job (RANK is set in its environment, by "
+                     "tandem launch, torchrun or another launcher), so it starts no workers of its own; leave "
+                     "--nproc-per-node out under a launcher (its own --nproc-per-node sets the processes), or "
+                     "unset RANK");
+  }
   if (!worker) {
     if (auto counts = sweep_counts(options.nproc_per_node)) return train_sweep(*counts, args, options, flags);
   }
@@ -397,6 +413,7 @@ int train_command(const std::vector<std::string>& args) {
     lo.command.push_back(self_executable());
     lo.command.push_back("train");
     lo.command.insert(lo.command.end(), args.begin(), args.end());
+    lo.extra_env = {{kSelfLaunched, "1"}};
     auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
     if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.reason.c_str());
     return result.exit_code;

@@ -179,6 +179,21 @@ TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
 }
 
+// Under another launcher RANK is set and this process is one worker: a
+// --nproc-per-node of its own used to be ignored silently (one process
+// where two were asked). Refused, saying why; the workers tandem train
+// starts itself run the same command line and are not refused.
+TEST(DistributedCliTest, NprocPerNodeUnderALauncherIsRefused) {
+  const std::string message = "--nproc-per-node 2: this process is already rank 0 of a launched job (RANK is set";
+  auto r = run("RANK=0 WORLD_SIZE=1 " + std::string(TANDEM_CLI) + " train --nproc-per-node 2 --max-steps 1 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  r = run_tandem("launch --nproc-per-node 1 -- " + std::string(TANDEM_CLI) + " train --nproc-per-node 2 --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] tandem: error: " + message), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 2"), std::string::npos) << r.output;
+}
+
 // Note [diverged] over ranks: the loss sums are all-reduced before they are
 // checked, so every rank stops at the same step and none waits in a
 // collective for a rank that has gone.
