@@ -15,7 +15,7 @@ FlagSet launch_flags(launch::LaunchOptions& o, int64_t& port) {
   FlagSet flags("tandem launch",
                 "Start one worker process per local rank with torchrun's environment (RANK,\n"
                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...), prefix their output with the rank,\n"
-                "forward SIGINT/SIGTERM, and stop every worker when one fails.\n\n"
+                "forward SIGINT, SIGTERM, SIGHUP and SIGQUIT, and stop every worker when one fails.\n\n"
                 "usage: tandem launch [flags] -- CMD ARGS...");
   flags.add_int("nproc-per-node", "N", &o.nproc_per_node, "worker processes on this node", 1);
   flags.add_int("nnodes", "N", &o.nnodes, "nodes in the job", 1);

@@ -8,10 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <random>
 #include <thread>
@@ -89,6 +91,16 @@ void on_signal(int signal_number) {
   errno = saved;
 }
 
+// The signals the launcher passes on to its workers, as torchrun does:
+// SIGINT, SIGTERM, SIGHUP (the terminal or the ssh session gone) and
+// SIGQUIT; with SIGCHLD, the ones it handles.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+
+bool is_stop_signal(int s) {
+  return std::find(std::begin(kStopSignals), std::end(kStopSignals), s) != std::end(kStopSignals);
+}
+
 // Installs the handlers for one run and puts the old ones back.
 class SignalScope {
  public:
@@ -99,12 +111,12 @@ class SignalScope {
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &action, &old_[s]);
+    for (int s : kHandledSignals) sigaction(s, &action, &old_[s]);
     // A launcher started with these blocked (the mask survives exec) would
     // never hear them; one that arrived before now is delivered here.
     sigset_t ours;
     sigemptyset(&ours);
-    for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaddset(&ours, s);
+    for (int s : kHandledSignals) sigaddset(&ours, s);
     sigprocmask(SIG_UNBLOCK, &ours, &old_mask_);
   }
   ~SignalScope() {
@@ -120,16 +132,16 @@ class SignalScope {
   sigset_t old_mask_;
 };
 
-// SIGINT or SIGTERM among the bytes waiting in the signal pipe (the last
-// one), 0 if none; the bytes are consumed (a SIGCHLD byte only wakes the
-// watch loop, which polls every worker anyway).
+// A stop signal (kStopSignals) among the bytes waiting in the signal pipe
+// (the last one), 0 if none; the bytes are consumed (a SIGCHLD byte only
+// wakes the watch loop, which polls every worker anyway).
 int take_stop_signal() {
   int seen = 0;
   char bytes[64];
   ssize_t n;
   while ((n = read(g_signal_pipe[0], bytes, sizeof bytes)) > 0) {
     for (ssize_t k = 0; k < n; ++k) {
-      if (bytes[k] == SIGINT || bytes[k] == SIGTERM) seen = bytes[k];
+      if (is_stop_signal(bytes[k])) seen = bytes[k];
     }
   }
   return seen;
@@ -189,7 +201,7 @@ bool pump(Stream& s, int64_t rank, bool eof_flush) {
 struct Attempt {
   std::vector<Worker> workers;  // those started
   int failed = -1;           // index of the first worker that failed
-  int forwarded_signal = 0;  // SIGINT/SIGTERM the launcher received
+  int forwarded_signal = 0;  // the stop signal the launcher received
   bool starting_stopped = false;  // that signal came before every worker was started
 
   // " while starting the workers (k of n started)" when it did, else "".
@@ -307,13 +319,13 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       // the child and reach our signal pipe as if sent to the launcher.
       sigset_t ours, previous;
       sigemptyset(&ours);
-      for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaddset(&ours, s);
+      for (int s : kHandledSignals) sigaddset(&ours, s);
       sigprocmask(SIG_BLOCK, &ours, &previous);
       pid_t pid = fork();
       if (pid == 0) {  // the worker: only async-signal-safe calls until exec
         struct sigaction dfl {};
         dfl.sa_handler = SIG_DFL;
-        for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &dfl, nullptr);
+        for (int s : kHandledSignals) sigaction(s, &dfl, nullptr);
         close(g_signal_pipe[0]);
         close(g_signal_pipe[1]);
         sigprocmask(SIG_SETMASK, &previous, nullptr);  // a pending SIGTERM now ends it
@@ -360,7 +372,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       for (auto& w : a.workers) {
         if (w.exited) continue;
         kill(-w.pid, s);
-        if (s == SIGINT || s == SIGTERM) kill(-w.pid, SIGCONT);
+        if (is_stop_signal(s)) kill(-w.pid, SIGCONT);
       }
     };
     auto start_grace = [&] {
@@ -373,7 +385,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       signal_all(SIGTERM);
       start_grace();
     };
-    // A SIGINT or SIGTERM to the launcher: passed to every worker, which
+    // A stop signal to the launcher: passed to every worker, which
     // then has --stop-grace to end.
     auto forward = [&](int s) {
       if (a.forwarded_signal == 0) {

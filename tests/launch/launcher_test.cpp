@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -184,6 +185,34 @@ TEST(LaunchTest, SigtermIsForwarded) {
   EXPECT_EQ(count_processes("sleep " + marker), 0);
   EXPECT_NE(testing::read_text(dir.file("out")).find("got SIGTERM, passing it to the workers"),
             std::string::npos);
+}
+
+// SIGHUP (the terminal or the ssh session gone) is passed on like SIGTERM,
+// as torchrun does: the workers' own handlers run (they used to be killed
+// by the launcher's death instead), and the launcher exits with 128 + 1.
+TEST(LaunchTest, SighupIsPassedToTheWorkers) {
+  TempDir dir;
+  const std::string script = dir.file("hup-61.625.sh");
+  std::ofstream(script) << "trap 'echo \"hup in $RANK\"; kill $child; exit 7' HUP\n"
+                           "sleep 61.625 &\nchild=$!\nwait $child\n";
+  run(std::string("(") + TANDEM_CLI + " launch --nproc-per-node 2 -- sh " + script + " > " + dir.file("out") +
+      " 2>&1; echo $? > " + dir.file("rc") + ") > /dev/null 2>&1 &");
+  pid_t launcher = pid_of("^[^ ]*tandem launch .*hup-61.625");
+  ASSERT_GT(launcher, 0);
+  for (int i = 0; i < 50 && count_processes("sleep 61.625") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(count_processes("sleep 61.625"), 2);
+  kill(launcher, SIGHUP);
+  for (int i = 0; i < 100 && testing::read_text(dir.file("rc")).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string out = testing::read_text(dir.file("out"));
+  EXPECT_EQ(testing::read_text(dir.file("rc")), std::to_string(128 + SIGHUP) + "\n") << out;
+  EXPECT_NE(out.find("tandem launch: got SIGHUP, passing it to the workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 0] hup in 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1] hup in 1"), std::string::npos) << out;
+  EXPECT_EQ(count_processes("sleep 61.625"), 0) << out;
 }
 
 // Even a launcher killed with SIGKILL leaves no worker behind.
