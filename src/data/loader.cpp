@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
 
+#include "tandem/util/arith.h"
 #include "tandem/util/check.h"
 
 namespace tandem::data {
@@ -49,7 +50,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
 int64_t DataLoader::num_batches() const {
   int64_t n = sampler_->size();
   return options_.drop_last ? n / options_.batch_size
-                            : (n + options_.batch_size - 1) / options_.batch_size;
+                            : ceil_div(n, options_.batch_size);
 }
 
 std::unique_ptr<EpochIterator> DataLoader::epoch(int64_t epoch, int64_t skip) const {

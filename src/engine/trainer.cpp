@@ -22,6 +22,7 @@
 #include "tandem/optim/sgd.h"
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/util/arith.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/progress.h"
@@ -78,8 +79,8 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   // (FSDP's all-gathers) must not leave a rank waiting for one more call.
   int64_t calls = 0;
   const int64_t ranks = group != nullptr ? group->size() : 1;
-  const int64_t most = (dataset.size() + ranks - 1) / ranks;
-  const int64_t batches_of_the_most = (most + batch_size - 1) / batch_size;
+  const int64_t most = ceil_div(dataset.size(), ranks);
+  const int64_t batches_of_the_most = ceil_div(most, batch_size);
   auto empty_input = [&] {
     const auto info = dataset.info();
     return torch::zeros({0, info.channels, info.height, info.width},

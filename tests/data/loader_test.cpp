@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 
 #include "tandem/data/loader.h"
 #include "tandem/util/check.h"
@@ -58,6 +59,16 @@ TEST(LoaderTest, DropLastDropsTheShortBatch) {
   EXPECT_EQ(collect(loader, 0), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
 }
 
+// A batch size of any size up to INT64_MAX is one batch of everything
+// ((n + b - 1) / b wrapped round to 0 batches: tandem eval scored 0 images).
+TEST(LoaderTest, AHugeBatchSizeIsOneBatchOfEverything) {
+  auto dataset = std::make_shared<CountingDataset>(10);
+  for (int64_t batch : {int64_t{11}, std::numeric_limits<int64_t>::max() - 5, std::numeric_limits<int64_t>::max()}) {
+    DataLoader loader(dataset, std::make_shared<SequentialSampler>(10), {batch});
+    EXPECT_EQ(loader.num_batches(), 1) << batch;
+    EXPECT_EQ(collect(loader, 0), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})) << batch;
+  }
+}
 TEST(LoaderTest, SkipResumesMidEpoch) {
   auto dataset = std::make_shared<CountingDataset>(10);
   DataLoader loader(dataset, std::make_shared<SequentialSampler>(10), {3});
