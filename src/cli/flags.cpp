@@ -41,9 +41,9 @@ void FlagSet::add_uint(const std::string& name, const std::string& metavar, uint
                        const std::string& help) {
   Flag flag{name, metavar, help, std::to_string(*target)};
   flag.set = [target, name](const std::string& value) {
-    auto parsed = parse_int(value);
-    if (!parsed || *parsed < 0) {
-      throw UsageError("--" + name + ": expected a non-negative integer, got '" + value + "'");
+    auto parsed = parse_uint(value);
+    if (!parsed) {
+      throw UsageError("--" + name + ": expected an integer from 0 to 18446744073709551615, got '" + value + "'");
     }
     *target = static_cast<uint64_t>(*parsed);
   };
@@ -126,6 +126,13 @@ void FlagSet::parse(const std::vector<std::string>& args) {
     } else if (!value) {
       if (i + 1 >= args.size()) {
         throw UsageError("--" + name + ": missing value (" + flag->metavar + ")");
+      }
+      // "--metrics-out --nesterov": the flag's value forgotten, not a file
+      // named --nesterov (which would also swallow the switch).
+      if (args[i + 1].rfind("--", 0) == 0) {
+        throw UsageError("--" + name + ": missing value (" + flag->metavar + "); the next argument, '" +
+                         args[i + 1] + "', is a flag (--" + name + "=" + args[i + 1] +
+                         " gives a value that starts with --)");
       }
       value = args[++i];
     }

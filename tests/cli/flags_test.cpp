@@ -39,7 +39,7 @@ std::string usage_error(const std::vector<std::string>& args) {
 TEST(FlagsTest, ParsesBothFormsAndSwitches) {
   Options o;
   auto flags = make(o);
-  flags.parse({"--epochs", "3", "--lr=0.5", "--name", "--odd", "--mode=b", "--fast"});
+  flags.parse({"--epochs", "3", "--lr=0.5", "--name=--odd", "--mode=b", "--fast"});
   EXPECT_EQ(o.epochs, 3);
   EXPECT_DOUBLE_EQ(o.lr, 0.5);
   EXPECT_EQ(o.name, "--odd");
@@ -60,6 +60,13 @@ TEST(FlagsTest, MistakesAreOneLineNamingTheFlag) {
   EXPECT_EQ(usage_error({"--mode", "c"}), "--mode: expected one of a|b, got 'c'");
   EXPECT_EQ(usage_error({"--fast=yes"}), "--fast takes no value, got 'yes'");
   EXPECT_EQ(usage_error({"--epochs"}), "--epochs: missing value (N)");
+  // A forgotten value does not take the next flag for one (a file named
+  // --fast, and the switch lost).
+  EXPECT_EQ(usage_error({"--name", "--fast"}),
+            "--name: missing value (S); the next argument, '--fast', is a flag (--name=--fast gives a value "
+            "that starts with --)");
+  EXPECT_EQ(usage_error({"--epochs", "0x10"}), "--epochs: expected a positive integer, got '0x10'");
+  EXPECT_EQ(usage_error({"--lr", " 0.1"}), "--lr: expected a number >= 0, got ' 0.1'");
   EXPECT_EQ(usage_error({"stray"}), "unexpected argument 'stray' (flags start with --; see tool --help)");
 }
 

@@ -7,10 +7,17 @@
 
 namespace tandem {
 
-// "42" -> 42; "", "4x", "1e3", out of range -> nullopt.
+// Decimal only: a sign is "-" alone, and nothing before or after the
+// number (the C library's strtoll and strtod would also take " 42", "+42"
+// and "0x10").
+
+// "42", "-7" -> value; "", "4x", "1e3", " 42", "+42", "0x10", out of range -> nullopt.
 std::optional<long long> parse_int(const std::string& text);
 
-// "0.1", "1e-3", "5" -> value; "", "abc", "nan", "inf" -> nullopt.
+// "42", "18446744073709551615" -> value; "-1", "", "4x", "+42", out of range -> nullopt.
+std::optional<unsigned long long> parse_uint(const std::string& text);
+
+// "0.1", "1e-3", "5", "-2" -> value; "", "abc", "nan", "inf", " 1", "+1", "0x10" -> nullopt.
 std::optional<double> parse_double(const std::string& text);
 
 // "a,b,,c" -> {"a", "b", "", "c"}.
