@@ -12,6 +12,9 @@ namespace {
 
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
+// The largest --image-size: 8192 x 8192 x 3 float32 is 805 MB an image.
+constexpr int64_t kMaxImageSize = 8192;
+
 // Per-channel statistics the presets normalise with.
 const std::vector<double> kCifar10Mean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kCifar10Std = {0.2470, 0.2435, 0.2616};
@@ -39,7 +42,8 @@ Spec parse_spec(const std::string& spec) {
 AugmentOptions augment_options(const DataOptions& o, const std::string& default_augment,
                                int64_t default_size, std::vector<double> mean,
                                std::vector<double> std) {
-  TANDEM_CHECK(o.image_size >= 0, "--image-size: expected a positive size, got ", o.image_size);
+  TANDEM_CHECK(o.image_size >= 0 && o.image_size <= kMaxImageSize, "--image-size: expected 1 to ", kMaxImageSize,
+               " pixels (0: the format's default), got ", o.image_size);
   AugmentOptions a;
   a.name = o.augment.empty() ? default_augment : o.augment;
   a.image_size = o.image_size > 0 ? o.image_size : default_size;

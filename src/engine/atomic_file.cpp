@@ -24,6 +24,15 @@ void sync_path(const std::string& path, bool directory) {
 
 }  // namespace
 
+void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), flag, " ", path, ": is a folder; expected a file name");
+  auto folder = std::filesystem::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  TANDEM_CHECK(std::filesystem::is_directory(folder, ec) && ::access(folder.c_str(), W_OK) == 0, flag, " ", path,
+               ": ", folder.string(), " is not a folder this process can write to");
+}
+
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write_to) {
   namespace fs = std::filesystem;

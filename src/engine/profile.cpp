@@ -8,6 +8,7 @@
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
+#include "tandem/engine/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 
@@ -42,10 +43,7 @@ StepProfiler::StepProfiler(ProfileOptions options, int64_t rank) : options_(std:
   path_ = options_.path;
   if (field != std::string::npos) path_.replace(field, 6, std::to_string(rank));
   // A bad folder is an error now, not after the steps before the window.
-  auto folder = std::filesystem::path(path_).parent_path();
-  if (folder.empty()) folder = ".";
-  TANDEM_CHECK(std::filesystem::is_directory(folder) && ::access(folder.c_str(), W_OK) == 0,
-               "--profile-out ", path_, ": ", folder.string(), " is not a folder this process can write to");
+  check_output_file("--profile-out", path_);
 }
 
 StepProfiler::~StepProfiler() {

@@ -11,6 +11,7 @@
 #include "tandem/data/device_prefetcher.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/collectives.h"
+#include "tandem/engine/atomic_file.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/profile.h"
 #include "tandem/engine/cuda_graph.h"
@@ -310,6 +311,16 @@ TrainResult Trainer::run() {
   // --sync-bn normalises over each rank's share, which does depend on it).
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
+  // --export-weights: a path that could not be written fails now, not
+  // after the training.
+  if (!o.export_weights.empty()) {
+    const auto rank_field = o.export_weights.find("{rank}");
+    if (rank_ == 0 || rank_field != std::string::npos) {
+      std::string path = o.export_weights;
+      if (rank_field != std::string::npos) path.replace(rank_field, 6, std::to_string(rank_));
+      check_output_file("--export-weights", path);
+    }
+  }
   if (!o.checkpoint_dir.empty()) {
     checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
     if (rank_ == 0) {

@@ -43,6 +43,24 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
   TANDEM_CHECK(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
   TANDEM_CHECK(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
+  TANDEM_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, ": expected 0 to --lr (", o.lr,
+               "), where the cosine schedule ends; --lr is its peak");
+  {
+    // The optimizer computes in the parameters' dtype: a rate libtorch cannot
+    // convert to it fails inside SGD with a message that names no flag.
+    const bool doubles = o.dtype == "float64";
+    const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+    for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
+                                      {"--weight-decay", o.weight_decay},
+                                      {"--clip-grad-norm", o.clip_grad_norm}}) {
+      TANDEM_CHECK(value <= largest, flag, " ", value, ": beyond the largest ", doubles ? "float64" : "float32",
+                   " (", largest, "), the parameters' dtype");
+    }
+  }
+  TANDEM_CHECK(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
+               " applies to --model mobilenetv2 only, not ", o.model);
+  TANDEM_CHECK(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
+               " applies to the resnet models only, not ", o.model);
   TANDEM_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1,
                "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
   TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
@@ -156,6 +174,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   TANDEM_CHECK(o.grad_accum <= o.batch_size / world_, "--grad-accum ", o.grad_accum,
                ": more chunks than the ", o.batch_size / world_, " samples each rank takes a step "
                "(--batch-size ", o.batch_size, " over ", world_, " rank(s))");
+  TANDEM_CHECK(!pipeline || o.micro_batches <= o.batch_size / world_, "--micro-batches ", o.micro_batches,
+               ": more than the ", o.batch_size / world_, " samples of a batch (--batch-size ", o.batch_size,
+               "); each micro-batch needs at least one");
   TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
                "the pipeline already passes each batch in --micro-batches chunks and accumulates "
                "their gradients (raise --micro-batches instead)");

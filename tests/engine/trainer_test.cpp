@@ -1142,6 +1142,30 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   o = small_run(data_.path());
   o.resume = true;
   EXPECT_THROW(Trainer(o, nullptr), Error);
+  // Values that used to run, ignored or wrong (a black-box sweep's finds).
+  auto with = [&](const std::function<void(TrainOptions&)>& change) {
+    auto changed = small_run(data_.path());
+    change(changed);
+    return changed;
+  };
+  refused(with([](auto& c) { c.min_lr = 1; }),
+          "--min-lr 1: expected 0 to --lr (0.05), where the cosine schedule ends; --lr is its peak");
+  refused(with([](auto& c) { c.lr = 1e300; }), "--lr 1e+300: beyond the largest float32 (3.40282e+38)");
+  refused(with([](auto& c) { c.clip_grad_norm = 1e39; }), "--clip-grad-norm 1e+39: beyond the largest float32");
+  refused(with([](auto& c) { c.width_mult = 2; }), "--width-mult 2 applies to --model mobilenetv2 only, not convnet");
+  refused(with([](auto& c) { c.stem = "cifar"; }), "--stem cifar applies to the resnet models only, not convnet");
+  refused(with([](auto& c) {
+            c.strategy = "pipeline";
+            c.devices = "cpu,cpu";
+            c.micro_batches = 65;
+          }),
+          "--micro-batches 65: more than the 64 samples of a batch (--batch-size 64)");
+  refused(with([](auto& c) { c.image_size = 8193; }), "--image-size: expected 1 to 8192 pixels");
+  // --export-weights is checked when run() starts, before the first step.
+  EXPECT_EQ(testing::error_of([&] { Trainer(with([](auto& c) { c.export_weights = "/no/such/folder/w.st"; }), nullptr).run(); }),
+            "--export-weights /no/such/folder/w.st: /no/such/folder is not a folder this process can write to");
+  EXPECT_EQ(testing::error_of([&] { Trainer(with([&](auto& c) { c.export_weights = data_.path(); }), nullptr).run(); }),
+            "--export-weights " + data_.path() + ": is a folder; expected a file name");
 }
 
 // Note [loading in place]: a resumed run copies the checkpoint into the

@@ -10,6 +10,11 @@
 
 namespace tandem::engine {
 
+// Refuses, before any work is done, an output file (`flag` PATH) that could
+// not be written later: PATH is a directory, or its folder is missing or
+// not writable by this process. Throws tandem::Error naming the flag.
+void check_output_file(const std::string& flag, const std::string& path);
+
 // `write_to(tmp_path)` writes the content to the given temporary path.
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string& tmp_path)>& write_to);
