@@ -160,7 +160,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "with --profile-out: trace the optimizer steps from A up to B (not included), "
                    "counted from 0");
   flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
-                   "live bar on a terminal (auto), plain lines, or nothing");
+                   "live bar on a terminal (auto), plain lines, or nothing (warnings are printed whatever this is)");
   return flags;
 }
 

@@ -258,6 +258,10 @@ void Trainer::say(const std::string& line) const {
   if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", line.c_str());
 }
 
+void Trainer::warn(const std::string& line) const {
+  if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+}
+
 TrainResult Trainer::run() {
   const auto& o = options_;
   Stopwatch run_clock;
@@ -326,7 +330,7 @@ TrainResult Trainer::run() {
     if (rank_ == 0) {
       checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
       for (const auto& name : checkpointer->remove_stale_temporaries()) {
-        say("removed " + name + " from --checkpoint-dir: a checkpoint its process did not finish writing");
+        warn("removed " + name + " from --checkpoint-dir: a checkpoint its process did not finish writing");
       }
     }
   }
@@ -339,7 +343,7 @@ TrainResult Trainer::run() {
       say(format("restart %lld: resuming from the newest checkpoint in %s",
                  static_cast<long long>(*env::get_int("TANDEM_RESTART_COUNT")), o.checkpoint_dir.c_str()));
     } else {
-      say("restarted without --checkpoint-dir: starting from the beginning");
+      warn("restarted without --checkpoint-dir: starting from the beginning");
     }
   }
   if (checkpointer && !resume) {
@@ -379,13 +383,13 @@ TrainResult Trainer::run() {
               : format("resumed from %s (step %lld, after the last epoch)", path->c_str(),
                        static_cast<long long>(position.step)));
     } else {
-      say("no checkpoint in " + o.checkpoint_dir + ": starting from the beginning");
+      warn("no checkpoint in " + o.checkpoint_dir + " to resume from: starting from the beginning");
     }
   }
   MetricsWriter metrics;
   if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/resume && position.step > 0);
 
-  if (!data_.test) say("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
+  if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
                static_cast<long long>(world_), ddp_ ? "ddp" : fsdp_ ? "fsdp" : "allreduce",
@@ -404,7 +408,7 @@ TrainResult Trainer::run() {
                static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
                fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
   } else if (o.strategy == "fsdp") {
-    say("--strategy fsdp in one process: nothing to shard over, training as one process does");
+    warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
   if (dp_) {
     std::string names;
@@ -424,7 +428,7 @@ TrainResult Trainer::run() {
     say("activation checkpointing: every FSDP unit but the last keeps only its input and recomputes "
         "its forward in backward (the unit is gathered for its backward anyway)");
   } else if (o.checkpoint_activations > 0 && o.strategy == "fsdp") {
-    say("activation checkpointing: --strategy fsdp recomputes its units, and one process has none: off");
+    warn("activation checkpointing: --strategy fsdp recomputes its units, and one process has none: off");
   } else if (o.checkpoint_activations > 0) {
     std::string sizes;
     for (auto n : model_->checkpointed_segments()) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
@@ -519,7 +523,7 @@ TrainResult Trainer::run() {
   // there): nothing more to train.
   bool stop = o.max_steps > 0 && position.step >= o.max_steps;
   if (stop) {
-    say(format("step %lld reached --max-steps %lld already: nothing to train",
+    warn(format("step %lld reached --max-steps %lld already: nothing to train",
                static_cast<long long>(position.step), static_cast<long long>(o.max_steps)));
   }
   for (; position.epoch < o.epochs && !stop; ++position.epoch) {
@@ -692,7 +696,7 @@ TrainResult Trainer::run() {
     if (!trace.empty()) {
       say("trace written to " + trace);
     } else if (position.step <= profile_options.first) {
-      say(format("--profile-steps %s: the run ended at step %lld, before the window: no trace written",
+      warn(format("--profile-steps %s: the run ended at step %lld, before the window: no trace written",
                  o.profile_steps.c_str(), static_cast<long long>(position.step)));
     }
   }

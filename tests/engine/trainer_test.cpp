@@ -467,6 +467,26 @@ TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
 
 // Without "{rank}" in the path only rank 0 profiles (one trace for the
 // job); with it every rank does, into its own file.
+// A flag that had no effect is a warning, printed with --progress off too
+// (which silences the run's account, not its warnings).
+TEST_F(TrainerTest, WarningsAreNotSilencedByProgressOff) {
+  TempDir out;
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.progress = "off";
+  o.profile_out = out.file("trace.json");
+  o.profile_steps = "50:60";
+  std::FILE* log = std::tmpfile();
+  ASSERT_NE(log, nullptr);
+  Trainer(o, log).run();
+  std::rewind(log);
+  std::string text;
+  for (int c; (c = std::fgetc(log)) != EOF;) text += static_cast<char>(c);
+  std::fclose(log);
+  EXPECT_EQ(text, "tandem: warning: --profile-steps 50:60: the run ended at step 8, before the window: no trace "
+                  "written\n");
+}
+
 TEST(StepProfilerTest, RankZeroAloneUnlessThePathNamesTheRank) {
   TempDir out;
   EXPECT_TRUE(StepProfiler({out.file("t.json")}, 0).enabled());

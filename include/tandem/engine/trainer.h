@@ -98,7 +98,11 @@ class Trainer {
   int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
  private:
+  // A line of the run's account (rank 0; not with --progress off).
   void say(const std::string& line) const;
+  // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
+  // no effect, something skipped or removed.
+  void warn(const std::string& line) const;
   void make_pipeline(const data::DatasetInfo& info);
   void make_rank_pipeline(const data::DatasetInfo& info);
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
