@@ -1,6 +1,10 @@
 #include "tandem/data/image_folder.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -44,12 +48,24 @@ void list(const std::string& dir, std::vector<std::string>* dirs, std::vector<st
 }
 
 // Python's sorted(os.walk(root, followlinks=True)), flattened: every file
-// under `root` as (folder, name), ordered by folder path then name.
-void walk(const std::string& root, std::vector<std::pair<std::string, std::string>>* out) {
+// under `root` as (folder, name), ordered by folder path then name. A link
+// back to a folder the walk is inside (a loop: `ln -s .. cat/up`) is an
+// error naming it; os.walk would follow it round until the path grew too
+// long, and two such links made the walk take forever (a sweep's find).
+void walk(const std::string& root, std::vector<std::pair<std::string, std::string>>* out,
+          std::vector<std::pair<dev_t, ino_t>>* inside) {
+  struct stat st {};
+  TANDEM_CHECK(::stat(root.c_str(), &st) == 0, root, ": cannot read (", std::strerror(errno), ")");
+  const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+  TANDEM_CHECK(std::find(inside->begin(), inside->end(), id) == inside->end(), root,
+               ": a link back to a folder that contains it (a loop); class folders must not loop");
+  inside->push_back(id);
   std::vector<std::string> dirs, files;
   list(root, &dirs, &files);
+  std::sort(dirs.begin(), dirs.end());  // the same folder named at fault whatever the listing order
   for (auto& f : files) out->emplace_back(root, std::move(f));
-  for (const auto& d : dirs) walk(root + "/" + d, out);
+  for (const auto& d : dirs) walk(root + "/" + d, out, inside);
+  inside->pop_back();
 }
 
 }  // namespace
@@ -69,7 +85,10 @@ ImageFolderSource::ImageFolderSource(const std::string& dir) : dir_(dir) {
   std::vector<std::string> empty;
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::pair<std::string, std::string>> files;
-    walk(dir + "/" + classes_[c], &files);
+    std::vector<std::pair<dev_t, ino_t>> inside;
+    struct stat top {};
+    if (::stat(dir.c_str(), &top) == 0) inside.emplace_back(top.st_dev, top.st_ino);  // DIR itself
+    walk(dir + "/" + classes_[c], &files, &inside);
     std::sort(files.begin(), files.end());
     size_t before = paths_.size();
     for (const auto& [folder, name] : files) {

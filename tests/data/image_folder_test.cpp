@@ -54,6 +54,29 @@ TEST(ImageFolderTest, IndexesLikeTorchvision) {
   EXPECT_EQ(source.size(), 14);
 }
 
+// Links are followed, as torchvision's os.walk(followlinks=True) does, but a
+// link back to a folder the walk is inside (a loop) is an error naming it:
+// two such links used to make the walk run for ever.
+TEST(ImageFolderTest, LinksAreFollowedButALoopIsAnError) {
+  TempDir dir;
+  touch(dir.file("data/cats/1.jpg"));
+  touch(dir.file("elsewhere/more/2.jpg"));
+  fs::create_symlink(dir.file("elsewhere"), dir.file("data/cats/linked"));  // followed
+  ImageFolderSource source(dir.file("data"));
+  EXPECT_EQ(source.size(), 2);
+  fs::create_symlink("..", dir.file("data/cats/up"));
+  fs::create_symlink("..", dir.file("data/cats/up2"));
+  EXPECT_EQ(error_of([&] { ImageFolderSource looped(dir.file("data")); }),
+            dir.file("data/cats/up") + ": a link back to a folder that contains it (a loop); class folders must "
+            "not loop");
+  fs::remove(dir.file("data/cats/up"));
+  fs::remove(dir.file("data/cats/up2"));
+  fs::create_symlink(".", dir.file("data/cats/self"));
+  EXPECT_EQ(error_of([&] { ImageFolderSource looped(dir.file("data")); }),
+            dir.file("data/cats/self") + ": a link back to a folder that contains it (a loop); class folders must "
+            "not loop");
+}
+
 TEST(ImageFolderTest, EmptyClassFolderIsAnError) {
   TempDir dir;
   touch(dir.file("cats/1.jpg"));
