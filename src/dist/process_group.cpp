@@ -130,6 +130,19 @@ std::string local_address_towards(const std::string& host) {
 // the rank ends with the error.
 c10::intrusive_ptr<c10d::TCPStore> connect_to_store(const Rendezvous& r,
                                                     c10d::TCPStoreOptions options) {
+  // A master address that names no host is told at once, not after the
+  // whole timeout as if rank 0 had not started. A temporary failure of the
+  // name service (EAI_AGAIN) is left to the store's retries.
+  {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(r.host.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    TANDEM_CHECK(rc == 0 || rc == EAI_AGAIN, "rendezvous at ", r.host, ":", r.port, " (", r.source,
+                 "): cannot resolve ", r.host, ": ", ::gai_strerror(rc),
+                 "; --master-addr (MASTER_ADDR) must name the host of rank 0");
+  }
   const auto timeout = options.timeout;
   options.timeout += std::chrono::seconds(5);
   using Made = c10::intrusive_ptr<c10d::TCPStore>;

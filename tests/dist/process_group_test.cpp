@@ -344,6 +344,28 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2900ms);
 }
 
+// A master address that names no host ends a joining rank at once, not
+// after the timeout as if rank 0 had not started (a sweep's find: 300 s by
+// default). The name is one no resolver accepts, so no DNS is asked.
+TEST(ProcessGroupTest, AnUnresolvableMasterAddressIsAnErrorAtOnce) {
+  Rendezvous rv;
+  rv.host = "no such host!";
+  rv.port = 29500;
+  rv.rank = 1;
+  rv.world_size = 2;
+  rv.local_rank = 1;
+  rv.local_world_size = 2;
+  rv.source = "test";
+  GroupOptions options;
+  options.timeout = 30s;
+  const auto start = std::chrono::steady_clock::now();
+  auto message = testing::error_of([&] { ProcessGroup group(rv, options); });
+  EXPECT_EQ(message.rfind("rendezvous at no such host!:29500 (test): cannot resolve no such host!: ", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("; --master-addr (MASTER_ADDR) must name the host of rank 0"), std::string::npos) << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
 // Note [store deadline]: a port held by a server that is not a store (here a
 // socket that listens and never answers) ends the rank at the timeout; c10d's
 // client alone waits for the handshake's answer for good.
