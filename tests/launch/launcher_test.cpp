@@ -79,6 +79,20 @@ TEST(LaunchTest, WorkersGetTorchrunsEnvironmentAndPrefixedOutput) {
 
 // Note [job token]: every worker of a single-node job gets the same fresh
 // random token (a new one per job); --job-token sets it.
+// A worker's bytes come through as they are, NULs included (they used to
+// cut the line), and a line without a newline goes out in prefixed pieces
+// of 1 MiB, so the launcher's memory stays bounded.
+TEST(LaunchTest, OutputKeepsEveryByteAndLongLinesComeInPieces) {
+  auto r = run_tandem("launch --nproc-per-node 1 -- sh -c "
+                      "'printf \"a\\0b\\n\"; head -c 2500000 /dev/zero | tr \"\\0\" x; printf \"c\\0d\"'");
+  ASSERT_EQ(r.exit_code, 0) << r.output.substr(0, 200);
+  const std::string mib(size_t{1} << 20, 'x');
+  const std::string expected = std::string("[rank 0] a\0b\n", 13) + "[rank 0] " + mib + "\n[rank 0] " + mib +
+                               "\n[rank 0] " + std::string(2500000 - 2 * mib.size(), 'x') + std::string("c\0d\n", 4);
+  EXPECT_EQ(r.output.size(), expected.size());
+  EXPECT_TRUE(r.output == expected) << r.output.substr(0, 40);
+}
+
 TEST(LaunchTest, WorkersShareAJobToken) {
   auto tokens_of = [](const std::string& flags) {
     auto r = run_tandem("launch --nproc-per-node 2 " + flags + " -- sh -c 'echo token $TANDEM_JOB_TOKEN'");
