@@ -60,7 +60,9 @@ int launch_command(const std::vector<std::string>& args) {
                             static_cast<long long>(launch::kMaxLocalWorkers),
                             static_cast<long long>(o.nproc_per_node)));
   }
-  if (port < 0 || port > 65535) throw UsageError("--master-port: expected 0..65535");
+  if (port < 0 || port > 65535) {
+    throw UsageError(format("--master-port: expected 0 to 65535 (0: a free one), got %lld", static_cast<long long>(port)));
+  }
   o.master_port = static_cast<int>(port);
   auto result = launch::run_workers(o, [&] { return dist::pick_free_port(o.master_addr); });
   if (result.exit_code != 0) {

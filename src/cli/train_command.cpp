@@ -105,7 +105,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "schedule: a bubble about that many times smaller, for more hand-offs)");
   flags.add_int("virtual-stages", "V", &o.virtual_stages,
                 "--schedule interleaved: the model is cut into devices x V pieces, device d "
-                "running pieces d, d + devices, ... (default 2)", 1);
+                "running pieces d, d + devices, ... (0: 2 with --schedule interleaved, else 1)", 0);
   flags.add_string("pipeline-split", "NAMES", &o.pipeline_split,
                    "--strategy pipeline: the layers that begin stages 2, 3, ... (one stage per "
                    "device, or devices x --virtual-stages), e.g. conv2 (default: balanced, see "
@@ -426,7 +426,11 @@ int train_command(const std::vector<std::string>& args) {
 }
 
 int models_command(const std::vector<std::string>& args) {
-  if (!args.empty()) throw UsageError("tandem models takes no arguments");
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::printf("usage: tandem models\n\nList the model names --model accepts, one a line.\n");
+    return 0;
+  }
+  if (!args.empty()) throw UsageError("tandem models takes no arguments (but --help)");
   for (const auto& name : models::model_names()) std::printf("%s\n", name.c_str());
   return 0;
 }

@@ -129,7 +129,7 @@ std::string IdxSource::name(int64_t index) const {
 
 DataSplits open_idx(const std::string& dir) {
   fs::path root(dir);
-  TANDEM_CHECK(fs::is_directory(root), "idx:", dir, ": no such directory");
+  TANDEM_CHECK(fs::is_directory(root), "idx:", dir, fs::exists(root) ? ": not a directory" : ": no such directory");
   auto load = [&](const std::string& prefix) {
     auto images_path = find_file(root, prefix + "-images-idx3-ubyte");
     auto labels_path = find_file(root, prefix + "-labels-idx1-ubyte");

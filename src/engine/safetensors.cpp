@@ -87,6 +87,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
   TANDEM_CHECK(file_size >= 8, path, ": not a safetensors file (shorter than its 8-byte header length)");
   unsigned char le[8];
   in.read(reinterpret_cast<char*>(le), 8);
+  // A zip archive ("PK\3\4"): a tandem checkpoint given where weights go.
+  TANDEM_CHECK(!(le[0] == 'P' && le[1] == 'K' && le[2] == 3 && le[3] == 4), path,
+               ": a zip archive (a --checkpoint-dir checkpoint?), not a safetensors file; "
+               "weights are what --export-weights writes");
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | le[i];
   TANDEM_CHECK(length <= static_cast<uint64_t>(file_size - 8) && length <= (100u << 20), path,

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -354,6 +355,10 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         dup2(err_pipe[1], STDERR_FILENO);
         execvpe(argv[0], argv.data(), envp.data());
         const char* why = std::strerror(errno);
+        struct stat st {};  // a path to a folder fails with EACCES, "Permission denied"
+        if (errno == EACCES && std::strchr(argv[0], '/') != nullptr && stat(argv[0], &st) == 0 && S_ISDIR(st.st_mode)) {
+          why = "a directory, not a program";
+        }
         ssize_t ignored = write(STDERR_FILENO, "cannot run ", 11);
         ignored = write(STDERR_FILENO, argv[0], std::strlen(argv[0]));
         ignored = write(STDERR_FILENO, ": ", 2);

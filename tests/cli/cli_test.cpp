@@ -45,6 +45,11 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
   r = run_tandem("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(count_lines(r.output), 1) << r.output;
+  r = run_tandem("models --help");  // as the top-level help says every command takes
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("usage: tandem models", 0), 0u) << r.output;
+  r = run_tandem("models convnet");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
 TEST(CliTest, MissingDataDirectoryIsNamed) {

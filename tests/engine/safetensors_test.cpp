@@ -59,6 +59,8 @@ TEST(SafetensorsTest, DefectsAreNamedNotCrashed) {
   };
   expect_error("abc", "shorter than its 8-byte header length");
   expect_error(std::string("\xff\xff\xff\xff\x00\x00\x00\x00", 8) + "{}", "exceeds the file");
+  expect_error(std::string("PK\x03\x04\x14\x00\x00\x00", 8) + std::string(64, 'z'),
+               ": a zip archive (a --checkpoint-dir checkpoint?), not a safetensors file");
   expect_error(with_header("{not json", 0), "not valid JSON");
   expect_error(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 8),
                "do not hold 8 bytes");

@@ -383,6 +383,15 @@ TEST(LaunchTest, UsageErrors) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank 0] cannot run /no/such/program"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exited with code 127"), std::string::npos) << r.output;
+  TempDir dir;
+  r = run_tandem("launch --nproc-per-node 1 -- " + dir.path());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] cannot run " + dir.path() + ": a directory, not a program"), std::string::npos)
+      << r.output;
+  r = run_tandem("launch --nproc-per-node 1 --master-port 65536 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--master-port: expected 0 to 65535 (0: a free one), got 65536"), std::string::npos)
+      << r.output;
   r = run_tandem("launch --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("--nproc-per-node N"), std::string::npos) << r.output;
