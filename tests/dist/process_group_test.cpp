@@ -319,14 +319,21 @@ TEST(ProcessGroupTest, PortInUseIsAClearError) {
       << error;
 }
 
-TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
+// Rank 1 of a job of 2 whose rank 0 is at host:port.
+Rendezvous second_of_two(const std::string& host, int port) {
   Rendezvous rv;
-  rv.port = pick_free_port();
+  rv.host = host;
+  rv.port = port;
   rv.rank = 1;
   rv.world_size = 2;
   rv.local_rank = 1;
   rv.local_world_size = 2;
   rv.source = "test";
+  return rv;
+}
+
+TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
+  Rendezvous rv = second_of_two("127.0.0.1", pick_free_port());
   GroupOptions options;
   options.timeout = 1500ms;
   const auto start = std::chrono::steady_clock::now();
@@ -348,14 +355,7 @@ TEST(ProcessGroupTest, NoRankZeroIsAClearErrorAfterTheTimeout) {
 // after the timeout as if rank 0 had not started (a sweep's find: 300 s by
 // default). The name is one no resolver accepts, so no DNS is asked.
 TEST(ProcessGroupTest, AnUnresolvableMasterAddressIsAnErrorAtOnce) {
-  Rendezvous rv;
-  rv.host = "no such host!";
-  rv.port = 29500;
-  rv.rank = 1;
-  rv.world_size = 2;
-  rv.local_rank = 1;
-  rv.local_world_size = 2;
-  rv.source = "test";
+  Rendezvous rv = second_of_two("no such host!", 29500);
   GroupOptions options;
   options.timeout = 30s;
   const auto start = std::chrono::steady_clock::now();
