@@ -127,20 +127,40 @@ std::string IdxSource::name(int64_t index) const {
   return format("%s, image %lld", data_->describe().c_str(), static_cast<long long>(index));
 }
 
-DataSplits open_idx(const std::string& dir) {
+namespace {
+
+fs::path idx_root(const std::string& dir) {
   fs::path root(dir);
   TANDEM_CHECK(fs::is_directory(root), "idx:", dir, fs::exists(root) ? ": not a directory" : ": no such directory");
-  auto load = [&](const std::string& prefix) {
-    auto images_path = find_file(root, prefix + "-images-idx3-ubyte");
-    auto labels_path = find_file(root, prefix + "-labels-idx1-ubyte");
-    auto images = read_idx(images_path, 3);
-    auto labels = read_idx(labels_path, 1);
-    TANDEM_CHECK(images.size(0) == labels.size(0), images_path, " holds ", images.size(0),
-                 " images but ", labels_path, " holds ", labels.size(0), " labels");
-    return std::make_tuple(images, labels, labels_path);
-  };
-  auto [train_images, train_labels, train_labels_path] = load("train");
-  auto [test_images, test_labels, test_labels_path] = load("t10k");
+  return root;
+}
+
+// One split's images and labels ("train" or "t10k"), and the labels' path.
+std::tuple<torch::Tensor, torch::Tensor, std::string> load_split(const fs::path& root, const std::string& prefix) {
+  auto images_path = find_file(root, prefix + "-images-idx3-ubyte");
+  auto labels_path = find_file(root, prefix + "-labels-idx1-ubyte");
+  auto images = read_idx(images_path, 3);
+  auto labels = read_idx(labels_path, 1);
+  TANDEM_CHECK(images.size(0) == labels.size(0), images_path, " holds ", images.size(0),
+               " images but ", labels_path, " holds ", labels.size(0), " labels");
+  return {images, labels, labels_path};
+}
+
+std::string split_name(const std::string& dir, const char* split, const torch::Tensor& images) {
+  return format("idx:%s %s (%lld images)", dir.c_str(), split, static_cast<long long>(images.size(0)));
+}
+
+}  // namespace
+
+std::shared_ptr<const IdxDataset> open_idx_test(const std::string& dir, double mean, double std) {
+  auto [images, labels, labels_path] = load_split(idx_root(dir), "t10k");
+  return std::make_shared<IdxDataset>(images, labels, mean, std, split_name(dir, "test", images));
+}
+
+DataSplits open_idx(const std::string& dir) {
+  const fs::path root = idx_root(dir);
+  auto [train_images, train_labels, train_labels_path] = load_split(root, "train");
+  auto [test_images, test_labels, test_labels_path] = load_split(root, "t10k");
   // IDX has no class count: it is the training labels' largest plus one. So
   // a damaged label byte (255) would silently make a 256-class model; the
   // classes 0..K-1 must each have a training image, and the test labels
@@ -176,14 +196,13 @@ DataSplits open_idx(const std::string& dir) {
                " training images is ", train_images.numel() ? train_images.max().item<int64_t>() : 0,
                ": images without any variance cannot be normalised (standard deviation 0); expected images "
                "that differ");
-  auto name = [&](const char* split, const torch::Tensor& images) {
-    return format("idx:%s %s (%lld images)", dir.c_str(), split,
-                  static_cast<long long>(images.size(0)));
-  };
-  return {std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
-                                       name("train", train_images)),
-          std::make_shared<IdxDataset>(test_images, test_labels, mean, std,
-                                       name("test", test_images))};
+  DataSplits splits{std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
+                                                 split_name(dir, "train", train_images)),
+                    std::make_shared<IdxDataset>(test_images, test_labels, mean, std,
+                                                 split_name(dir, "test", test_images))};
+  splits.idx_mean = mean;
+  splits.idx_std = std;
+  return splits;
 }
 
 }  // namespace tandem::data

@@ -74,11 +74,22 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   if (plain) return splits;
   auto a = augment_options(o, "none", 0, {train->mean()}, {train->std()});
   auto test = std::static_pointer_cast<const IdxDataset>(splits.test);
-  return {transformed(std::make_shared<IdxSource>(train),
-                      make_train_transform(a, info.height, info.width), o),
-          transformed(std::make_shared<IdxSource>(test),
-                      make_eval_transform(a, info.height, info.width), o),
-          "none", info.height};
+  splits.train = transformed(std::make_shared<IdxSource>(train), make_train_transform(a, info.height, info.width), o);
+  splits.test = transformed(std::make_shared<IdxSource>(test), make_eval_transform(a, info.height, info.width), o);
+  return splits;
+}
+
+// --val-data idx:DIR after IDX training data: DIR's test split alone,
+// normalised (and transformed) as the training data's own test split is.
+std::shared_ptr<const Dataset> open_idx_eval(const std::string& dir, const DataSplits& training,
+                                             const DataOptions& o) {
+  auto test = open_idx_test(dir, training.idx_mean, training.idx_std);
+  const auto info = test->info();
+  bool plain = (o.augment.empty() || o.augment == "none") &&
+               (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
+  if (plain) return test;
+  auto a = augment_options(o, "none", 0, {training.idx_mean}, {training.idx_std});
+  return transformed(std::make_shared<IdxSource>(test), make_eval_transform(a, info.height, info.width), o);
 }
 
 DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOptions& o) {
@@ -108,8 +119,10 @@ DataSplits open_data(const std::string& spec, const DataOptions& options) {
           nullptr, "imagenet", 224};
 }
 
-std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options) {
+std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options,
+                                              const DataSplits* training) {
   auto s = parse_spec(spec);
+  if (s.kind == "idx" && training != nullptr && training->idx_std > 0) return open_idx_eval(s.path, *training, options);
   if (s.kind != "imagefolder") return open_data(spec, options).test;
   return transformed(std::make_shared<ImageFolderSource>(s.path),
                      make_eval_transform(image_folder_augment(options), 0, 0), options);

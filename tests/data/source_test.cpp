@@ -2,6 +2,9 @@
 // classes, or the accuracy it gives means nothing.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "tandem/data/idx.h"
 #include "tandem/data/source.h"
 #include "testing.h"
 
@@ -45,6 +48,34 @@ TEST(SourceTest, EvaluationDataMustLabelTheTrainingClasses) {
   EXPECT_EQ(refusal("idx:/a", numbered(10), "idx:/b", numbered(12)),
             "--val-data idx:/b: labels up to 11, but --data idx:/a has 10 classes (labels 0 to 9), which the "
             "model's outputs are");
+}
+
+// --val-data idx:DIR after IDX training data reads DIR's test split alone
+// (a folder of t10k files will do) and normalises it with the training
+// data's statistics, as the training data's own test split is: the same
+// test images give the same inputs whatever DIR's training images are.
+TEST(SourceTest, IdxEvaluationDataIsNormalisedAsTheTrainingDataIs) {
+  testing::TempDir a, b;
+  testing::write_synthetic_idx(a.path(), 256, 32);
+  for (const char* file : {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::filesystem::copy_file(a.file(file), b.file(file));
+  }
+  for (const auto& options : {DataOptions{}, DataOptions{"none", 32}}) {
+    auto training = open_data("idx:" + a.path(), options);
+    auto own = training.test->get_batch({0, 5, 31}, 0);
+    auto other = open_eval_data("idx:" + b.path(), options, &training)->get_batch({0, 5, 31}, 0);
+    EXPECT_TRUE(torch::equal(own.inputs, other.inputs)) << options.image_size;
+    EXPECT_TRUE(torch::equal(own.targets, other.targets));
+  }
+  // With training files of other statistics in DIR: still the training data's.
+  testing::write_synthetic_idx(b.path(), 64, 32);
+  auto t10k = read_idx(a.file("t10k-images-idx3-ubyte"), 3);
+  testing::write_idx(b.file("t10k-images-idx3-ubyte"), t10k, false);
+  testing::write_idx(b.file("t10k-labels-idx1-ubyte"), read_idx(a.file("t10k-labels-idx1-ubyte"), 1), false);
+  testing::write_idx(b.file("train-images-idx3-ubyte"), read_idx(b.file("train-images-idx3-ubyte"), 3) / 2, false);
+  auto training = open_data("idx:" + a.path());
+  EXPECT_TRUE(torch::equal(training.test->get_batch({1, 2}, 0).inputs,
+                           open_eval_data("idx:" + b.path(), {}, &training)->get_batch({1, 2}, 0).inputs));
 }
 
 }  // namespace

@@ -57,6 +57,10 @@ struct DataSplits {
   // told to mean the default (a checkpoint's fingerprint).
   std::string default_augment;
   int64_t default_image_size = 0;
+  // IDX: the training images' mean and standard deviation, which normalise
+  // its test split and any --val-data IDX set too (empty for the others,
+  // whose presets carry fixed statistics).
+  double idx_mean = 0.0, idx_std = 0.0;
 };
 
 }  // namespace tandem::data

@@ -63,4 +63,8 @@ class IdxSource : public ImageSource {
 // normalised with the training images' mean and standard deviation.
 DataSplits open_idx(const std::string& dir);
 
+// The test split of DIR alone (t10k-*; no training files needed), normalised
+// with another set's training statistics: --val-data idx:DIR.
+std::shared_ptr<const IdxDataset> open_idx_test(const std::string& dir, double mean, double std);
+
 }  // namespace tandem::data

@@ -34,8 +34,11 @@ DataSplits open_data(const std::string& spec, const DataOptions& options = {});
 
 // The data to evaluate on for --val-data SPEC: the evaluation split of
 // `spec`, or for imagefolder the whole folder, with evaluation transforms.
-std::shared_ptr<const Dataset> open_eval_data(const std::string& spec,
-                                              const DataOptions& options = {});
+// IDX after IDX `training` data: the test split alone (no training files
+// needed), normalised with the training data's statistics, as its own test
+// split is.
+std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options = {},
+                                              const DataSplits* training = nullptr);
 
 // The format a spec names: "idx" (also for fashion-mnist), "cifar10",
 // "cifar100" or "imagefolder". Throws tandem::Error for an unknown one.
