@@ -1,5 +1,6 @@
-// data::check_same_classes: evaluation data must label the training data's
-// classes, or the accuracy it gives means nothing.
+// Evaluation data (--val-data) against the training data: its labels must
+// mean the training classes (data::check_same_classes), and an IDX set is
+// normalised with the training data's statistics (open_eval_data).
 #include <gtest/gtest.h>
 
 #include <filesystem>
