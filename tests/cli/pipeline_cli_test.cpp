@@ -108,8 +108,8 @@ TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
       "train --strategy pipeline --devices cpu,cpu --virtual-stages 2 --max-steps 1", 1,
       "--virtual-stages 2: more than one chunk per device needs --schedule interleaved, not 1f1b"));
   EXPECT_TRUE(testing::tandem_fails(
-      "train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages 0 --max-steps 1",
-      2, "--virtual-stages"));
+      "train --strategy pipeline --devices cpu,cpu --schedule interleaved --virtual-stages -1 --max-steps 1",
+      2, "--virtual-stages: expected a non-negative integer, got '-1'"));
   EXPECT_TRUE(testing::tandem_fails(
       "train --nproc-per-node 2 --strategy pipeline --devices cpu,cpu --max-steps 1", testing::kAnyFailure,
       "--devices cpu,cpu: --strategy pipeline over 2 ranks runs one stage per rank, on its --device (cpu, or "
