@@ -136,6 +136,19 @@ std::string class_list(const std::vector<std::string>& names) {
   return names.size() > 8 ? text + ", ... (" + std::to_string(names.size()) + ")" : text;
 }
 
+void check_same_label_kind(const std::string& train_spec, const DatasetInfo& train, const std::string& eval_spec,
+                           const std::string& flag) {
+  if (eval_spec == train_spec || data_format(eval_spec) == "imagefolder") return;  // named: see check_same_classes
+  const std::string what = flag + eval_spec;
+  TANDEM_CHECK(train.class_names.empty(), what, ": its labels are numbers (", data_format(eval_spec),
+               " data) while --data ", train_spec, " names its classes by folder (", class_list(train.class_names),
+               "): nothing says which number is which class; evaluate on an imagefolder with the same "
+               "class folders");
+  TANDEM_CHECK(data_format(train_spec) == data_format(eval_spec), what, ": ", data_format(eval_spec),
+               " labels, but --data ", train_spec, " is ", data_format(train_spec),
+               " data: the same numbers name other classes; evaluate on data of the same kind");
+}
+
 void check_same_classes(const std::string& train_spec, const DatasetInfo& train,
                         const std::string& eval_spec, const DatasetInfo& eval, const std::string& flag) {
   if (eval_spec == train_spec) return;
@@ -148,16 +161,10 @@ void check_same_classes(const std::string& train_spec, const DatasetInfo& train,
                  "); labels are class folder indices, so both need the same class folders");
     return;
   }
-  TANDEM_CHECK(!train_named, what, ": its labels are numbers (", data_format(eval_spec), " data) while --data ",
-               train_spec, " names its classes by folder (", class_list(train.class_names),
-               "): nothing says which number is which class; evaluate on an imagefolder with the same "
-               "class folders");
   TANDEM_CHECK(!eval_named, what, ": it names its classes by folder (", class_list(eval.class_names),
                ") while --data ", train_spec, " numbers them (", data_format(train_spec), " data): nothing "
                "says which folder is which number; evaluate on data of the training data's kind");
-  TANDEM_CHECK(data_format(train_spec) == data_format(eval_spec), what, ": ", data_format(eval_spec),
-               " labels, but --data ", train_spec, " is ", data_format(train_spec),
-               " data: the same numbers name other classes; evaluate on data of the same kind");
+  check_same_label_kind(train_spec, train, eval_spec, flag);
   TANDEM_CHECK(eval.num_classes <= train.num_classes, what, ": labels up to ", eval.num_classes - 1,
                ", but --data ", train_spec, " has ", train.num_classes, " classes (labels 0 to ",
                train.num_classes - 1, "), which the model's outputs are");

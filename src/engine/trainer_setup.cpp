@@ -195,7 +195,11 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   data_options.seed = o.seed;
   data_options.skip_bad_images = o.skip_bad_images;
   data_ = data::open_data(o.data, data_options);
-  if (!o.val_data.empty()) data_.test = data::open_eval_data(o.val_data, data_options, &data_);
+  if (!o.val_data.empty()) {
+    // What the spec alone shows is refused before the data are read.
+    data::check_same_label_kind(o.data, data_.train->info(), o.val_data, "--val-data ");
+    data_.test = data::open_eval_data(o.val_data, data_options, &data_);
+  }
   auto info = data_.train->info();
   auto test_info = data_.test ? data_.test->info() : info;
   TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&

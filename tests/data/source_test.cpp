@@ -46,6 +46,13 @@ TEST(SourceTest, EvaluationDataMustLabelTheTrainingClasses) {
   EXPECT_EQ(refusal("cifar100:/c", numbered(100), "cifar10:/d", numbered(10)),
             "--val-data cifar10:/d: cifar10 labels, but --data cifar100:/c is cifar100 data: the same numbers "
             "name other classes; evaluate on data of the same kind");
+  // What the specs alone show is refused before the evaluation data is read
+  // (a folder that does not exist here).
+  EXPECT_EQ(testing::error_of([] { check_same_label_kind("cifar10:/c", numbered(10), "idx:/absent", "--val-data "); }),
+            "--val-data idx:/absent: idx labels, but --data cifar10:/c is cifar10 data: the same numbers name "
+            "other classes; evaluate on data of the same kind");
+  EXPECT_NO_THROW(check_same_label_kind("cifar10:/c", numbered(10), "imagefolder:/v", "--val-data "));
+  EXPECT_NO_THROW(check_same_label_kind("idx:/a", numbered(10), "fashion-mnist", "--val-data "));
   EXPECT_EQ(refusal("idx:/a", numbered(10), "idx:/b", numbered(12)),
             "--val-data idx:/b: labels up to 11, but --data idx:/a has 10 classes (labels 0 to 9), which the "
             "model's outputs are");

@@ -53,6 +53,12 @@ std::string data_format(const std::string& spec);
 void check_same_classes(const std::string& train_spec, const DatasetInfo& train,
                         const std::string& eval_spec, const DatasetInfo& eval, const std::string& flag);
 
+// The part of check_same_classes that needs only the evaluation spec, so
+// that it can run before the evaluation data is opened: numbered labels
+// (IDX, CIFAR) against class folders, or of another format.
+void check_same_label_kind(const std::string& train_spec, const DatasetInfo& train, const std::string& eval_spec,
+                           const std::string& flag);
+
 // A class list for a message: the first 8 names, then "... (N)".
 std::string class_list(const std::vector<std::string>& names);
 
