@@ -1,6 +1,9 @@
 // tandem: subcommand dispatch and the one place errors become exit codes.
 #include <cstdio>
 #include <exception>
+#include <string>
+
+#include <c10/util/Exception.h>
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
@@ -51,7 +54,14 @@ int main_command(int argc, char** argv) {
   } catch (const std::exception& e) {
     // The whole message: tandem's put details on further lines (the files
     // tried, both sides of a mismatch); libtorch's stack trace is left out.
-    std::fprintf(stderr, "\ntandem: error: %s\n", message_of(e).c_str());
+    const std::string message = message_of(e);
+    std::fprintf(stderr, "\ntandem: error: %s\n", message.c_str());
+    // libtorch's allocators name bytes, not the flags that asked for them.
+    if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+        message.find("can't allocate memory") != std::string::npos) {
+      std::fprintf(stderr, "tandem: out of memory: a smaller --batch-size, --image-size or model needs less, "
+                           "as do --grad-accum K and --checkpoint-activations N (for more time)\n");
+    }
     return 1;
   }
 }

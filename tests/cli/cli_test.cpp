@@ -52,6 +52,20 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+// An allocation libtorch cannot make names bytes only; the CLI adds which
+// flags ask for less. The mlp's first layer at 8192 x 8192 pixels needs
+// 64 GiB, over the 16 GB of address space the test allows.
+TEST(CliTest, OutOfMemorySaysWhichFlagsNeedLess) {
+  auto r = testing::run("sh -c 'ulimit -v 16000000; " + std::string(TANDEM_CLI) +
+               " train --model mlp --image-size 8192 --max-steps 1 --progress off'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("can't allocate memory: you tried to allocate 68719476736 bytes"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("tandem: out of memory: a smaller --batch-size, --image-size or model needs less"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(CliTest, MissingDataDirectoryIsNamed) {
   auto r = run_tandem("train --data idx:/no/such/dir");
   EXPECT_EQ(r.exit_code, 1);
