@@ -196,10 +196,10 @@ DataSplits open_idx(const std::string& dir) {
                " training images is ", train_images.numel() ? train_images.max().item<int64_t>() : 0,
                ": images without any variance cannot be normalised (standard deviation 0); expected images "
                "that differ");
-  DataSplits splits{std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
-                                                 split_name(dir, "train", train_images)),
-                    std::make_shared<IdxDataset>(test_images, test_labels, mean, std,
-                                                 split_name(dir, "test", test_images))};
+  DataSplits splits;
+  splits.train = std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
+                                              split_name(dir, "train", train_images));
+  splits.test = std::make_shared<IdxDataset>(test_images, test_labels, mean, std, split_name(dir, "test", test_images));
   splits.idx_mean = mean;
   splits.idx_std = std;
   return splits;
