@@ -62,6 +62,12 @@ std::shared_ptr<const Dataset> transformed(std::shared_ptr<const ImageSource> so
                                               dataset_options(o));
 }
 
+// IDX without a preset or another size: the in-memory fast path, no transforms.
+bool idx_plain(const DataOptions& o, const DatasetInfo& info) {
+  return (o.augment.empty() || o.augment == "none") &&
+         (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
+}
+
 // IDX: the in-memory fast path unless a preset or a size asks for transforms.
 DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   auto splits = open_idx(dir);
@@ -69,8 +75,7 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   auto info = train->info();
   splits.default_augment = "none";
   splits.default_image_size = info.height;
-  bool plain = (o.augment.empty() || o.augment == "none") &&
-               (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
+  const bool plain = idx_plain(o, info);
   if (plain) return splits;
   auto a = augment_options(o, "none", 0, {train->mean()}, {train->std()});
   auto test = std::static_pointer_cast<const IdxDataset>(splits.test);
@@ -85,8 +90,7 @@ std::shared_ptr<const Dataset> open_idx_eval(const std::string& dir, const DataS
                                              const DataOptions& o) {
   auto test = open_idx_test(dir, training.idx_mean, training.idx_std);
   const auto info = test->info();
-  bool plain = (o.augment.empty() || o.augment == "none") &&
-               (o.image_size == 0 || (o.image_size == info.height && o.image_size == info.width));
+  const bool plain = idx_plain(o, info);
   if (plain) return test;
   auto a = augment_options(o, "none", 0, {training.idx_mean}, {training.idx_std});
   return transformed(std::make_shared<IdxSource>(test), make_eval_transform(a, info.height, info.width), o);

@@ -24,6 +24,12 @@ void sync_path(const std::string& path, bool directory) {
 
 }  // namespace
 
+std::string rank_output_path(const std::string& pattern, int64_t rank) {
+  const auto field = pattern.find("{rank}");
+  if (field == std::string::npos) return rank == 0 ? pattern : std::string();
+  return std::string(pattern).replace(field, 6, std::to_string(rank));
+}
+
 void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
   TANDEM_CHECK(!std::filesystem::is_directory(path, ec), flag, " ", path, ": is a folder; expected a file name");

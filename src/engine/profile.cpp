@@ -38,10 +38,8 @@ struct StepProfiler::Recording {
 };
 
 StepProfiler::StepProfiler(ProfileOptions options, int64_t rank) : options_(std::move(options)) {
-  const auto field = options_.path.find("{rank}");
-  if (options_.path.empty() || (field == std::string::npos && rank != 0)) return;
-  path_ = options_.path;
-  if (field != std::string::npos) path_.replace(field, 6, std::to_string(rank));
+  path_ = rank_output_path(options_.path, rank);
+  if (path_.empty()) return;
   // A bad folder is an error now, not after the steps before the window.
   check_output_file("--profile-out", path_);
 }

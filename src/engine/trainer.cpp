@@ -305,6 +305,10 @@ TrainResult Trainer::run() {
        static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
 
   // --- Resume ----------------------------------------------------------------
+  // --export-weights: a path that could not be written fails now, not
+  // after the training.
+  const std::string export_path = rank_output_path(o.export_weights, rank_);
+  if (!export_path.empty()) check_output_file("--export-weights", export_path);
   std::optional<Checkpointer> checkpointer;
   // Note [resuming on another world size]: a checkpoint holds the whole
   // model and optimizer (rank 0's, the same on every rank) and a position
@@ -315,16 +319,6 @@ TrainResult Trainer::run() {
   // --sync-bn normalises over each rank's share, which does depend on it).
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
-  // --export-weights: a path that could not be written fails now, not
-  // after the training.
-  if (!o.export_weights.empty()) {
-    const auto rank_field = o.export_weights.find("{rank}");
-    if (rank_ == 0 || rank_field != std::string::npos) {
-      std::string path = o.export_weights;
-      if (rank_field != std::string::npos) path.replace(rank_field, 6, std::to_string(rank_));
-      check_output_file("--export-weights", path);
-    }
-  }
   if (!o.checkpoint_dir.empty()) {
     checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
     if (rank_ == 0) {
@@ -707,10 +701,8 @@ TrainResult Trainer::run() {
   // weights (a collective, so before the rank 0 test below).
   if (stages_ && !o.export_weights.empty()) gather_stages(optimizer);
   // "{rank}" in the name: every rank writes its own copy (to compare them).
-  const auto rank_field = o.export_weights.find("{rank}");
-  if (!o.export_weights.empty() && (rank_ == 0 || rank_field != std::string::npos)) {
-    std::string path = o.export_weights;
-    if (rank_field != std::string::npos) path.replace(rank_field, 6, std::to_string(rank_));
+  if (!export_path.empty()) {
+    const std::string& path = export_path;
     NamedTensors tensors;
     for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());

@@ -5,10 +5,16 @@
 // previous <path> untouched; the error names the path.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
 namespace tandem::engine {
+
+// The file rank `rank` writes for an output flag's `pattern`: rank 0 alone
+// writes `pattern`, unless it holds "{rank}", when every rank writes its own
+// with its number there. Empty for a rank that writes none, or no pattern.
+std::string rank_output_path(const std::string& pattern, int64_t rank);
 
 // Refuses, before any work is done, an output file (`flag` PATH) that could
 // not be written later: PATH is a directory, or its folder is missing or
