@@ -54,7 +54,7 @@ class FlagSet {
     std::string name, metavar, help, default_text;
     bool is_switch = false;
     bool given = false;
-    std::function<void(const std::string&)> set;  // throws UsageError
+    std::function<void(const std::string&)> set{};  // throws UsageError
     int section = -1;
   };
   void add(Flag flag);
