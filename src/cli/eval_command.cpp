@@ -55,6 +55,7 @@ int eval_command(const std::vector<std::string>& args) {
   trainer.check_weights_metadata(file.metadata, weights);  // the model and classes it was trained for
   engine::load_weights(file, weights, *trainer.model());
   auto result = trainer.evaluate();
+  trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own
   if (trainer.rank() == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld images)\n",
                 options.model.c_str(), weights.c_str(),

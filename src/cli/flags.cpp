@@ -74,7 +74,12 @@ void FlagSet::add_double(const std::string& name, const std::string& metavar, do
 void FlagSet::add_string(const std::string& name, const std::string& metavar,
                          std::string* target, const std::string& help) {
   Flag flag{name, metavar, help, target->empty() ? "" : *target};
-  flag.set = [target](const std::string& value) { *target = value; };
+  // An empty value is a mistake (an unset shell variable, say) that would
+  // otherwise read as the flag left out: no checkpoints, no metrics file.
+  flag.set = [target, name, metavar](const std::string& value) {
+    if (value.empty()) throw UsageError("--" + name + ": expected " + metavar + ", got an empty value");
+    *target = value;
+  };
   add(std::move(flag));
 }
 

@@ -297,6 +297,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
     throw UsageError(sweep + " measures data-parallel scaling (auto, ddp, allreduce or fsdp); a "
                      "pipeline over processes takes one count, --nproc-per-node N, a stage per process");
   }
+  engine::check_train_options(o);  // once, before the first run
   for (auto n : counts) {
     if (o.batch_per_process == 0 && o.batch_size % n != 0) {
       throw UsageError(format("--batch-size %lld is not divisible by %lld processes (%s); give "
@@ -304,6 +305,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
                               static_cast<long long>(o.batch_size), static_cast<long long>(n),
                               sweep.c_str()));
     }
+    engine::check_train_ranks(o, n);
   }
   namespace fs = std::filesystem;
   std::string pattern = (fs::temp_directory_path() / "tandem-sweep-XXXXXX").string();
@@ -406,8 +408,11 @@ int train_command(const std::vector<std::string>& args) {
   if (nproc > 0 && !worker) {
     // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
     // the workers run this same command line; RANK set tells them they are workers.
-    // A --device that no worker could use is named once, here, not by each.
+    // A --device that no worker could use, or flags that cannot work with
+    // nproc workers, are named once, here, not by each.
     engine::parse_device(options.device);
+    engine::check_train_options(options);
+    engine::check_train_ranks(options, nproc);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());

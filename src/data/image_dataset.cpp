@@ -35,8 +35,11 @@ TransformedDataset::TransformedDataset(std::shared_ptr<const ImageSource> source
   for (int64_t i = 0; i < source_->size() && !first.defined(); ++i) {
     try {
       first = sample(i, /*epoch=*/0);
-    } catch (const ImageError&) {
-      if (!options_.skip_bad_images || i + 1 == source_->size()) throw;
+    } catch (const ImageError& e) {
+      if (!options_.skip_bad_images) throw;
+      // Nothing to train on: said as such, with the last image's reason.
+      TANDEM_CHECK(i + 1 < source_->size(), source_->describe(), ": no image is readable, so "
+                   "--skip-bad-images leaves nothing (the last: ", e.what(), ")");
     }
   }
   TANDEM_CHECK(first.dim() == 3 && first.scalar_type() == torch::kFloat32,

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -430,8 +431,19 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   archive.save_to(zip);
   const std::string bytes = seal_checkpoint(zip.str());
   write_atomically(path, [&](const std::string& tmp) { write_file(tmp, bytes); });
+  // Kept: the newest `keep` up to this step. A file of a later step is none
+  // of this run's: a resumed run started from the newest good one, so a
+  // later one was damaged (or foreign), and left in place it would take a
+  // kept slot and be tried first by every --resume.
   auto all = list_checkpoints(options_.dir);
-  for (size_t i = 0; i + options_.keep < all.size(); ++i) fs::remove(all[i].second, ec);
+  size_t kept = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->first <= p.step && kept < static_cast<size_t>(options_.keep)) {
+      ++kept;
+    } else {
+      fs::remove(it->second, ec);
+    }
+  }
   return path;
 }
 
@@ -445,6 +457,12 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       position = load(it->second.string(), model, optimizer, fingerprint);
+      // A file renamed to a later step would be resumed before newer work.
+      if (position.step != it->first) {
+        throw DamagedCheckpoint(format("cannot resume from %s: its name says step %lld, but it holds step %lld",
+                                       it->second.string().c_str(), static_cast<long long>(it->first),
+                                       static_cast<long long>(position.step)));
+      }
       return it->second.string();
     } catch (const DamagedCheckpoint& e) {  // an older one may be good: atomic writes keep it
       if (warnings) warnings->push_back(std::string(e.what()) + "; trying the one before it");
@@ -540,6 +558,32 @@ void Checkpointer::check_writable() const {
   TANDEM_CHECK(fd >= 0, "--checkpoint-dir ", options_.dir, ": cannot write there: ", std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void Checkpointer::lock() {
+  const std::string path = (fs::path(options_.dir) / ".tandem-lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  TANDEM_CHECK(fd >= 0, "--checkpoint-dir ", options_.dir, ": cannot open ", path, ": ", std::strerror(errno));
+  lock_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char holder[32] = {0};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : std::string();
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    lock_.reset();
+    TANDEM_CHECK(error != EWOULDBLOCK, "--checkpoint-dir ", options_.dir, " is in use by another run",
+                 pid.empty() ? std::string() : " (process " + pid + ")", ", which holds ", path,
+                 "; give another directory, or wait until that run ends (--resume then continues it)");
+    return;  // a file system without locks (some network ones): checkpoints as before, unguarded
+  }
+  const std::string mine = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, mine.data(), mine.size(), 0) < 0) {
+    // The PID is only for another run's message; the lock itself is held.
+  }
 }
 
 std::vector<std::string> Checkpointer::remove_stale_temporaries() const {

@@ -1,7 +1,11 @@
 #include "tandem/engine/metrics.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 
+#include "tandem/engine/atomic_file.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -62,8 +66,10 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
-  TANDEM_CHECK(out_.is_open(), "--metrics-out ", path, ": cannot open for writing");
+    : path_(path) {
+  check_output_file("--metrics-out", path);  // names what is wrong with the path: no folder, a folder, ...
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  TANDEM_CHECK(out_.is_open(), "--metrics-out ", path, ": cannot open for writing: ", std::strerror(errno));
 }
 
 void MetricsWriter::write(const EpochMetrics& metrics) {

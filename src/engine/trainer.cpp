@@ -164,6 +164,19 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     // only in the last chunk's backward.
     const int64_t rows = inputs.size(0);
     const int64_t chunks = std::min(options_.grad_accum, rows);
+    // Note [unequal batches]: --skip-bad-images can leave the ranks' batches
+    // of different sizes, and the ranks average their gradients. Each rank's
+    // mean loss is then weighted by its share of the global batch (rows x
+    // world / all rows), so that the average is the gradient of the whole
+    // batch's mean loss, as in one process. One all-reduce of a scalar a
+    // step, only with --skip-bad-images over several ranks.
+    torch::Tensor share;
+    if (options_.skip_bad_images && group_ && world_ > 1) {
+      auto all_rows = torch::full({}, static_cast<double>(rows),
+                                  torch::TensorOptions().dtype(torch::kFloat64).device(group_->wire_device()));
+      group_->all_reduce(all_rows).wait();
+      share = (static_cast<double>(rows * world_) / all_rows).to(device_);
+    }
     auto input_chunks = inputs.tensor_split(chunks), target_chunks = targets.tensor_split(chunks);
     std::vector<torch::Tensor> logits;
     for (int64_t k = 0; k < chunks; ++k) {
@@ -180,7 +193,8 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       }
       {
         RECORD_USER_SCOPE("tandem::backward");
-        (scaler_ ? scaler_->scale(loss) : loss).backward();
+        auto objective = share.defined() ? loss * share.to(loss.scalar_type()) : loss;
+        (scaler_ ? scaler_->scale(objective) : objective).backward();
       }
       out.loss = k == 0 ? loss : out.loss.detach() + loss.detach();
     }
@@ -320,9 +334,10 @@ TrainResult Trainer::run() {
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
   if (!o.checkpoint_dir.empty()) {
-    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world"}});
+    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world", "samples"}});
     if (rank_ == 0) {
       checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
+      checkpointer->lock();            // and alone: a second run on the directory is refused
       for (const auto& name : checkpointer->remove_stale_temporaries()) {
         warn("removed " + name + " from --checkpoint-dir: a checkpoint its process did not finish writing");
       }
@@ -362,6 +377,13 @@ TrainResult Trainer::run() {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
     if (path) {
+      // The same --data text may name a data set that changed since: the
+      // checkpoint's place in its epoch would then point at other samples.
+      const auto samples = fingerprint_field(position.fingerprint, "samples");
+      TANDEM_CHECK(!samples || *samples == std::to_string(data_.train->size()), "cannot resume from ", *path,
+                   ": it was written by a run on ", samples.value_or(""), " training samples, but --data ", o.data,
+                   " now has ", data_.train->size(), ": the data set changed since; resume on the data it was "
+                   "written with, or train from the beginning in a new --checkpoint-dir");
       auto written_by = fingerprint_field(position.fingerprint, "world");
       if (written_by && *written_by != std::to_string(world_)) {
         say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
@@ -537,17 +559,21 @@ TrainResult Trainer::run() {
     double lr = 0.0;
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+    int64_t seen = 0;  // this rank's images since the last sync_sums
     int64_t synced_step = position.step;  // the step of the last sync_sums, whose sums were finite
     // Folds the device-side sums into the position; over all ranks, so every
     // rank calls it at the same steps (Note: a collective). A loss that is no
     // longer finite ends the run on every rank (Note [diverged]).
     auto sync_sums = [&] {
       // On the device: NCCL takes CUDA tensors only.
-      auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64)});
+      // The images too: with --skip-bad-images the ranks' batches differ in size.
+      auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
+                                torch::full({}, static_cast<double>(seen), loss_sum.options())});
       if (group_) group_->all_reduce(sums).wait();
       if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
       sums = sums.cpu();
       double loss = sums[0].item<double>(), hits = sums[1].item<double>();
+      const auto images = static_cast<int64_t>(std::llround(sums[2].item<double>()));
       TANDEM_CHECK(std::isfinite(loss), "training diverged: the loss became ",
                    std::isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf", " between steps ",
                    synced_step, " and ", position.step, " (epoch ", position.epoch + 1, ", learning rate ",
@@ -556,6 +582,9 @@ TrainResult Trainer::run() {
       synced_step = position.step;
       position.epoch_loss_sum += loss;
       position.epoch_correct += static_cast<int64_t>(std::llround(hits));
+      position.epoch_seen += images;
+      images_this_run += images;
+      seen = 0;
       loss_sum.zero_();
       correct.zero_();
     };
@@ -587,11 +616,9 @@ TrainResult Trainer::run() {
       const auto& logits = out.logits;
       const auto& loss = out.loss;
 
-      int64_t n = batch->size() * world_;  // every rank's batch has this rank's size
       loss_sum += loss.detach().to(loss_sum.device(), torch::kFloat64) * batch->size();
       if (logits.defined()) correct += logits.detach().argmax(1).eq(targets).sum();  // not on a pipeline's first stages
-      position.epoch_seen += n;
-      images_this_run += n;
+      seen += batch->size();  // this rank's; summed over the ranks in sync_sums
       ++position.batch_in_epoch;
       ++position.step;
       stop = o.max_steps > 0 && position.step >= o.max_steps;
@@ -624,7 +651,7 @@ TrainResult Trainer::run() {
     } else {
       m.evaluated = false;
     }
-    report_warnings();
+    report_warnings(warnings_log_);
     if (scaler_) {
       say(format("fp16 loss scale %g after this epoch; %lld step(s) skipped for inf/NaN gradients",
                  scaler_->get_scale(), static_cast<long long>(counters.skipped_steps)));

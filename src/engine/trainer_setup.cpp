@@ -35,96 +35,12 @@ torch::Device parse_device(const std::string& text) {
 }
 
 Trainer::Trainer(TrainOptions options, std::FILE* log)
-    : options_(std::move(options)), log_(log), device_(parse_device(options_.device)) {
+    : options_(std::move(options)), log_(log), warnings_log_(log), device_(parse_device(options_.device)) {
   const auto& o = options_;
-  TANDEM_CHECK(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
-  TANDEM_CHECK(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
-  TANDEM_CHECK(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
-  TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
-  TANDEM_CHECK(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
-  TANDEM_CHECK(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
-  TANDEM_CHECK(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, ": expected 0 to --lr (", o.lr,
-               "), where the cosine schedule ends; --lr is its peak");
-  {
-    // The optimizer computes in the parameters' dtype: a rate libtorch cannot
-    // convert to it fails inside SGD with a message that names no flag.
-    const bool doubles = o.dtype == "float64";
-    const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
-    for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
-                                      {"--weight-decay", o.weight_decay},
-                                      {"--clip-grad-norm", o.clip_grad_norm}}) {
-      TANDEM_CHECK(value <= largest, flag, " ", value, ": beyond the largest ", doubles ? "float64" : "float32",
-                   " (", largest, "), the parameters' dtype");
-    }
-  }
-  TANDEM_CHECK(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
-               " applies to --model mobilenetv2 only, not ", o.model);
-  TANDEM_CHECK(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
-               " applies to the resnet models only, not ", o.model);
-  TANDEM_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1,
-               "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
-  TANDEM_CHECK(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
-               "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
-  TANDEM_CHECK(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
-  TANDEM_CHECK(o.grad_accum >= 1, "--grad-accum: expected a positive integer, got ", o.grad_accum);
-  TANDEM_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
-               "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
-  TANDEM_CHECK(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
-  TANDEM_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
-  TANDEM_CHECK(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
-               o.checkpoint_every);
-  TANDEM_CHECK(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
-               "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
-  auto profile_options = parse_profile_steps(o.profile_steps);  // a bad window: before anything runs
+  check_train_options(o);  // the command line alone (exit 2), before anything is joined or read
+  auto profile_options = parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
-  TANDEM_CHECK(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
-               "--profile-steps goes with --profile-out");
-  TANDEM_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
-                   o.progress == "off",
-               "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
-
-  TANDEM_CHECK(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
-                   o.strategy == "allreduce" || o.strategy == "fsdp" || o.strategy == "dp" ||
-                   o.strategy == "pipeline",
-               "--strategy: expected auto, none, ddp, allreduce, fsdp, dp or pipeline, got '", o.strategy, "'");
-  const bool fsdp = o.strategy == "fsdp";
   const bool pipeline = o.strategy == "pipeline";
-  TANDEM_CHECK(o.strategy == "dp" || pipeline || o.devices.empty(),
-               "--devices goes with --strategy dp or pipeline");
-  TANDEM_CHECK(o.strategy == "dp" || !o.dp_trace, "--dp-trace goes with --strategy dp");
-  TANDEM_CHECK(o.strategy != "dp" || !o.devices.empty(), "--strategy ", o.strategy,
-               " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
-  const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
-  TANDEM_CHECK(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
-                            o.virtual_stages == defaults.virtual_stages &&
-                            o.pipeline_split == defaults.pipeline_split &&
-                            o.pipeline_balance == defaults.pipeline_balance),
-               "--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
-               "--pipeline-balance go with --strategy pipeline");
-  TANDEM_CHECK(o.virtual_stages >= 0, "--virtual-stages: expected a positive integer, got ",
-               o.virtual_stages);
-  TANDEM_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved", "--virtual-stages ",
-               o.virtual_stages, ": more than one chunk per device needs --schedule interleaved, not ",
-               o.schedule);
-  TANDEM_CHECK(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
-                        o.fsdp_min_unit_params == defaults.fsdp_min_unit_params),
-               "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
-  TANDEM_CHECK(o.fsdp_sharding == "full" || o.fsdp_sharding == "grad-op",
-               "--fsdp-sharding: expected full or grad-op, got '", o.fsdp_sharding, "'");
-  TANDEM_CHECK(o.fsdp_min_unit_params >= 0, "--fsdp-min-unit-params: expected >= 0, got ",
-               o.fsdp_min_unit_params);
-  TANDEM_CHECK(!fsdp || (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
-               "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces "
-               "each unit's gradients in one reduce-scatter");
-  TANDEM_CHECK(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ",
-               o.micro_batches);
-  TANDEM_CHECK(o.pipeline_balance == "time" || o.pipeline_balance == "params",
-               "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
-  TANDEM_CHECK(o.dist_timeout > 0 && o.dist_timeout <= 604800,
-               "--dist-timeout: expected a positive number of seconds up to a week (604800), got ",
-               o.dist_timeout);
-  TANDEM_CHECK(o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6,
-               "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
   if (auto rendezvous = dist::rendezvous_from_env()) {
     dist::GroupOptions g;
     g.backend = o.dist_backend;
@@ -143,48 +59,17 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     rank_ = group_->rank();
     world_ = group_->size();
   }
-  TANDEM_CHECK(world_ == 1 || o.strategy != "dp", "--strategy ", o.strategy,
-               " runs in one process over --devices (this is rank ", rank_, " of ", world_,
-               "); for several processes use --strategy ddp");
+  check_train_ranks(o, world_);
   if (pipeline && world_ > 1) {
     // Note [pipeline over ranks]: one stage per rank, each on its own
     // --device; every rank reads the whole batch (stage 0 feeds it in, the
     // last stage takes the targets), so there is no data parallelism: the
     // data and the checkpoints see one process (world_ 1), the ranks being
     // stages_.
-    TANDEM_CHECK(o.devices.empty(), "--devices ", o.devices, ": --strategy pipeline over ", world_,
-                 " ranks runs one stage per rank, on its --device (cpu, or cuda:LOCAL_RANK); "
-                 "leave out --devices");
     stages_ = std::move(group_);
     world_ = 1;
-  } else {
-    TANDEM_CHECK(!pipeline || !o.devices.empty(), "--strategy pipeline needs --devices (e.g. cpu,cpu "
-                 "or cuda:0,cuda:1), or several ranks (--nproc-per-node N: one stage per rank)");
   }
-  TANDEM_CHECK(world_ == 1 || o.strategy != "none", "--strategy none: this process is rank ",
-               rank_, " of ", world_, "; a job of several ranks needs a data-parallel strategy");
-  TANDEM_CHECK(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
-               o.batch_per_process);
-  TANDEM_CHECK(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world_,
-               "--batch-per-process ", o.batch_per_process, ": too large for ", world_, " ranks");
   if (o.batch_per_process > 0) options_.batch_size = o.batch_per_process * world_;  // seed 002's setting
-  TANDEM_CHECK(o.batch_size % world_ == 0, "--batch-size ", o.batch_size,
-               ": not divisible by the world size ", world_,
-               " (each rank takes batch-size / world size samples a step)");
-  TANDEM_CHECK(o.grad_accum <= o.batch_size / world_, "--grad-accum ", o.grad_accum,
-               ": more chunks than the ", o.batch_size / world_, " samples each rank takes a step "
-               "(--batch-size ", o.batch_size, " over ", world_, " rank(s))");
-  TANDEM_CHECK(!pipeline || o.micro_batches <= o.batch_size / world_, "--micro-batches ", o.micro_batches,
-               ": more than the ", o.batch_size / world_, " samples of a batch (--batch-size ", o.batch_size,
-               "); each micro-batch needs at least one");
-  TANDEM_CHECK(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
-               "the pipeline already passes each batch in --micro-batches chunks and accumulates "
-               "their gradients (raise --micro-batches instead)");
-  TANDEM_CHECK(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
-               "which shards the momentum already (with the parameters and gradients)");
-  TANDEM_CHECK(!o.shard_optimizer || (o.strategy != "dp" && !pipeline && o.strategy != "none"),
-               "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
-               "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
   if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
   // --profile-out: its folder is checked now, before the data are opened.
   profiler_ = std::make_unique<StepProfiler>(profile_options, rank_);
@@ -216,13 +101,6 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   model_options.image_size = info.height;
   model_options.width_mult = o.width_mult;
   model_options.stem = o.stem;
-  TANDEM_CHECK(!o.sync_bn || (o.strategy != "dp" && o.strategy != "pipeline"),
-               "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, "
-               "allreduce or fsdp); it does not work with --strategy ", o.strategy, ", where ",
-               o.strategy == "dp" ? "each replica normalises its own share of the batch, as PyTorch's "
-                                    "DataParallel does"
-                                  : "each micro-batch is normalised on its own",
-               ": leave out --sync-bn");
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
     auto group = group_;
     model_options.norm_layer = [group](int64_t channels) {
@@ -231,13 +109,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     };
   }
   model_ = models::make_model(o.model, model_options);
-  TANDEM_CHECK(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
-               o.dtype, "'");
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).
-  TANDEM_CHECK(o.init_weights_except.empty() || !o.init_weights.empty(),
-               "--init-weights-except goes with --init-weights");
   if (!o.init_weights.empty()) {
     try {
       std::vector<std::string> except;
@@ -255,20 +129,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   if (o.channels_last) models::to_channels_last(*model_);
   // --checkpoint-activations: segments of the top-level layers recomputed in
   // backward (Note [activation checkpointing]).
-  TANDEM_CHECK(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
-               ">= 0 (0: off), got ", o.checkpoint_activations);
   if (o.checkpoint_activations > 0) {
-    TANDEM_CHECK(o.strategy != "pipeline" || o.checkpoint_activations == 1, "--checkpoint-activations ",
-                 o.checkpoint_activations, ": with --strategy pipeline every stage is recomputed whole "
-                 "(GPipe's re-materialization); give --checkpoint-activations 1");
-    TANDEM_CHECK(!o.sync_bn, "--checkpoint-activations does not go with --sync-bn: the recomputed "
-                 "forward would reduce BatchNorm statistics over the ranks again, out of step with "
-                 "backward's gradient reductions");
-    TANDEM_CHECK(!o.cuda_graph, "--checkpoint-activations does not go with --cuda-graph (a backward "
-                 "inside the backward is not captured)");
-    TANDEM_CHECK(o.strategy != "fsdp" || o.checkpoint_activations == 1, "--checkpoint-activations ",
-                 o.checkpoint_activations, ": with --strategy fsdp every unit but the last is recomputed "
-                 "whole (Note [fsdp activation checkpointing]); give --checkpoint-activations 1");
     const auto layers = static_cast<int64_t>(model_->size());
     TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
@@ -278,29 +139,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
     }
   }
-  TANDEM_CHECK(!o.cudnn_benchmark || device_.is_cuda(), "--cudnn-benchmark needs --device cuda (cuDNN "
-               "runs only on CUDA devices), got --device ", o.device);
   if (o.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
   // --cuda-graph: one process, one device, a step that never waits on the
   // host (Note [what a captured step may do] in engine/cuda_graph.h).
-  TANDEM_CHECK(!o.cuda_graph || device_.is_cuda(), "--cuda-graph needs --device cuda (a CUDA graph "
-               "replays GPU kernels), got --device ", o.device);
   TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
                "libtorch without CUDA");
-  TANDEM_CHECK(!o.cuda_graph || (o.strategy != "dp" && o.strategy != "pipeline" && o.strategy != "fsdp" &&
-                                  world_ == 1),
-               "--cuda-graph captures the step of one process on one device; it does not work with "
-               "--strategy ", o.strategy, " or several ranks (this is rank ", rank_, " of ", world_, ")");
   loss_options_ = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
   amp_ = optim::parse_amp(o.amp);
-  TANDEM_CHECK(!amp_ || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
-               "lowers float32 ops), got --dtype ", o.dtype);
-  TANDEM_CHECK(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
-               "state has nothing to be sharded over; leave out --shard-optimizer");
-  TANDEM_CHECK(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
-               "backward; it does not work with --grad-accum ", o.grad_accum);
-  TANDEM_CHECK(!o.cuda_graph || amp_ != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
-               "loss scaler decides on the host whether to take each step; use --amp bf16");
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
   if (amp_ == torch::kHalf) {
@@ -506,7 +351,9 @@ std::string Trainer::fingerprint() const {
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),
                 static_cast<long long>(world_)) +
          // Only when set, so that checkpoints from before the flag still resume.
-         (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string());
+         (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string()) +
+         // Compared by run() itself when the checkpoint has it (older ones do not).
+         format(" samples=%lld", static_cast<long long>(data_.train->size()));
 }
 
 std::map<std::string, std::string> Trainer::weights_metadata() const {
@@ -559,13 +406,14 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
   }
 }
 
-void Trainer::report_warnings() const {
+void Trainer::report_warnings(std::FILE* to) const {
   for (const auto* dataset : {data_.train.get(), data_.test.get()}) {
     if (dataset == nullptr) continue;
     for (const auto& line : dataset->drain_warnings()) {
-      if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+      if (to) std::fprintf(to, "tandem: warning: %s\n", line.c_str());
     }
   }
+  if (to) std::fflush(to);
 }
 
 }  // namespace tandem::engine

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <map>
 
 #include <c10/core/DeviceGuard.h>
@@ -198,9 +199,17 @@ int64_t DistributedPipeline::stage_count() const { return group_->size(); }
 
 PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
                                              const torch::Tensor& target,
-                                             const PipelineLoss& loss, const LossScale& scale) {
+                                             const PipelineLoss& loss, const LossScale& scale,
+                                             int64_t rows) {
   const int64_t s = stage_index(), stages = stage_count();
-  const int64_t m = options_.micro_batches;
+  // The batch's rows, where this stage can know them: a short batch (the
+  // last of an epoch, or one --skip-bad-images shrank) takes one
+  // micro-batch per row, on every stage alike.
+  auto rows_of = [](const torch::Tensor& t) { return t.defined() && t.dim() >= 1 ? t.size(0) : int64_t(0); };
+  if (rows <= 0) rows = rows_of(input) > 0 ? rows_of(input) : rows_of(target);
+  TANDEM_CHECK(rows_of(input) == 0 || rows_of(target) == 0 || rows_of(input) == rows_of(target), "pipeline stage ",
+               s, ": ", rows_of(input), " inputs but ", rows_of(target), " targets");
+  const int64_t m = rows > 0 ? std::min(options_.micro_batches, rows) : options_.micro_batches;
   auto schedule = make_pipeline_schedule(options_.schedule, stages, m, options_.virtual_stages);
   RankLinks links(Groups{group_.get(), gradients_.get(), wrap_activations_.get(), wrap_gradients_.get()},
                   device_, m);

@@ -25,7 +25,7 @@ TEST(AmpCliTest, ModesAreReported) {
 
 TEST(AmpCliTest, BadCombinationsAreNamed) {
   EXPECT_TRUE(testing::tandem_fails("train --amp fp8 --max-steps 1", 2, "--amp"));
-  EXPECT_TRUE(testing::tandem_fails("train --amp bf16 --dtype float64 --max-steps 1", 1,
+  EXPECT_TRUE(testing::tandem_fails("train --amp bf16 --dtype float64 --max-steps 1", 2,
                                     "--amp bf16 needs --dtype float32"));
 }
 

@@ -40,8 +40,8 @@ TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
   EXPECT_TRUE(testing::tandem_fails(
       "train --strategy dp --devices cpu,gpu7 --max-steps 1", 1,
       "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,gpu7'"));
-  EXPECT_TRUE(testing::tandem_fails("train --strategy dp --max-steps 1", 1, "--strategy dp needs --devices"));
-  EXPECT_TRUE(testing::tandem_fails("train --devices cpu,cpu --max-steps 1", 1,
+  EXPECT_TRUE(testing::tandem_fails("train --strategy dp --max-steps 1", 2, "--strategy dp needs --devices"));
+  EXPECT_TRUE(testing::tandem_fails("train --devices cpu,cpu --max-steps 1", 2,
                                     "--devices goes with --strategy dp or pipeline"));
 }
 

@@ -136,6 +136,33 @@ TEST(DistributedCliTest, AnUnusableDeviceIsRefusedBeforeTheWorkersStart) {
   EXPECT_EQ(r.output.find("[rank "), std::string::npos) << "a worker started:\n" << r.output;
 }
 
+// Flags that cannot work are named once, before any worker starts, with
+// the usage exit code 2 (not once per worker, exit 1): a value out of range,
+// and what only the number of processes rules out.
+TEST(DistributedCliTest, ImpossibleFlagsAreNamedOnceBeforeTheWorkersStart) {
+  struct Case {
+    std::string flags, message;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"--nproc-per-node 2 --momentum 2", "tandem: error: --momentum: expected [0, 1), got 2"},
+           {"--nproc-per-node 2 --batch-size 255",
+            "tandem: error: --batch-size 255: not divisible by the world size 2"},
+           {"--nproc-per-node 2 --strategy dp --devices cpu,cpu",
+            "tandem: error: --strategy dp runs in one process over --devices, not over a job of 2 processes"},
+           {"--nproc-per-node 2 --strategy pipeline --devices cpu,cpu",
+            "tandem: error: --devices cpu,cpu: --strategy pipeline over 2 ranks runs one stage per rank"},
+           {"--nproc-per-node 1,2 --batch-size 64 --grad-accum 64",
+            "tandem: error: --grad-accum 64: more chunks than the 32 samples each rank takes a step"},
+       }) {
+    auto r = run_tandem("train --epochs 1 --progress off " + c.flags);
+    EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;
+    auto first = r.output.find(c.message);
+    EXPECT_NE(first, std::string::npos) << c.flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find(c.message, first + 1), std::string::npos) << "named twice:\n" << r.output;
+    EXPECT_EQ(r.output.find("[rank "), std::string::npos) << "a worker started:\n" << r.output;
+  }
+}
+
 // What a sweep cannot do is refused before anything runs, by name; a run
 // that fails stops the sweep with its exit code and says where.
 TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
@@ -172,10 +199,17 @@ TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
 TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 64, 16);
+  // tandem train names it before any worker starts (a usage error, exit 2).
   auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() + " --batch-size 33");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--batch-size 33: not divisible by the world size 2"), std::string::npos)
       << r.output;
+  EXPECT_EQ(r.output.find("[rank "), std::string::npos) << r.output;
+  // Under a launcher each worker finds it (the Trainer's check_train_ranks).
+  r = run_tandem("launch --nproc-per-node 2 -- " TANDEM_CLI " train --data idx:" + dir.path() + " --batch-size 33");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] tandem: error: --batch-size 33: not divisible by the world size 2"),
+            std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
 }
 

@@ -68,6 +68,10 @@ TEST(FlagsTest, MistakesAreOneLineNamingTheFlag) {
   EXPECT_EQ(usage_error({"--epochs", "0x10"}), "--epochs: expected a positive integer, got '0x10'");
   EXPECT_EQ(usage_error({"--lr", " 0.1"}), "--lr: expected a number >= 0, got ' 0.1'");
   EXPECT_EQ(usage_error({"stray"}), "unexpected argument 'stray' (flags start with --; see tool --help)");
+  // An empty string (an unset shell variable) would read as the flag left
+  // out: --checkpoint-dir "$DIR" writing no checkpoints.
+  EXPECT_EQ(usage_error({"--name", ""}), "--name: expected S, got an empty value");
+  EXPECT_EQ(usage_error({"--name="}), "--name: expected S, got an empty value");
 }
 
 TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {

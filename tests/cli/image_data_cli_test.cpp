@@ -153,6 +153,28 @@ TEST(ImageDataCliTest, BadImageStopsTheRunUnlessSkipped) {
   EXPECT_EQ(r.output.find(warning, first + 1), std::string::npos) << "warned twice:\n" << r.output;
 }
 
+// Every image unreadable: --skip-bad-images has nothing left, and says so
+// (it used to name only the last file, as if it alone were bad). A
+// --metrics-out in a missing folder is named with the reason, before training.
+TEST(ImageDataCliTest, NothingReadableAndAnUnwritableMetricsFileAreSaidSo) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("d/a"));
+  std::filesystem::create_directories(dir.file("d/b"));
+  std::ofstream(dir.file("d/a/x.png")).flush();
+  std::ofstream(dir.file("d/b/y.png")) << "GIF89a";
+  EXPECT_TRUE(testing::tandem_fails("train --data imagefolder:" + dir.file("d") +
+                                        " --image-size 16 --epochs 1 --skip-bad-images",
+                                    1, "tandem: error: imagefolder:" + dir.file("d") +
+                                           " (2 images, 2 classes): no image is readable, so --skip-bad-images "
+                                           "leaves nothing (the last: " + dir.file("d/b/y.png") + ": not a JPEG or PNG"));
+  std::filesystem::create_directories(dir.file("idx"));
+  testing::write_synthetic_idx(dir.file("idx"), 512, 64);
+  EXPECT_TRUE(testing::tandem_fails("train --data idx:" + dir.file("idx") + " --epochs 1 --metrics-out " +
+                                        dir.file("no/m.jsonl"),
+                                    1, "tandem: error: --metrics-out " + dir.file("no/m.jsonl") + ": " +
+                                           dir.file("no") + " is not a folder this process can write to"));
+}
+
 TEST(ImageDataCliTest, UnknownAugmentListsThePresets) {
   TempDir dir;
   testing::write_synthetic_cifar(dir.path(), 4, 4);

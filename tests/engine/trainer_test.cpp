@@ -73,10 +73,13 @@ void refused(const TrainOptions& bad, const std::string& why) {
   }
 }
 
-// The names of the files in `dir`, sorted.
+// The names of the files in `dir`, sorted, but the writer's lock file
+// (.tandem-lock, which stays).
 std::vector<std::string> file_names(const std::string& dir) {
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename() != ".tandem-lock") names.push_back(entry.path().filename().string());
+  }
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -1012,6 +1015,84 @@ TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {
             (std::vector<std::string>{"checkpoint-00000016.pt", "checkpoint-00000024.pt"}));
 }
 
+// Two runs writing into one --checkpoint-dir would replace each other's
+// files: the writer holds DIR/.tandem-lock, and a second run is refused
+// while it does (naming the holder), then accepted once it is released.
+TEST_F(TrainerTest, ASecondRunOnTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.epochs = 1;
+  o.max_steps = 2;
+  o.checkpoint_dir = checkpoints.path();
+  {
+    Checkpointer first(CheckpointOptions{checkpoints.path()});
+    first.check_writable();
+    first.lock();
+    EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
+              "--checkpoint-dir " + checkpoints.path() + " is in use by another run (process " +
+                  std::to_string(::getpid()) + "), which holds " + checkpoints.file(".tandem-lock") +
+                  "; give another directory, or wait until that run ends (--resume then continues it)");
+    EXPECT_TRUE(file_names(checkpoints.path()).empty());
+  }
+  Trainer(o, nullptr).run();
+  EXPECT_EQ(file_names(checkpoints.path()), (std::vector<std::string>{"checkpoint-00000002.pt"}));
+}
+
+// The same --data text may name a data set that changed since the
+// checkpoint: its place in the epoch would mean other samples (and past the
+// new epoch's end, steps at a learning rate of 0). Refused, naming both sizes.
+TEST_F(TrainerTest, ResumeRefusesADataSetOfAnotherSize) {
+  TempDir data, checkpoints;
+  testing::write_synthetic_idx(data.path(), 512, 64);
+  auto o = small_run(data.path());
+  o.max_steps = 7;
+  o.checkpoint_dir = checkpoints.path();
+  Trainer(o, nullptr).run();
+  testing::write_synthetic_idx(data.path(), 128, 64);
+  o.max_steps = 0;
+  o.resume = true;
+  EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
+            "cannot resume from " + checkpoints.file("checkpoint-00000007.pt") +
+                ": it was written by a run on 512 training samples, but --data idx:" + data.path() +
+                " now has 128: the data set changed since; resume on the data it was written with, or train "
+                "from the beginning in a new --checkpoint-dir");
+}
+
+// A file named for a later step than the one resumed from is none of this
+// run's: a damaged one is removed at the run's next save (left, it would
+// take one of the two kept places and be tried first by every --resume),
+// and one whose name and content disagree (a checkpoint renamed to a later
+// step) is passed over like a damaged one, not resumed before newer work.
+TEST_F(TrainerTest, CheckpointsOfLaterStepsThanTheRunsAreNotKeptOrTrusted) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.checkpoint_every = 3;
+  o.max_steps = 10;  // keeps -00000009.pt and -00000010.pt
+  Trainer(o, nullptr).run();
+  const auto ten = checkpoints.file("checkpoint-00000010.pt");
+  std::filesystem::copy_file(ten, checkpoints.file("checkpoint-00000050.pt"));
+  std::filesystem::copy_file(ten, checkpoints.file("checkpoint-00000099.pt"));
+  std::filesystem::resize_file(checkpoints.file("checkpoint-00000099.pt"), 1000);
+  o.resume = true;
+  o.max_steps = 12;
+  o.progress = "lines";
+  char* text = nullptr;
+  size_t length = 0;
+  std::FILE* log = open_memstream(&text, &length);
+  Trainer(o, log).run();
+  std::fclose(log);
+  std::string output(text, length);
+  std::free(text);
+  EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000099.pt") +
+                        ": damaged"), std::string::npos) << output;
+  EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000050.pt") +
+                        ": its name says step 50, but it holds step 10"), std::string::npos) << output;
+  EXPECT_NE(output.find("resumed from " + ten + " (epoch 2, step 10)"), std::string::npos) << output;
+  EXPECT_EQ(file_names(checkpoints.path()),
+            (std::vector<std::string>{"checkpoint-00000010.pt", "checkpoint-00000012.pt"}));
+}
+
 TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   TempDir out;
   auto o = small_run(data_.path());
@@ -1181,6 +1262,24 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
           }),
           "--micro-batches 65: more than the 64 samples of a batch (--batch-size 64)");
   refused(with([](auto& c) { c.image_size = 8193; }), "--image-size: expected 1 to 8192 pixels");
+  // What the options alone show is a usage error (the CLI's exit 2), also
+  // checked by `tandem train --nproc-per-node` before any worker starts.
+  EXPECT_THROW(Trainer(with([](auto& c) { c.momentum = 1; }), nullptr), UsageError);
+  EXPECT_THROW(check_train_options(with([](auto& c) { c.amp = "fp8"; })), UsageError);
+  EXPECT_THROW(check_train_options(with([](auto& c) { c.profile_steps = "8:5"; })), UsageError);
+  EXPECT_NO_THROW(check_train_ranks(small_run(data_.path()), 4));
+  EXPECT_EQ(testing::error_of([&] { check_train_ranks(small_run(data_.path()), 3); }),
+            "--batch-size 64: not divisible by the world size 3 (each rank takes batch-size / world size samples a "
+            "step)");
+  EXPECT_NO_THROW(check_train_ranks(with([](auto& c) { c.batch_per_process = 5; }), 3));
+  EXPECT_EQ(testing::error_of([&] {
+              check_train_ranks(with([](auto& c) {
+                                  c.strategy = "pipeline";
+                                  c.micro_batches = 65;
+                                }), 2);
+            }),
+            "--micro-batches 65: more than the 64 samples of a batch (--batch-size 64); each micro-batch needs "
+            "at least one");
   // --export-weights is checked when run() starts, before the first step.
   EXPECT_EQ(testing::error_of([&] { Trainer(with([](auto& c) { c.export_weights = "/no/such/folder/w.st"; }), nullptr).run(); }),
             "--export-weights /no/such/folder/w.st: /no/such/folder is not a folder this process can write to");

@@ -963,16 +963,37 @@ TEST(DistributedPipelineTest, ChunksMustMatchTheVirtualStages) {
   EXPECT_EQ(errors[0], "distributed pipeline: 2 chunk(s) on this rank but --virtual-stages 3");
 }
 
-TEST(DistributedPipelineTest, TooFewRowsForTheMicroBatchesIsAnError) {
-  auto net = small_convnet();
-  std::vector<models::Sequence> copies{copy_of(net), copy_of(net)};
-  auto errors = testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
-    auto r = group->rank();
-    DistributedPipeline pipe(split_sequence(copies[r], {4, 3})[r], torch::kCPU, group, {4, "gpipe"});
-    pipe.train_step(torch::randn({3, 1, 8, 8}), torch::randint(5, {3}, torch::kInt64), cross_entropy);
-  }, dist::GroupOptions{"gloo", "cpu", std::chrono::seconds(20)});
-  for (const auto& e : errors) {
-    EXPECT_NE(e.find("a batch of 3 rows cannot be cut into --micro-batches 4"), std::string::npos) << e;
+// A batch of fewer rows than micro-batches (an epoch's short last batch)
+// takes one micro-batch per row on every stage, as in one process: the
+// loss and gradients equal no pipeline's, whether the middle stage learns
+// the rows from the batch or from `rows`.
+TEST(DistributedPipelineTest, FewerRowsThanMicroBatchesUseOneEach) {
+  for (bool rows_given : {false, true}) {
+    torch::manual_seed(17);
+    auto net = small_convnet();
+    auto x = torch::randn({3, 1, 8, 8});
+    auto y = torch::randint(5, {3}, torch::kInt64);
+    auto reference = copy_of(net);
+    auto want = cross_entropy(reference->forward(x), y);
+    want.backward();
+    const std::vector<int64_t> sizes{2, 3, 2};
+    std::vector<models::Sequence> copies;
+    for (int r = 0; r < 3; ++r) copies.push_back(copy_of(net));
+    std::vector<double> losses(3);
+    testing::expect_no_errors(testing::run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto r = group->rank();
+      DistributedPipeline pipe(split_sequence(copies[r], sizes)[r], torch::kCPU, group, {4, "1f1b"});
+      // The middle stage: the whole batch, or nothing but its rows.
+      auto input = r == 0 || (r == 1 && !rows_given) ? x : torch::Tensor();
+      auto step = pipe.train_step(input, r == 2 ? y : torch::Tensor(), cross_entropy, {}, r == 1 && rows_given ? 3 : 0);
+      EXPECT_EQ(step.micro_batches, 3);
+      losses[r] = step.loss.item<double>();
+    }, dist::GroupOptions{"gloo", "cpu", std::chrono::seconds(20)}));
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_NEAR(losses[r], want.item<double>(), 1e-5 * want.item<double>()) << "rank " << r;
+      expect_same_gradients(*split_sequence(copies[r], sizes)[r], *split_sequence(reference, sizes)[r], 1e-5,
+                            "rank " + std::to_string(r) + (rows_given ? ", rows given" : ""));
+    }
   }
 }
 

@@ -15,11 +15,8 @@
 
 namespace tandem::cli {
 
-// A mistake on the command line (exit code 2).
-class UsageError : public Error {
- public:
-  using Error::Error;
-};
+// A mistake on the command line (exit code 2): tandem::UsageError (util/check.h).
+using ::tandem::UsageError;
 
 class FlagSet {
  public:

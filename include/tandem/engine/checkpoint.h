@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,6 +81,12 @@ class Checkpointer {
   // directory and the system's reason.
   void check_writable() const;
 
+  // Takes DIR/.tandem-lock (flock; held until this Checkpointer, or the
+  // process, ends), so that a second run started on the same directory is
+  // refused instead of writing its checkpoints over this one's. The writer
+  // (rank 0) takes it, after check_writable. Throws naming the holder's PID.
+  void lock();
+
   // Removes the temporary files ("checkpoint-N.pt.tmp-PID", atomic_file.h)
   // that a process of this host killed while writing a checkpoint left
   // behind: those whose PID no longer runs. A live PID's file is left alone
@@ -107,6 +114,7 @@ class Checkpointer {
 
  private:
   CheckpointOptions options_;
+  std::shared_ptr<const int> lock_;  // the lock file's descriptor, closed with the last copy
 };
 
 }  // namespace tandem::engine

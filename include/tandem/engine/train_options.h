@@ -80,3 +80,18 @@ struct TrainOptions {
 };
 
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+
+// The checks of a TrainOptions that need nothing but the options: values in
+// range, flags that go together. Each throws tandem::UsageError naming the
+// flags (the CLI exits 2). The Trainer runs them first; `tandem train
+// --nproc-per-node N` runs them, and check_train_ranks for N, once before any
+// worker starts, so that a mistake is named once and not by every worker.
+void check_train_options(const TrainOptions& options);
+
+// Those that need the number of processes in the job too (1: one process):
+// a strategy of one process, the batch divided among the ranks.
+void check_train_ranks(const TrainOptions& options, int64_t ranks);
+
+}  // namespace tandem::engine

@@ -75,6 +75,12 @@ class Trainer {
   // there is no evaluation data.
   EvalResult evaluate();
 
+  // Prints, on `to`, the data's warnings not yet printed (the images left
+  // out by --skip-bad-images), this process's only: every rank reports what
+  // its own share met. run() prints them on its log after every epoch,
+  // whatever the rank; `tandem eval` after evaluating.
+  void report_warnings(std::FILE* to) const;
+
   models::Sequence& model() { return model_; }
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_; }
@@ -111,7 +117,6 @@ class Trainer {
   // --strategy pipeline over ranks: every stage's weights, buffers and
   // momentum onto every rank (a collective), before a checkpoint or an export.
   void gather_stages(torch::optim::Optimizer& optimizer);
-  void report_warnings() const;
   // What one epoch's steps add up for its report.
   struct StepCounters {
     std::vector<double> stage_idle;  // --strategy pipeline: per stage, summed over steps
@@ -127,6 +132,7 @@ class Trainer {
 
   TrainOptions options_;
   std::FILE* log_;
+  std::FILE* warnings_log_;  // log_ before ranks other than 0 were silenced
   torch::Device device_;
   data::DataSplits data_;
   models::Sequence model_{nullptr};

@@ -170,11 +170,13 @@ class DistributedPipeline {
   ~DistributedPipeline();
 
   // `input` is read on the first stage, `target` on the last (others may
-  // pass undefined tensors). The batch must have at least `micro_batches`
-  // rows. step.loss is broadcast to every rank; step.output stays on the
-  // last.
+  // pass undefined tensors). A batch of fewer rows than micro-batches uses
+  // one micro-batch per row, as Pipeline does; every stage must then know
+  // the rows: from `input` or `target` when given, else from `rows` (a
+  // stage given none of the three assumes at least `micro_batches` rows).
+  // step.loss is broadcast to every rank; step.output stays on the last.
   PipelineStep train_step(const torch::Tensor& input, const torch::Tensor& target,
-                          const PipelineLoss& loss, const LossScale& scale = {});
+                          const PipelineLoss& loss, const LossScale& scale = {}, int64_t rows = 0);
 
   // The whole batch through the model's pieces in order, no micro-batches
   // (for evaluation; run it under torch::NoGradGuard): `input` is read on

@@ -17,6 +17,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A command line that cannot work whatever the data, files and machine: a
+// flag's value out of range, flags that do not go together. The CLI exits 2
+// for it (1 for every other Error), and checks what it can before any
+// worker starts.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {
@@ -34,6 +43,14 @@ std::string str_cat(const Args&... args) {
     if (!(cond)) {                                               \
       throw ::tandem::Error(::tandem::detail::str_cat(__VA_ARGS__)); \
     }                                                            \
+  } while (0)
+
+// TANDEM_CHECK_USAGE(cond, parts...): throw tandem::UsageError(parts...) unless cond.
+#define TANDEM_CHECK_USAGE(cond, ...)                                     \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      throw ::tandem::UsageError(::tandem::detail::str_cat(__VA_ARGS__)); \
+    }                                                                     \
   } while (0)
 
 // TANDEM_FAIL(parts...): throw unconditionally.

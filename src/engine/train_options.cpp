@@ -1,0 +1,203 @@
+// The checks of TrainOptions that need no data, model or process group
+// (train_options.h): what the command line alone shows to be wrong.
+#include "tandem/engine/train_options.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "tandem/engine/profile.h"
+#include "tandem/optim/amp.h"
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+namespace {
+
+// A flag parser of the engine that throws tandem::Error: its message, as a usage error.
+template <typename F>
+auto as_usage(F&& parse) {
+  try {
+    return parse();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace
+
+void check_train_options(const TrainOptions& o) {
+  TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
+  TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
+  TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
+  TANDEM_CHECK_USAGE(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
+  TANDEM_CHECK_USAGE(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
+  TANDEM_CHECK_USAGE(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
+  TANDEM_CHECK_USAGE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, ": expected 0 to --lr (", o.lr,
+                     "), where the cosine schedule ends; --lr is its peak");
+  TANDEM_CHECK_USAGE(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
+                     o.dtype, "'");
+  {
+    // The optimizer computes in the parameters' dtype: a rate libtorch cannot
+    // convert to it fails inside SGD with a message that names no flag.
+    const bool doubles = o.dtype == "float64";
+    const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+    for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
+                                      {"--weight-decay", o.weight_decay},
+                                      {"--clip-grad-norm", o.clip_grad_norm}}) {
+      TANDEM_CHECK_USAGE(value <= largest, flag, " ", value, ": beyond the largest ",
+                         doubles ? "float64" : "float32", " (", largest, "), the parameters' dtype");
+    }
+  }
+  TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
+                     " applies to --model mobilenetv2 only, not ", o.model);
+  TANDEM_CHECK_USAGE(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
+                     " applies to the resnet models only, not ", o.model);
+  TANDEM_CHECK_USAGE(o.label_smoothing >= 0 && o.label_smoothing < 1,
+                     "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
+  TANDEM_CHECK_USAGE(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
+                     "--warmup-epochs: expected [0, --epochs), got ", o.warmup_epochs);
+  TANDEM_CHECK_USAGE(o.max_steps >= 0, "--max-steps: expected >= 0, got ", o.max_steps);
+  TANDEM_CHECK_USAGE(o.grad_accum >= 1, "--grad-accum: expected a positive integer, got ", o.grad_accum);
+  TANDEM_CHECK_USAGE(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+                     "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
+  TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
+  TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
+                     o.checkpoint_every);
+  TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
+                     "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
+  as_usage([&] { return parse_profile_steps(o.profile_steps); });
+  TANDEM_CHECK_USAGE(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
+                     "--profile-steps goes with --profile-out");
+  TANDEM_CHECK_USAGE(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "off",
+                     "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
+
+  TANDEM_CHECK_USAGE(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
+                         o.strategy == "allreduce" || o.strategy == "fsdp" || o.strategy == "dp" ||
+                         o.strategy == "pipeline",
+                     "--strategy: expected auto, none, ddp, allreduce, fsdp, dp or pipeline, got '", o.strategy,
+                     "'");
+  const bool fsdp = o.strategy == "fsdp";
+  const bool pipeline = o.strategy == "pipeline";
+  const bool dp = o.strategy == "dp";
+  TANDEM_CHECK_USAGE(dp || pipeline || o.devices.empty(), "--devices goes with --strategy dp or pipeline");
+  TANDEM_CHECK_USAGE(dp || !o.dp_trace, "--dp-trace goes with --strategy dp");
+  TANDEM_CHECK_USAGE(!dp || !o.devices.empty(), "--strategy ", o.strategy,
+                     " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
+  const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
+  TANDEM_CHECK_USAGE(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
+                                  o.virtual_stages == defaults.virtual_stages &&
+                                  o.pipeline_split == defaults.pipeline_split &&
+                                  o.pipeline_balance == defaults.pipeline_balance),
+                     "--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
+                     "--pipeline-balance go with --strategy pipeline");
+  TANDEM_CHECK_USAGE(o.virtual_stages >= 0, "--virtual-stages: expected a positive integer, got ",
+                     o.virtual_stages);
+  TANDEM_CHECK_USAGE(o.virtual_stages <= 1 || o.schedule == "interleaved", "--virtual-stages ",
+                     o.virtual_stages, ": more than one chunk per device needs --schedule interleaved, not ",
+                     o.schedule);
+  TANDEM_CHECK_USAGE(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
+                              o.fsdp_min_unit_params == defaults.fsdp_min_unit_params),
+                     "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
+  TANDEM_CHECK_USAGE(o.fsdp_sharding == "full" || o.fsdp_sharding == "grad-op",
+                     "--fsdp-sharding: expected full or grad-op, got '", o.fsdp_sharding, "'");
+  TANDEM_CHECK_USAGE(o.fsdp_min_unit_params >= 0, "--fsdp-min-unit-params: expected >= 0, got ",
+                     o.fsdp_min_unit_params);
+  TANDEM_CHECK_USAGE(!fsdp || (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
+                     "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces "
+                     "each unit's gradients in one reduce-scatter");
+  TANDEM_CHECK_USAGE(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ", o.micro_batches);
+  TANDEM_CHECK_USAGE(o.pipeline_balance == "time" || o.pipeline_balance == "params",
+                     "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
+  TANDEM_CHECK_USAGE(o.dist_timeout > 0 && o.dist_timeout <= 604800,
+                     "--dist-timeout: expected a positive number of seconds up to a week (604800), got ",
+                     o.dist_timeout);
+  TANDEM_CHECK_USAGE(o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6,
+                     "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
+  TANDEM_CHECK_USAGE(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
+                     o.batch_per_process);
+  TANDEM_CHECK_USAGE(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
+                     "the pipeline already passes each batch in --micro-batches chunks and accumulates "
+                     "their gradients (raise --micro-batches instead)");
+  TANDEM_CHECK_USAGE(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
+                     "which shards the momentum already (with the parameters and gradients)");
+  TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && !pipeline && o.strategy != "none"),
+                     "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
+                     "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
+  TANDEM_CHECK_USAGE(!o.sync_bn || (!dp && !pipeline),
+                     "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, "
+                     "allreduce or fsdp); it does not work with --strategy ", o.strategy, ", where ",
+                     dp ? "each replica normalises its own share of the batch, as PyTorch's DataParallel does"
+                        : "each micro-batch is normalised on its own",
+                     ": leave out --sync-bn");
+  TANDEM_CHECK_USAGE(o.init_weights_except.empty() || !o.init_weights.empty(),
+                     "--init-weights-except goes with --init-weights");
+  TANDEM_CHECK_USAGE(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
+                     ">= 0 (0: off), got ", o.checkpoint_activations);
+  if (o.checkpoint_activations > 0) {
+    TANDEM_CHECK_USAGE(!pipeline || o.checkpoint_activations == 1, "--checkpoint-activations ",
+                       o.checkpoint_activations, ": with --strategy pipeline every stage is recomputed whole "
+                       "(GPipe's re-materialization); give --checkpoint-activations 1");
+    TANDEM_CHECK_USAGE(!o.sync_bn, "--checkpoint-activations does not go with --sync-bn: the recomputed "
+                       "forward would reduce BatchNorm statistics over the ranks again, out of step with "
+                       "backward's gradient reductions");
+    TANDEM_CHECK_USAGE(!o.cuda_graph, "--checkpoint-activations does not go with --cuda-graph (a backward "
+                       "inside the backward is not captured)");
+    TANDEM_CHECK_USAGE(!fsdp || o.checkpoint_activations == 1, "--checkpoint-activations ",
+                       o.checkpoint_activations, ": with --strategy fsdp every unit but the last is recomputed "
+                       "whole (Note [fsdp activation checkpointing]); give --checkpoint-activations 1");
+  }
+  const bool cuda = o.device.rfind("cuda", 0) == 0;  // the device itself: parse_device
+  TANDEM_CHECK_USAGE(!o.cudnn_benchmark || cuda, "--cudnn-benchmark needs --device cuda (cuDNN "
+                     "runs only on CUDA devices), got --device ", o.device);
+  TANDEM_CHECK_USAGE(!o.cuda_graph || cuda, "--cuda-graph needs --device cuda (a CUDA graph "
+                     "replays GPU kernels), got --device ", o.device);
+  TANDEM_CHECK_USAGE(!o.cuda_graph || (!dp && !pipeline && !fsdp),
+                     "--cuda-graph captures the step of one process on one device; it does not work with "
+                     "--strategy ", o.strategy);
+  const auto amp = as_usage([&] { return optim::parse_amp(o.amp); });
+  TANDEM_CHECK_USAGE(!amp || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
+                     "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
+                     "state has nothing to be sharded over; leave out --shard-optimizer");
+  TANDEM_CHECK_USAGE(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
+                     "backward; it does not work with --grad-accum ", o.grad_accum);
+  TANDEM_CHECK_USAGE(!o.cuda_graph || amp != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
+                     "loss scaler decides on the host whether to take each step; use --amp bf16");
+}
+
+void check_train_ranks(const TrainOptions& o, int64_t ranks) {
+  const bool pipeline = o.strategy == "pipeline";
+  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != "dp", "--strategy ", o.strategy,
+                     " runs in one process over --devices, not over a job of ", ranks,
+                     " processes; for several processes use --strategy ddp");
+  if (pipeline && ranks > 1) {
+    TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": --strategy pipeline over ", ranks,
+                       " ranks runs one stage per rank, on its --device (cpu, or cuda:LOCAL_RANK); "
+                       "leave out --devices");
+  } else {
+    TANDEM_CHECK_USAGE(!pipeline || !o.devices.empty(), "--strategy pipeline needs --devices (e.g. cpu,cpu "
+                       "or cuda:0,cuda:1), or several ranks (--nproc-per-node N: one stage per rank)");
+  }
+  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != "none", "--strategy none runs one process, not a job of ",
+                     ranks, " processes; a job of several ranks needs a data-parallel strategy");
+  TANDEM_CHECK_USAGE(ranks == 1 || !o.cuda_graph, "--cuda-graph captures the step of one process on one "
+                     "device; it does not work in a job of ", ranks, " processes");
+  // A pipeline over ranks has one data-parallel rank: every stage reads the whole batch.
+  const int64_t world = pipeline ? 1 : ranks;
+  TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
+                     "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");
+  const int64_t batch = o.batch_per_process > 0 ? o.batch_per_process * world : o.batch_size;
+  TANDEM_CHECK_USAGE(batch % world == 0, "--batch-size ", batch, ": not divisible by the world size ", world,
+                     " (each rank takes batch-size / world size samples a step)");
+  TANDEM_CHECK_USAGE(o.grad_accum <= batch / world, "--grad-accum ", o.grad_accum, ": more chunks than the ",
+                     batch / world, " samples each rank takes a step (--batch-size ", batch, " over ", world,
+                     " rank(s))");
+  TANDEM_CHECK_USAGE(!pipeline || o.micro_batches <= batch / world, "--micro-batches ", o.micro_batches,
+                     ": more than the ", batch / world, " samples of a batch (--batch-size ", batch,
+                     "); each micro-batch needs at least one");
+}
+
+}  // namespace tandem::engine
