@@ -669,12 +669,24 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
     load_in_place(model, model_archive, "");
+    // Runs stop before a checkpoint of a non-finite loss (Note [diverged]),
+    // but older ones did not: weights of NaN would train on in NaN, and
+    // the run would then blame its learning rate. Passed over as damaged.
+    for (const auto& item : model.named_parameters()) {
+      if (!torch::isfinite(item.value()).all().item<bool>()) {
+        throw DamagedCheckpoint(format("cannot resume from %s: damaged: its weights hold NaN or infinite values "
+                                       "(%s), as a diverged run's do",
+                                       path.c_str(), item.key().c_str()));
+      }
+    }
     optimizer.load(optimizer_archive);
     move_state_to_parameters(optimizer);
     torch::Tensor rng;
     archive.read("cpu_rng", rng, /*is_buffer=*/true);
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle
     generator.set_state(rng);
+  } catch (const DamagedCheckpoint&) {
+    throw;
   } catch (const tandem::Error& e) {
     TANDEM_FAIL("cannot resume from ", path, ": ", e.what());
   } catch (const std::exception& e) {

@@ -1015,6 +1015,46 @@ TEST_F(TrainerTest, CheckpointsKeepOnlyTheNewestTwo) {
             (std::vector<std::string>{"checkpoint-00000016.pt", "checkpoint-00000024.pt"}));
 }
 
+// Runs stop before a checkpoint of a diverged loss (Note [diverged]), but
+// older ones wrote them: a checkpoint whose weights are not finite is passed
+// over like a damaged one, and the run resumes from the one before it
+// (it used to train on in NaN and blame the learning rate).
+TEST_F(TrainerTest, ACheckpointOfNonFiniteWeightsIsPassedOverAsDamaged) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.checkpoint_every = 5;
+  o.max_steps = 10;  // keeps -00000005.pt and -00000010.pt
+  Trainer(o, nullptr).run();
+  {
+    // Step 10's checkpoint with one weight made NaN, written as step 11.
+    Trainer t(o, nullptr);
+    torch::optim::SGD sgd(t.model()->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    Checkpointer c(CheckpointOptions{checkpoints.path(), 3});
+    auto position = c.load(checkpoints.file("checkpoint-00000010.pt"), *t.model(), sgd, t.fingerprint());
+    {
+      torch::NoGradGuard no_grad;
+      t.model()->parameters().front().view(-1)[0] = std::nan("");
+    }
+    position.step = 11;
+    c.save(position, *t.model(), sgd, t.fingerprint());
+  }
+  o.resume = true;
+  o.max_steps = 12;
+  o.progress = "lines";
+  char* text = nullptr;
+  size_t length = 0;
+  std::FILE* log = open_memstream(&text, &length);
+  Trainer(o, log).run();
+  std::fclose(log);
+  std::string output(text, length);
+  std::free(text);
+  EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000011.pt") +
+                        ": damaged: its weights hold NaN or infinite values (conv1.weight), as a diverged run's do"),
+            std::string::npos) << output;
+  EXPECT_NE(output.find("resumed from " + checkpoints.file("checkpoint-00000010.pt")), std::string::npos) << output;
+}
+
 // Two runs writing into one --checkpoint-dir would replace each other's
 // files: the writer holds DIR/.tandem-lock, and a second run is refused
 // while it does (naming the holder), then accepted once it is released.
