@@ -84,6 +84,18 @@ std::vector<std::string> file_names(const std::string& dir) {
   return names;
 }
 
+// Runs a Trainer with `o` and returns what it printed on its log.
+std::string run_logged(const TrainOptions& o) {
+  char* text = nullptr;
+  size_t length = 0;
+  std::FILE* log = open_memstream(&text, &length);
+  Trainer(o, log).run();
+  std::fclose(log);
+  std::string output(text, length);
+  std::free(text);
+  return output;
+}
+
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override { testing::write_synthetic_idx(data_.path(), 512, 256); }
@@ -1042,13 +1054,7 @@ TEST_F(TrainerTest, ACheckpointOfNonFiniteWeightsIsPassedOverAsDamaged) {
   o.resume = true;
   o.max_steps = 12;
   o.progress = "lines";
-  char* text = nullptr;
-  size_t length = 0;
-  std::FILE* log = open_memstream(&text, &length);
-  Trainer(o, log).run();
-  std::fclose(log);
-  std::string output(text, length);
-  std::free(text);
+  const std::string output = run_logged(o);
   EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000011.pt") +
                         ": damaged: its weights hold NaN or infinite values (conv1.weight), as a diverged run's do"),
             std::string::npos) << output;
@@ -1117,13 +1123,7 @@ TEST_F(TrainerTest, CheckpointsOfLaterStepsThanTheRunsAreNotKeptOrTrusted) {
   o.resume = true;
   o.max_steps = 12;
   o.progress = "lines";
-  char* text = nullptr;
-  size_t length = 0;
-  std::FILE* log = open_memstream(&text, &length);
-  Trainer(o, log).run();
-  std::fclose(log);
-  std::string output(text, length);
-  std::free(text);
+  const std::string output = run_logged(o);
   EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000099.pt") +
                         ": damaged"), std::string::npos) << output;
   EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000050.pt") +
