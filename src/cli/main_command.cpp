@@ -7,6 +7,8 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/dist/process_group.h"
+#include "tandem/launch/worker_error.h"
 #include "tandem/util/message.h"
 
 namespace tandem::cli {
@@ -50,12 +52,15 @@ int main_command(int argc, char** argv) {
     throw UsageError("unknown command '" + command + "' (commands: train, eval, launch, models, version)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    launch::report_worker_error(e.what(), false);  // Note [first failure]
     return 2;
   } catch (const std::exception& e) {
     // The whole message: tandem's put details on further lines (the files
     // tried, both sides of a mismatch); libtorch's stack trace is left out.
     const std::string message = message_of(e);
     std::fprintf(stderr, "\ntandem: error: %s\n", message.c_str());
+    // Note [first failure]: for a launcher that asked (TANDEM_ERROR_FILE).
+    launch::report_worker_error(message, dist::is_communication_failure(message));
     // libtorch's allocators name bytes, not the flags that asked for them.
     if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
         message.find("can't allocate memory") != std::string::npos) {

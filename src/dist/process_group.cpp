@@ -48,6 +48,20 @@ namespace {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// The errors of this process's failed collectives and store operations, for
+// is_communication_failure (the first few; a failing process makes few).
+std::mutex failures_mutex;
+std::vector<std::string> failures;
+
+// Throws tandem::Error(message), remembering it as a communication failure.
+[[noreturn]] void fail_communication(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(failures_mutex);
+    if (failures.size() < 16) failures.push_back(message);
+  }
+  throw Error(message);
+}
+
 // Note [store address]: c10d's TCPStore server listens on every interface.
 // Rank 0 instead binds the listening socket itself, to the address the job
 // was given (127.0.0.1 for a single-node job), and hands it to the store
@@ -238,7 +252,7 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // the store is gone (rank 0 ended without a verdict)
-    if (verdict.empty()) TANDEM_FAIL(where, " failed on rank ", r.rank, ": ", first_line(e.what()));
+    if (verdict.empty()) fail_communication(detail::str_cat(where, " failed on rank ", r.rank, ": ", first_line(e.what())));
   }
   if (!verdict.empty()) TANDEM_FAIL(where, ": ", verdict);
 }
@@ -284,13 +298,16 @@ void Work::wait() {
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
     bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos;
-    TANDEM_FAIL(impl_->what, " failed: ", why,
-                timed_out ? detail::str_cat(" (a peer did not answer within the --dist-timeout of ",
-                                            impl_->timeout.count() / 1000.0, " s)")
-                          : std::string());
+    fail_communication(detail::str_cat(
+        impl_->what, " failed: ", why,
+        timed_out ? detail::str_cat(" (a peer did not answer within the --dist-timeout of ",
+                                    impl_->timeout.count() / 1000.0, " s)")
+                  : std::string()));
   }
-  TANDEM_CHECK(finished, impl_->what, " did not finish within the timeout of ",
-               impl_->timeout.count() / 1000.0, " s (--dist-timeout)");
+  if (!finished) {
+    fail_communication(detail::str_cat(impl_->what, " did not finish within the timeout of ",
+                                       impl_->timeout.count() / 1000.0, " s (--dist-timeout)"));
+  }
   if (impl_->then) impl_->then();
   impl_->done = true;
 }
@@ -399,8 +416,8 @@ struct ProcessGroup::Impl {
       if (backend == "gloo") lock.lock();
       work = f();
     } catch (const std::exception& e) {
-      TANDEM_FAIL(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size, " (",
-                  backend, ") failed: ", first_line(e.what()));
+      fail_communication(detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
+                                         " (", backend, ") failed: ", first_line(e.what())));
     }
     return wrap(std::move(work), name, std::move(then));
   }
@@ -657,6 +674,14 @@ int pick_free_port(const std::string& host) {
   TANDEM_CHECK(rc == 0, "cannot find a free port on ", host, ": ", std::strerror(err));
   return ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+}
+
+bool is_communication_failure(const std::string& message) {
+  std::lock_guard<std::mutex> lock(failures_mutex);
+  for (const auto& failure : failures) {
+    if (message.find(failure) != std::string::npos) return true;
+  }
+  return false;
 }
 
 }  // namespace tandem::dist

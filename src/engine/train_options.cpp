@@ -8,6 +8,7 @@
 
 #include "tandem/engine/profile.h"
 #include "tandem/optim/amp.h"
+#include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -86,6 +87,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(dp || !o.dp_trace, "--dp-trace goes with --strategy dp");
   TANDEM_CHECK_USAGE(!dp || !o.devices.empty(), "--strategy ", o.strategy,
                      " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
+  if (!o.devices.empty()) parallel::parse_device_names(o.devices);  // whether the machine has them: later
   const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
   TANDEM_CHECK_USAGE(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
                                   o.virtual_stages == defaults.virtual_stages &&

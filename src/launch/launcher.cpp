@@ -12,13 +12,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "tandem/launch/worker_error.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/table.h"
@@ -169,7 +172,44 @@ struct Worker {
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
+  Clock::time_point exit_seen;         // when the launcher reaped it
+  std::optional<WorkerError> error;    // what it reported (Note [first failure])
   Stream out, err;
+};
+
+int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+bool exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// A private folder for the workers' error files (Note [first failure]),
+// removed with what is in it. Without one (no writable temporary folder)
+// the workers get no TANDEM_ERROR_FILE and are judged by their exits alone.
+class ErrorFolder {
+ public:
+  ErrorFolder() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tandem-launch-XXXXXX";
+    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  }
+  ~ErrorFolder() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ErrorFolder(const ErrorFolder&) = delete;
+  ErrorFolder& operator=(const ErrorFolder&) = delete;
+  // Rank `rank`'s file ("" without a folder), removed if an earlier attempt left one.
+  std::string file_for(int64_t rank) const {
+    if (path_.empty()) return "";
+    std::string file = path_ + "/rank-" + std::to_string(rank);
+    std::remove(file.c_str());
+    return file;
+  }
+
+ private:
+  std::string path_;
 };
 
 // One line of rank `rank`'s output, prefixed, bytes as they are (a NUL
@@ -218,7 +258,8 @@ bool pump(Stream& s, int64_t rank, bool eof_flush) {
 
 struct Attempt {
   std::vector<Worker> workers;  // those started
-  int failed = -1;           // index of the first worker that failed
+  std::vector<std::string> error_files;  // each worker's TANDEM_ERROR_FILE, or ""
+  int failed = -1;           // index of the worker that failed first (Note [first failure])
   int forwarded_signal = 0;  // the stop signal the launcher received
   bool starting_stopped = false;  // that signal came before every worker was started
 
@@ -278,6 +319,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   if (token.empty() && o.nnodes == 1) token = random_token();
 
   OpenFilesScope open_files(o.nproc_per_node);
+  ErrorFolder error_folder;
 
   SignalScope signals;
   const pid_t launcher = getpid();
@@ -314,6 +356,8 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       set("MASTER_PORT", std::to_string(port));
       set("TANDEM_RESTART_COUNT", std::to_string(attempt));
       if (!token.empty()) set("TANDEM_JOB_TOKEN", token);
+      a.error_files.push_back(error_folder.file_for(w.rank));
+      if (!a.error_files.back().empty()) set(kErrorFileVariable, a.error_files.back());
       if (!omp_set) set("OMP_NUM_THREADS", std::to_string(omp_threads));
       for (const auto& [k, v] : o.extra_env) set(k, v);
       std::vector<char*> envp, argv;
@@ -387,6 +431,8 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     // Watch until every worker has exited (Note [worker life cycle]).
     std::optional<Clock::time_point> kill_at;
     bool killed = false;
+    std::optional<Clock::time_point> stop_began;       // when stop_all signalled the workers
+    std::optional<Clock::time_point> peer_wait_until;  // Note [first failure]
     // A stopped worker (SIGSTOP, a debugger's ^Z) would hold a SIGINT or
     // SIGTERM pending until SIGKILL, --stop-grace later; SIGCONT after it
     // lets it act on it now.
@@ -404,6 +450,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     };
     auto stop_all = [&] {
       if (kill_at) return;
+      stop_began = Clock::now();
       signal_all(SIGTERM);
       start_grace();
     };
@@ -419,11 +466,41 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       signal_all(s);
       start_grace();
     };
+    // Note [first failure]: of the workers that failed before the launcher
+    // stopped the others, the one whose error did not follow a peer's,
+    // earliest first (its report's time, or when it was reaped if it wrote
+    // none); -1 if none failed.
+    auto first_failure = [&] {
+      int best = -1;
+      std::pair<bool, int64_t> best_key{};
+      for (size_t i = 0; i < a.workers.size(); ++i) {
+        const Worker& w = a.workers[i];
+        if (!w.exited || exited_ok(w.status)) continue;
+        const bool reported = w.error && (!stop_began || w.error->time_ns <= steady_ns(*stop_began));
+        if (!reported && stop_began && w.exit_seen > *stop_began) continue;  // one the launcher stopped
+        const std::pair<bool, int64_t> key{reported && w.error->follows_peer,
+                                           reported ? w.error->time_ns : steady_ns(w.exit_seen)};
+        if (best < 0 || key < best_key) {
+          best = static_cast<int>(i);
+          best_key = key;
+        }
+      }
+      return best;
+    };
+    auto stop_for_failure = [&] {
+      const int i = first_failure();
+      const Worker& w = a.workers[static_cast<size_t>(i)];
+      std::fprintf(err, "tandem launch: rank %lld (pid %d) %s; stopping the other workers\n",
+                   static_cast<long long>(w.rank), static_cast<int>(w.pid), describe_status(w.status).c_str());
+      std::fflush(err);
+      stop_all();
+    };
     if (stop_signal != 0) {
       a.starting_stopped = true;
       forward(stop_signal);
     }
     size_t alive = a.workers.size();
+    bool any_failed = false;
     while (alive > 0) {
       std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
       std::vector<Stream*> streams{nullptr};
@@ -452,23 +529,29 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
         w.exited = true;
         w.status = status;
+        w.exit_seen = Clock::now();
         --alive;
-        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && a.failed < 0 && a.forwarded_signal == 0) {
-          a.failed = static_cast<int>(i);
-          std::fprintf(err, "tandem launch: rank %lld (pid %d) %s; stopping the other workers\n",
-                       static_cast<long long>(w.rank), static_cast<int>(w.pid),
-                       describe_status(status).c_str());
-          std::fflush(err);
-          stop_all();
+        if (exited_ok(status)) continue;
+        if (!a.error_files[i].empty()) w.error = read_worker_error(a.error_files[i]);
+        if (a.forwarded_signal != 0 || stop_began) continue;
+        any_failed = true;
+        // A failure that followed a peer's waits a moment for that peer's
+        // own to be seen (Note [first failure]); any other stops the job.
+        if (w.error && w.error->follows_peer) {
+          if (!peer_wait_until) peer_wait_until = w.exit_seen + kPeerFailureWait;
+        } else {
+          stop_for_failure();
         }
-        if (alive > 0 && (a.failed >= 0 || a.forwarded_signal)) stop_all();
+      }
+      if (alive > 0 && peer_wait_until && !stop_began && !kill_at && Clock::now() >= *peer_wait_until) {
+        stop_for_failure();
       }
       if (kill_at && !killed && Clock::now() >= *kill_at) {
         signal_all(SIGKILL);
         killed = true;
       }
     }
+    if (any_failed && a.forwarded_signal == 0) a.failed = first_failure();
     // Every worker is reaped; copy what is left in the pipes (a grandchild
     // that still holds one open is not waited for).
     for (auto& w : a.workers) {
@@ -497,6 +580,9 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
     const Worker& f = a.workers[a.failed];
     result.reason = format("rank %lld (pid %d) %s", static_cast<long long>(f.rank),
                            static_cast<int>(f.pid), describe_status(f.status).c_str());
+    if (f.error && !f.error->message.empty()) {
+      result.reason += ": " + f.error->message.substr(0, f.error->message.find('\n'));
+    }
     if (attempt >= o.max_restarts) {
       result.exit_code = 1;
       return result;

@@ -290,33 +290,50 @@ torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& in
   return run_data_parallel(replicas, input, output_device.value_or(devices.at(0)), false);
 }
 
-torch::Device parse_one_device(const std::string& item, const std::string& flag,
-                               const std::string& whole, const std::string& expected) {
+torch::Device parse_device_name(const std::string& item, const std::string& flag,
+                                const std::string& whole, const std::string& expected) {
   std::optional<torch::Device> device;
   try {
     device.emplace(item);
   } catch (const std::exception&) {
   }
-  TANDEM_CHECK(device && (device->is_cpu() || device->is_cuda()), flag, ": expected ", expected,
-               ", got '", whole, "'");
-  if (device->is_cuda()) {
-    TANDEM_CHECK(torch::cuda::is_available(), flag, " ", whole,
-                 ": no CUDA device is available on this machine");
-    TANDEM_CHECK(!device->has_index() || device->index() < static_cast<int>(torch::cuda::device_count()),
-                 flag, " ", whole, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
-  }
+  TANDEM_CHECK_USAGE(device && (device->is_cpu() || device->is_cuda()), flag, ": expected ", expected,
+                     ", got '", whole, "'");
   return *device;
 }
 
-std::vector<torch::Device> parse_devices(const std::string& text) {
+torch::Device parse_one_device(const std::string& item, const std::string& flag,
+                               const std::string& whole, const std::string& expected) {
+  const torch::Device device = parse_device_name(item, flag, whole, expected);
+  if (device.is_cuda()) {
+    TANDEM_CHECK(torch::cuda::is_available(), flag, " ", whole,
+                 ": no CUDA device is available on this machine");
+    TANDEM_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
+                 flag, " ", whole, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
+  }
+  return device;
+}
+
+namespace {
+
+constexpr const char* kDeviceListExpected = "a comma-separated list of cpu, cuda or cuda:N";
+
+std::vector<torch::Device> parse_device_list(const std::string& text, bool check_machine) {
   std::vector<torch::Device> devices;
   for (const auto& item : split(text, ',')) {
-    auto device = parse_one_device(item, "--devices", text, "a comma-separated list of cpu, cuda or cuda:N");
+    auto device = check_machine ? parse_one_device(item, "--devices", text, kDeviceListExpected)
+                                : parse_device_name(item, "--devices", text, kDeviceListExpected);
     if (device.is_cuda() && !device.has_index()) device = torch::Device(torch::kCUDA, 0);
     devices.push_back(device);
   }
-  TANDEM_CHECK(!devices.empty(), "--devices: expected at least one device");
+  TANDEM_CHECK_USAGE(!devices.empty(), "--devices: expected at least one device");
   return devices;
 }
+
+}  // namespace
+
+std::vector<torch::Device> parse_device_names(const std::string& text) { return parse_device_list(text, false); }
+
+std::vector<torch::Device> parse_devices(const std::string& text) { return parse_device_list(text, true); }
 
 }  // namespace tandem::parallel

@@ -38,11 +38,20 @@ TEST(DataParallelCliTest, TraceShowsEachReplica) {
 
 TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
   EXPECT_TRUE(testing::tandem_fails(
-      "train --strategy dp --devices cpu,gpu7 --max-steps 1", 1,
+      "train --strategy dp --devices cpu,gpu7 --max-steps 1", 2,
       "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,gpu7'"));
   EXPECT_TRUE(testing::tandem_fails("train --strategy dp --max-steps 1", 2, "--strategy dp needs --devices"));
   EXPECT_TRUE(testing::tandem_fails("train --devices cpu,cpu --max-steps 1", 2,
                                     "--devices goes with --strategy dp or pipeline"));
+  // Text that names no device is a usage error (exit 2), for the pipeline's
+  // --devices and for --device, and named before any worker starts.
+  EXPECT_TRUE(testing::tandem_fails("train --strategy pipeline --devices cpu,,cpu --max-steps 1", 2,
+                                    "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,,cpu'"));
+  EXPECT_TRUE(testing::tandem_fails("train --device tpu --max-steps 1", 2,
+                                    "--device: expected cpu, cuda or cuda:N, got 'tpu'"));
+  auto r = testing::run_tandem("train --nproc-per-node 2 --device gpu --max-steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "tandem: error: --device: expected cpu, cuda or cuda:N, got 'gpu'\n");
 }
 
 }  // namespace

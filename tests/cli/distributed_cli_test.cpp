@@ -2,6 +2,7 @@
 // 127.0.0.1, launched by tandem itself.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <fstream>
@@ -295,6 +296,33 @@ TEST(DistributedCliTest, AKilledRankEndsTheJob) {
       << out;
   EXPECT_EQ(run("pgrep -f -- '^[^ ]*tandem train .*" + marker + "' || true").output, "") << out;
   (void)start;
+}
+
+// Note [first failure]: rank 0 fails on its own (the disk holding the
+// checkpoints fills up: a 5 MiB tmpfs holds one convnet checkpoint, not
+// two), and rank 1 fails after it, its all_reduce cut off. Rank 1 often
+// exits first (rank 0 is still unwinding); the launcher used to name it in
+// about one job of five. It must name rank 0 and why, every time.
+TEST(DistributedCliTest, TheRankWhoseOwnErrorEndedTheJobIsNamed) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 2048, 64);
+  ::mkdir(dir.file("ckpt").c_str(), 0755);
+  testing::TmpfsMount small(dir.file("ckpt"), "size=5m");
+  ASSERT_TRUE(small.ok) << "this test mounts a small tmpfs and needs root: " << small.output;
+  for (int job = 0; job < 3; ++job) {
+    run("rm -rf " + dir.file("ckpt") + "/*");
+    auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() +
+                        " --model convnet --epochs 2 --batch-size 32 --progress lines --checkpoint-every 5"
+                        " --checkpoint-dir " + dir.file("ckpt"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    auto last = r.output.rfind("tandem launch: ");
+    ASSERT_NE(last, std::string::npos) << r.output;
+    const std::string verdict = r.output.substr(last);
+    EXPECT_EQ(verdict.rfind("tandem launch: rank 0 (pid ", 0), 0u) << "job " << job << ":\n" << r.output;
+    EXPECT_NE(verdict.find("exited with code 1: "), std::string::npos) << verdict;
+    EXPECT_NE(verdict.find("No space left on device"), std::string::npos) << verdict;
+    EXPECT_EQ(r.output.find("tandem launch: rank 1 (pid "), std::string::npos) << "job " << job << ":\n" << r.output;
+  }
 }
 
 // --max-restarts 1: rank 1 killed mid-training; the launcher restarts every

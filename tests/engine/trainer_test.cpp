@@ -910,26 +910,11 @@ TEST_F(TrainerTest, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
   }
 }
 
-// A tmpfs mounted on `dir` with `options` for the test's life (root; these
-// machines give it). The test fails, not skips, where the mount fails.
-struct TmpfsMount {
-  TmpfsMount(const std::string& dir, const std::string& options) : dir(dir) {
-    auto mounted = testing::run("mount -t tmpfs -o " + options + " tmpfs " + dir + " 2>&1");
-    ok = mounted.exit_code == 0;
-    output = mounted.output;
-  }
-  ~TmpfsMount() {
-    if (ok) testing::run("umount " + dir);
-  }
-  std::string dir, output;
-  bool ok = false;
-};
-
 // A --checkpoint-dir where nothing can be written is refused before the
 // first step, not at the first save (a read-only tmpfs: root writes anywhere else).
 TEST_F(TrainerTest, AnUnwritableCheckpointDirIsRefusedAtTheStart) {
   TempDir checkpoints;
-  TmpfsMount read_only(checkpoints.path(), "ro,size=1m");
+  testing::TmpfsMount read_only(checkpoints.path(), "ro,size=1m");
   ASSERT_TRUE(read_only.ok) << "this test mounts a read-only tmpfs and needs root: " << read_only.output;
   auto o = small_run(data_.path());
   o.checkpoint_dir = checkpoints.path();
@@ -949,7 +934,7 @@ TEST_F(TrainerTest, AnUnwritableCheckpointDirIsRefusedAtTheStart) {
 // test fails, not skips, without it.
 TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   TempDir checkpoints;
-  TmpfsMount small(checkpoints.path(), "size=5m");
+  testing::TmpfsMount small(checkpoints.path(), "size=5m");
   ASSERT_TRUE(small.ok) << "this test mounts a small tmpfs and needs root: " << small.output;
   auto o = small_run(data_.path());
   o.checkpoint_dir = checkpoints.path();

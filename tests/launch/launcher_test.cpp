@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/launch/worker_error.h"
 #include "testing.h"
 
 namespace tandem {
@@ -149,6 +150,76 @@ TEST(LaunchTest, ASigkilledWorkerIsNamedWithinSeconds) {
   EXPECT_NE(r.output.find("rank 1 (pid "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << r.output;
   EXPECT_EQ(count_processes("sleep " + marker), 0) << "a worker outlived the launcher";
+}
+
+// Note [first failure]: rank 0 fails first, with an error of its own, but
+// is slow to end (a second); rank 1, whose collective lost it, reports later
+// and exits first. The launcher names rank 0 and its message, not the first
+// exit it saw, and still ends the job (rank 2 never ends by itself).
+TEST(LaunchTest, TheRankThatFailedFirstIsNamedNotTheFirstToExit) {
+  const std::string marker = "61.75";
+  const std::string report = TANDEM_REPORT_ERROR;
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem(
+      "launch --nproc-per-node 3 -- sh -c '"
+      "if [ $RANK = 0 ]; then " + report + " own \"cannot write the checkpoint\"; sleep 1; exit 4; fi; "
+      "if [ $RANK = 1 ]; then sleep 0.3; " + report + " peer \"all_reduce on rank 1 of 3 (gloo) failed\"; "
+      "exit 1; fi; exec sleep " + marker + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(seconds_since(start), 15);
+  EXPECT_NE(r.output.find("tandem launch: rank 0 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 4: cannot write the checkpoint\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("tandem launch: rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
+// When every failure followed a peer's (the peer itself never said why),
+// the earliest report is named, not the earliest exit, and the launcher
+// waits no longer than launch::kPeerFailureWait for a better one.
+TEST(LaunchTest, AmongFailuresThatFollowedAPeerTheEarliestIsNamed) {
+  const std::string marker = "61.875";
+  const std::string report = TANDEM_REPORT_ERROR;
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_tandem(
+      "launch --nproc-per-node 3 -- sh -c '"
+      "if [ $RANK = 1 ]; then sleep 0.2; " + report + " peer \"recv on rank 1 timed out\"; sleep 1; exit 1; fi; "
+      "if [ $RANK = 0 ]; then sleep 0.6; " + report + " peer \"all_reduce on rank 0 closed\"; exit 1; fi; "
+      "exec sleep " + marker + "'");
+  const double seconds = seconds_since(start);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(seconds, 12);
+  EXPECT_GT(seconds, 3.4) << "it stopped rank 2 before the wait for rank 0's peer ended";
+  EXPECT_NE(r.output.find("exited with code 1: recv on rank 1 timed out\n"), std::string::npos) << r.output;
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
+// What a failing tandem leaves for its launcher, and what the launcher
+// takes from such a file.
+TEST(LaunchTest, WorkerErrorFilesRoundTripAndJunkIsNone) {
+  launch::WorkerError error{123456789, true, "all_reduce failed\nsecond line"};
+  auto back = launch::parse_worker_error(launch::format_worker_error(error));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->time_ns, 123456789);
+  EXPECT_TRUE(back->follows_peer);
+  EXPECT_EQ(back->message, "all_reduce failed\nsecond line");
+  for (const char* junk : {"", "tandem-worker-error 1\ntime_ns 12", "tandem-worker-error 2\ntime_ns 1\nfollows_peer 0\nx",
+                           "tandem-worker-error 1\ntime_ns x\nfollows_peer 0\n", "tandem-worker-error 1\ntime_ns 1\nfollows_peer 2\n"}) {
+    EXPECT_FALSE(launch::parse_worker_error(junk).has_value()) << junk;
+  }
+  TempDir dir;
+  const std::string file = dir.file("rank-0");
+  ::setenv(launch::kErrorFileVariable, file.c_str(), 1);
+  launch::report_worker_error("cannot read data/x.png", false);
+  ::unsetenv(launch::kErrorFileVariable);
+  auto read = launch::read_worker_error(file);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_FALSE(read->follows_peer);
+  EXPECT_EQ(read->message, "cannot read data/x.png");
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  EXPECT_LE(read->time_ns, now);
+  EXPECT_GT(read->time_ns, now - int64_t{10'000'000'000});
+  EXPECT_FALSE(launch::read_worker_error(dir.file("none")).has_value());
 }
 
 TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {

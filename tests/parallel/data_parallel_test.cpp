@@ -311,6 +311,20 @@ TEST(DataParallelTest, DeviceListsAreParsedOrNamed) {
   EXPECT_EQ(parse_devices("cpu,cpu").size(), 2u);
   EXPECT_EQ(testing::error_of([] { parse_devices("cpu,tpu"); }),
             "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,tpu'");
+  // What the text alone shows is a usage error; what the machine lacks is not.
+  EXPECT_THROW(parse_devices("cpu,,cpu"), UsageError);
+  EXPECT_THROW(parse_device_names("cuda:0,gpu"), UsageError);
+  EXPECT_EQ(parse_device_names("cuda,cuda:5"), (std::vector<torch::Device>{torch::Device("cuda:0"), torch::Device("cuda:5")}));
+  if (!torch::cuda::is_available()) {
+    try {
+      parse_devices("cuda:0,cuda:1");
+      ADD_FAILURE() << "parse_devices accepted CUDA devices on a machine without CUDA";
+    } catch (const UsageError& e) {
+      ADD_FAILURE() << "a missing device is the machine's, not a usage error: " << e.what();
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "--devices cuda:0,cuda:1: no CUDA device is available on this machine");
+    }
+  }
 }
 
 }  // namespace

@@ -68,6 +68,21 @@ struct CommandResult {
 // Runs a shell command line, capturing its output.
 CommandResult run(const std::string& command_line);
 
+// A tmpfs mounted on `dir` with `options` for the test's life (root; these
+// machines give it). The test fails, not skips, where the mount fails.
+struct TmpfsMount {
+  TmpfsMount(const std::string& dir, const std::string& options) : dir(dir) {
+    auto mounted = run("mount -t tmpfs -o " + options + " tmpfs " + dir + " 2>&1");
+    ok = mounted.exit_code == 0;
+    output = mounted.output;
+  }
+  ~TmpfsMount() {
+    if (ok) run("umount " + dir);
+  }
+  std::string dir, output;
+  bool ok = false;
+};
+
 // Runs the tandem binary with `args` (a shell-quoted string).
 CommandResult run_tandem(const std::string& args);
 

@@ -144,4 +144,10 @@ bool built_with_nccl();
 // not an address of this machine.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
+// Whether `message` (an error this process is about to report) contains the
+// error of one of its collectives, or of its store, that failed: the error
+// of a rank that most likely lost a peer, rather than one of its own
+// (Note [first failure] in tandem/launch/worker_error.h).
+bool is_communication_failure(const std::string& message);
+
 }  // namespace tandem::dist

@@ -13,8 +13,11 @@
 //            forwarded to every worker;
 //   failed   the first worker to exit non-zero (or be killed) ends the
 //            attempt: the others get SIGTERM, then SIGKILL after
-//            stop_grace_seconds; then either a restart of all workers
-//            (max_restarts) or the launcher exits non-zero naming the rank;
+//            stop_grace_seconds (a failure that followed a peer's first
+//            waits up to kPeerFailureWait for that peer's); then either a
+//            restart of all workers (max_restarts) or the launcher exits
+//            non-zero naming the rank that failed first (Note [first
+//            failure] in launch/worker_error.h);
 //   reaped   the launcher waits for every worker before it returns: no
 //            worker outlives it.
 //
@@ -51,7 +54,8 @@ struct LaunchOptions {
 
 struct LaunchResult {
   int exit_code = 0;   // 0 when every worker of the last attempt exited 0
-  std::string reason;  // why not, e.g. "rank 1 (pid 4242) was killed by signal 9 (SIGKILL)"
+  std::string reason;  // why not, e.g. "rank 1 (pid 4242) was killed by signal 9 (SIGKILL)", or
+                       // "rank 0 (pid 4241) exited with code 1: " and its error's first line
   int64_t restarts = 0;
 };
 

@@ -138,14 +138,22 @@ torch::Tensor data_parallel(torch::nn::AnyModule module, const torch::Tensor& in
                             std::optional<torch::Device> output_device = std::nullopt);
 
 // "cpu,cpu" or "cuda:0,cuda:1" -> devices ("cuda" is cuda:0); a clear error
-// naming --devices.
+// naming --devices: tandem::UsageError for text that names no devices
+// (exit 2), tandem::Error for CUDA devices this machine lacks (exit 1).
 std::vector<torch::Device> parse_devices(const std::string& text);
+
+// parse_devices' first half, what the text alone shows: the UsageError,
+// and no look at the machine (train's checks before any worker starts).
+std::vector<torch::Device> parse_device_names(const std::string& text);
 
 // One device of a device flag (engine::parse_device's --device, and each
 // item of --devices): cpu, cuda or cuda:N, with CUDA present and N in range.
 // Errors name `flag` and quote `whole` (the flag's text), and say that
-// `expected` was expected.
+// `expected` was expected; as parse_devices, a UsageError for the text and
+// an Error for the machine. parse_device_name checks the text only.
 torch::Device parse_one_device(const std::string& item, const std::string& flag,
                                const std::string& whole, const std::string& expected);
+torch::Device parse_device_name(const std::string& item, const std::string& flag,
+                                const std::string& whole, const std::string& expected);
 
 }  // namespace tandem::parallel

@@ -1,0 +1,77 @@
+#include "tandem/launch/worker_error.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace tandem::launch {
+
+namespace {
+constexpr const char* kMagic = "tandem-worker-error 1";
+}  // namespace
+
+std::string format_worker_error(const WorkerError& error) {
+  std::ostringstream out;
+  out << kMagic << "\ntime_ns " << error.time_ns << "\nfollows_peer " << (error.follows_peer ? 1 : 0)
+      << "\n" << error.message;
+  return out.str();
+}
+
+std::optional<WorkerError> parse_worker_error(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kMagic) return std::nullopt;
+  WorkerError error;
+  auto field = [&](const char* name, int64_t& value) {
+    if (!std::getline(in, line)) return false;
+    const std::string prefix = std::string(name) + " ";
+    if (line.compare(0, prefix.size(), prefix) != 0) return false;
+    char* end = nullptr;
+    const char* digits = line.c_str() + prefix.size();
+    long long v = std::strtoll(digits, &end, 10);
+    if (end == digits || *end != '\0') return false;
+    value = v;
+    return true;
+  };
+  int64_t follows = 0;
+  if (!field("time_ns", error.time_ns) || !field("follows_peer", follows) || (follows != 0 && follows != 1)) {
+    return std::nullopt;
+  }
+  error.follows_peer = follows == 1;
+  std::ostringstream rest;
+  rest << in.rdbuf();
+  error.message = rest.str();
+  return error;
+}
+
+void report_worker_error(const std::string& message, bool follows_peer) {
+  const char* path = std::getenv(kErrorFileVariable);
+  if (path == nullptr || *path == '\0') return;
+  WorkerError error;
+  error.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+  error.follows_peer = follows_peer;
+  error.message = message;
+  const std::string text = format_worker_error(error);
+  const std::string temporary = std::string(path) + ".tmp-" + std::to_string(getpid());
+  std::FILE* f = std::fopen(temporary.c_str(), "w");
+  if (f == nullptr) return;
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path) != 0) {
+    std::remove(temporary.c_str());
+  }
+}
+
+std::optional<WorkerError> read_worker_error(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_worker_error(text.str());
+}
+
+}  // namespace tandem::launch
