@@ -3,6 +3,7 @@
 
 #include "common_flags.h"
 #include "tandem/cli/commands.h"
+#include "tandem/data/source.h"
 #include "tandem/cli/flags.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
@@ -15,8 +16,10 @@ namespace {
 FlagSet eval_flags(engine::TrainOptions& o, std::string& weights) {
   FlagSet flags("tandem eval",
                 "Evaluate trained weights (the file tandem train --export-weights writes) on the "
-                "test split of --data, or on --val-data: loss and accuracy. Under tandem launch "
-                "or torchrun the ranks share the data.");
+                "test split of --data, or on --val-data: loss and accuracy. Images are normalised "
+                "with the mean and std of --data's training split, as in training, so give the "
+                "--data the weights were trained on. Under tandem launch or torchrun the ranks "
+                "share the data.");
   flags.section("weights");
   flags.add_string("weights", "FILE", &weights,
                    "safetensors file holding every parameter and buffer of --model (required)");
@@ -46,6 +49,12 @@ int eval_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
+  // An image folder has no test split of its own: the command line alone
+  // says there is nothing to evaluate (it failed only after the set-up, exit 1).
+  if (options.val_data.empty() && data::data_format(options.data) == "imagefolder") {
+    throw UsageError("--data " + options.data + ": an image folder has no test split; give the images to "
+                     "evaluate on as --val-data imagefolder:DIR");
+  }
   options.progress = "off";
   // The trainer's set-up builds the model exactly as training did (its
   // classes and input size from the data), joins the ranks if there are

@@ -39,12 +39,25 @@ void check_output_file(const std::string& flag, const std::string& path) {
                ": ", folder.string(), " is not a folder this process can write to");
 }
 
+void check_replaceable_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(path, ec);  // through a link: what it points to
+  TANDEM_CHECK(!fs::exists(status) || fs::is_regular_file(status), flag, flag.empty() ? "" : " ", path,
+               ": exists and is not a regular file (a device, a FIFO or a socket); this file is written "
+               "whole and renamed into place, which would replace it: name a regular file");
+}
+
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write_to) {
   namespace fs = std::filesystem;
-  fs::path target(path);
+  check_replaceable_file("", path);
+  // A link is followed: the file it points to is replaced, the link kept.
+  std::error_code link_ec;
+  fs::path target = fs::is_symlink(path, link_ec) ? fs::weakly_canonical(path, link_ec) : fs::path(path);
+  if (link_ec) target = path;
   fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::string tmp = target.string() + ".tmp-" + std::to_string(::getpid());
   try {
     write_to(tmp);
     sync_path(tmp, /*directory=*/false);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -29,10 +30,15 @@ ProfileOptions parse_profile_steps(const std::string& text, ProfileOptions optio
 }
 
 struct StepProfiler::Recording {
-  explicit Recording(const std::string& path) : out(path) {
+  explicit Recording(const std::string& path)
+      : temporary(path + ".tmp-" + std::to_string(::getpid())), out(temporary) {
     TANDEM_CHECK(out, "--profile-out ", path, ": cannot open the file for writing");
     profile.emplace(out);
   }
+  ~Recording() {
+    if (!temporary.empty()) std::remove(temporary.c_str());  // not renamed into place
+  }
+  std::string temporary;
   std::ofstream out;
   std::optional<torch::autograd::profiler::RecordProfile> profile;  // writes the trace when reset
 };
@@ -61,13 +67,23 @@ std::string StepProfiler::before_step(int64_t step) {
   return "";
 }
 
+std::string StepProfiler::after_step(int64_t steps_done) {
+  return recording_ && steps_done >= options_.last ? finish() : "";
+}
+
 std::string StepProfiler::finish() {
   if (!recording_) return "";
   recording_->profile.reset();  // the events, written
   recording_->out.flush();
-  const bool written = static_cast<bool>(recording_->out);
-  recording_.reset();
-  TANDEM_CHECK(written, "--profile-out ", path_, ": writing the trace failed");
+  bool written = static_cast<bool>(recording_->out);
+  recording_->out.close();
+  written = written && !recording_->out.fail();
+  std::error_code ec;
+  if (written) std::filesystem::rename(recording_->temporary, path_, ec);
+  if (written && !ec) recording_->temporary.clear();
+  recording_.reset();  // removes the temporary file if it was not renamed
+  TANDEM_CHECK(written, "--profile-out ", path_, ": writing the trace failed (a full disk?)");
+  TANDEM_CHECK(!ec, "--profile-out ", path_, ": cannot rename the finished trace into place: ", ec.message());
   return path_;
 }
 

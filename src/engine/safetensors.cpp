@@ -177,6 +177,10 @@ namespace {
 bool under(const std::string& name, const std::string& prefix) {
   return name == prefix || name.rfind(prefix + ".", 0) == 0;
 }
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 }  // namespace
 
 void load_weights(const std::string& path, torch::nn::Module& module,
@@ -198,7 +202,7 @@ void load_weights(const SafetensorsFile& file, const std::string& path, torch::n
   for (const auto& prefix : except) {  // a misspelt name would load what it meant to skip
     bool matches =
         std::any_of(names.begin(), names.end(), [&](const auto& name) { return under(name, prefix); });
-    TANDEM_CHECK(matches, "'", prefix, "' names no parameter or buffer of the model (loading ", path, ")");
+    TANDEM_CHECK_USAGE(matches, "'", prefix, "' names no parameter or buffer of the model (loading ", path, ")");
   }
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (the module's, the file's)
   auto take = [&](const std::string& name, const torch::Tensor& target, const char* kind) {
@@ -208,11 +212,20 @@ void load_weights(const SafetensorsFile& file, const std::string& path, torch::n
                  it->second.sizes(), ", the model's ", kind, " has ", target.sizes());
     // A float tensor given as integers (or the other way) converts silently
     // to nonsense; a float one must also be finite.
-    TANDEM_CHECK(it->second.is_floating_point() == target.is_floating_point(), path, ": tensor '", name,
+    // BatchNorm's step count is the exception: an integer in PyTorch's
+    // state_dict (torchvision's files), a float in tandem's models (libtorch's
+    // Module::to converts every buffer); a count converts exactly.
+    const bool count = ends_with(name, "num_batches_tracked") && !it->second.is_floating_point() &&
+                       it->second.scalar_type() != torch::kBool;
+    TANDEM_CHECK(count || it->second.is_floating_point() == target.is_floating_point(), path, ": tensor '", name,
                  "' is ", dtype_name(it->second.scalar_type()), ", the model's ", kind, " is ",
                  target.scalar_type());
     TANDEM_CHECK(!it->second.is_floating_point() || torch::isfinite(it->second).all().item<bool>(), path,
                  ": tensor '", name, "' holds NaN or infinite values");
+    // A negative variance makes BatchNorm's output NaN (eval printed
+    // "test loss -nan" and exited 0).
+    TANDEM_CHECK(!ends_with(name, "running_var") || (it->second >= 0).all().item<bool>(), path, ": tensor '",
+                 name, "' holds negative values; a running variance is >= 0");
     copies.emplace_back(target, it->second);
     found.erase(it);
   };

@@ -3,8 +3,10 @@
 #include "tandem/engine/train_options.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "tandem/engine/profile.h"
 #include "tandem/optim/amp.h"
@@ -70,6 +72,27 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
                      "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
   as_usage([&] { return parse_profile_steps(o.profile_steps); });
+  {
+    // Two output flags on one file: the last writer's would win and the
+    // other's output be lost, with exit 0 (a sweep's find: metrics lines
+    // gone under the weights). Paths compared as absolute, normalised
+    // names, and as the same file where both exist (a link, a second name).
+    namespace fs = std::filesystem;
+    const std::vector<std::pair<const char*, std::string>> outputs{
+        {"--metrics-out", o.metrics_out}, {"--export-weights", o.export_weights}, {"--profile-out", o.profile_out}};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      for (size_t j = i + 1; j < outputs.size(); ++j) {
+        const auto& [flag_a, a] = outputs[i];
+        const auto& [flag_b, b] = outputs[j];
+        if (a.empty() || b.empty()) continue;
+        std::error_code ec;
+        const bool same = fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal() ||
+                          fs::equivalent(a, b, ec);
+        TANDEM_CHECK_USAGE(!same, flag_a, " ", a, " and ", flag_b, " ", b,
+                           " name the same file: each needs its own");
+      }
+    }
+  }
   TANDEM_CHECK_USAGE(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
                      "--profile-steps goes with --profile-out");
   TANDEM_CHECK_USAGE(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "off",
@@ -110,6 +133,12 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!fsdp || (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
                      "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces "
                      "each unit's gradients in one reduce-scatter");
+  // They were accepted and ignored with allreduce (weights bit for bit
+  // those of plain allreduce, exit 0).
+  TANDEM_CHECK_USAGE(o.strategy == "auto" || o.strategy == "ddp" ||
+                         (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
+                     "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over "
+                     "several processes); --strategy ", o.strategy, " has none");
   TANDEM_CHECK_USAGE(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ", o.micro_batches);
   TANDEM_CHECK_USAGE(o.pipeline_balance == "time" || o.pipeline_balance == "params",
                      "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");

@@ -264,6 +264,14 @@ EvalResult Trainer::evaluate() {
     values = values.cpu();
     return {values[0].item<double>(), values[1].item<double>(), static_cast<int64_t>(values[2].item<double>())};
   }
+  // Note [evaluation buffers]: each rank's BatchNorm statistics moved with
+  // its own last batches since rank 0's were broadcast before the last
+  // step. The ranks evaluate their shares of the test set with rank 0's, as
+  // PyTorch's DDP does (it broadcasts buffers before every forward): the
+  // reported score is then that of one model, the one --export-weights
+  // writes (rank 0's); each rank's own scored up to 0.1% apart. The next
+  // step broadcasts rank 0's before its forward anyway.
+  if (group_ && world_ > 1 && !model_->buffers().empty()) dist::broadcast_buffers(*model_, *group_);
   return engine::evaluate(model_, *data_.test, options_.batch_size / world_, device_, options_.workers,
                           group_.get(), forward);
 }
@@ -322,7 +330,10 @@ TrainResult Trainer::run() {
   // --export-weights: a path that could not be written fails now, not
   // after the training.
   const std::string export_path = rank_output_path(o.export_weights, rank_);
-  if (!export_path.empty()) check_output_file("--export-weights", export_path);
+  if (!export_path.empty()) {
+    check_output_file("--export-weights", export_path);
+    check_replaceable_file("--export-weights", export_path);
+  }
   std::optional<Checkpointer> checkpointer;
   // Note [resuming on another world size]: a checkpoint holds the whole
   // model and optimizer (rank 0's, the same on every rank) and a position
@@ -621,6 +632,7 @@ TrainResult Trainer::run() {
       seen += batch->size();  // this rank's; summed over the ranks in sync_sums
       ++position.batch_in_epoch;
       ++position.step;
+      if (auto trace = profiler.after_step(position.step); !trace.empty()) say("trace written to " + trace);
       stop = o.max_steps > 0 && position.step >= o.max_steps;
       bool last = position.batch_in_epoch == steps_per_epoch;
       if (checkpointer && o.checkpoint_every > 0 && position.step % o.checkpoint_every == 0 && !last && !stop) {
@@ -636,6 +648,16 @@ TrainResult Trainer::run() {
     }
     batches.reset();
     sync_sums();
+    if (stop || position.epoch + 1 == o.epochs) {
+      // The run ends inside --profile-steps' window: the trace ends with its
+      // last step, not with the evaluation that follows.
+      if (auto trace = profiler.finish(); !trace.empty()) {
+        say("trace written to " + trace);
+        warn(format("--profile-steps %s: the run ended at step %lld, inside the window: the trace holds steps "
+                    "%lld to %lld", o.profile_steps.c_str(), static_cast<long long>(position.step),
+                    static_cast<long long>(profile_options.first), static_cast<long long>(position.step - 1)));
+      }
+    }
     double train_seconds = epoch_clock.seconds();
     if (progress) progress->freeze();
 

@@ -120,8 +120,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       }
       load_weights(o.init_weights, *model_, except);
     } catch (const Error& e) {
-      TANDEM_FAIL(o.init_weights_except.empty() ? "--init-weights: " : "--init-weights, --init-weights-except: ",
-                  e.what());
+      const char* flags = o.init_weights_except.empty() ? "--init-weights: " : "--init-weights, --init-weights-except: ";
+      // A name the model does not have is the command line's mistake (exit 2).
+      if (dynamic_cast<const UsageError*>(&e) != nullptr) throw UsageError(flags + std::string(e.what()));
+      TANDEM_FAIL(flags, e.what());
     }
   }
   // --channels-last: 4-D weights in NHWC order; inputs follow in the

@@ -294,19 +294,20 @@ struct Attempt {
 
 LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pick_port,
                          std::FILE* out, std::FILE* err) {
-  TANDEM_CHECK(o.nproc_per_node >= 1 && o.nproc_per_node <= kMaxLocalWorkers,
-               "--nproc-per-node: expected 1 to ", kMaxLocalWorkers, " workers on one node, got ",
-               o.nproc_per_node);
-  TANDEM_CHECK(o.nnodes >= 1, "--nnodes: expected >= 1, got ", o.nnodes);
-  TANDEM_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank: expected 0..",
-               o.nnodes - 1, ", got ", o.node_rank);
-  TANDEM_CHECK(o.max_restarts >= 0, "--max-restarts: expected >= 0, got ", o.max_restarts);
-  TANDEM_CHECK(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= 86400,
-               "--stop-grace: expected 0 to 86400 seconds, got ", o.stop_grace_seconds);
-  TANDEM_CHECK(!o.command.empty(), "launch: no command to run (expected -- CMD ARGS...)");
-  TANDEM_CHECK(o.master_port != 0 || o.nnodes == 1,
-               "--master-port is required when --nnodes > 1 (every node must use the same port)");
-  TANDEM_CHECK(o.master_port >= 0 && o.master_port < 65536, "--master-port: expected 1..65535");
+  // What the options alone show to be wrong: usage errors (exit 2).
+  TANDEM_CHECK_USAGE(o.nproc_per_node >= 1 && o.nproc_per_node <= kMaxLocalWorkers,
+                     "--nproc-per-node: expected 1 to ", kMaxLocalWorkers, " workers on one node, got ",
+                     o.nproc_per_node);
+  TANDEM_CHECK_USAGE(o.nnodes >= 1, "--nnodes: expected >= 1, got ", o.nnodes);
+  TANDEM_CHECK_USAGE(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank: expected 0..",
+                     o.nnodes - 1, ", got ", o.node_rank);
+  TANDEM_CHECK_USAGE(o.max_restarts >= 0, "--max-restarts: expected >= 0, got ", o.max_restarts);
+  TANDEM_CHECK_USAGE(o.stop_grace_seconds >= 0 && o.stop_grace_seconds <= 86400,
+                     "--stop-grace: expected 0 to 86400 seconds, got ", o.stop_grace_seconds);
+  TANDEM_CHECK_USAGE(!o.command.empty(), "launch: no command to run (expected -- CMD ARGS...)");
+  TANDEM_CHECK_USAGE(o.master_port != 0 || o.nnodes == 1,
+                     "--master-port is required when --nnodes > 1 (every node must use the same port)");
+  TANDEM_CHECK_USAGE(o.master_port >= 0 && o.master_port < 65536, "--master-port: expected 1..65535");
 
   const int64_t world = o.nproc_per_node * o.nnodes;
   auto base_env = env::snapshot();

@@ -136,7 +136,29 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
     EXPECT_NE(r.output.find(expected), std::string::npos) << launch << ": expected " << expected << "\n" << r.output;
   }
 
+  // Trained over 2 ranks (Note [evaluation buffers]): the reported score is
+  // that of the exported weights, not of each rank's own BatchNorm
+  // statistics summed.
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    r = run_tandem("train --nproc-per-node 2 --strategy " + strategy + data +
+                   " --epochs 1 --max-steps 5 --batch-size 32 --progress off --metrics-out " + dir.file("m2.jsonl") +
+                   " --export-weights " + dir.file("w2.safetensors"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    j = testing::last_metrics(dir.file("m2.jsonl"));
+    char want[64];
+    std::snprintf(want, sizeof want, "test accuracy %.2f%% (200 images)", 100 * j["test_acc"].get<double>());
+    r = run_tandem("eval --weights " + dir.file("w2.safetensors") + data + " --batch-size 50");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << strategy << ": expected " << want << "\n" << r.output;
+    const auto at = r.output.find("test loss ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    EXPECT_NEAR(std::atof(r.output.c_str() + at + 10), j["test_loss"].get<double>(), 6e-5) << strategy << "\n" << r.output;
+  }
+
   EXPECT_TRUE(testing::tandem_fails("eval" + data, 2, "--weights FILE is required"));
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("w.safetensors") + " --data imagefolder:" + dir.path(), 2,
+                                    "--data imagefolder:" + dir.path() + ": an image folder has no test split; give "
+                                    "the images to evaluate on as --val-data imagefolder:DIR"));
   r = run_tandem("eval --weights " + dir.file("w.safetensors") + " --data idx:" + dir.path() + " --model mlp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") +

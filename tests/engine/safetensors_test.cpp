@@ -107,6 +107,24 @@ TEST(SafetensorsTest, LoadWeightsRefusesIntegerAndNonFiniteFloats) {
   auto good = write("good.safetensors", torch::tensor({{1.0, 2.0}}, torch::kFloat64));  // float to float: fine
   load_weights(good, *model);
   EXPECT_TRUE(torch::equal(model->weight, torch::tensor({{1.0f, 2.0f}})));
+
+  // BatchNorm: the step count may be an integer, as in PyTorch's state_dict
+  // (torchvision's files); a negative running variance is refused.
+  torch::nn::BatchNorm1d bn(2);
+  bn->to(torch::kFloat32);  // tandem's models hold it as a float (libtorch converts every buffer)
+  bn->num_batches_tracked.set_data(bn->num_batches_tracked.to(torch::kFloat32));
+  auto bn_file = [&](const std::string& name, const torch::Tensor& var, const torch::Tensor& count) {
+    write_safetensors(dir.file(name), {{"weight", torch::ones({2})}, {"bias", torch::zeros({2})},
+                                       {"running_mean", torch::zeros({2})}, {"running_var", var},
+                                       {"num_batches_tracked", count}});
+    return dir.file(name);
+  };
+  load_weights(bn_file("torchvision.safetensors", torch::tensor({0.5f, 2.0f}), torch::tensor(7, torch::kInt64)), *bn);
+  EXPECT_EQ(bn->num_batches_tracked.item<float>(), 7.0f);
+  EXPECT_TRUE(torch::equal(bn->running_var, torch::tensor({0.5f, 2.0f})));
+  auto negative = bn_file("negative.safetensors", torch::tensor({0.5f, -2.0f}), torch::tensor(7.0f));
+  EXPECT_EQ(testing::error_of([&] { load_weights(negative, *bn); }),
+            negative + ": tensor 'running_var' holds negative values; a running variance is >= 0");
 }
 
 // The exported weights load into torchvision's resnet18 with strict name

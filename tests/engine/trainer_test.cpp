@@ -17,7 +17,11 @@
 #include <caffe2/serialize/inline_container.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <cstring>
 #include <torch/cuda.h>
 
 #include "tandem/engine/checkpoint.h"
@@ -403,6 +407,13 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
        "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
       {false, [](TrainOptions& b) { b.fsdp_min_unit_params = 0; },
        "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
+      // DDP's tuning with a strategy that has no buckets (allreduce ignored them)
+      {false, [](TrainOptions& b) { b.strategy = "allreduce"; b.ddp_comm_hook = "fp16"; },
+       "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over several processes); "
+       "--strategy allreduce has none"},
+      {false, [](TrainOptions& b) { b.strategy = "none"; b.bucket_cap_mb = 5; },
+       "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over several processes); "
+       "--strategy none has none"},
   };
   for (const auto& [from_fsdp, change, why] : misfits) {
     auto bad = from_fsdp ? fsdp : o;
@@ -434,9 +445,10 @@ TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
     if (name == "tandem::step") steps.emplace_back(e.at("ts").get<double>(), e.at("ts").get<double>() + e.at("dur").get<double>());
   }
   for (const char* phase : {"tandem::step", "tandem::forward", "tandem::backward", "tandem::reduce",
-                            "tandem::optimizer", "tandem::next_batch"}) {
+                            "tandem::optimizer"}) {
     EXPECT_EQ(count[phase], 3) << phase;  // steps 2, 3 and 4
   }
+  EXPECT_EQ(count["tandem::next_batch"], 2);  // those of steps 3 and 4 (step 2's came before the window)
   EXPECT_GT(count["aten::convolution"], 0);
   EXPECT_GT(count["aten::convolution_backward"], 0);
   for (const auto& e : events) {  // every phase but the batch's fetch lies inside a step
@@ -458,6 +470,33 @@ TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
     stopped_steps += e.at("name") == "tandem::step";
   }
   EXPECT_EQ(stopped_steps, 1);
+
+  // A window that ends with the run (here at its last step, 5:6, and cut
+  // short, 4:9) holds its steps and not the evaluation after them: no
+  // operator starts after the last step ends (it used to trace the whole
+  // evaluation, 97% of the events); what follows the step in the loop (its
+  // loss and accuracy sums) may be in it.
+  for (const char* window : {"5:6", "4:9"}) {
+    auto ending = o;
+    ending.profile_steps = window;
+    ending.profile_out = out.file(std::string("ending-") + window + ".json");
+    Trainer(ending, nullptr).run();
+    auto traced = nlohmann::json::parse(testing::read_text(ending.profile_out));
+    double last_end = 0;
+    for (const auto& e : traced) {
+      if (e.at("name") == "tandem::step") last_end = std::max(last_end, e.at("ts").get<double>() + e.at("dur").get<double>());
+    }
+    ASSERT_GT(last_end, 0) << window;
+    int after = 0;  // the model's forward after the last step: an evaluation
+    std::string names;
+    for (const auto& e : traced) {
+      const std::string name = e.at("name");
+      if (e.at("ts").get<double>() > last_end && name.rfind("aten::", 0) == 0) names += name + " ";
+      after += name == "aten::convolution" && e.at("ts").get<double>() > last_end;
+    }
+    EXPECT_EQ(after, 0) << window << ": after the last step: " << names;
+    EXPECT_FALSE(std::filesystem::exists(ending.profile_out + ".tmp-" + std::to_string(::getpid()))) << window;
+  }
 
   auto early = o;  // ends at step 6, before 10:12
   early.profile_steps = "10:12";
@@ -1222,7 +1261,7 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   try {
     Trainer misspelt(tuned, nullptr);
     ADD_FAILURE() << "accepted an --init-weights-except that names nothing";
-  } catch (const Error& e) {
+  } catch (const UsageError& e) {  // the command line's mistake: exit 2
     EXPECT_NE(std::string(e.what()).find("--init-weights, --init-weights-except: 'fc3' names no parameter or "
                                          "buffer of the model"),
               std::string::npos)
@@ -1310,6 +1349,47 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
             "--export-weights /no/such/folder/w.st: /no/such/folder is not a folder this process can write to");
   EXPECT_EQ(testing::error_of([&] { Trainer(with([&](auto& c) { c.export_weights = data_.path(); }), nullptr).run(); }),
             "--export-weights " + data_.path() + ": is a folder; expected a file name");
+  // Two output flags on one file (the weights used to overwrite the metrics, exit 0).
+  TempDir outputs;
+  refused(with([&](auto& c) {
+            c.metrics_out = outputs.file("same.out");
+            c.export_weights = outputs.path() + "/./same.out";
+          }),
+          "--metrics-out " + outputs.file("same.out") + " and --export-weights " + outputs.path() +
+              "/./same.out name the same file: each needs its own");
+  refused(with([&](auto& c) {
+            c.profile_out = outputs.file("t.json");
+            c.export_weights = outputs.file("t.json");
+          }),
+          "--export-weights " + outputs.file("t.json") + " and --profile-out " + outputs.file("t.json") + " name the same file");
+  // A device or FIFO would be replaced by the rename: refused, left as it was
+  // (a copy of /dev/null made with mknod; --export-weights /dev/null, as
+  // root, used to replace the system's). A link to a regular file is kept,
+  // and the file it points to is written.
+  TempDir special;
+  const std::string null_copy = special.file("null"), fifo = special.file("fifo");
+  ASSERT_EQ(::mknod(null_copy.c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  for (const auto& path : {null_copy, fifo}) {
+    auto o = with([&](auto& c) {
+      c.export_weights = path;
+      c.max_steps = 1;
+    });
+    EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),
+              "--export-weights " + path + ": exists and is not a regular file (a device, a FIFO or a socket); this file "
+              "is written whole and renamed into place, which would replace it: name a regular file");
+    EXPECT_FALSE(std::filesystem::is_regular_file(path));
+  }
+  std::ofstream(special.file("real.st")) << "old";
+  std::filesystem::create_symlink(special.file("real.st"), special.file("link.st"));
+  Trainer(with([&](auto& c) {
+            c.export_weights = special.file("link.st");
+            c.max_steps = 1;
+          }),
+          nullptr)
+      .run();
+  EXPECT_TRUE(std::filesystem::is_symlink(special.file("link.st")));
+  EXPECT_GT(std::filesystem::file_size(special.file("real.st")), 1000u);
 }
 
 // Note [loading in place]: a resumed run copies the checkpoint into the

@@ -463,6 +463,13 @@ TEST(LaunchTest, UsageErrors) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--master-port: expected 0 to 65535 (0: a free one), got 65536"), std::string::npos)
       << r.output;
+  // Multi-node options that cannot work (they exited 1).
+  r = run_tandem("launch --nnodes 2 --node-rank 2 --master-port 29614 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--node-rank: expected 0..1, got 2"), std::string::npos) << r.output;
+  r = run_tandem("launch --nnodes 2 --node-rank 0 -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--master-port is required when --nnodes > 1"), std::string::npos) << r.output;
   r = run_tandem("launch --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("--nproc-per-node N"), std::string::npos) << r.output;

@@ -21,6 +21,13 @@ std::string rank_output_path(const std::string& pattern, int64_t rank);
 // not writable by this process. Throws tandem::Error naming the flag.
 void check_output_file(const std::string& flag, const std::string& path);
 
+// For a file that write_atomically writes: refuses a PATH that exists and is
+// not a regular file (a device, FIFO or socket, or a link to one), which
+// the rename would replace (`--export-weights /dev/null` as root would
+// have replaced the system's /dev/null with weights). A link to a regular
+// file, or none, is fine: write_atomically replaces the file it points to.
+void check_replaceable_file(const std::string& flag, const std::string& path);
+
 // `write_to(tmp_path)` writes the content to the given temporary path.
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string& tmp_path)>& write_to);

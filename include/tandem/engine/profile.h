@@ -1,7 +1,7 @@
 // tandem/engine/profile.h: a Chrome trace of a window of training steps.
 //
 //   StepProfiler profiler({"trace-{rank}.json", /*first=*/5, /*last=*/8}, rank);
-//   for (...) { profiler.before_step(step); ... the step ... }
+//   for (...) { profiler.before_step(step); ... the step ...; profiler.after_step(step + 1); }
 //   profiler.finish();   // (also on destruction)
 //
 // libtorch's own profiler (torch::autograd::profiler::RecordProfile, its
@@ -52,7 +52,13 @@ class StepProfiler {
   // Starts the trace at step `first`, writes it at step `last`; returns the
   // file written then, or "".
   std::string before_step(int64_t step);
-  // Writes the trace if one is open. Returns the file written, or "".
+  // Writes the trace once `steps_done` steps have run, if the window ends
+  // there (so the trace ends with the last step of the window, not with
+  // what follows it, such as the run's last evaluation); returns the file
+  // written then, or "".
+  std::string after_step(int64_t steps_done);
+  // Writes the trace if one is open (to PATH.tmp-PID, then renamed: a disk
+  // that fills up leaves no half-written trace). Returns the file written, or "".
   std::string finish();
   bool enabled() const { return !path_.empty(); }
   const ProfileOptions& options() const { return options_; }
