@@ -66,10 +66,10 @@ int eval_command(const std::vector<std::string>& args) {
   auto result = trainer.evaluate();
   trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own
   if (trainer.rank() == 0) {
-    std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld images)\n",
+    std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld image%s)\n",
                 options.model.c_str(), weights.c_str(),
                 options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,
-                100 * result.accuracy, static_cast<long long>(result.count));
+                100 * result.accuracy, static_cast<long long>(result.count), result.count == 1 ? "" : "s");
     std::fflush(stdout);
   }
   return 0;

@@ -80,7 +80,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
   TANDEM_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), path,
                ": not a regular file (a safetensors file was expected)");
   std::ifstream in(path, std::ios::binary);
-  TANDEM_CHECK(in, path, ": cannot open");
+  if (!in) {
+    const int why = errno;
+    TANDEM_FAIL(path, ": cannot open: ", std::filesystem::exists(path, ec) ? std::strerror(why) : "no such file");
+  }
   in.seekg(0, std::ios::end);
   int64_t file_size = in.tellg();
   in.seekg(0);

@@ -174,7 +174,7 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   EXPECT_NE(r.output.find("tandem: error: " + dir.file("bare.safetensors") + ": tensor 'fc1.weight' has shape"),
             std::string::npos) << r.output;
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("absent.safetensors") + data, 1,
-                                    dir.file("absent.safetensors") + ": cannot open"));
+                                    dir.file("absent.safetensors") + ": cannot open: no such file"));
 }
 
 }  // namespace

@@ -1231,8 +1231,23 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
     Trainer t(warm, nullptr);
     ADD_FAILURE() << "started from a file that is not there";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--init-weights: " + warm.init_weights + ": cannot open");
+    EXPECT_EQ(std::string(e.what()), "--init-weights: " + warm.init_weights + ": cannot open: no such file");
   }
+
+  // On --resume the checkpoint's weights replace them, and the run says so
+  // (it used to be silent).
+  TempDir checkpoints;
+  auto checkpointed = small_run(data_.path());
+  checkpointed.checkpoint_dir = checkpoints.path();
+  checkpointed.max_steps = 2;
+  Trainer(checkpointed, nullptr).run();
+  checkpointed.resume = true;
+  checkpointed.max_steps = 3;
+  checkpointed.progress = "lines";
+  checkpointed.init_weights = o.export_weights;
+  const std::string resumed = run_logged(checkpointed);
+  EXPECT_NE(resumed.find("--init-weights " + o.export_weights + " is not used: the checkpoint's weights replace it"),
+            std::string::npos) << resumed;
 
   // --init-weights-except: the head of a file made for 5 classes is left out
   // (fine-tuning), the rest loads; the head keeps the seed's initialisation.
