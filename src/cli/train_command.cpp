@@ -147,7 +147,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("checkpoint-every", "N", &o.checkpoint_every,
                 "also save every N optimizer steps (0: epoch ends only)", 0);
   flags.add_switch("resume", &o.resume, "continue from the newest checkpoint in --checkpoint-dir");
-  flags.add_string("metrics-out", "FILE", &o.metrics_out, "write one JSON line per epoch");
+  flags.add_string("metrics-out", "FILE", &o.metrics_out,
+                   "write one JSON line per epoch (rank 0, the job's figures summed over the ranks)");
   flags.add_string("export-weights", "FILE", &o.export_weights,
                    "write the final parameters and buffers as safetensors (rank 0; a "
                    "{rank} in FILE makes every rank write its own)");

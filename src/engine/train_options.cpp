@@ -71,6 +71,11 @@ void check_train_options(const TrainOptions& o) {
                      o.checkpoint_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
                      "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
+  // Metrics are the job's (summed over the ranks, written by rank 0): a
+  // per-rank name would have been taken literally.
+  TANDEM_CHECK_USAGE(o.metrics_out.find("{rank}") == std::string::npos, "--metrics-out ", o.metrics_out,
+                     ": one file for the job (rank 0 writes the figures summed over the ranks); {rank} applies to "
+                     "--export-weights and --profile-out");
   as_usage([&] { return parse_profile_steps(o.profile_steps); });
   {
     // Two output flags on one file: the last writer's would win and the

@@ -1364,6 +1364,9 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
             "--export-weights /no/such/folder/w.st: /no/such/folder is not a folder this process can write to");
   EXPECT_EQ(testing::error_of([&] { Trainer(with([&](auto& c) { c.export_weights = data_.path(); }), nullptr).run(); }),
             "--export-weights " + data_.path() + ": is a folder; expected a file name");
+  refused(with([&](auto& c) { c.metrics_out = "m-{rank}.jsonl"; }),
+          "--metrics-out m-{rank}.jsonl: one file for the job (rank 0 writes the figures summed over the ranks); "
+          "{rank} applies to --export-weights and --profile-out");
   // Two output flags on one file (the weights used to overwrite the metrics, exit 0).
   TempDir outputs;
   refused(with([&](auto& c) {
