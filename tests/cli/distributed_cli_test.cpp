@@ -164,6 +164,20 @@ TEST(DistributedCliTest, ImpossibleFlagsAreNamedOnceBeforeTheWorkersStart) {
   }
 }
 
+// An output file rank 0 could not write is named once, before the workers
+// start (it was found after the rendezvous, and the other rank then added a
+// lost connection of its own).
+TEST(DistributedCliTest, AnUnwritableOutputIsNamedOnceBeforeTheWorkersStart) {
+  TempDir dir;
+  for (const std::string flag : {"--metrics-out", "--export-weights", "--profile-out"}) {
+    const std::string path = dir.file("missing/out");
+    auto r = run_tandem("train --epochs 1 --progress off --nproc-per-node 2 " + flag + " " + path);
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_EQ(r.output, "\ntandem: error: " + flag + " " + path + ": " + dir.file("missing") +
+                            " is not a folder this process can write to\n") << flag;
+  }
+}
+
 // What a sweep cannot do is refused before anything runs, by name; a run
 // that fails stops the sweep with its exit code and says where.
 TEST(DistributedCliTest, ASweepRefusesWhatBelongsToOneRunAndStopsAtAFailure) {
