@@ -11,7 +11,6 @@
 #include <torch/cuda.h>
 
 #include "tandem/cli/commands.h"
-#include "tandem/engine/atomic_file.h"
 #include "tandem/cli/flags.h"
 #include "common_flags.h"
 #include "tandem/data/augment.h"
@@ -415,17 +414,10 @@ int train_command(const std::vector<std::string>& args) {
     engine::parse_device(options.device);
     engine::check_train_options(options);
     engine::check_train_ranks(options, nproc);
-    // Output files rank 0 writes: a path that cannot be written is named
-    // here, once, not after the rendezvous (where the other ranks then add
-    // a lost connection of their own).
-    for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--metrics-out", options.metrics_out},
-                                     {"--export-weights", engine::rank_output_path(options.export_weights, 0)},
-                                     {"--profile-out", engine::rank_output_path(options.profile_out, 0)}}) {
-      if (!path.empty()) engine::check_output_file(flag, path);
-    }
-    if (!options.export_weights.empty()) {
-      engine::check_replaceable_file("--export-weights", engine::rank_output_path(options.export_weights, 0));
-    }
+    // Rank 0's output files: one that cannot be written is named here,
+    // once, not after the rendezvous (where the other ranks then add a lost
+    // connection of their own).
+    engine::check_train_outputs(options, 0);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());

@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
@@ -29,17 +29,11 @@ ProfileOptions parse_profile_steps(const std::string& text, ProfileOptions optio
   return options;
 }
 
+// The events collect in memory and go to the file whole (write_atomically:
+// a disk that fills up leaves no half-written trace).
 struct StepProfiler::Recording {
-  explicit Recording(const std::string& path)
-      : temporary(path + ".tmp-" + std::to_string(::getpid())), out(temporary) {
-    TANDEM_CHECK(out, "--profile-out ", path, ": cannot open the file for writing");
-    profile.emplace(out);
-  }
-  ~Recording() {
-    if (!temporary.empty()) std::remove(temporary.c_str());  // not renamed into place
-  }
-  std::string temporary;
-  std::ofstream out;
+  Recording() { profile.emplace(events); }
+  std::ostringstream events;
   std::optional<torch::autograd::profiler::RecordProfile> profile;  // writes the trace when reset
 };
 
@@ -48,6 +42,7 @@ StepProfiler::StepProfiler(ProfileOptions options, int64_t rank) : options_(std:
   if (path_.empty()) return;
   // A bad folder is an error now, not after the steps before the window.
   check_output_file("--profile-out", path_);
+  check_replaceable_file("--profile-out", path_);  // written whole, then renamed into place
 }
 
 StepProfiler::~StepProfiler() {
@@ -60,7 +55,7 @@ StepProfiler::~StepProfiler() {
 std::string StepProfiler::before_step(int64_t step) {
   if (path_.empty()) return "";
   if (step == options_.first && !recording_) {
-    recording_ = std::make_unique<Recording>(path_);
+    recording_ = std::make_unique<Recording>();
   } else if (step == options_.last) {
     return finish();
   }
@@ -74,16 +69,18 @@ std::string StepProfiler::after_step(int64_t steps_done) {
 std::string StepProfiler::finish() {
   if (!recording_) return "";
   recording_->profile.reset();  // the events, written
-  recording_->out.flush();
-  bool written = static_cast<bool>(recording_->out);
-  recording_->out.close();
-  written = written && !recording_->out.fail();
-  std::error_code ec;
-  if (written) std::filesystem::rename(recording_->temporary, path_, ec);
-  if (written && !ec) recording_->temporary.clear();
-  recording_.reset();  // removes the temporary file if it was not renamed
-  TANDEM_CHECK(written, "--profile-out ", path_, ": writing the trace failed (a full disk?)");
-  TANDEM_CHECK(!ec, "--profile-out ", path_, ": cannot rename the finished trace into place: ", ec.message());
+  const std::string events = recording_->events.str();
+  recording_.reset();
+  try {
+    write_atomically(path_, [&](const std::string& tmp) {
+      std::ofstream out(tmp, std::ios::binary);
+      out.write(events.data(), static_cast<std::streamsize>(events.size()));
+      out.close();
+      TANDEM_CHECK(out, "writing the trace failed (a full disk?)");
+    });
+  } catch (const Error& e) {
+    TANDEM_FAIL("--profile-out ", e.what());
+  }
   return path_;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/engine/atomic_file.h"
 #include "tandem/engine/profile.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
@@ -234,6 +235,17 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   TANDEM_CHECK_USAGE(!pipeline || o.micro_batches <= batch / world, "--micro-batches ", o.micro_batches,
                      ": more than the ", batch / world, " samples of a batch (--batch-size ", batch,
                      "); each micro-batch needs at least one");
+}
+
+void check_train_outputs(const TrainOptions& o, int64_t rank) {
+  if (rank == 0 && !o.metrics_out.empty()) check_output_file("--metrics-out", o.metrics_out);
+  for (const auto& [flag, pattern] : {std::pair<const char*, std::string>{"--export-weights", o.export_weights},
+                                      {"--profile-out", o.profile_out}}) {
+    const std::string path = rank_output_path(pattern, rank);
+    if (path.empty()) continue;
+    check_output_file(flag, path);
+    check_replaceable_file(flag, path);
+  }
 }
 
 }  // namespace tandem::engine

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
+#include <cstdlib>  // mkdtemp
 #include <cstring>
 #include <filesystem>
 #include <iterator>
@@ -189,8 +189,8 @@ bool exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 
 class ErrorFolder {
  public:
   ErrorFolder() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tandem-launch-XXXXXX";
+    const auto tmp = env::get("TMPDIR");
+    std::string pattern = (tmp && !tmp->empty() ? *tmp : std::string("/tmp")) + "/tandem-launch-XXXXXX";
     if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
   }
   ~ErrorFolder() {

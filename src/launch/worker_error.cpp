@@ -1,11 +1,13 @@
 #include "tandem/launch/worker_error.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include <unistd.h>
+
+#include "tandem/util/env.h"
+#include "tandem/util/parse.h"
 
 namespace tandem::launch {
 
@@ -29,12 +31,9 @@ std::optional<WorkerError> parse_worker_error(const std::string& text) {
     if (!std::getline(in, line)) return false;
     const std::string prefix = std::string(name) + " ";
     if (line.compare(0, prefix.size(), prefix) != 0) return false;
-    char* end = nullptr;
-    const char* digits = line.c_str() + prefix.size();
-    long long v = std::strtoll(digits, &end, 10);
-    if (end == digits || *end != '\0') return false;
-    value = v;
-    return true;
+    const auto parsed = parse_int(line.substr(prefix.size()));
+    if (parsed) value = *parsed;
+    return parsed.has_value();
   };
   int64_t follows = 0;
   if (!field("time_ns", error.time_ns) || !field("follows_peer", follows) || (follows != 0 && follows != 1)) {
@@ -48,8 +47,9 @@ std::optional<WorkerError> parse_worker_error(const std::string& text) {
 }
 
 void report_worker_error(const std::string& message, bool follows_peer) {
-  const char* path = std::getenv(kErrorFileVariable);
-  if (path == nullptr || *path == '\0') return;
+  const auto variable = env::get(kErrorFileVariable);
+  if (!variable || variable->empty()) return;
+  const std::string& path = *variable;
   WorkerError error;
   error.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch())
@@ -57,11 +57,11 @@ void report_worker_error(const std::string& message, bool follows_peer) {
   error.follows_peer = follows_peer;
   error.message = message;
   const std::string text = format_worker_error(error);
-  const std::string temporary = std::string(path) + ".tmp-" + std::to_string(getpid());
+  const std::string temporary = path + ".tmp-" + std::to_string(getpid());
   std::FILE* f = std::fopen(temporary.c_str(), "w");
   if (f == nullptr) return;
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path) != 0) {
+  if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path.c_str()) != 0) {
     std::remove(temporary.c_str());
   }
 }

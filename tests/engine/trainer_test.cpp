@@ -517,6 +517,10 @@ TEST_F(TrainerTest, ProfileOutTracesTheWindowOfSteps) {
   nowhere.profile_out = out.file("missing/trace.json");
   refused(nowhere, "--profile-out " + nowhere.profile_out + ": " + out.file("missing") +
                        " is not a folder this process can write to");
+  auto fifo = o;  // the trace is written whole and renamed: it would replace a FIFO
+  fifo.profile_out = out.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.profile_out.c_str(), 0666), 0);
+  refused(fifo, "--profile-out " + fifo.profile_out + ": exists and is not a regular file");
 }
 
 // Without "{rank}" in the path only rank 0 profiles (one trace for the

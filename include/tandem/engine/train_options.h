@@ -94,4 +94,14 @@ void check_train_options(const TrainOptions& options);
 // a strategy of one process, the batch divided among the ranks.
 void check_train_ranks(const TrainOptions& options, int64_t ranks);
 
+// The output files rank `rank` will write (--metrics-out on rank 0,
+// --export-weights, --profile-out): each must be a file its folder lets this
+// process write, and the two written whole and renamed into place must not
+// be devices or FIFOs. Throws tandem::Error naming the flag (the machine's
+// files, not the command line: exit 1). `tandem train --nproc-per-node N`
+// runs it for rank 0 before any worker starts; in a worker the same checks
+// run where each file's writer is made (Trainer::run, MetricsWriter,
+// StepProfiler).
+void check_train_outputs(const TrainOptions& options, int64_t rank);
+
 }  // namespace tandem::engine
