@@ -62,7 +62,7 @@ int eval_command(const std::vector<std::string>& args) {
   engine::Trainer trainer(options, nullptr);
   auto file = engine::read_safetensors(weights);
   trainer.check_weights_metadata(file.metadata, weights);  // the model and classes it was trained for
-  engine::load_weights(file, weights, *trainer.model());
+  trainer.load_weights(file, weights);
   auto result = trainer.evaluate();
   trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own
   if (trainer.rank() == 0) {

@@ -118,7 +118,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       for (const auto& name : split(o.init_weights_except, ',')) {
         if (!name.empty()) except.push_back(name);
       }
-      load_weights(o.init_weights, *model_, except);
+      load_weights(read_safetensors(o.init_weights), o.init_weights, except);
     } catch (const Error& e) {
       const char* flags = o.init_weights_except.empty() ? "--init-weights: " : "--init-weights, --init-weights-except: ";
       // A name the model does not have is the command line's mistake (exit 2).
@@ -369,7 +369,50 @@ std::map<std::string, std::string> Trainer::weights_metadata() const {
   } else {
     metadata["labels"] = data::data_format(options_.data);
   }
+  for (const auto& [key, value] : shape_settings()) metadata[key] = value;
   return metadata;
+}
+
+std::map<std::string, std::string> Trainer::shape_settings() const {
+  const auto info = data_.train->info();
+  std::map<std::string, std::string> settings{{"image_size", std::to_string(info.height)}};
+  if (options_.model == "mobilenetv2") settings["width_mult"] = format("%g", options_.width_mult);
+  if (options_.model.rfind("resnet", 0) == 0) {
+    models::ModelOptions model_options;
+    model_options.image_size = info.height;
+    model_options.stem = options_.stem;
+    settings["stem"] = models::resolved_stem(model_options);
+  }
+  return settings;
+}
+
+void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
+                           const std::vector<std::string>& except) {
+  try {
+    engine::load_weights(file, path, *model_, except);
+  } catch (const UsageError&) {
+    throw;  // a name in `except` that the model lacks: not the settings' doing
+  } catch (const Error& e) {
+    // Note [shape settings]: the model's tensors are shaped by settings
+    // besides --model and the classes; a file's tensors that do not fit
+    // were most likely made with other ones, which its metadata says
+    // (exports since 2026-11-27). Named as the flags, after the tensor.
+    auto described = [](const std::string& key, const std::string& value) {
+      if (key == "image_size") return detail::str_cat(value, " x ", value, " images");
+      if (key == "stem") return detail::str_cat("the ", value, " stem");
+      return detail::str_cat("--width-mult ", value);
+    };
+    std::string hint;
+    for (const auto& [key, value] : shape_settings()) {
+      auto it = file.metadata.find(key);
+      if (it == file.metadata.end() || it->second == value) continue;
+      const char* flag = key == "image_size" ? "--image-size" : key == "stem" ? "--stem" : "--width-mult";
+      hint += detail::str_cat("\n", flag, ": the weights were made for ", described(key, it->second),
+                              " (their metadata), this run's model for ", described(key, value));
+    }
+    if (hint.empty()) throw;
+    TANDEM_FAIL(e.what(), hint);
+  }
 }
 
 void Trainer::check_weights_metadata(const std::map<std::string, std::string>& metadata,

@@ -14,6 +14,13 @@ torch::nn::AnyModule make_norm(const NormFactory& factory, int64_t channels) {
   if (factory) return factory(channels);
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
 }
+
+std::string resolved_stem(const ModelOptions& o) {
+  TANDEM_CHECK(o.stem == "auto" || o.stem == "imagenet" || o.stem == "cifar",
+               "resnet stem: expected auto, imagenet or cifar, got '", o.stem, "'");
+  if (o.stem != "auto") return o.stem;
+  return o.image_size <= 64 ? "cifar" : "imagenet";
+}
 namespace {
 
 struct Registry {

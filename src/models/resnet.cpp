@@ -47,9 +47,7 @@ Sequence make_stage(int64_t& in_planes, int64_t planes, int64_t blocks, int64_t 
 
 template <typename Block>
 Sequence make_resnet(const ModelOptions& o, std::array<int64_t, 4> blocks) {
-  TANDEM_CHECK(o.stem == "auto" || o.stem == "imagenet" || o.stem == "cifar",
-               "resnet stem: expected auto, imagenet or cifar, got '", o.stem, "'");
-  bool cifar = o.stem == "cifar" || (o.stem == "auto" && o.image_size <= 64);
+  const bool cifar = resolved_stem(o) == "cifar";
   Sequence net;
   if (cifar) {
     net->push_back("conv1", conv(o.in_channels, 64, 3, 1, 1));

@@ -164,6 +164,10 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") +
                           ": weights of --model convnet (its metadata), not of --model mlp"),
             std::string::npos) << r.output;
+  // Weights for other images: the tensor, then the flag (Note [shape settings]).
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("w.safetensors") + data + " --image-size 32", 1,
+                                    "\n--image-size: the weights were made for 28 x 28 images (their metadata), "
+                                    "this run's model for 32 x 32 images"));
   // A file without that metadata (written by another program): the first
   // tensor that does not fit is named.
   auto file = engine::read_safetensors(dir.file("w.safetensors"));

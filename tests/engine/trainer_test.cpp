@@ -1311,6 +1311,55 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   expect_refused(reshaped, "tensor '" + reshaped.back().first + "' has shape");
 }
 
+// Weights made with other settings that shape the model (Note [shape
+// settings]): the tensor that does not fit is named, then the flag, from the
+// file's metadata; a file without it gets the tensor alone.
+TEST_F(TrainerTest, WeightsOfOtherShapeSettingsNameTheFlag) {
+  TempDir out;
+  auto expect_named = [&](const TrainOptions& made, TrainOptions used, const std::string& line) {
+    Trainer maker(made, nullptr);
+    write_safetensors(out.file("w.safetensors"), state_of(maker), maker.weights_metadata());
+    write_safetensors(out.file("bare.safetensors"), state_of(maker));
+    for (const std::string name : {"w.safetensors", "bare.safetensors"}) {
+      used.init_weights = out.file(name);
+      try {
+        Trainer t(used, nullptr);
+        ADD_FAILURE() << "loaded weights that do not fit: " << line;
+      } catch (const UsageError& e) {
+        ADD_FAILURE() << "a usage error: " << e.what();
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_EQ(message.rfind("--init-weights: " + out.file(name) + ": tensor '", 0), 0u) << message;
+        EXPECT_NE(message.find("' has shape"), std::string::npos) << message;
+        EXPECT_EQ(message.find('\n') == std::string::npos, name == "bare.safetensors") << message;
+        if (name == "w.safetensors") EXPECT_NE(message.find("\n" + line), std::string::npos) << message;
+      }
+    }
+  };
+  auto o = small_run(data_.path());  // 28 x 28 images
+  auto larger = o;
+  larger.image_size = 32;
+  expect_named(o, larger,
+               "--image-size: the weights were made for 28 x 28 images (their metadata), this run's model for "
+               "32 x 32 images");
+  auto resnet = o;
+  resnet.model = "resnet18";
+  resnet.stem = "imagenet";
+  auto automatic = resnet;
+  automatic.stem = "auto";  // cifar for 28 px
+  expect_named(resnet, automatic,
+               "--stem: the weights were made for the imagenet stem (their metadata), this run's model for the "
+               "cifar stem");
+  auto mobile = o;
+  mobile.model = "mobilenetv2";
+  mobile.width_mult = 0.5;
+  auto wide = mobile;
+  wide.width_mult = 1;
+  expect_named(mobile, wide,
+               "--width-mult: the weights were made for --width-mult 0.5 (their metadata), this run's model for "
+               "--width-mult 1");
+}
+
 TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   auto o = small_run(data_.path());
   o.warmup_epochs = 5;

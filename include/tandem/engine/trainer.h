@@ -22,6 +22,7 @@
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/profile.h"
+#include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
 #include "tandem/optim/grad_scaler.h"
@@ -101,6 +102,18 @@ class Trainer {
   // trainer's --data; a key the file lacks (an older export) is not checked.
   // Throws tandem::Error naming `path`.
   void check_weights_metadata(const std::map<std::string, std::string>& metadata, const std::string& path) const;
+
+  // The settings other than --model and the classes that shape the model's
+  // tensors, as weights_metadata records them: "image_size" (the side of
+  // the images after transforms), "width_mult" (mobilenetv2) and "stem"
+  // (resnets: cifar or imagenet, --stem auto resolved).
+  std::map<std::string, std::string> shape_settings() const;
+
+  // engine::load_weights into the model, leaving out the names under
+  // `except`; a file whose tensors do not fit also has its shape settings
+  // that differ from this run's named as flags (Note [shape settings]).
+  void load_weights(const SafetensorsFile& file, const std::string& path,
+                    const std::vector<std::string>& except = {});
   int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
  private:

@@ -28,4 +28,8 @@ struct ModelOptions {
   NormFactory norm_layer;  // empty: BatchNorm2d
 };
 
+// The ResNet stem `o` builds: "cifar" or "imagenet" ("auto" resolved by
+// image_size). Throws tandem::Error for any other stem.
+std::string resolved_stem(const ModelOptions& o);
+
 }  // namespace tandem::models
