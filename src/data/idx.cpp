@@ -3,7 +3,9 @@
 #include <zlib.h>
 
 #include <array>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <tuple>
 
@@ -15,30 +17,84 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// gzread reads gzip and plain files alike.
-struct GzFile {
-  explicit GzFile(const std::string& path) : handle(gzopen(path.c_str(), "rb")) {}
-  ~GzFile() {
-    if (handle) gzclose(handle);
+// Note [gzip input]: an IDX file is plain or gzip (one member or several,
+// as `cat a.gz b.gz` makes), told apart by gzip's magic bytes 1f 8b. zlib's
+// inflate decompresses; the loop around it is ours so that bytes after the
+// last member are refused: gzread skips them unseen.
+class IdxInput {
+ public:
+  explicit IdxInput(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    TANDEM_CHECK(in_.is_open(), path, ": cannot open");
+    fill();
+    gzip_ = available() >= 2 && next_[0] == 0x1f && next_[1] == 0x8b;
+    if (gzip_) {
+      TANDEM_CHECK(inflateInit2(&z_, 16 + MAX_WBITS) == Z_OK, path, ": cannot start zlib");
+    }
   }
-  // Reads up to `n` bytes; throws on a decompression error.
-  int64_t read(void* out, int64_t n, const std::string& path) {
-    int64_t done = 0;
+  ~IdxInput() {
+    if (gzip_) inflateEnd(&z_);
+  }
+  IdxInput(const IdxInput&) = delete;
+  IdxInput& operator=(const IdxInput&) = delete;
+
+  // Reads up to `n` bytes, fewer only at the end of the data; throws on a
+  // corrupt or cut gzip stream, or bytes after it.
+  int64_t read(void* out, int64_t n) {
     auto* bytes = static_cast<unsigned char*>(out);
+    int64_t done = 0;
     while (done < n) {
-      unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n - done, 1 << 30));
-      int got = gzread(handle, bytes + done, chunk);
-      if (got < 0) {
-        int code = 0;
-        const char* message = gzerror(handle, &code);
-        TANDEM_FAIL(path, ": cannot read (", message, ")");
+      if (available() == 0) fill();
+      if (!gzip_) {
+        if (available() == 0) break;
+        const int64_t take = std::min<int64_t>(n - done, available());
+        std::memcpy(bytes + done, next_, take);
+        next_ += take;
+        done += take;
+        continue;
       }
-      if (got == 0) break;
-      done += got;
+      if (member_ended_) {  // another member, or the end of the file
+        if (available() == 0) break;
+        TANDEM_CHECK(available() >= 2 ? next_[0] == 0x1f && next_[1] == 0x8b : next_[0] == 0x1f, path_,
+                     ": unexpected bytes after the gzip stream");
+        TANDEM_CHECK(inflateReset(&z_) == Z_OK, path_, ": cannot restart zlib");
+        member_ended_ = false;
+      }
+      TANDEM_CHECK(available() > 0, path_, ": truncated gzip stream");
+      z_.next_in = next_;
+      z_.avail_in = static_cast<uInt>(available());
+      z_.next_out = bytes + done;
+      z_.avail_out = static_cast<uInt>(std::min<int64_t>(n - done, int64_t(1) << 30));
+      const uInt before = z_.avail_out;
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      next_ = z_.next_in;
+      done += before - z_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_ended_ = true;
+      } else {
+        TANDEM_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, path_, ": cannot read (",
+                     z_.msg != nullptr ? z_.msg : "corrupt gzip data", ")");
+      }
     }
     return done;
   }
-  gzFile handle;
+
+ private:
+  int64_t available() const { return end_ - next_; }
+  void fill() {
+    in_.read(reinterpret_cast<char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
+    TANDEM_CHECK(!in_.bad(), path_, ": cannot read");
+    next_ = buffer_.data();
+    end_ = next_ + in_.gcount();
+  }
+
+  std::string path_;
+  std::ifstream in_;
+  std::array<unsigned char, 1 << 16> buffer_{};
+  unsigned char* next_ = nullptr;
+  unsigned char* end_ = nullptr;
+  bool gzip_ = false;
+  bool member_ended_ = false;
+  z_stream z_{};
 };
 
 uint32_t big_endian(const unsigned char* p) {
@@ -56,10 +112,9 @@ std::string find_file(const fs::path& dir, const std::string& name) {
 
 torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
   TANDEM_CHECK(fs::is_regular_file(path), path, ": no such file");
-  GzFile file(path);
-  TANDEM_CHECK(file.handle != nullptr, path, ": cannot open");
+  IdxInput file(path);
   std::array<unsigned char, 4> magic{};
-  TANDEM_CHECK(file.read(magic.data(), 4, path) == 4, path,
+  TANDEM_CHECK(file.read(magic.data(), 4) == 4, path,
                ": truncated: expected a 4-byte IDX header");
   uint32_t expected_magic = 0x0800u | static_cast<uint32_t>(expected_dims);
   TANDEM_CHECK(big_endian(magic.data()) == expected_magic, path,
@@ -70,7 +125,7 @@ torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
   int64_t count = 1;
   for (auto& dim : shape) {
     unsigned char raw[4];
-    TANDEM_CHECK(file.read(raw, 4, path) == 4, path, ": truncated in the dimension sizes");
+    TANDEM_CHECK(file.read(raw, 4) == 4, path, ": truncated in the dimension sizes");
     dim = big_endian(raw);
     TANDEM_CHECK(dim > 0 && dim <= (int64_t(1) << 31), path, ": implausible dimension size ", dim);
     // Checked before multiplying: the product of three sizes up to 2^31
@@ -87,14 +142,14 @@ torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
   while (got < count) {
     if (got == data.numel()) data.resize_({std::min<int64_t>(count, 2 * data.numel())});
     int64_t want = data.numel() - got;
-    int64_t n = file.read(data.data_ptr<uint8_t>() + got, want, path);
+    int64_t n = file.read(data.data_ptr<uint8_t>() + got, want);
     got += n;
     if (n < want) break;  // the end of the file
   }
   TANDEM_CHECK(got == count, path, ": truncated: expected ", count, " bytes of data, found ", got);
   auto tensor = data.view(shape);
   unsigned char extra;
-  TANDEM_CHECK(file.read(&extra, 1, path) == 0, path, ": unexpected bytes after the ", count,
+  TANDEM_CHECK(file.read(&extra, 1) == 0, path, ": unexpected bytes after the ", count,
                " bytes of data");
   return tensor;
 }

@@ -2,6 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+
+#include <zlib.h>
 
 #include "tandem/data/idx.h"
 #include "tandem/data/source.h"
@@ -68,6 +71,42 @@ TEST(IdxTest, TrailingBytesAreRejected) {
   std::ofstream(dir.file("labels"), std::ios::app) << "xyz";
   EXPECT_NE(error_of([&] { read_idx(dir.file("labels"), 1); }).find("unexpected bytes"),
             std::string::npos);
+}
+
+// Note [gzip input]: a gzip file of several members (`cat a.gz b.gz`) reads
+// as their concatenation; bytes after the last member are refused, which
+// zlib's gzread used to skip unseen; a cut or corrupt stream is named.
+TEST(IdxTest, GzipMembersAreJoinedAndBytesAfterThemRefused) {
+  TempDir dir;
+  auto data = torch::randint(0, 255, {40, 28, 28}).to(torch::kUInt8);
+  testing::write_idx(dir.file("plain"), data, /*gzip=*/false);
+  const std::string bytes = testing::read_text(dir.file("plain"));
+  const size_t half = bytes.size() / 2;
+  for (const auto& [mode, part] : {std::pair{"wb", bytes.substr(0, half)}, std::pair{"ab", bytes.substr(half)}}) {
+    gzFile file = gzopen(dir.file("two.gz").c_str(), mode);  // "ab": a second member
+    ASSERT_EQ(gzwrite(file, part.data(), static_cast<unsigned>(part.size())), static_cast<int>(part.size()));
+    ASSERT_EQ(gzclose(file), Z_OK);
+  }
+  EXPECT_TRUE(torch::equal(read_idx(dir.file("two.gz"), 3), data));
+
+  testing::write_idx(dir.file("padded.gz"), data, /*gzip=*/true);
+  std::ofstream(dir.file("padded.gz"), std::ios::app | std::ios::binary) << std::string(512, '\0');
+  EXPECT_EQ(error_of([&] { read_idx(dir.file("padded.gz"), 3); }),
+            dir.file("padded.gz") + ": unexpected bytes after the gzip stream");
+
+  // A flipped byte inside the compressed data, then one in the CRC.
+  testing::write_idx(dir.file("bad.gz"), data, /*gzip=*/true);
+  std::string packed = testing::read_text(dir.file("bad.gz"));
+  for (const size_t at : {packed.size() / 2, packed.size() - 6}) {
+    std::string damaged = packed;
+    damaged[at] = static_cast<char>(damaged[at] ^ 0x55);
+    std::ofstream(dir.file("bad.gz"), std::ios::binary | std::ios::trunc) << damaged;
+    const auto message = error_of([&] { read_idx(dir.file("bad.gz"), 3); });
+    EXPECT_EQ(message.rfind(dir.file("bad.gz") + ": ", 0), 0u) << message;
+    EXPECT_TRUE(message.find("cannot read (") != std::string::npos || message.find(": truncated") != std::string::npos ||
+                message.find(": unexpected bytes") != std::string::npos)
+        << message;
+  }
 }
 
 // Found by fuzz/fuzz_idx (fuzz/regressions/idx): a header whose sizes
