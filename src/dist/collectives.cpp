@@ -1,5 +1,7 @@
 #include "tandem/dist/collectives.h"
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -92,6 +94,32 @@ void broadcast_module(torch::nn::Module& module, ProcessGroup& group, int64_t ro
 
 void broadcast_buffers(torch::nn::Module& module, ProcessGroup& group, int64_t root) {
   broadcast_coalesced(module.buffers(), group, root);
+}
+
+std::vector<std::string> all_gather_text(const std::string& text, ProcessGroup& group, const torch::Device& device) {
+  const auto count = static_cast<size_t>(group.size());
+  auto lengths_on = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  std::vector<torch::Tensor> lengths(count);
+  for (auto& t : lengths) t = torch::empty({1}, lengths_on);
+  group.all_gather(lengths, torch::full({1}, static_cast<int64_t>(text.size()), lengths_on)).wait();
+  std::vector<int64_t> sizes(count);
+  int64_t longest = 0;
+  for (size_t r = 0; r < count; ++r) {
+    sizes[r] = lengths[r].item<int64_t>();
+    longest = std::max(longest, sizes[r]);
+  }
+  auto mine = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kUInt8);
+  std::memcpy(mine.data_ptr<uint8_t>(), text.data(), text.size());
+  mine = mine.to(device);
+  std::vector<torch::Tensor> all(count);
+  for (auto& t : all) t = torch::empty_like(mine);
+  group.all_gather(all, mine).wait();
+  std::vector<std::string> texts(count);
+  for (size_t r = 0; r < count; ++r) {
+    auto bytes = all[r].cpu();
+    texts[r].assign(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(sizes[r]));
+  }
+  return texts;
 }
 
 void check_same_parameters(torch::nn::Module& module, ProcessGroup& group, const std::string& who) {

@@ -512,7 +512,8 @@ std::string without_fields(const std::string& fingerprint, const std::vector<std
 }
 
 std::string fingerprint_differences(const std::string& checkpoint, const std::string& run,
-                                   const std::vector<std::string>& ignored) {
+                                   const std::vector<std::string>& ignored, const std::string& checkpoint_label,
+                                   const std::string& run_label) {
   // KEY -> VALUE of each fingerprint, keys in the order they first appear.
   std::vector<std::string> keys;
   std::map<std::string, std::string> values[2];
@@ -533,8 +534,8 @@ std::string fingerprint_differences(const std::string& checkpoint, const std::st
                      std::map<std::string, std::string>::const_iterator it) {
       return it == side.end() ? "no " + key : key + "=" + it->second;
     };
-    text += (text.empty() ? "" : ", ") + shown(values[0], in_checkpoint) + " in the checkpoint, " +
-            shown(values[1], in_run) + " in this run";
+    text += (text.empty() ? "" : ", ") + shown(values[0], in_checkpoint) + " " + checkpoint_label + ", " +
+            shown(values[1], in_run) + " " + run_label;
   }
   return text;
 }

@@ -16,6 +16,7 @@
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/rendezvous.h"
+#include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/activation_checkpoint.h"
@@ -94,6 +95,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
 
   data::check_same_classes(o.data, info, o.val_data.empty() ? o.data : o.val_data, test_info, "--val-data ");
+  check_same_settings();  // before the first collective that would assume them (Note [same settings])
   torch::manual_seed(o.seed);
   models::ModelOptions model_options;
   model_options.in_channels = info.channels;
@@ -336,6 +338,63 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
       offset += t.numel();
     }
   }
+}
+
+// Note [same settings]: `tandem launch` and --nproc-per-node give every
+// rank the same flags, but ranks started by hand (or by a script that
+// builds each rank's command) may differ. Then the job went wrong in ways
+// that never named the cause: another --lr or --seed trained replicas that
+// drifted apart and reported a score of neither (exit 0); another
+// --batch-size or --dtype made Gloo abort the process (SIGABRT) on the
+// first mismatched collective; another --epochs ended one rank with a
+// full, normal-looking table and the other with "connection reset". So
+// every rank's settings are gathered before the first collective on the
+// model, and a difference is a usage error on every rank that names the
+// fields. The settings are the checkpoint's fingerprint without the data's
+// path (a node may keep the files elsewhere; their sizes are compared
+// instead), plus what else the ranks must agree on to stay in step. What is
+// the rank's own is left out: --device, --workers, --progress, the output
+// files, --dist-timeout, --checkpoint-activations.
+std::string Trainer::job_settings() const {
+  const auto& o = options_;
+  return without_fields(fingerprint(), {"data"}) +
+         format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
+                "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d",
+                static_cast<long long>(data_.test ? data_.test->size() : 0), o.strategy.c_str(),
+                static_cast<long long>(o.grad_accum), static_cast<long long>(o.max_steps), o.shard_optimizer,
+                o.skip_bad_images, !o.checkpoint_dir.empty(), static_cast<long long>(o.checkpoint_every),
+                o.resume) +
+         (o.strategy == "fsdp" ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
+                                        static_cast<long long>(o.fsdp_min_unit_params))
+                               : std::string()) +
+         (o.strategy == "pipeline"
+              ? format(" micro_batches=%lld schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s",
+                       static_cast<long long>(o.micro_batches), o.schedule.c_str(),
+                       static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
+                       o.pipeline_balance.c_str())
+              : format(" ddp_comm_hook=%s bucket_cap_mb=%g", o.ddp_comm_hook.c_str(), o.bucket_cap_mb));
+}
+
+void Trainer::check_same_settings() const {
+  const auto group = stages_ ? stages_ : group_;
+  if (!group || group->size() == 1) return;
+  const auto all = dist::all_gather_text(job_settings(), *group, device_);
+  std::vector<int64_t> others;
+  for (int64_t r = 1; r < group->size(); ++r) {
+    if (all[r] != all[0]) others.push_back(r);
+  }
+  if (others.empty()) return;
+  const int64_t me = group->rank();
+  const int64_t named = all[me] != all[0] ? me : others.front();
+  std::string ranks;
+  for (size_t i = 0; i < others.size() && i < 8; ++i) ranks += (i ? ", " : "") + std::to_string(others[i]);
+  if (others.size() > 8) ranks += format(", ... (%zu ranks)", others.size());
+  const std::string label = "on rank " + std::to_string(named);
+  throw UsageError(detail::str_cat(
+      "rank", others.size() > 1 ? "s " : " ", ranks, others.size() > 1 ? " were" : " was",
+      " started with other settings than rank 0: ",
+      fingerprint_differences(all[0], all[named], {}, "on rank 0", label),
+      "; every rank of a job must be given the same flags (tandem launch and --nproc-per-node do that)"));
 }
 
 std::string Trainer::fingerprint() const {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -226,6 +227,33 @@ TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   EXPECT_NE(r.output.find("[rank 0] tandem: error: --batch-size 33: not divisible by the world size 2"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
+}
+
+// Note [same settings]: ranks started with other flags (here by a script
+// under tandem launch) are refused on every rank, naming the fields; they
+// used to train replicas that drifted apart (--lr, exit 0) or abort in Gloo
+// (--dtype, SIGABRT). The data's path may differ from rank to rank.
+TEST(DistributedCliTest, RanksStartedWithOtherSettingsAreRefused) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 256, 64);
+  std::filesystem::create_directory_symlink(dir.path(), dir.file("elsewhere"));
+  const std::string train = "launch --nproc-per-node 2 -- sh -c 'exec " TANDEM_CLI
+                            " train --model mlp --max-steps 2 --batch-size 64 --progress off ";
+  auto r = run_tandem(train + "--data idx:" + dir.path() +
+                      " --lr 0.$((RANK + 1)) --dtype float$((32 + 32 * RANK))'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string message = "was started with other settings than rank 0: dtype=float32 on rank 0, dtype=float64 "
+                              "on rank 1, lr=0.1 on rank 0, lr=0.2 on rank 1; every rank of a job must be given "
+                              "the same flags";
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_NE(r.output.find("[rank " + rank + "] tandem: error: rank 1 " + message), std::string::npos) << r.output;
+  }
+  EXPECT_NE(r.output.find("exited with code 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("SIGABRT"), std::string::npos) << r.output;
+  // The same flags, the data found through another path on rank 1.
+  r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + dir.file("elsewhere") +
+                 ")'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 // Under another launcher RANK is set and this process is one worker: a

@@ -2,12 +2,18 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 
 #include "tandem/dist/process_group.h"
 
 namespace tandem::dist {
+
+// Every rank's `text`, index r holding rank r's: two all_gathers (the
+// lengths, then the bytes padded to the longest) of tensors on `device`
+// (NCCL takes CUDA tensors only). For checks at start-up, not a hot path.
+std::vector<std::string> all_gather_text(const std::string& text, ProcessGroup& group, const torch::Device& device);
 
 // Seed 004's hand-written data parallelism: after backward, every gradient
 // is all-reduced and divided by the world size, so each rank holds the mean

@@ -60,9 +60,12 @@ std::string without_fields(const std::string& fingerprint, const std::vector<std
 
 // The fields in which two fingerprints differ, KEYs in `ignored` left out,
 // as "KEY=A in the checkpoint, KEY=B in this run" joined by ", " ("no KEY"
-// for a field one side lacks); empty when they agree.
+// for a field one side lacks; the two labels are the sides' names); empty
+// when they agree.
 std::string fingerprint_differences(const std::string& checkpoint, const std::string& run,
-                                    const std::vector<std::string>& ignored);
+                                    const std::vector<std::string>& ignored,
+                                    const std::string& checkpoint_label = "in the checkpoint",
+                                    const std::string& run_label = "in this run");
 
 // The VALUE of `fingerprint`'s KEY=VALUE word for `key`, if it has one.
 std::optional<std::string> fingerprint_field(const std::string& fingerprint, const std::string& key);

@@ -91,6 +91,10 @@ class Trainer {
   // The settings a checkpoint must share with the run that resumes it.
   std::string fingerprint() const;
 
+  // The settings every rank of the job must share, as KEY=VALUE words
+  // (Note [same settings] in src/engine/trainer_setup.cpp).
+  std::string job_settings() const;
+
   // What --export-weights writes beside the weights (docs/DATA.md): the
   // model, and the classes its outputs are: "num_classes", then "classes"
   // (a JSON list of the class folders) for named classes, or "labels" (the
@@ -117,6 +121,9 @@ class Trainer {
   int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
  private:
+  // Gathers every rank's job_settings() and throws tandem::UsageError,
+  // naming the fields, on every rank when any differs from rank 0's.
+  void check_same_settings() const;
   // A line of the run's account (rank 0; not with --progress off).
   void say(const std::string& line) const;
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
