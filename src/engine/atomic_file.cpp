@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "tandem/util/check.h"
+#include "tandem/util/removed_on_signal.h"
 
 namespace tandem::engine {
 namespace {
@@ -58,6 +59,7 @@ void write_atomically(const std::string& path,
   if (link_ec) target = path;
   fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   std::string tmp = target.string() + ".tmp-" + std::to_string(::getpid());
+  RemovedOnSignal removed_on_signal(tmp);  // Note [temporaries on signals]
   try {
     write_to(tmp);
     sync_path(tmp, /*directory=*/false);

@@ -1,8 +1,14 @@
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
+#include "tandem/engine/atomic_file.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/table.h"
@@ -152,6 +158,32 @@ TEST(SafetensorsTest, ExportedResnetLoadsIntoTorchvision) {
   auto expected = format("loaded 122 %.6f", model->named_parameters()["fc.weight"][0][0].item<float>());
   EXPECT_NE(result.output.find(expected.substr(0, 16)), std::string::npos)
       << result.output << " vs " << expected;
+}
+
+// Note [temporaries on signals]: a process ended by SIGTERM while it writes
+// (the launcher stopping a rank whose peer failed) leaves neither the
+// temporary nor a changed file; it used to leave "<path>.tmp-<pid>".
+TEST(AtomicFileTest, ASignalMidWriteLeavesNoTemporary) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  std::ofstream(path) << "before";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    write_atomically(path, [](const std::string& tmp) {
+      std::ofstream(tmp) << "half of it";
+      ::raise(SIGTERM);
+    });
+    std::_Exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_EQ(testing::read_text(path), "before");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp-" + std::to_string(pid)));
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) files += entry.exists();
+  EXPECT_EQ(files, 1u);
 }
 
 }  // namespace
