@@ -67,8 +67,8 @@ int launch_command(const std::vector<std::string>& args) {
   auto result = launch::run_workers(o, [&] { return dist::pick_free_port(o.master_addr); });
   if (result.exit_code != 0) {
     std::fprintf(stderr, "tandem launch: %s%s\n", result.reason.c_str(),
-                 result.restarts ? format(" (after %lld restarts)",
-                                          static_cast<long long>(result.restarts)).c_str()
+                 result.restarts ? format(" (after %lld restart%s)", static_cast<long long>(result.restarts),
+                                          result.restarts == 1 ? "" : "s").c_str()
                                  : "");
   }
   return result.exit_code;

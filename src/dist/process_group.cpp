@@ -297,7 +297,11 @@ void Work::wait() {
     if (impl_->work) finished = impl_->host_wait ? impl_->work->wait(impl_->timeout) : impl_->work->wait();
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
-    bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos;
+    // Gloo says "Timed out ..." for the operation that timed out, and
+    // "Application timeout caused pair closure" for one that used the pair
+    // it closed (FSDP's reduce_scatter, made of several).
+    bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos ||
+                     why.find("Application timeout") != std::string::npos;
     fail_communication(detail::str_cat(
         impl_->what, " failed: ", why,
         timed_out ? detail::str_cat(" (a peer did not answer within the --dist-timeout of ",

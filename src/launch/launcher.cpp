@@ -173,6 +173,7 @@ struct Worker {
   bool exited = false;
   int status = 0;
   Clock::time_point exit_seen;         // when the launcher reaped it
+  bool stopped = false;                // reaped after the launcher signalled the workers to stop
   std::optional<WorkerError> error;    // what it reported (Note [first failure])
   Stream out, err;
 };
@@ -399,6 +400,9 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         dup2(out_pipe[1], STDOUT_FILENO);
         dup2(err_pipe[1], STDERR_FILENO);
         execvpe(argv[0], argv.data(), envp.data());
+        // A shell's codes: 127 for a command not found, 126 for one found
+        // that cannot run (not executable, a folder).
+        const int code = errno == ENOENT || errno == ENOTDIR ? 127 : 126;
         const char* why = std::strerror(errno);
         struct stat st {};  // a path to a folder fails with EACCES, "Permission denied"
         if (errno == EACCES && std::strchr(argv[0], '/') != nullptr && stat(argv[0], &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -410,7 +414,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         ignored = write(STDERR_FILENO, why, std::strlen(why));
         ignored = write(STDERR_FILENO, "\n", 1);
         (void)ignored;
-        _exit(127);
+        _exit(code);
       }
       int fork_errno = errno;
       sigprocmask(SIG_SETMASK, &previous, nullptr);
@@ -531,6 +535,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         w.exited = true;
         w.status = status;
         w.exit_seen = Clock::now();
+        w.stopped = stop_began.has_value();
         --alive;
         if (exited_ok(status)) continue;
         if (!a.error_files[i].empty()) w.error = read_worker_error(a.error_files[i]);
@@ -579,8 +584,15 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       return result;
     }
     const Worker& f = a.workers[a.failed];
-    result.reason = format("rank %lld (pid %d) %s", static_cast<long long>(f.rank),
-                           static_cast<int>(f.pid), describe_status(f.status).c_str());
+    // One whose error came before the launcher stopped it ended of the
+    // launcher's signal, which is not what went wrong.
+    const bool stopped_after_its_error = f.stopped && f.error && WIFSIGNALED(f.status);
+    result.reason = format("rank %lld (pid %d) %s", static_cast<long long>(f.rank), static_cast<int>(f.pid),
+                           stopped_after_its_error
+                               ? format("failed, and the launcher stopped it with SIG%s before it exited",
+                                        sigabbrev_np(WTERMSIG(f.status)) ? sigabbrev_np(WTERMSIG(f.status)) : "?")
+                                     .c_str()
+                               : describe_status(f.status).c_str());
     if (f.error && !f.error->message.empty()) {
       result.reason += ": " + f.error->message.substr(0, f.error->message.find('\n'));
     }

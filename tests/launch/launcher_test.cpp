@@ -157,7 +157,7 @@ TEST(LaunchTest, ASigkilledWorkerIsNamedWithinSeconds) {
 // and exits first. The launcher names rank 0 and its message, not the first
 // exit it saw, and still ends the job (rank 2 never ends by itself).
 TEST(LaunchTest, TheRankThatFailedFirstIsNamedNotTheFirstToExit) {
-  const std::string marker = "61.75";
+  const std::string marker = "63.125";
   const std::string report = TANDEM_REPORT_ERROR;
   auto start = std::chrono::steady_clock::now();
   auto r = run_tandem(
@@ -173,11 +173,33 @@ TEST(LaunchTest, TheRankThatFailedFirstIsNamedNotTheFirstToExit) {
   EXPECT_EQ(count_processes("sleep " + marker), 0);
 }
 
+// A rank that reported its own error first but had not exited when another
+// rank's failure made the launcher stop the job: it is named for its error,
+// and its end is not put down to the launcher's own SIGTERM.
+TEST(LaunchTest, ARankStoppedAfterItsErrorIsNamedForTheError) {
+  const std::string marker = "63.375";
+  const std::string report = TANDEM_REPORT_ERROR;
+  auto r = run_tandem(
+      "launch --nproc-per-node 2 -- sh -c '"
+      "if [ $RANK = 0 ]; then " + report + " own \"cannot resume from ckpt\"; exec sleep " + marker + "; fi; "
+      "sleep 0.5; exec " + report + " own \"cannot resume either\"'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem launch: rank 1 (pid "), std::string::npos) << r.output;  // the first to exit
+  const auto last = r.output.rfind("tandem launch: rank 0 (pid ");
+  ASSERT_NE(last, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(") failed, and the launcher stopped it with SIGTERM before it exited: cannot resume from "
+                          "ckpt\n",
+                          last),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count_processes("sleep " + marker), 0);
+}
+
 // When every failure followed a peer's (the peer itself never said why),
 // the earliest report is named, not the earliest exit, and the launcher
 // waits no longer than launch::kPeerFailureWait for a better one.
 TEST(LaunchTest, AmongFailuresThatFollowedAPeerTheEarliestIsNamed) {
-  const std::string marker = "61.875";
+  const std::string marker = "63.25";
   const std::string report = TANDEM_REPORT_ERROR;
   auto start = std::chrono::steady_clock::now();
   auto r = run_tandem(
@@ -236,7 +258,7 @@ TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {
 
   auto fail = run_tandem("launch --nproc-per-node 1 --max-restarts 1 -- sh -c 'exit 5'");
   EXPECT_EQ(fail.exit_code, 1);
-  EXPECT_NE(fail.output.find("exited with code 5 (after 1 restarts)"), std::string::npos) << fail.output;
+  EXPECT_NE(fail.output.find("exited with code 5 (after 1 restart)"), std::string::npos) << fail.output;
 }
 
 // Starts `tandem launch --nproc-per-node 2 -- sh -c 'exec sleep MARKER'` in
@@ -459,6 +481,13 @@ TEST(LaunchTest, UsageErrors) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank 0] cannot run " + dir.path() + ": a directory, not a program"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("exited with code 126"), std::string::npos) << r.output;  // found, cannot run: a shell's 126
+  std::ofstream(dir.file("not-executable")) << "true\n";
+  r = run_tandem("launch --nproc-per-node 1 -- " + dir.file("not-executable"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] cannot run " + dir.file("not-executable") + ": Permission denied"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 126"), std::string::npos) << r.output;
   r = run_tandem("launch --nproc-per-node 1 --master-port 65536 -- true");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--master-port: expected 0 to 65535 (0: a free one), got 65536"), std::string::npos)
