@@ -39,7 +39,7 @@ void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {
   for (const auto& name : models::model_names()) models += (models.empty() ? "" : ", ") + name;
   flags.section("model");
   flags.add_string("model", "NAME", &o.model, "one of " + models);
-  flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3);
+  flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3, models::kMaxWidthMult);
   flags.add_choice("stem", &o.stem, {"auto", "imagenet", "cifar"},
                    "resnet stem; auto picks cifar for images up to 64 px");
   flags.add_choice("dtype", &o.dtype, {"float32", "float64"},

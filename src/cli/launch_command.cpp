@@ -66,10 +66,7 @@ int launch_command(const std::vector<std::string>& args) {
   o.master_port = static_cast<int>(port);
   auto result = launch::run_workers(o, [&] { return dist::pick_free_port(o.master_addr); });
   if (result.exit_code != 0) {
-    std::fprintf(stderr, "tandem launch: %s%s\n", result.reason.c_str(),
-                 result.restarts ? format(" (after %lld restart%s)", static_cast<long long>(result.restarts),
-                                          result.restarts == 1 ? "" : "s").c_str()
-                                 : "");
+    std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
   }
   return result.exit_code;
 }

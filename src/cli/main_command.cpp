@@ -1,5 +1,7 @@
 // tandem: subcommand dispatch and the one place errors become exit codes.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -32,7 +34,9 @@ std::string top_help() {
 
 }  // namespace
 
-int main_command(int argc, char** argv) {
+namespace {
+
+int run_command(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -67,8 +71,28 @@ int main_command(int argc, char** argv) {
       std::fprintf(stderr, "tandem: out of memory: a smaller --batch-size, --image-size or model needs less, "
                            "as do --grad-accum K and --checkpoint-activations N (for more time)\n");
     }
+    // libtorch's BatchNorm names a tensor shape, not the batch of one that
+    // gave it (the last of an epoch: --batch-size 299 over 300 images).
+    if (message.find("Expected more than 1 value per channel when training") != std::string::npos) {
+      std::fprintf(stderr, "tandem: a BatchNorm layer got one value per channel: a batch (or micro-batch, or "
+                           "an epoch's last batch) of one sample whose feature map is 1 x 1 there; another "
+                           "--batch-size, fewer --micro-batches or a larger --image-size avoids it\n");
+    }
     return 1;
   }
+}
+
+}  // namespace
+
+int main_command(int argc, char** argv) {
+  const int code = run_command(argc, argv);
+  // What was printed must have arrived: a full disk or a closed stdout
+  // lost the result table with exit 0 (a sweep's find).
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "tandem: error: cannot write to standard output: %s\n", std::strerror(errno));
+    return code != 0 ? code : 1;
+  }
+  return code;
 }
 
 }  // namespace tandem::cli

@@ -53,7 +53,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("batch-per-process", "N", &o.batch_per_process,
                 "instead of --batch-size: each process's batch, the global one being N times "
                 "the number of processes (seed 002's setting; 0: use --batch-size)", 0);
-  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0);
+  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)");  // > 0: check_train_options
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
   flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup from 0 to --lr, in epochs (fractions allowed)", 0);
   flags.add_double("momentum", "X", &o.momentum, "SGD momentum", 0);
@@ -82,6 +82,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process; a list such as 1,2,4: a scaling sweep, the job run "
                    "once per count, then seed 002's table of epoch time and speed-up");
+  flags.add_int("max-restarts", "K", &o.max_restarts,
+                "with --nproc-per-node N: after a worker fails, restart all of them, up to K times; they "
+                "resume from the newest checkpoint in --checkpoint-dir (tandem launch's --max-restarts)", 0);
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "fsdp", "dp", "pipeline"},
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
@@ -141,7 +144,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
 
   flags.section("run");
   flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
-  flags.add_uint("seed", "N", &o.seed, "seed for initialisation and shuffling");
+  flags.add_uint("seed", "N", &o.seed,
+                 "seed for initialisation, shuffling and augmentation; as in PyTorch, the first two (libtorch's CPU generator) use only its low 32 bits");
   flags.add_string("checkpoint-dir", "DIR", &o.checkpoint_dir,
                    "save a checkpoint there after every epoch (atomic writes)");
   flags.add_int("checkpoint-every", "N", &o.checkpoint_every,
@@ -284,7 +288,7 @@ void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun
 int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::string>& args,
                 const engine::TrainOptions& o, const FlagSet& flags) {
   const std::string sweep = "--nproc-per-node " + o.nproc_per_node;
-  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights", "profile-out"}) {
+  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights", "profile-out", "max-restarts"}) {
     if (flags.given(name)) {
       throw UsageError(std::string("--") + name + " belongs to a single run; " + sweep +
                        " runs the job once per process count");
@@ -361,7 +365,13 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
                    format("%.0f", m.images_per_second)});
   }
   std::printf("\n%s", table.render().c_str());
-  if (!r.epochs.empty() && r.epochs.back().partial) std::printf("* stopped by --max-steps\n");
+  if (!r.epochs.empty() && r.epochs.back().partial) {
+    std::printf("* stopped by --max-steps\n");
+  } else if (!r.epochs.empty() && o.max_steps > 0 && r.steps >= o.max_steps && r.epochs.back().epoch < o.epochs) {
+    // It ended at an epoch's end: no epoch is partial, yet some were not run.
+    std::printf("stopped by --max-steps %lld after epoch %lld of %lld\n", static_cast<long long>(o.max_steps),
+                static_cast<long long>(r.epochs.back().epoch), static_cast<long long>(o.epochs));
+  }
   print_devices_table(o, r);
   bool evaluated = !r.epochs.empty() && r.epochs.back().evaluated;
   std::string accuracy = evaluated ? format("test accuracy %.2f%%", 100 * r.epochs.back().test_acc)
@@ -402,10 +412,18 @@ int train_command(const std::vector<std::string>& args) {
                      "--nproc-per-node out under a launcher (its own --nproc-per-node sets the processes), or "
                      "unset RANK");
   }
+  // The launcher's flag: under another launcher that one restarts (or not).
+  if (worker && !env::get(kSelfLaunched).has_value() && options.max_restarts > 0) {
+    throw UsageError("--max-restarts: this process is already rank " + env::get("RANK").value_or("") +
+                     " of a launched job, whose launcher restarts its workers (tandem launch --max-restarts)");
+  }
   if (!worker) {
     if (auto counts = sweep_counts(options.nproc_per_node)) return train_sweep(*counts, args, options, flags);
   }
   int64_t nproc = local_workers(options);
+  if (!worker && nproc == 0 && options.max_restarts > 0) {
+    throw UsageError("--max-restarts goes with --nproc-per-node N: the launcher restarts the workers it started");
+  }
   if (nproc > 0 && !worker) {
     // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
     // the workers run this same command line; RANK set tells them they are workers.
@@ -424,8 +442,9 @@ int train_command(const std::vector<std::string>& args) {
     lo.command.push_back("train");
     lo.command.insert(lo.command.end(), args.begin(), args.end());
     lo.extra_env = {{kSelfLaunched, "1"}};
+    lo.max_restarts = options.max_restarts;
     auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
-    if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.reason.c_str());
+    if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
     return result.exit_code;
   }
   engine::Trainer trainer(options);

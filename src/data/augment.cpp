@@ -35,7 +35,7 @@ Plan plan(const AugmentOptions& options, int64_t native_height, int64_t native_w
     known += (known.empty() ? "" : ", ") + name;
     if (name == options.name) preset = &p;
   }
-  TANDEM_CHECK(preset, "unknown --augment preset \"", options.name, "\" (known: ", known, ")");
+  TANDEM_CHECK_USAGE(preset, "--augment: expected one of ", known, ", got '", options.name, "'");
   TANDEM_CHECK(options.image_size >= 0, "--image-size must be >= 0, got ", options.image_size);
   TANDEM_CHECK(native_height >= 0 && native_width >= 0 && (native_height > 0) == (native_width > 0),
                "augment: the native image size must be given as two positive values or as 0 x 0 ",

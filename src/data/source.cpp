@@ -33,9 +33,9 @@ Spec parse_spec(const std::string& spec) {
   Spec s{spec.substr(0, colon), colon == std::string::npos ? "" : spec.substr(colon + 1)};
   bool known = s.kind == "idx" || s.kind == "cifar10" || s.kind == "cifar100" ||
                s.kind == "imagefolder";
-  TANDEM_CHECK(known, "unknown data spec '", spec,
+  TANDEM_CHECK_USAGE(known, "unknown data spec '", spec,
                "': expected fashion-mnist, idx:DIR, cifar10:DIR, cifar100:DIR or imagefolder:DIR");
-  TANDEM_CHECK(!s.path.empty(), "data spec '", spec, "': expected ", s.kind, ":DIR");
+  TANDEM_CHECK_USAGE(!s.path.empty(), "data spec '", spec, "': expected ", s.kind, ":DIR");
   return s;
 }
 

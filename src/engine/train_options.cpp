@@ -2,36 +2,42 @@
 // (train_options.h): what the command line alone shows to be wrong.
 #include "tandem/engine/train_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "tandem/data/augment.h"
+#include "tandem/data/source.h"
 #include "tandem/engine/atomic_file.h"
+#include "tandem/models/registry.h"
 #include "tandem/engine/profile.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
-namespace {
-
-// A flag parser of the engine that throws tandem::Error: its message, as a usage error.
-template <typename F>
-auto as_usage(F&& parse) {
-  try {
-    return parse();
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
-}
-
-}  // namespace
-
 void check_train_options(const TrainOptions& o) {
+  // Names the command line gives that nothing answers to (they used to be
+  // found by the model's or the data's set-up, exit 1, on every worker).
+  {
+    const auto names = models::model_names();
+    std::string known;
+    for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
+    TANDEM_CHECK_USAGE(std::find(names.begin(), names.end(), o.model) != names.end(), "--model: expected one of ",
+                       known, ", got '", o.model, "'");
+  }
+  data::data_format(o.data);  // an unknown kind of data spec: a usage error
+  if (!o.val_data.empty()) data::data_format(o.val_data);
+  if (!o.augment.empty()) {
+    const auto presets = data::augment_names();
+    std::string known;
+    for (const auto& name : presets) known += (known.empty() ? "" : ", ") + name;
+    TANDEM_CHECK_USAGE(std::find(presets.begin(), presets.end(), o.augment) != presets.end(),
+                       "--augment: expected one of ", known, ", got '", o.augment, "'");
+  }
   TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
   TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
   TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
@@ -77,7 +83,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.metrics_out.find("{rank}") == std::string::npos, "--metrics-out ", o.metrics_out,
                      ": one file for the job (rank 0 writes the figures summed over the ranks); {rank} applies to "
                      "--export-weights and --profile-out");
-  as_usage([&] { return parse_profile_steps(o.profile_steps); });
+  as_usage_error([&] { return parse_profile_steps(o.profile_steps); });
   {
     // Two output flags on one file: the last writer's would win and the
     // other's output be lost, with exit 0 (a sweep's find: metrics lines
@@ -148,6 +154,10 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ", o.micro_batches);
   TANDEM_CHECK_USAGE(o.pipeline_balance == "time" || o.pipeline_balance == "params",
                      "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
+  // An explicit split leaves nothing to balance (the flag was ignored).
+  TANDEM_CHECK_USAGE(o.pipeline_split.empty() || o.pipeline_balance == defaults.pipeline_balance,
+                     "--pipeline-balance ", o.pipeline_balance, " chooses the stages when --pipeline-split does "
+                     "not; give one or the other");
   TANDEM_CHECK_USAGE(o.dist_timeout > 0 && o.dist_timeout <= 604800,
                      "--dist-timeout: expected a positive number of seconds up to a week (604800), got ",
                      o.dist_timeout);
@@ -194,7 +204,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!o.cuda_graph || (!dp && !pipeline && !fsdp),
                      "--cuda-graph captures the step of one process on one device; it does not work with "
                      "--strategy ", o.strategy);
-  const auto amp = as_usage([&] { return optim::parse_amp(o.amp); });
+  const auto amp = as_usage_error([&] { return optim::parse_amp(o.amp); });
   TANDEM_CHECK_USAGE(!amp || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
                      "lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "

@@ -345,7 +345,7 @@ TrainResult Trainer::run() {
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
   if (!o.checkpoint_dir.empty()) {
-    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world", "samples"}});
+    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world", "samples", "micro_batches"}});
     if (rank_ == 0) {
       checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
       checkpointer->lock();            // and alone: a second run on the directory is refused
@@ -395,6 +395,25 @@ TrainResult Trainer::run() {
                    ": it was written by a run on ", samples.value_or(""), " training samples, but --data ", o.data,
                    " now has ", data_.train->size(), ": the data set changed since; resume on the data it was "
                    "written with, or train from the beginning in a new --checkpoint-dir");
+      // Note [micro-batches on resume]: another --micro-batches gives the
+      // same sums to rounding, except that BatchNorm normalises each
+      // micro-batch on its own: a model with BatchNorm then continues on
+      // other arithmetic than the uninterrupted run (a sweep measured up to
+      // 0.6 relative in convnet's weights), which is said.
+      const auto micro_batches = fingerprint_field(position.fingerprint, "micro_batches");
+      if (micro_batches && *micro_batches != std::to_string(o.micro_batches)) {
+        const auto buffers = model_->named_buffers();
+        const bool batch_norm = std::any_of(buffers.begin(), buffers.end(), [](const auto& b) {
+          return b.key().size() >= 12 && b.key().compare(b.key().size() - 12, 12, "running_mean") == 0;
+        });
+        if (batch_norm) {
+          warn(format("the checkpoint was written with --micro-batches %s, this run has %lld: %s's BatchNorm "
+                      "normalises each micro-batch on its own, so the run goes on with other statistics than "
+                      "the one that wrote it would have (resume with --micro-batches %s for the same arithmetic)",
+                      micro_batches->c_str(), static_cast<long long>(o.micro_batches), o.model.c_str(),
+                      micro_batches->c_str()));
+        }
+      }
       auto written_by = fingerprint_field(position.fingerprint, "world");
       if (written_by && *written_by != std::to_string(world_)) {
         say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
@@ -439,6 +458,35 @@ TrainResult Trainer::run() {
                fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
   } else if (o.strategy == "fsdp") {
     warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
+  }
+  if (!group_ && !stages_) {
+    // One process, started without a launcher: the flags that act over
+    // ranks have none (a sweep found them accepted without a word).
+    const TrainOptions defaults;
+    std::vector<std::string> idle;
+    if (o.strategy == "ddp" || o.strategy == "allreduce") idle.push_back("--strategy " + o.strategy);
+    if (o.shard_optimizer) idle.push_back("--shard-optimizer");
+    if (o.sync_bn) idle.push_back("--sync-bn");
+    if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + o.ddp_comm_hook);
+    if (o.bucket_cap_mb != defaults.bucket_cap_mb) idle.push_back(format("--bucket-cap-mb %g", o.bucket_cap_mb));
+    if (o.dist_backend != defaults.dist_backend) idle.push_back("--dist-backend " + o.dist_backend);
+    if (o.dist_timeout != defaults.dist_timeout) idle.push_back(format("--dist-timeout %g", o.dist_timeout));
+    if (!idle.empty()) {
+      std::string flags;
+      for (const auto& flag : idle) flags += (flags.empty() ? "" : ", ") + flag;
+      warn(flags + ": one process, no ranks to act over; training as one process does (--nproc-per-node N "
+                   "starts N)");
+    }
+  }
+  if (o.channels_last) {
+    const auto params = model_->parameters();
+    if (std::none_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.dim() == 4; })) {
+      warn("--channels-last: " + o.model + " has no 4-D weights (no convolutions); nothing changes");
+    }
+  }
+  if (o.batch_size > data_.train->size()) {
+    warn(format("--batch-size %lld is more than the %lld training images: each step takes all of them",
+                static_cast<long long>(o.batch_size), static_cast<long long>(data_.train->size())));
   }
   if (dp_) {
     std::string names;

@@ -110,7 +110,17 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
           parallel::SyncBatchNorm(parallel::SyncBatchNormOptions{channels}, group));
     };
   }
-  model_ = models::make_model(o.model, model_options);
+  // What the factory refuses (a convnet's images smaller than 4 x 4) is
+  // the command line's mistake, in its flags' words.
+  try {
+    model_ = models::make_model(o.model, model_options);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(detail::str_cat("--model ", o.model, ": ", e.what(), " (the images are ", info.height, " x ",
+                                     info.width, o.image_size > 0 ? ", from --image-size" : "; --image-size resizes them",
+                                     ")"));
+  }
   model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).
@@ -135,7 +145,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // backward (Note [activation checkpointing]).
   if (o.checkpoint_activations > 0) {
     const auto layers = static_cast<int64_t>(model_->size());
-    TANDEM_CHECK(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
+    TANDEM_CHECK_USAGE(o.checkpoint_activations <= layers, "--checkpoint-activations ", o.checkpoint_activations,
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
     // A pipeline's stages recompute themselves (make_pipeline).
     // A pipeline's stages and FSDP's units recompute themselves.
@@ -217,9 +227,16 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
                                                                    const std::string& where) {
   const auto& o = options_;
   const int64_t chunks = virtual_stages();
+  // A split or a count of stages the model cannot take is the command
+  // line's (--pipeline-split, --devices, --virtual-stages): exit 2.
   if (!o.pipeline_split.empty()) {
-    return {parallel::split_at_names(model_, o.pipeline_split, stages * chunks), "--pipeline-split"};
+    return {as_usage_error([&] { return parallel::split_at_names(model_, o.pipeline_split, stages * chunks); }),
+            "--pipeline-split"};
   }
+  const int64_t layers = static_cast<int64_t>(model_->size());
+  TANDEM_CHECK_USAGE(layers >= stages * chunks, "pipeline: the model has ", layers, " layers, fewer than the ",
+                     stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
+                     chunks > 1 ? std::to_string(chunks) : std::string(), ")");
   if (o.pipeline_balance == "params") {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
@@ -368,8 +385,7 @@ std::string Trainer::job_settings() const {
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +
          (o.strategy == "pipeline"
-              ? format(" micro_batches=%lld schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s",
-                       static_cast<long long>(o.micro_batches), o.schedule.c_str(),
+              ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", o.schedule.c_str(),
                        static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
                        o.pipeline_balance.c_str())
               : format(" ddp_comm_hook=%s bucket_cap_mb=%g", o.ddp_comm_hook.c_str(), o.bucket_cap_mb));
@@ -414,7 +430,10 @@ std::string Trainer::fingerprint() const {
          // Only when set, so that checkpoints from before the flag still resume.
          (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string()) +
          // Compared by run() itself when the checkpoint has it (older ones do not).
-         format(" samples=%lld", static_cast<long long>(data_.train->size()));
+         format(" samples=%lld", static_cast<long long>(data_.train->size())) +
+         // May change on resume; run() says what that does to BatchNorm.
+         (o.strategy == "pipeline" ? format(" micro_batches=%lld", static_cast<long long>(o.micro_batches))
+                                   : std::string());
 }
 
 std::map<std::string, std::string> Trainer::weights_metadata() const {

@@ -608,4 +608,9 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   }
 }
 
+std::string LaunchResult::summary() const {
+  if (restarts == 0) return reason;
+  return format("%s (after %lld restart%s)", reason.c_str(), static_cast<long long>(restarts), restarts == 1 ? "" : "s");
+}
+
 }  // namespace tandem::launch

@@ -55,8 +55,8 @@ torch::Tensor InvertedResidualImpl::forward(torch::Tensor x) {
 }
 
 Sequence mobilenetv2(const ModelOptions& o) {
-  TANDEM_CHECK(o.width_mult > 0, "mobilenetv2 width multiplier: expected > 0, got ",
-               o.width_mult);
+  TANDEM_CHECK(o.width_mult > 0 && o.width_mult <= kMaxWidthMult, "mobilenetv2 width multiplier: expected > 0 and <= ",
+               kMaxWidthMult, ", got ", o.width_mult);
   // t (expansion), c (channels), n (repeats), s (first stride)
   const int64_t settings[7][4] = {{1, 16, 1, 1},  {6, 24, 2, 2},  {6, 32, 3, 2},
                                   {6, 64, 4, 2},  {6, 96, 3, 1},  {6, 160, 3, 2},

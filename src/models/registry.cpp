@@ -57,7 +57,7 @@ Sequence make_model(const std::string& name, const ModelOptions& options) {
     auto it = registry().factories.find(name);
     if (it != registry().factories.end()) factory = it->second;
   }
-  TANDEM_CHECK(factory, "unknown model '", name, "' (known: ", joined_names(), ")");
+  TANDEM_CHECK_USAGE(factory, "unknown model '", name, "' (known: ", joined_names(), ")");
   return factory(options);
 }
 

@@ -50,6 +50,83 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
   EXPECT_EQ(r.output.rfind("usage: tandem models", 0), 0u) << r.output;
   r = run_tandem("models convnet");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+
+  // Names nothing answers to, and values a model cannot take, are the
+  // command line's (a sweep found them exiting 1, some after the data were
+  // read, or not at all).
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  const std::string data = " --data idx:" + dir.path() + " --max-steps 1 --progress off";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train --model foo", "--model: expected one of convnet, mlp, mobilenetv2, resnet18, resnet34, "
+                                 "resnet50, got 'foo'"},
+           {"train --data bogus:x", "unknown data spec 'bogus:x'"},
+           {"train --augment light", "--augment: expected one of none, cifar, imagenet, heavy, got 'light'"},
+           {"eval --weights w.safetensors --augment light", "--augment: expected one of"},
+           {"train --model mobilenetv2 --width-mult 1e19", "--width-mult: expected a number from 0.001 to 100"},
+           {"train --lr -0.1", "--lr: expected a positive number, got -0.1"},
+           {"train" + data + " --model convnet --image-size 2",
+            "--model convnet: convnet: image size must be at least 4, got 2 (the images are 2 x 2, from "
+            "--image-size)"},
+           {"train" + data + " --strategy pipeline --devices cpu,cpu --pipeline-split conv2 --pipeline-balance "
+                             "params",
+            "--pipeline-balance params chooses the stages when --pipeline-split does not; give one or the other"},
+           {"train" + data + " --checkpoint-activations 100", "--checkpoint-activations 100: convnet has 12"},
+           {"train --max-restarts 1", "--max-restarts goes with --nproc-per-node N"},
+           {"train --nproc-per-node 1,2 --max-restarts 1", "--max-restarts belongs to a single run"},
+       }) {
+    EXPECT_TRUE(testing::tandem_fails(args, 2, "tandem: error: " + message)) << args;
+  }
+}
+
+// The flags that act over ranks, given to one process started alone, and
+// others that change nothing in a run, are said to do nothing.
+TEST(CliTest, FlagsWithNothingToActOnAreWarnedAbout) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  const std::string data = "train --data idx:" + dir.path() + " --progress off --epochs 1";
+  auto r = run_tandem(data + " --max-steps 1 --strategy ddp --sync-bn --dist-timeout 5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tandem: warning: --strategy ddp, --sync-bn, --dist-timeout 5: one process, no ranks to "
+                          "act over; training as one process does (--nproc-per-node N starts N)"),
+            std::string::npos) << r.output;
+  r = run_tandem(data + " --max-steps 1 --model mlp --channels-last --batch-size 100");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tandem: warning: --channels-last: mlp has no 4-D weights (no convolutions); nothing "
+                          "changes"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tandem: warning: --batch-size 100 is more than the 64 training images: each step "
+                          "takes all of them"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("one process, no ranks"), std::string::npos) << r.output;
+  // --max-steps ending a run at an epoch's end: no epoch is partial, and
+  // the table says why the rest did not run.
+  r = run_tandem("train --data idx:" + dir.path() + " --batch-size 32 --epochs 3 --max-steps 2 --model mlp");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stopped by --max-steps 2 after epoch 1 of 3"), std::string::npos) << r.output;
+}
+
+// What tandem prints must arrive: a full disk (/dev/full) lost the result
+// table with exit 0.
+TEST(CliTest, AnUnwritableStandardOutputIsAnError) {
+  auto r = testing::run("sh -c '" + std::string(TANDEM_CLI) + " models > /dev/full'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem: error: cannot write to standard output: No space left on device"),
+            std::string::npos) << r.output;
+}
+
+// libtorch's "Expected more than 1 value per channel" (BatchNorm on one
+// sample at 1 x 1) gets the flags that avoid it.
+TEST(CliTest, ABatchNormOfOneValueSaysWhichFlagsAvoidIt) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto r = run_tandem("train --data idx:" + dir.path() +
+                      " --model resnet18 --image-size 4 --batch-size 1 --max-steps 1 --progress off");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("Expected more than 1 value per channel when training"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tandem: a BatchNorm layer got one value per channel: a batch (or micro-batch, or an "
+                          "epoch's last batch) of one sample"),
+            std::string::npos) << r.output;
 }
 
 // An allocation libtorch cannot make names bytes only; the CLI adds which

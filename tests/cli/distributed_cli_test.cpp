@@ -269,6 +269,11 @@ TEST(DistributedCliTest, NprocPerNodeUnderALauncherIsRefused) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank 0] tandem: error: " + message), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exited with code 2"), std::string::npos) << r.output;
+  // --max-restarts likewise: the outer launcher restarts, or does not.
+  r = run("RANK=0 WORLD_SIZE=1 " + std::string(TANDEM_CLI) + " train --max-restarts 1 --max-steps 1 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--max-restarts: this process is already rank 0 of a launched job"), std::string::npos)
+      << r.output;
 }
 
 // Note [diverged] over ranks: the loss sums are all-reduced before they are
@@ -369,21 +374,22 @@ TEST(DistributedCliTest, TheRankWhoseOwnErrorEndedTheJobIsNamed) {
 
 // --max-restarts 1: rank 1 killed mid-training; the launcher restarts every
 // worker, they resume from the newest checkpoint, and the final weights are
-// bit for bit those of a run that was never interrupted.
+// bit for bit those of a run that was never interrupted (started with
+// tandem launch; the restarted one with tandem train's short form).
 TEST(DistributedCliTest, RestartedWorkersResumeAndEndWithTheSameWeights) {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 4096, 64);
   std::string cli = TANDEM_CLI;
-  auto job = [&](const std::string& name, int restarts) {
-    return cli + " launch --nproc-per-node 2 --max-restarts " + std::to_string(restarts) + " -- " +
-           cli + " train --data idx:" + dir.path() + " --model convnet --epochs 3 --batch-size 32 "
+  auto train = [&](const std::string& name) {
+    return " train --data idx:" + dir.path() + " --model convnet --epochs 3 --batch-size 32 "
            "--lr 0.05 --progress lines --checkpoint-every 10 --checkpoint-dir " + dir.file(name) +
            " --export-weights " + dir.file(name + ".safetensors");
   };
-  auto reference = run(job("reference", 0));
+  auto reference = run(cli + " launch --nproc-per-node 2 -- " + cli + train("reference"));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
 
-  run("(" + job("restarted", 1) + " > " + dir.file("out") + " 2>&1; echo $? > " + dir.file("rc") +
+  const std::string restarted = cli + train("restarted") + " --nproc-per-node 2 --max-restarts 1";
+  run("(" + restarted + " > " + dir.file("out") + " 2>&1; echo $? > " + dir.file("rc") +
       ") > /dev/null 2>&1 &");
   pid_t victim = 0;
   for (int i = 0; i < 3000 && victim == 0; ++i) {  // once the first checkpoint exists

@@ -56,6 +56,26 @@ TEST(PipelineRanksTest, ConvnetOnFashionMnistOverTwoRanks) {
   EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
 }
 
+// Note [micro-batches on resume]: resuming with another --micro-batches is
+// allowed (the same sums to rounding), but with BatchNorm, which
+// normalises each micro-batch, it is said to change the arithmetic.
+TEST(PipelineCliOptionsTest, ResumingWithOtherMicroBatchesIsSaidWhereBatchNormCares) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  for (const std::string model : {"convnet", "mlp"}) {
+    TempDir checkpoints;
+    const std::string common = "train --strategy pipeline --devices cpu,cpu --data idx:" + dir.path() + " --model " +
+                               model + " --batch-size 16 --progress lines --checkpoint-dir " + checkpoints.path();
+    auto r = run_tandem(common + " --max-steps 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_tandem(common + " --max-steps 3 --resume --micro-batches 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string warning = "tandem: warning: the checkpoint was written with --micro-batches 4, this run has 2: " +
+                                model + "'s BatchNorm normalises each micro-batch on its own";
+    EXPECT_EQ(r.output.find(warning) != std::string::npos, model == "convnet") << r.output;
+  }
+}
+
 // An explicit split and a split by parameter count are reported as given;
 // the run can be resumed from its checkpoint like any other.
 TEST(PipelineCliOptionsTest, SplitsAreReported) {
@@ -116,15 +136,15 @@ TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
       "cuda:LOCAL_RANK); leave out --devices"));
   EXPECT_TRUE(testing::tandem_fails(
       "train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu --schedule interleaved --max-steps 1",
-      1, "the model has 6 layers, fewer than the 8 stages"));
+      2, "the model has 6 layers, fewer than the 8 stages (4 devices x --virtual-stages 2)"));
   EXPECT_TRUE(
       testing::tandem_fails("train --strategy pipeline --devices cpu,cpu --pipeline-split fc9 --max-steps 1",
-                            1, "--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"));
+                            2, "--pipeline-split: no layer 'fc9' in the model (its layers: conv1, bn1"));
   EXPECT_TRUE(testing::tandem_fails(
       "train --strategy pipeline --devices cpu,cpu --schedule zigzag --max-steps 1", 2, "--schedule"));
   EXPECT_TRUE(testing::tandem_fails(
-      "train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu,cpu,cpu,cpu --max-steps 1", 1,
-      "the model has 6 layers, fewer than the 7 stages"));
+      "train --strategy pipeline --model mlp --devices cpu,cpu,cpu,cpu,cpu,cpu,cpu --max-steps 1", 2,
+      "the model has 6 layers, fewer than the 7 stages (7 devices)"));
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ TEST(AugmentTest, OutputShapesMatchOutputSize) {
 TEST(AugmentTest, Errors) {
   AugmentOptions bad{"fancy", 0, {}, {}};
   EXPECT_EQ(error_of([&] { make_train_transform(bad, 32, 32); }),
-            "unknown --augment preset \"fancy\" (known: none, cifar, imagenet, heavy)");
+            "--augment: expected one of none, cifar, imagenet, heavy, got 'fancy'");
   AugmentOptions sizeless{"imagenet", 0, {}, {}};
   EXPECT_NE(error_of([&] { make_eval_transform(sizeless, 0, 0); }).find("--image-size is required"),
             std::string::npos);

@@ -65,6 +65,8 @@ struct TrainOptions {
   double dist_timeout = 300;          // seconds any collective may wait
   std::string nproc_per_node = "0";   // CLI: N > 0 or auto launches local workers of itself; a
                                       // list (1,2,4) runs it once per count (a scaling sweep)
+  int64_t max_restarts = 0;           // CLI, with --nproc-per-node N: restarts of all the workers
+                                      // after a failure (launch::LaunchOptions::max_restarts)
 
   // Run
   std::string device = "cpu";  // cpu | cuda | cuda:N

@@ -57,6 +57,10 @@ struct LaunchResult {
   std::string reason;  // why not, e.g. "rank 1 (pid 4242) was killed by signal 9 (SIGKILL)", or
                        // "rank 0 (pid 4241) exited with code 1: " and its error's first line
   int64_t restarts = 0;
+
+  // The reason, with "(after N restarts)" when there were any: the line a
+  // launcher prints last.
+  std::string summary() const;
 };
 
 // Runs the job to its end. `pick_port` supplies a free port when

@@ -17,11 +17,16 @@ using NormFactory = std::function<torch::nn::AnyModule(int64_t channels)>;
 // factory(channels), or torch::nn::BatchNorm2d(channels) when it is empty.
 torch::nn::AnyModule make_norm(const NormFactory& factory, int64_t channels);
 
+// The widest MobileNetV2 built: 100 times the channels is already far past
+// any memory (its last layer 128,000 wide); much wider, the channel counts
+// overflow and a small model came out of 1e19 (a sweep's find).
+constexpr double kMaxWidthMult = 100;
+
 struct ModelOptions {
   int64_t in_channels = 3;   // taken from the data set
   int64_t num_classes = 10;  // taken from the data set
   int64_t image_size = 32;   // side of the (square) input
-  double width_mult = 1.0;   // MobileNetV2's width multiplier
+  double width_mult = 1.0;   // MobileNetV2's width multiplier, up to kMaxWidthMult
   // ResNet stem: "imagenet" (7x7/2 conv + max pool), "cifar" (3x3/1 conv, no
   // pool) or "auto" (cifar when image_size <= 64).
   std::string stem = "auto";

@@ -26,6 +26,21 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// Runs `body` and returns what it returns; a tandem::Error it throws is
+// thrown again as a UsageError with the same message: for code that cannot
+// tell whether its input came from the command line, called where the
+// caller knows that it did.
+template <typename F>
+auto as_usage_error(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {
