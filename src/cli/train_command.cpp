@@ -436,6 +436,9 @@ int train_command(const std::vector<std::string>& args) {
     // once, not after the rendezvous (where the other ranks then add a lost
     // connection of their own).
     engine::check_train_outputs(options, 0);
+    // Data folders that are not there, likewise (each worker named them).
+    data::check_spec_folder(options.data);
+    if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());

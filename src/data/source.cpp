@@ -1,5 +1,7 @@
 #include "tandem/data/source.h"
 
+#include <filesystem>
+
 #include "tandem/data/augment.h"
 #include "tandem/data/cifar.h"
 #include "tandem/data/idx.h"
@@ -133,6 +135,13 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 }
 
 std::string data_format(const std::string& spec) { return parse_spec(spec).kind; }
+
+void check_spec_folder(const std::string& spec) {
+  const auto s = parse_spec(spec);
+  std::error_code ec;
+  TANDEM_CHECK(std::filesystem::is_directory(s.path, ec), spec == "fashion-mnist" ? spec + " (" + s.path + ")" : spec,
+               std::filesystem::exists(s.path, ec) ? ": not a directory" : ": no such directory");
+}
 
 std::string class_list(const std::vector<std::string>& names) {
   std::string text;

@@ -177,6 +177,12 @@ TEST(DistributedCliTest, AnUnwritableOutputIsNamedOnceBeforeTheWorkersStart) {
     EXPECT_EQ(r.output, "\ntandem: error: " + flag + " " + path + ": " + dir.file("missing") +
                             " is not a folder this process can write to\n") << flag;
   }
+  // A data folder that is not there: named once too (each worker named it).
+  for (const std::string flag : {"--data", "--val-data"}) {
+    auto r = run_tandem("train --epochs 1 --progress off --nproc-per-node 2 " + flag + " idx:" + dir.file("absent"));
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_EQ(r.output, "\ntandem: error: idx:" + dir.file("absent") + ": no such directory\n") << flag;
+  }
 }
 
 // What a sweep cannot do is refused before anything runs, by name; a run

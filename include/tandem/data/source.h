@@ -44,6 +44,11 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 // "cifar100" or "imagefolder". Throws tandem::Error for an unknown one.
 std::string data_format(const std::string& spec);
 
+// Throws tandem::Error, as the readers would, when the folder `spec` names
+// is missing or not a folder ("idx:/x: no such directory"): for a launcher
+// to name it once before its workers start, each of which would.
+void check_spec_folder(const std::string& spec);
+
 // Refuses evaluation data whose labels do not mean the training data's
 // classes (the model has the training data's outputs): class folders of
 // other names, class folders on one side and numbered labels on the other,
