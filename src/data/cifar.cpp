@@ -92,7 +92,7 @@ std::shared_ptr<CifarSource> read_cifar(const std::vector<std::string>& files, C
 CifarSplits open_cifar(const std::string& dir, CifarKind kind) {
   auto l = layout(kind);
   fs::path root(dir);
-  TANDEM_CHECK(fs::is_directory(root), l.spec, ":", dir, fs::exists(root) ? ": not a directory" : ": no such directory");
+  check_data_folder(l.spec, dir);
   if (fs::is_directory(root / l.subdir)) root /= l.subdir;
   auto paths = [&](const std::vector<std::string>& names) {
     std::vector<std::string> out;

@@ -185,9 +185,8 @@ std::string IdxSource::name(int64_t index) const {
 namespace {
 
 fs::path idx_root(const std::string& dir) {
-  fs::path root(dir);
-  TANDEM_CHECK(fs::is_directory(root), "idx:", dir, fs::exists(root) ? ": not a directory" : ": no such directory");
-  return root;
+  check_data_folder("idx", dir);
+  return fs::path(dir);
 }
 
 // One split's images and labels ("train" or "t10k"), and the labels' path.

@@ -77,7 +77,7 @@ const std::vector<std::string>& image_extensions() {
 }
 
 ImageFolderSource::ImageFolderSource(const std::string& dir) : dir_(dir) {
-  TANDEM_CHECK(fs::is_directory(dir), "imagefolder:", dir, fs::exists(dir) ? ": not a directory" : ": no such directory");
+  check_data_folder("imagefolder", dir);
   list(dir, &classes_, nullptr);
   std::sort(classes_.begin(), classes_.end());
   TANDEM_CHECK(!classes_.empty(), "imagefolder:", dir,

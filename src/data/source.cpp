@@ -136,11 +136,15 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 
 std::string data_format(const std::string& spec) { return parse_spec(spec).kind; }
 
+void check_data_folder(const std::string& kind, const std::string& dir) {
+  std::error_code ec;
+  TANDEM_CHECK(std::filesystem::is_directory(dir, ec), kind, ":", dir,
+               std::filesystem::exists(dir, ec) ? ": not a directory" : ": no such directory");
+}
+
 void check_spec_folder(const std::string& spec) {
   const auto s = parse_spec(spec);
-  std::error_code ec;
-  TANDEM_CHECK(std::filesystem::is_directory(s.path, ec), spec == "fashion-mnist" ? spec + " (" + s.path + ")" : spec,
-               std::filesystem::exists(s.path, ec) ? ": not a directory" : ": no such directory");
+  check_data_folder(s.kind, s.path);  // the reader's own words (fashion-mnist as idx:DIR)
 }
 
 std::string class_list(const std::vector<std::string>& names) {

@@ -22,22 +22,16 @@ namespace tandem::engine {
 void check_train_options(const TrainOptions& o) {
   // Names the command line gives that nothing answers to (they used to be
   // found by the model's or the data's set-up, exit 1, on every worker).
-  {
-    const auto names = models::model_names();
+  auto one_of = [](const char* flag, const std::string& value, const std::vector<std::string>& names) {
     std::string known;
     for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
-    TANDEM_CHECK_USAGE(std::find(names.begin(), names.end(), o.model) != names.end(), "--model: expected one of ",
-                       known, ", got '", o.model, "'");
-  }
+    TANDEM_CHECK_USAGE(std::find(names.begin(), names.end(), value) != names.end(), flag, ": expected one of ",
+                       known, ", got '", value, "'");
+  };
+  one_of("--model", o.model, models::model_names());
   data::data_format(o.data);  // an unknown kind of data spec: a usage error
   if (!o.val_data.empty()) data::data_format(o.val_data);
-  if (!o.augment.empty()) {
-    const auto presets = data::augment_names();
-    std::string known;
-    for (const auto& name : presets) known += (known.empty() ? "" : ", ") + name;
-    TANDEM_CHECK_USAGE(std::find(presets.begin(), presets.end(), o.augment) != presets.end(),
-                       "--augment: expected one of ", known, ", got '", o.augment, "'");
-  }
+  if (!o.augment.empty()) one_of("--augment", o.augment, data::augment_names());
   TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
   TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
   TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);

@@ -63,4 +63,9 @@ struct DataSplits {
   double idx_mean = 0.0, idx_std = 0.0;
 };
 
+// Throws tandem::Error "KIND:DIR: no such directory" (or "not a
+// directory"): the readers' first check, and a launcher's before its
+// workers start (check_spec_folder). Defined in source.cpp.
+void check_data_folder(const std::string& kind, const std::string& dir);
+
 }  // namespace tandem::data
