@@ -178,6 +178,12 @@ Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch
   return {images, labels_.index_select(0, index).to(torch::kInt64)};
 }
 
+uint32_t IdxDataset::labels_digest() const {
+  // Note [labels digest]: the labels, then the pixels' statistics.
+  const std::vector<std::string> statistics{format("%.17g %.17g", mean_, std_)};
+  return data::labels_digest(labels_, statistics);
+}
+
 std::string IdxSource::name(int64_t index) const {
   return format("%s, image %lld", data_->describe().c_str(), static_cast<long long>(index));
 }

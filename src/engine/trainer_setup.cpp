@@ -369,12 +369,15 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
 // model, and a difference is a usage error on every rank that names the
 // fields. The settings are the checkpoint's fingerprint without the data's
 // path (a node may keep the files elsewhere; their sizes are compared
-// instead), plus what else the ranks must agree on to stay in step. What is
+// instead, and their labels: Note [labels digest] in
+// src/data/image_dataset.cpp), plus what else the ranks must agree on to
+// stay in step. What is
 // the rank's own is left out: --device, --workers, --progress, the output
 // files, --dist-timeout, --checkpoint-activations.
 std::string Trainer::job_settings() const {
   const auto& o = options_;
   return without_fields(fingerprint(), {"data"}) +
+         format(" data_labels=%08x/%08x", data_.train->labels_digest(), data_.test ? data_.test->labels_digest() : 0u) +
          format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
                 "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d",
                 static_cast<long long>(data_.test ? data_.test->size() : 0), o.strategy.c_str(),
@@ -406,11 +409,17 @@ void Trainer::check_same_settings() const {
   for (size_t i = 0; i < others.size() && i < 8; ++i) ranks += (i ? ", " : "") + std::to_string(others[i]);
   if (others.size() > 8) ranks += format(", ... (%zu ranks)", others.size());
   const std::string label = "on rank " + std::to_string(named);
+  const auto differences = fingerprint_differences(all[0], all[named], {}, "on rank 0", label);
+  // Only the labels differ: the flags agree and the data do not.
+  const bool data_only = fingerprint_differences(without_fields(all[0], {"data_labels"}),
+                                                 without_fields(all[named], {"data_labels"}), {}, "", "")
+                             .empty();
   throw UsageError(detail::str_cat(
       "rank", others.size() > 1 ? "s " : " ", ranks, others.size() > 1 ? " were" : " was",
-      " started with other settings than rank 0: ",
-      fingerprint_differences(all[0], all[named], {}, "on rank 0", label),
-      "; every rank of a job must be given the same flags (tandem launch and --nproc-per-node do that)"));
+      " started with other settings than rank 0: ", differences,
+      data_only ? "; the data sets are of one size but their labels differ (digests of the labels in order, "
+                  "training/test): every rank of a job must read the same data"
+                : "; every rank of a job must be given the same flags (tandem launch and --nproc-per-node do that)"));
 }
 
 std::string Trainer::fingerprint() const {

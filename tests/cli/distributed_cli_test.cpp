@@ -260,6 +260,23 @@ TEST(DistributedCliTest, RanksStartedWithOtherSettingsAreRefused) {
   r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + dir.file("elsewhere") +
                  ")'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // The same flags and sizes, other labels on rank 1 (Note [labels digest]):
+  // one model was trained on both data sets.
+  TempDir other;
+  testing::write_synthetic_idx(other.path(), 256, 64);
+  testing::write_idx(other.file("train-labels-idx1-ubyte"), torch::arange(256, torch::kInt64).remainder(10), false);
+  r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + other.path() + ")'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_NE(r.output.find("[rank " + rank + "] tandem: error: rank 1 was started with other settings than rank 0: "
+                            "data_labels="),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("; the data sets are of one size but their labels differ (digests of the labels in order, "
+                          "training/test): every rank of a job must read the same data"),
+            std::string::npos)
+      << r.output;
 }
 
 // Under another launcher RANK is set and this process is one worker: a

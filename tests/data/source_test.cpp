@@ -86,5 +86,49 @@ TEST(SourceTest, IdxEvaluationDataIsNormalisedAsTheTrainingDataIs) {
                            open_eval_data("idx:" + b.path(), {}, &training)->get_batch({1, 2}, 0).inputs));
 }
 
+// Note [labels digest]: what tells two data sets of one size apart when
+// the ranks compare their settings. The same files give the same digest
+// however they are read (the in-memory IDX path or the transforms'), other
+// labels or other statistics another, and an image folder's class names
+// count.
+TEST(SourceTest, LabelsDigestTellsDataSetsOfOneSizeApart) {
+  testing::TempDir a, b, c;
+  testing::write_synthetic_idx(a.path(), 200, 50);
+  testing::write_synthetic_idx(b.path(), 200, 50);
+  testing::write_idx(b.file("train-labels-idx1-ubyte"), torch::arange(200, torch::kInt64).remainder(10), false);
+  auto plain = open_data("idx:" + a.path());
+  DataOptions resized;
+  resized.image_size = 32;
+  auto transformed = open_data("idx:" + a.path(), resized);
+  auto other = open_data("idx:" + b.path());
+  ASSERT_EQ(other.train->size(), plain.train->size());
+  EXPECT_NE(plain.train->labels_digest(), 0u);
+  EXPECT_EQ(transformed.train->labels_digest(), plain.train->labels_digest());
+  EXPECT_EQ(transformed.test->labels_digest(), plain.test->labels_digest());
+  EXPECT_NE(other.train->labels_digest(), plain.train->labels_digest());
+  EXPECT_EQ(other.test->labels_digest(), plain.test->labels_digest());  // the same test files
+  EXPECT_NE(plain.test->labels_digest(), plain.train->labels_digest());
+  // The same labels with other pixels: IDX's statistics tell them apart.
+  testing::write_synthetic_idx(c.path(), 200, 50);
+  testing::write_idx(c.file("train-images-idx3-ubyte"), torch::full({200, 28, 28}, 7, torch::kInt64).index_put_({0, 0, 0}, 9), false);
+  EXPECT_NE(open_data("idx:" + c.path()).train->labels_digest(), plain.train->labels_digest());
+
+  testing::TempDir cifar, cifar_copy;
+  testing::write_synthetic_cifar(cifar.path(), 20, 10);
+  testing::write_synthetic_cifar(cifar_copy.path(), 20, 10);
+  EXPECT_EQ(open_data("cifar10:" + cifar.path()).train->labels_digest(),
+            open_data("cifar10:" + cifar_copy.path()).train->labels_digest());
+  EXPECT_NE(open_data("cifar10:" + cifar.path()).train->labels_digest(),
+            open_data("cifar10:" + cifar.path()).test->labels_digest());
+
+  testing::TempDir folder, renamed;
+  testing::write_synthetic_image_folder(folder.path(), 2, 3, 16);
+  testing::write_synthetic_image_folder(renamed.path(), 2, 3, 16);
+  std::filesystem::rename(renamed.file("c1"), renamed.file("d1"));
+  const auto first = open_data("imagefolder:" + folder.path()).train->labels_digest();
+  EXPECT_EQ(open_data("imagefolder:" + folder.path()).train->labels_digest(), first);
+  EXPECT_NE(open_data("imagefolder:" + renamed.path()).train->labels_digest(), first);
+}
+
 }  // namespace
 }  // namespace tandem::data
