@@ -17,9 +17,9 @@ FlagSet eval_flags(engine::TrainOptions& o, std::string& weights) {
   FlagSet flags("tandem eval",
                 "Evaluate trained weights (the file tandem train --export-weights writes) on the "
                 "test split of --data, or on --val-data: loss and accuracy. Images are normalised "
-                "with the mean and std of --data's training split, as in training, so give the "
-                "--data the weights were trained on. Under tandem launch or torchrun the ranks "
-                "share the data.");
+                "as --data's were in training (IDX: its training split's mean and std), so give the "
+                "--data the weights were trained on; weights whose metadata records other "
+                "statistics are refused. Under tandem launch or torchrun the ranks share the data.");
   flags.section("weights");
   flags.add_string("weights", "FILE", &weights,
                    "safetensors file holding every parameter and buffer of --model (required)");

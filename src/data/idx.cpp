@@ -260,8 +260,8 @@ DataSplits open_idx(const std::string& dir) {
   splits.train = std::make_shared<IdxDataset>(train_images, train_labels, mean, std,
                                               split_name(dir, "train", train_images));
   splits.test = std::make_shared<IdxDataset>(test_images, test_labels, mean, std, split_name(dir, "test", test_images));
-  splits.idx_mean = mean;
-  splits.idx_std = std;
+  splits.mean = {mean};
+  splits.std = {std};
   return splits;
 }
 

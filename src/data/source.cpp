@@ -90,11 +90,11 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
 // normalised (and transformed) as the training data's own test split is.
 std::shared_ptr<const Dataset> open_idx_eval(const std::string& dir, const DataSplits& training,
                                              const DataOptions& o) {
-  auto test = open_idx_test(dir, training.idx_mean, training.idx_std);
+  auto test = open_idx_test(dir, training.mean.at(0), training.std.at(0));
   const auto info = test->info();
   const bool plain = idx_plain(o, info);
   if (plain) return test;
-  auto a = augment_options(o, "none", 0, {training.idx_mean}, {training.idx_std});
+  auto a = augment_options(o, "none", 0, training.mean, training.std);
   return transformed(std::make_shared<IdxSource>(test), make_eval_transform(a, info.height, info.width), o);
 }
 
@@ -104,7 +104,7 @@ DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOpt
   auto a = augment_options(o, "cifar", 32, ten ? kCifar10Mean : kCifar100Mean,
                            ten ? kCifar10Std : kCifar100Std);
   return {transformed(cifar.train, make_train_transform(a, 32, 32), o),
-          transformed(cifar.test, make_eval_transform(a, 32, 32), o), "cifar", 32};
+          transformed(cifar.test, make_eval_transform(a, 32, 32), o), "cifar", 32, a.mean, a.std};
 }
 
 AugmentOptions image_folder_augment(const DataOptions& o) {
@@ -122,13 +122,13 @@ DataSplits open_data(const std::string& spec, const DataOptions& options) {
   auto a = image_folder_augment(options);
   return {transformed(std::make_shared<ImageFolderSource>(s.path), make_train_transform(a, 0, 0),
                       options),
-          nullptr, "imagenet", 224};
+          nullptr, "imagenet", 224, a.mean, a.std};
 }
 
 std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options,
                                               const DataSplits* training) {
   auto s = parse_spec(spec);
-  if (s.kind == "idx" && training != nullptr && training->idx_std > 0) return open_idx_eval(s.path, *training, options);
+  if (s.kind == "idx" && training != nullptr && training->std.size() == 1) return open_idx_eval(s.path, *training, options);
   if (s.kind != "imagefolder") return open_data(spec, options).test;
   return transformed(std::make_shared<ImageFolderSource>(s.path),
                      make_eval_transform(image_folder_augment(options), 0, 0), options);

@@ -457,6 +457,8 @@ std::map<std::string, std::string> Trainer::weights_metadata() const {
     metadata["labels"] = data::data_format(options_.data);
   }
   for (const auto& [key, value] : shape_settings()) metadata[key] = value;
+  metadata["normalize_mean"] = nlohmann::json(data_.mean).dump();
+  metadata["normalize_std"] = nlohmann::json(data_.std).dump();
   return metadata;
 }
 
@@ -535,6 +537,45 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
   if (const auto* count = field("num_classes")) {
     TANDEM_CHECK(*count == std::to_string(info.num_classes), path, ": trained for ", *count, " classes, but --data ",
                  options_.data, " has ", info.num_classes);
+  }
+  // Note [normalisation in exports]: the inputs are normalised with --data's
+  // statistics (IDX: its training images' own mean and standard deviation),
+  // so evaluating IDX weights with another --data, whose files have other
+  // statistics, gave a lower accuracy with nothing said: Fashion-MNIST's
+  // weights with MNIST as --data and Fashion-MNIST as --val-data were fed
+  // inputs shifted by 0.15 standard deviations. Exports since 2026-11-27
+  // record the statistics; a difference beyond rounding is refused here
+  // (files without them are taken as they are). --init-weights does not
+  // check: fine-tuning on other data is what it is for.
+  const auto* mean = field("normalize_mean");
+  const auto* std = field("normalize_std");
+  if (mean != nullptr && std != nullptr) {
+    auto numbers = [&](const std::string& text) {
+      auto parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      TANDEM_CHECK(parsed.is_array() && !parsed.empty() &&
+                       std::all_of(parsed.begin(), parsed.end(), [](const auto& v) { return v.is_number(); }),
+                   path, ": its metadata's normalize_mean and normalize_std are not lists of numbers: ", *mean,
+                   " and ", *std);
+      return parsed.template get<std::vector<double>>();
+    };
+    const auto trained_mean = numbers(*mean), trained_std = numbers(*std);
+    auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::abs(a[i] - b[i]) > 1e-6 * std::max(1.0, std::abs(b[i]))) return false;
+      }
+      return true;
+    };
+    auto listed = [](const std::vector<double>& values) {
+      std::string text;
+      for (double v : values) text += (text.empty() ? "" : ", ") + format("%.4f", v);
+      return "[" + text + "]";
+    };
+    TANDEM_CHECK(near(trained_mean, data_.mean) && near(trained_std, data_.std), path,
+                 ": trained on inputs normalised with mean ", listed(trained_mean), " and std ", listed(trained_std),
+                 " (its metadata), but --data ", options_.data, " normalises with mean ", listed(data_.mean),
+                 " and std ", listed(data_.std),
+                 "; give as --data the data set the weights were trained on (images to evaluate on go in --val-data)");
   }
 }
 

@@ -256,6 +256,25 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
             std::string::npos) << r.output;
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("absent.safetensors") + data, 1,
                                     dir.file("absent.safetensors") + ": cannot open: no such file"));
+
+  // Note [normalisation in exports]: another IDX set as --data normalises
+  // with its own statistics, not the training's; refused, naming both. As
+  // --val-data beside the training --data it is evaluated.
+  TempDir other;
+  testing::write_synthetic_idx(other.path(), 512, 200);
+  testing::write_idx(other.file("train-images-idx3-ubyte"), torch::randint(0, 256, {512, 28, 28}, torch::kInt64), false);
+  r = run_tandem("eval --weights " + dir.file("w.safetensors") + " --data idx:" + other.path() + " --model convnet");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tandem: error: " + dir.file("w.safetensors") + ": trained on inputs normalised with mean ["),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(its metadata), but --data idx:" + other.path() + " normalises with mean ["),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; give as --data the data set the weights were trained on (images to evaluate on go in "
+                          "--val-data)"),
+            std::string::npos) << r.output;
+  r = run_tandem("eval --weights " + dir.file("w.safetensors") + data + " --val-data idx:" + other.path());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -66,10 +66,12 @@ struct DataSplits {
   // told to mean the default (a checkpoint's fingerprint).
   std::string default_augment;
   int64_t default_image_size = 0;
-  // IDX: the training images' mean and standard deviation, which normalise
-  // its test split and any --val-data IDX set too (empty for the others,
-  // whose presets carry fixed statistics).
-  double idx_mean = 0.0, idx_std = 0.0;
+  // The per-channel mean and standard deviation the inputs are normalised
+  // with: the preset's fixed statistics (cifar10, cifar100, imagefolder), or
+  // for IDX the training images' own, which normalise its test split and any
+  // --val-data IDX set too. Exports record them (Note [normalisation in
+  // exports] in src/engine/trainer_setup.cpp).
+  std::vector<double> mean, std;
 };
 
 // Throws tandem::Error "KIND:DIR: no such directory" (or "not a
