@@ -543,7 +543,8 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
   // so evaluating IDX weights with another --data, whose files have other
   // statistics, gave a lower accuracy with nothing said: Fashion-MNIST's
   // weights with MNIST as --data and Fashion-MNIST as --val-data were fed
-  // inputs shifted by 0.15 standard deviations. Exports since 2026-11-27
+  // inputs normalised with MNIST's mean and std (about 0.131 and 0.308)
+  // instead of Fashion-MNIST's (about 0.286 and 0.353). Exports since 2026-11-27
   // record the statistics; a difference beyond rounding is refused here
   // (files without them are taken as they are). --init-weights does not
   // check: fine-tuning on other data is what it is for.
