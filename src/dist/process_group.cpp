@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -270,6 +271,95 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TANDEM_FAIL("unknown reduce op");
 }
 
+// Note [who did not come]: a collective that times out on Gloo used to say
+// only that "a peer" did not answer, which in a job of many ranks leaves the
+// user to find the one that hung (stuck in its data, a deadlock, a frozen
+// process) or went elsewhere. Every rank counts the collectives it launches
+// on a group (send and recv, which not every rank calls, are not counted),
+// so the ranks in step agree on each one's number. A rank whose wait times
+// out posts "tandem/waited/<number>/<rank>" = the collective's name in the
+// group's store, then waits a short grace (half the timeout, 0.5 to 5 s)
+// for the other ranks' keys: the ranks waiting in the same collective time
+// out within moments of each other and post theirs, and the ranks that
+// post nothing did not reach it (or cannot reach the store: a cut link). A rank whose collective of that number
+// was another one (the ranks took different paths) is named as such. This
+// costs nothing until a timeout: no heartbeat, no store traffic per
+// collective. The store calls run on a thread of their own, waited for at
+// most the grace and a second more, so a store that does not answer (rank
+// 0's process frozen) costs no more than that; the message then says that
+// it is not known which rank is missing.
+std::string who_did_not_come(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
+                             int64_t number, const std::string& name, std::chrono::milliseconds timeout) {
+  using namespace std::chrono;
+  const auto grace = std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
+  auto key = [number](int64_t r) { return "tandem/waited/" + std::to_string(number) + "/" + std::to_string(r); };
+  // What each rank posted ("" for none), or nothing if the store failed.
+  using Posted = std::vector<std::string>;
+  auto task = std::make_shared<std::packaged_task<Posted()>>([=] {
+    store->set(key(rank), std::vector<uint8_t>(name.begin(), name.end()));
+    Posted posted(static_cast<size_t>(world));
+    const auto deadline = steady_clock::now() + grace;
+    while (true) {
+      int64_t missing = 0;
+      for (int64_t r = 0; r < world; ++r) {
+        if (!posted[r].empty()) continue;
+        if (store->check({key(r)})) {
+          auto value = store->get(key(r));
+          posted[r].assign(value.begin(), value.end());
+        } else {
+          ++missing;
+        }
+      }
+      if (missing == 0 || steady_clock::now() >= deadline) return posted;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  });
+  auto result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  Posted posted;
+  try {
+    if (result.wait_for(grace + seconds(1)) != std::future_status::ready) {
+      return "which rank is missing is not known: the job's store did not answer";
+    }
+    posted = result.get();
+  } catch (const std::exception& e) {
+    return detail::str_cat("which rank is missing is not known: the job's store failed (", first_line(e.what()), ")");
+  }
+  std::vector<int64_t> absent, waited;
+  std::string other;
+  for (int64_t r = 0; r < world; ++r) {
+    if (posted[r].empty()) {
+      absent.push_back(r);
+    } else if (posted[r] == name) {
+      waited.push_back(r);
+    } else if (other.empty()) {
+      other = detail::str_cat("; rank ", r, "'s collective #", number, " was ", posted[r], ", this rank's ", name,
+                              ": the ranks called different collectives");
+    }
+  }
+  auto list = [](const std::vector<int64_t>& ranks) {
+    std::string text;
+    for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
+      text += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+    }
+    if (ranks.size() > 8) text += detail::str_cat(", ... (", ranks.size(), " ranks)");
+    return detail::str_cat(ranks.size() == 1 ? "rank " : "ranks ", text);
+  };
+  const std::string which = detail::str_cat("this group's collective #", number);
+  if (absent.empty() && other.empty()) {
+    return detail::str_cat("every rank reached ", which, " and waited in it: the connection between them did not "
+                           "carry it");
+  }
+  std::string text;
+  if (!absent.empty()) {
+    text = detail::str_cat(list(absent), " did not report reaching this ", name, " (", which, "; ", list(waited),
+                           " waited in it): ", absent.size() == 1 ? "it is" : "they are",
+                           " elsewhere in the program, stopped, or cut off from the job's store");
+  }
+  if (!other.empty()) text += absent.empty() ? other.substr(2) : other;
+  return text;
+}
+
 }  // namespace
 
 // ---- Work --------------------------------------------------------------------
@@ -277,6 +367,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 struct Work::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   std::string what;  // "all_reduce on rank 1 of 2 (gloo)"
+  std::string name;  // "all_reduce"
+  // Note [who did not come]: the collective's number in its group (0 for
+  // send and recv), the group's store and place, and for send and recv the
+  // peer.
+  int64_t number = 0, rank = 0, world = 1, peer = -1;
+  c10::intrusive_ptr<c10d::Store> store;
   std::chrono::milliseconds timeout;
   bool host_wait = true;  // false: NCCL, the current stream waits (Note [waiting on NCCL])
   std::function<void()> then;  // runs once, after success
@@ -302,11 +398,19 @@ void Work::wait() {
     // it closed (FSDP's reduce_scatter, made of several).
     bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos ||
                      why.find("Application timeout") != std::string::npos;
-    fail_communication(detail::str_cat(
-        impl_->what, " failed: ", why,
-        timed_out ? detail::str_cat(" (a peer did not answer within the --dist-timeout of ",
-                                    impl_->timeout.count() / 1000.0, " s)")
-                  : std::string()));
+    std::string hint;
+    if (timed_out) {
+      hint = detail::str_cat(" (a peer did not answer within the --dist-timeout of ", impl_->timeout.count() / 1000.0,
+                             " s");
+      if (impl_->peer >= 0) {
+        hint += detail::str_cat(": rank ", impl_->peer, ", this ", impl_->name, "'s peer");
+      } else if (impl_->number > 0 && impl_->store) {
+        hint += "; " + who_did_not_come(impl_->store, impl_->rank, impl_->world, impl_->number, impl_->name,
+                                        impl_->timeout);
+      }
+      hint += ")";
+    }
+    fail_communication(detail::str_cat(impl_->what, " failed: ", why, hint));
   }
   if (!finished) {
     fail_communication(detail::str_cat(impl_->what, " did not finish within the timeout of ",
@@ -374,15 +478,22 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Backend> group;
 
   int64_t duplicates = 0;  // made so far by duplicate()
+  int64_t launched = 0;    // collectives launched, send and recv not counted (Note [who did not come])
 
   void connect();  // makes `group` over `store`
 
-  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name,
-            std::function<void()> then = nullptr) {
+  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name, std::function<void()> then = nullptr,
+            int64_t peer = -1) {
     auto impl = std::make_shared<Work::Impl>();
     impl->work = std::move(work);
     impl->what = detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
                                  " (", backend, ")");
+    impl->name = name;
+    impl->number = peer < 0 ? ++launched : 0;
+    impl->rank = rendezvous.rank;
+    impl->world = rendezvous.world_size;
+    impl->peer = peer;
+    impl->store = store;
     impl->timeout = options.timeout;
     impl->host_wait = backend != "nccl";
     impl->then = std::move(then);
@@ -413,7 +524,7 @@ struct ProcessGroup::Impl {
   // connection) into tandem::Error naming the collective. Gloo launches hold
   // the process's launch lock (Note [one launch at a time]).
   template <typename F>
-  Work call(const char* name, F&& f, std::function<void()> then = nullptr) {
+  Work call(const char* name, F&& f, std::function<void()> then = nullptr, int64_t peer = -1) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);
@@ -423,7 +534,7 @@ struct ProcessGroup::Impl {
       fail_communication(detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
                                          " (", backend, ") failed: ", first_line(e.what())));
     }
-    return wrap(std::move(work), name, std::move(then));
+    return wrap(std::move(work), name, std::move(then), peer);
   }
 
   std::function<void()> divide_if_avg(ReduceOp op, std::vector<torch::Tensor> tensors) {
@@ -653,13 +764,13 @@ Work ProcessGroup::barrier() {
 
 Work ProcessGroup::send(const torch::Tensor& tensor, int64_t dst, int tag) {
   std::vector<torch::Tensor> tensors{tensor};
-  return impl_->call("send", [&] { return impl_->group->send(tensors, static_cast<int>(dst), tag); });
+  return impl_->call("send", [&] { return impl_->group->send(tensors, static_cast<int>(dst), tag); }, nullptr, dst);
 }
 
 Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
   std::vector<torch::Tensor> tensors{tensor};
-  return impl_->call("recv",
-                     [&] { return impl_->group->recv(tensors, static_cast<int>(src), tag); });
+  return impl_->call("recv", [&] { return impl_->group->recv(tensors, static_cast<int>(src), tag); }, nullptr,
+                     src);
 }
 
 bool built_with_nccl() { return TANDEM_WITH_NCCL; }

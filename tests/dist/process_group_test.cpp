@@ -287,6 +287,51 @@ TEST(ProcessGroupTest, TimeoutNamesTheCollective) {
   EXPECT_LT(seconds, 15);
 }
 
+// Note [who did not come]: the ranks that time out name the rank that never
+// reached the collective, by its number in the group; a point-to-point
+// wait names its peer.
+TEST(ProcessGroupTest, ATimeoutNamesTheRankThatDidNotCome) {
+  GroupOptions options;
+  options.timeout = 1500ms;
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_ranks(3, [](ProcessGroup& g) {
+    auto t = torch::ones({3});
+    g.all_reduce(t).wait();  // every rank: collective #1
+    g.broadcast(t, 0).wait();  // #2
+    if (g.rank() == 2) {
+      std::this_thread::sleep_for(6s);  // alive, but never joins #3
+      return;
+    }
+    g.all_reduce(t).wait();
+  }, options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r : {0, 1}) {
+    EXPECT_NE(errors[r].find("all_reduce on rank " + std::to_string(r) + " of 3 (gloo) failed: "), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("(a peer did not answer within the --dist-timeout of 1.5 s; rank 2 did not report "
+                             "reaching this all_reduce (this group's collective #3; ranks 0 and 1 waited in it): it "
+                             "is elsewhere in the program, stopped, or cut off from the job's store)"),
+              std::string::npos)
+        << errors[r];
+  }
+  EXPECT_EQ(errors[2], "");
+  EXPECT_LT(seconds, 15);
+
+  // A recv whose sender never sends: the peer is named.
+  errors = run_ranks(2, [](ProcessGroup& g) {
+    if (g.rank() == 0) {
+      std::this_thread::sleep_for(4s);
+      return;
+    }
+    auto t = torch::zeros({2});
+    g.recv(t, 0).wait();
+  }, options);
+  EXPECT_NE(errors[1].find("recv on rank 1 of 2 (gloo) failed: "), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("(a peer did not answer within the --dist-timeout of 1.5 s: rank 0, this recv's peer)"),
+            std::string::npos)
+      << errors[1];
+}
+
 TEST(ProcessGroupTest, APeerThatLeavesFailsTheCollectiveQuickly) {
   GroupOptions options;
   options.timeout = 60s;
