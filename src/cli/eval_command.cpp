@@ -62,6 +62,13 @@ int eval_command(const std::vector<std::string>& args) {
   engine::Trainer trainer(options, nullptr);
   auto file = engine::read_safetensors(weights);
   trainer.check_weights_metadata(file.metadata, weights);  // the model and classes it was trained for
+  if (trainer.rank() == 0 && file.metadata.count("normalize_mean") == 0) {
+    // Exports before 2026-11-27, or another program's file (Note [normalisation in exports]).
+    std::fprintf(stderr,
+                 "tandem: warning: %s: its metadata does not say how the inputs were normalised in training; "
+                 "they are normalised as --data %s's are, which is right only if the weights were trained on it\n",
+                 weights.c_str(), options.data.c_str());
+  }
   trainer.load_weights(file, weights);
   auto result = trainer.evaluate();
   trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own

@@ -55,7 +55,7 @@ CifarSource::CifarSource(torch::Tensor images, torch::Tensor labels, int64_t num
       num_classes_(num_classes),
       description_(std::move(description)) {}
 
-uint32_t CifarSource::labels_digest() const { return data::labels_digest(labels_, {}); }
+uint32_t CifarSource::content_digest() const { return data::content_digest(labels_, {}, images_); }
 
 std::string CifarSource::name(int64_t index) const {
   return format("%s, record %lld", description_.c_str(), static_cast<long long>(index));

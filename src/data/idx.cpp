@@ -178,10 +178,11 @@ Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch
   return {images, labels_.index_select(0, index).to(torch::kInt64)};
 }
 
-uint32_t IdxDataset::labels_digest() const {
-  // Note [labels digest]: the labels, then the pixels' statistics.
+uint32_t IdxDataset::content_digest() const {
+  // Note [content digest]; the statistics too, which for the test split are
+  // the training split's.
   const std::vector<std::string> statistics{format("%.17g %.17g", mean_, std_)};
-  return data::labels_digest(labels_, statistics);
+  return data::content_digest(labels_, statistics, images_);
 }
 
 std::string IdxSource::name(int64_t index) const {

@@ -369,15 +369,14 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
 // model, and a difference is a usage error on every rank that names the
 // fields. The settings are the checkpoint's fingerprint without the data's
 // path (a node may keep the files elsewhere; their sizes are compared
-// instead, and their labels: Note [labels digest] in
+// instead, and a digest of their contents: Note [content digest] in
 // src/data/image_dataset.cpp), plus what else the ranks must agree on to
-// stay in step. What is
-// the rank's own is left out: --device, --workers, --progress, the output
-// files, --dist-timeout, --checkpoint-activations.
+// stay in step. What is the rank's own is left out: --device, --workers,
+// --progress, the output files, --dist-timeout, --checkpoint-activations.
 std::string Trainer::job_settings() const {
   const auto& o = options_;
   return without_fields(fingerprint(), {"data"}) +
-         format(" data_labels=%08x/%08x", data_.train->labels_digest(), data_.test ? data_.test->labels_digest() : 0u) +
+         format(" data_content=%08x/%08x", data_.train->content_digest(), data_.test ? data_.test->content_digest() : 0u) +
          format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
                 "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d",
                 static_cast<long long>(data_.test ? data_.test->size() : 0), o.strategy.c_str(),
@@ -411,14 +410,15 @@ void Trainer::check_same_settings() const {
   const std::string label = "on rank " + std::to_string(named);
   const auto differences = fingerprint_differences(all[0], all[named], {}, "on rank 0", label);
   // Only the labels differ: the flags agree and the data do not.
-  const bool data_only = fingerprint_differences(without_fields(all[0], {"data_labels"}),
-                                                 without_fields(all[named], {"data_labels"}), {}, "", "")
+  const bool data_only = fingerprint_differences(without_fields(all[0], {"data_content"}),
+                                                 without_fields(all[named], {"data_content"}), {}, "", "")
                              .empty();
   throw UsageError(detail::str_cat(
       "rank", others.size() > 1 ? "s " : " ", ranks, others.size() > 1 ? " were" : " was",
       " started with other settings than rank 0: ", differences,
-      data_only ? "; the data sets are of one size but their labels differ (digests of the labels in order, "
-                  "training/test): every rank of a job must read the same data"
+      data_only ? "; the data sets are of one size but differ (digests of the training/test splits: their labels "
+                  "in order, class names and, for IDX and CIFAR, their images): every rank of a job must read the "
+                  "same data"
                 : "; every rank of a job must be given the same flags (tandem launch and --nproc-per-node do that)"));
 }
 
@@ -545,11 +545,16 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
   // weights with MNIST as --data and Fashion-MNIST as --val-data were fed
   // inputs normalised with MNIST's mean and std (about 0.131 and 0.308)
   // instead of Fashion-MNIST's (about 0.286 and 0.353). Exports since 2026-11-27
-  // record the statistics; a difference beyond rounding is refused here
-  // (files without them are taken as they are). --init-weights does not
-  // check: fine-tuning on other data is what it is for.
+  // record the statistics; a difference beyond rounding is refused here,
+  // and so is a file with one of the two. Files with neither (older
+  // exports, other programs) are taken as they are, with a warning from
+  // tandem eval. --init-weights does not check: fine-tuning on other data is
+  // what it is for.
   const auto* mean = field("normalize_mean");
   const auto* std = field("normalize_std");
+  TANDEM_CHECK((mean == nullptr) == (std == nullptr), path, ": its metadata has ",
+               mean ? "normalize_mean but no normalize_std" : "normalize_std but no normalize_mean",
+               "; tandem train --export-weights writes both (a damaged or edited file?)");
   if (mean != nullptr && std != nullptr) {
     auto numbers = [&](const std::string& text) {
       auto parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -563,13 +568,14 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
     auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
       if (a.size() != b.size()) return false;
       for (size_t i = 0; i < a.size(); ++i) {
-        if (std::abs(a[i] - b[i]) > 1e-6 * std::max(1.0, std::abs(b[i]))) return false;
+        // Exports write the numbers to the last digit; allow only rounding.
+        if (std::abs(a[i] - b[i]) > 1e-7 * std::max(std::abs(a[i]), std::abs(b[i]))) return false;
       }
       return true;
     };
     auto listed = [](const std::vector<double>& values) {
       std::string text;
-      for (double v : values) text += (text.empty() ? "" : ", ") + format("%.4f", v);
+      for (double v : values) text += (text.empty() ? "" : ", ") + format("%.8g", v);
       return "[" + text + "]";
     };
     TANDEM_CHECK(near(trained_mean, data_.mean) && near(trained_std, data_.std), path,

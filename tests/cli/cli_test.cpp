@@ -275,6 +275,34 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   r = run_tandem("eval --weights " + dir.file("w.safetensors") + data + " --val-data idx:" + other.path());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  // Statistics that differ in the seventh digit are told apart in the message.
+  auto edited = file.metadata;
+  const double mean = std::stod(edited.at("normalize_mean").substr(1));
+  char moved[64];
+  std::snprintf(moved, sizeof moved, "[%.9f]", mean * (1 + 2e-6));
+  edited["normalize_mean"] = moved;
+  engine::write_safetensors(dir.file("moved.safetensors"), file.tensors, edited);
+  r = run_tandem("eval --weights " + dir.file("moved.safetensors") + data);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  char shown[64];
+  std::snprintf(shown, sizeof shown, "with mean [%.8g] and std", mean * (1 + 2e-6));
+  EXPECT_NE(r.output.find(shown), std::string::npos) << shown << "\n" << r.output;
+  // One of the two: damaged; neither (older exports, other programs): a warning.
+  edited = file.metadata;
+  edited.erase("normalize_std");
+  engine::write_safetensors(dir.file("half.safetensors"), file.tensors, edited);
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("half.safetensors") + data, 1,
+                                    dir.file("half.safetensors") + ": its metadata has normalize_mean but no "
+                                    "normalize_std; tandem train --export-weights writes both"));
+  edited.erase("normalize_mean");
+  engine::write_safetensors(dir.file("older.safetensors"), file.tensors, edited);
+  r = run_tandem("eval --weights " + dir.file("older.safetensors") + data);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tandem: warning: " + dir.file("older.safetensors") + ": its metadata does not say how the "
+                          "inputs were normalised in training"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -260,23 +260,30 @@ TEST(DistributedCliTest, RanksStartedWithOtherSettingsAreRefused) {
   r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + dir.file("elsewhere") +
                  ")'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  // The same flags and sizes, other labels on rank 1 (Note [labels digest]):
-  // one model was trained on both data sets.
-  TempDir other;
-  testing::write_synthetic_idx(other.path(), 256, 64);
-  testing::write_idx(other.file("train-labels-idx1-ubyte"), torch::arange(256, torch::kInt64).remainder(10), false);
-  r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + other.path() + ")'");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  for (const std::string rank : {"0", "1"}) {
-    EXPECT_NE(r.output.find("[rank " + rank + "] tandem: error: rank 1 was started with other settings than rank 0: "
-                            "data_labels="),
+  // The same flags and sizes, other data on rank 1 (Note [content digest]):
+  // one model was trained, or scored, on both data sets. Other training
+  // labels, and other test images alone.
+  TempDir labels, test_images;
+  testing::write_synthetic_idx(labels.path(), 256, 64);
+  testing::write_idx(labels.file("train-labels-idx1-ubyte"), torch::arange(256, torch::kInt64).remainder(10), false);
+  testing::write_synthetic_idx(test_images.path(), 256, 64);
+  testing::write_idx(test_images.file("t10k-images-idx3-ubyte"), torch::randint(0, 256, {64, 28, 28}, torch::kInt64),
+                     false);
+  for (const auto* other : {&labels, &test_images}) {
+    r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + other->path() + ")'");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const std::string rank : {"0", "1"}) {
+      EXPECT_NE(r.output.find("[rank " + rank + "] tandem: error: rank 1 was started with other settings than rank "
+                              "0: data_content="),
+                std::string::npos)
+          << r.output;
+    }
+    EXPECT_NE(r.output.find("; the data sets are of one size but differ (digests of the training/test splits: their "
+                            "labels in order, class names and, for IDX and CIFAR, their images): every rank of a job "
+                            "must read the same data"),
               std::string::npos)
         << r.output;
   }
-  EXPECT_NE(r.output.find("; the data sets are of one size but their labels differ (digests of the labels in order, "
-                          "training/test): every rank of a job must read the same data"),
-            std::string::npos)
-      << r.output;
 }
 
 // Under another launcher RANK is set and this process is one worker: a

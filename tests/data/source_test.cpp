@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "tandem/data/idx.h"
 #include "tandem/data/source.h"
@@ -86,12 +87,16 @@ TEST(SourceTest, IdxEvaluationDataIsNormalisedAsTheTrainingDataIs) {
                            open_eval_data("idx:" + b.path(), {}, &training)->get_batch({1, 2}, 0).inputs));
 }
 
-// Note [labels digest]: what tells two data sets of one size apart when
+// Note [content digest]: what tells two data sets of one size apart when
 // the ranks compare their settings. The same files give the same digest
 // however they are read (the in-memory IDX path or the transforms'), other
-// labels or other statistics another, and an image folder's class names
-// count.
-TEST(SourceTest, LabelsDigestTellsDataSetsOfOneSizeApart) {
+// labels or other images another, and an image folder's class names count.
+// The uint8 test images of an IDX folder, as open_idx reads them.
+torch::Tensor plain_test_images(const std::string& dir) {
+  return std::static_pointer_cast<const IdxDataset>(open_idx(dir).test)->images().to(torch::kInt64);
+}
+
+TEST(SourceTest, ContentDigestTellsDataSetsOfOneSizeApart) {
   testing::TempDir a, b, c;
   testing::write_synthetic_idx(a.path(), 200, 50);
   testing::write_synthetic_idx(b.path(), 200, 50);
@@ -102,32 +107,45 @@ TEST(SourceTest, LabelsDigestTellsDataSetsOfOneSizeApart) {
   auto transformed = open_data("idx:" + a.path(), resized);
   auto other = open_data("idx:" + b.path());
   ASSERT_EQ(other.train->size(), plain.train->size());
-  EXPECT_NE(plain.train->labels_digest(), 0u);
-  EXPECT_EQ(transformed.train->labels_digest(), plain.train->labels_digest());
-  EXPECT_EQ(transformed.test->labels_digest(), plain.test->labels_digest());
-  EXPECT_NE(other.train->labels_digest(), plain.train->labels_digest());
-  EXPECT_EQ(other.test->labels_digest(), plain.test->labels_digest());  // the same test files
-  EXPECT_NE(plain.test->labels_digest(), plain.train->labels_digest());
-  // The same labels with other pixels: IDX's statistics tell them apart.
+  EXPECT_NE(plain.train->content_digest(), 0u);
+  EXPECT_EQ(transformed.train->content_digest(), plain.train->content_digest());
+  EXPECT_EQ(transformed.test->content_digest(), plain.test->content_digest());
+  EXPECT_NE(other.train->content_digest(), plain.train->content_digest());
+  EXPECT_EQ(other.test->content_digest(), plain.test->content_digest());  // the same test files
+  EXPECT_NE(plain.test->content_digest(), plain.train->content_digest());
+  // The same labels with other pixels: one pixel of one test image.
   testing::write_synthetic_idx(c.path(), 200, 50);
-  testing::write_idx(c.file("train-images-idx3-ubyte"), torch::full({200, 28, 28}, 7, torch::kInt64).index_put_({0, 0, 0}, 9), false);
-  EXPECT_NE(open_data("idx:" + c.path()).train->labels_digest(), plain.train->labels_digest());
+  auto images = plain_test_images(a.path());
+  images.index_put_({49, 27, 27}, (images.index({49, 27, 27}) + 1).remainder(256));
+  testing::write_idx(c.file("t10k-images-idx3-ubyte"), images, false);
+  auto changed = open_data("idx:" + c.path());
+  EXPECT_EQ(changed.train->content_digest(), plain.train->content_digest());
+  EXPECT_NE(changed.test->content_digest(), plain.test->content_digest());
 
   testing::TempDir cifar, cifar_copy;
   testing::write_synthetic_cifar(cifar.path(), 20, 10);
   testing::write_synthetic_cifar(cifar_copy.path(), 20, 10);
-  EXPECT_EQ(open_data("cifar10:" + cifar.path()).train->labels_digest(),
-            open_data("cifar10:" + cifar_copy.path()).train->labels_digest());
-  EXPECT_NE(open_data("cifar10:" + cifar.path()).train->labels_digest(),
-            open_data("cifar10:" + cifar.path()).test->labels_digest());
+  EXPECT_EQ(open_data("cifar10:" + cifar.path()).train->content_digest(),
+            open_data("cifar10:" + cifar_copy.path()).train->content_digest());
+  EXPECT_NE(open_data("cifar10:" + cifar.path()).train->content_digest(),
+            open_data("cifar10:" + cifar.path()).test->content_digest());
+  {  // one byte of the last test record's pixels (its label is its first byte)
+    std::fstream file(cifar_copy.file("test_batch.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(file.get());
+    file.seekp(-1, std::ios::end);
+    file.put(static_cast<char>(last + 1));
+  }
+  EXPECT_NE(open_data("cifar10:" + cifar.path()).test->content_digest(),
+            open_data("cifar10:" + cifar_copy.path()).test->content_digest());
 
   testing::TempDir folder, renamed;
   testing::write_synthetic_image_folder(folder.path(), 2, 3, 16);
   testing::write_synthetic_image_folder(renamed.path(), 2, 3, 16);
   std::filesystem::rename(renamed.file("c1"), renamed.file("d1"));
-  const auto first = open_data("imagefolder:" + folder.path()).train->labels_digest();
-  EXPECT_EQ(open_data("imagefolder:" + folder.path()).train->labels_digest(), first);
-  EXPECT_NE(open_data("imagefolder:" + renamed.path()).train->labels_digest(), first);
+  const auto first = open_data("imagefolder:" + folder.path()).train->content_digest();
+  EXPECT_EQ(open_data("imagefolder:" + folder.path()).train->content_digest(), first);
+  EXPECT_NE(open_data("imagefolder:" + renamed.path()).train->content_digest(), first);
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ class CifarSource : public ImageSource {
 
   const torch::Tensor& images() const { return images_; }
   const torch::Tensor& labels() const { return labels_; }
-  uint32_t labels_digest() const override;
+  uint32_t content_digest() const override;
 
  private:
   torch::Tensor images_, labels_;  // uint8 [N, 3, 32, 32], int64 [N]

@@ -45,16 +45,19 @@ class Dataset {
   // Warnings gathered since the last call (e.g. images skipped as unreadable),
   // one line each; the trainer prints them. Thread-safe.
   virtual std::vector<std::string> drain_warnings() const { return {}; }
-  // A digest of the labels in order and the class names (Note [labels
-  // digest] in src/data/image_dataset.cpp): two data sets of one size with
-  // other labels (MNIST and Fashion-MNIST, another copy of a folder) differ
-  // in it, whatever their paths. 0 where the data set does not say.
-  virtual uint32_t labels_digest() const { return 0; }
+  // A digest of the labels in order, the class names and, where the images
+  // are in memory (IDX, CIFAR), their bytes (Note [content digest] in
+  // src/data/image_dataset.cpp): two data sets of one size (MNIST and
+  // Fashion-MNIST, another copy of a folder) differ in it, whatever their
+  // paths. 0 where the data set does not say.
+  virtual uint32_t content_digest() const { return 0; }
 };
 
-// The labels digest of `labels` (a 1-d tensor of class indices, in order)
-// and `class_names`.
-uint32_t labels_digest(const torch::Tensor& labels, const std::vector<std::string>& class_names);
+// The content digest of `labels` (a 1-d tensor of class indices, in order),
+// `class_names` and `images` (uint8, any shape; undefined where the images
+// are not in memory).
+uint32_t content_digest(const torch::Tensor& labels, const std::vector<std::string>& class_names,
+                        const torch::Tensor& images = {});
 
 // A training and an evaluation split of one data source.
 struct DataSplits {

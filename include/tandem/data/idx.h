@@ -36,7 +36,7 @@ class IdxDataset : public Dataset {
   const torch::Tensor& labels() const { return labels_; }
   double mean() const { return mean_; }
   double std() const { return std_; }
-  uint32_t labels_digest() const override;
+  uint32_t content_digest() const override;
 
  private:
   torch::Tensor images_, labels_;
@@ -55,7 +55,7 @@ class IdxSource : public ImageSource {
   int64_t label(int64_t index) const override { return data_->labels()[index].item<int64_t>(); }
   std::string name(int64_t index) const override;
   std::string describe() const override { return data_->describe(); }
-  uint32_t labels_digest() const override { return data_->labels_digest(); }
+  uint32_t content_digest() const override { return data_->content_digest(); }
 
  private:
   std::shared_ptr<const IdxDataset> data_;

@@ -47,9 +47,9 @@ class ImageSource {
   virtual torch::Tensor image_box(int64_t index, const BoxChooser& choose) const;
   // e.g. "cifar10:/data/cifar train (50000 images)".
   virtual std::string describe() const = 0;
-  // Dataset::labels_digest() of these samples; the default asks label()
+  // Dataset::content_digest() of these samples; the default asks label()
   // for each.
-  virtual uint32_t labels_digest() const;
+  virtual uint32_t content_digest() const;
 };
 
 struct TransformedDatasetOptions {
@@ -69,7 +69,7 @@ class TransformedDataset : public Dataset {
   Batch get_batch(const std::vector<int64_t>& indices, int64_t epoch) const override;
   std::string describe() const override;
   std::vector<std::string> drain_warnings() const override;
-  uint32_t labels_digest() const override { return source_->labels_digest(); }
+  uint32_t content_digest() const override { return source_->content_digest(); }
 
   // One sample, transformed for `epoch` (no skipping). Given `into` (e.g. a
   // row of a batch), the pipeline may write its result there
