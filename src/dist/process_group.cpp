@@ -271,69 +271,159 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TANDEM_FAIL("unknown reduce op");
 }
 
+// Each group's count of the collectives it launched (Note [who did not
+// come]), and the process's list of them, for the posts at a timeout.
+struct GroupCount {
+  c10::intrusive_ptr<c10d::Store> store;  // the group's own (a duplicate's is prefixed)
+  const c10d::Store* root = nullptr;      // the job's store, shared by a group and its duplicates
+  int64_t rank = 0, world = 1;
+  std::atomic<int64_t> launched{0};
+};
+
+std::mutex counts_mutex;
+std::vector<std::weak_ptr<GroupCount>> counts;
+
+std::shared_ptr<GroupCount> counted_group(c10::intrusive_ptr<c10d::Store> store, const c10d::Store* root,
+                                          int64_t rank, int64_t world) {
+  auto count = std::make_shared<GroupCount>();
+  count->store = std::move(store);
+  count->root = root;
+  count->rank = rank;
+  count->world = world;
+  std::lock_guard<std::mutex> lock(counts_mutex);
+  counts.erase(std::remove_if(counts.begin(), counts.end(), [](const auto& c) { return c.expired(); }), counts.end());
+  counts.push_back(count);
+  return count;
+}
+
+// The groups of this rank over the same job's store (ranks run as threads
+// of one process, in tests, have stores of their own).
+std::vector<std::shared_ptr<GroupCount>> groups_of(const GroupCount& group) {
+  std::vector<std::shared_ptr<GroupCount>> found;
+  std::lock_guard<std::mutex> lock(counts_mutex);
+  for (const auto& weak : counts) {
+    auto c = weak.lock();
+    if (c && c->root == group.root && c->rank == group.rank) found.push_back(std::move(c));
+  }
+  return found;
+}
+
 // Note [who did not come]: a collective that times out on Gloo used to say
 // only that "a peer" did not answer, which in a job of many ranks leaves the
 // user to find the one that hung (stuck in its data, a deadlock, a frozen
 // process) or went elsewhere. Every rank counts the collectives it launches
-// on a group (send and recv, which not every rank calls, are not counted),
-// so the ranks in step agree on each one's number. A rank whose wait times
-// out posts "tandem/waited/<number>/<rank>" = the collective's name in the
-// group's store, then waits a short grace (half the timeout, 0.5 to 5 s)
-// for the other ranks' keys: the ranks waiting in the same collective time
-// out within moments of each other and post theirs, and the ranks that
-// post nothing did not reach it (or cannot reach the store: a cut link). A rank whose collective of that number
-// was another one (the ranks took different paths) is named as such. This
-// costs nothing until a timeout: no heartbeat, no store traffic per
+// on each group (send and recv, which not every rank calls, are not
+// counted), so the ranks in step agree on each one's number. A rank whose
+// wait times out posts, in that group's store, "tandem/waited/<rank>" =
+// "<number> <name>", and in the store of each of its groups (FSDP and the
+// pipeline use duplicates) "tandem/launched/<rank>" = how many collectives it
+// launched there. It then waits a short grace (half the timeout, 0.5 to 5 s)
+// for the other ranks' posts: the ranks stuck with it, in this group or in
+// another, time out within moments and post theirs. For each other rank:
+// - the same number and name: it reached this collective and waited too;
+//   a later number, or a launched count at or past this one: it had
+//   reached it (some collectives, FSDP's reduce_scatter among them, can
+//   complete on one rank before another, which then waits elsewhere);
+// - an earlier number or count: it was still before this collective;
+// - the same number under another name: the ranks called different
+//   collectives;
+// - nothing: it did not report reaching it (it is elsewhere in the
+//   program, frozen, or cut off from the store).
+// This costs nothing until a timeout: no heartbeat, no store traffic per
 // collective. The store calls run on a thread of their own, waited for at
 // most the grace and a second more, so a store that does not answer (rank
 // 0's process frozen) costs no more than that; the message then says that
-// it is not known which rank is missing.
-std::string who_did_not_come(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
-                             int64_t number, const std::string& name, std::chrono::milliseconds timeout) {
+// it is not known which rank is missing. Rank 0 hosts the store, and its
+// process ends soon after its own verdict: so each rank posts
+// "tandem/waited/read/<rank>" once it has read, and rank 0 keeps the store
+// up, within the grace again, until every rank that posted in its group
+// has read.
+std::string who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t number, const std::string& name,
+                             std::chrono::milliseconds timeout) {
   using namespace std::chrono;
   const auto grace = std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
-  auto key = [number](int64_t r) { return "tandem/waited/" + std::to_string(number) + "/" + std::to_string(r); };
-  // What each rank posted ("" for none), or nothing if the store failed.
-  using Posted = std::vector<std::string>;
-  auto task = std::make_shared<std::packaged_task<Posted()>>([=] {
-    store->set(key(rank), std::vector<uint8_t>(name.begin(), name.end()));
-    Posted posted(static_cast<size_t>(world));
+  const int64_t rank = group->rank, world = group->world;
+  auto key = [](const char* kind, int64_t r) { return detail::str_cat("tandem/", kind, r); };
+  // What each rank posted: its waited key, else its launched count, else "".
+  struct Post {
+    std::string waited;
+    int64_t launched = -1;
+    bool any() const { return !waited.empty() || launched >= 0; }
+  };
+  using Posts = std::vector<Post>;
+  auto task = std::make_shared<std::packaged_task<Posts()>>([=] {
+    auto& store = *group->store;
+    auto put = [](c10d::Store& to, const std::string& k, const std::string& value) {
+      to.set(k, std::vector<uint8_t>(value.begin(), value.end()));
+    };
+    auto get = [](c10d::Store& from, const std::string& k) {
+      auto value = from.get(k);
+      return std::string(value.begin(), value.end());
+    };
+    put(store, key("waited/", rank), detail::str_cat(number, " ", name));
+    for (const auto& g : groups_of(*group)) put(*g->store, key("launched/", rank), std::to_string(g->launched.load()));
+    Posts posts(static_cast<size_t>(world));
     const auto deadline = steady_clock::now() + grace;
     while (true) {
       int64_t missing = 0;
       for (int64_t r = 0; r < world; ++r) {
-        if (!posted[r].empty()) continue;
-        if (store->check({key(r)})) {
-          auto value = store->get(key(r));
-          posted[r].assign(value.begin(), value.end());
-        } else {
-          ++missing;
+        auto& post = posts[static_cast<size_t>(r)];
+        if (post.waited.empty() && store.check({key("waited/", r)})) post.waited = get(store, key("waited/", r));
+        if (post.waited.empty() && store.check({key("launched/", r)})) {
+          post.launched = std::atoll(get(store, key("launched/", r)).c_str());
         }
+        if (!post.any()) ++missing;
       }
-      if (missing == 0 || steady_clock::now() >= deadline) return posted;
+      if (missing == 0 || steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(milliseconds(50));
     }
+    put(store, key("waited/read/", rank), "1");
+    if (rank == 0) {  // the store's host waits for the others to have read
+      const auto linger = steady_clock::now() + grace;
+      while (steady_clock::now() < linger) {
+        bool all = true;
+        for (int64_t r = 1; r < world && all; ++r) {
+          all = !store.check({key("waited/", r)}) || store.check({key("waited/read/", r)});
+        }
+        if (all) break;
+        std::this_thread::sleep_for(milliseconds(50));
+      }
+    }
+    return posts;
   });
   auto result = task->get_future();
   std::thread([task] { (*task)(); }).detach();
-  Posted posted;
+  Posts posts;
   try {
-    if (result.wait_for(grace + seconds(1)) != std::future_status::ready) {
+    // Rank 0 may linger for a second grace.
+    if (result.wait_for((rank == 0 ? 2 * grace : grace) + seconds(1)) != std::future_status::ready) {
       return "which rank is missing is not known: the job's store did not answer";
     }
-    posted = result.get();
+    posts = result.get();
   } catch (const std::exception& e) {
     return detail::str_cat("which rank is missing is not known: the job's store failed (", first_line(e.what()), ")");
   }
-  std::vector<int64_t> absent, waited;
+  std::vector<int64_t> absent, reached, behind;
   std::string other;
   for (int64_t r = 0; r < world; ++r) {
-    if (posted[r].empty()) {
+    const auto& post = posts[static_cast<size_t>(r)];
+    if (!post.any()) {
       absent.push_back(r);
-    } else if (posted[r] == name) {
-      waited.push_back(r);
+      continue;
+    }
+    if (post.waited.empty()) {  // waiting in another group: how far it got in this one
+      (post.launched >= number ? reached : behind).push_back(r);
+      continue;
+    }
+    const auto space = post.waited.find(' ');
+    const int64_t theirs = std::atoll(post.waited.c_str());
+    const std::string their_name = space == std::string::npos ? "" : post.waited.substr(space + 1);
+    if (theirs > number || (theirs == number && their_name == name)) {
+      reached.push_back(r);
+    } else if (theirs < number) {
+      behind.push_back(r);
     } else if (other.empty()) {
-      other = detail::str_cat("; rank ", r, "'s collective #", number, " was ", posted[r], ", this rank's ", name,
+      other = detail::str_cat("rank ", r, "'s collective #", number, " was ", their_name, ", this rank's ", name,
                               ": the ranks called different collectives");
     }
   }
@@ -346,17 +436,22 @@ std::string who_did_not_come(const c10::intrusive_ptr<c10d::Store>& store, int64
     return detail::str_cat(ranks.size() == 1 ? "rank " : "ranks ", text);
   };
   const std::string which = detail::str_cat("this group's collective #", number);
-  if (absent.empty() && other.empty()) {
-    return detail::str_cat("every rank reached ", which, " and waited in it: the connection between them did not "
-                           "carry it");
+  std::vector<std::string> parts;
+  if (!absent.empty()) {
+    parts.push_back(detail::str_cat(list(absent), " did not report reaching this ", name, " (", which, "; ",
+                                    list(reached), " reached it): ", absent.size() == 1 ? "it is" : "they are",
+                                    " elsewhere in the program, stopped, or cut off from the job's store"));
+  }
+  if (!behind.empty()) {
+    parts.push_back(detail::str_cat(list(behind), " had not reached it yet (", behind.size() == 1 ? "it" : "they",
+                                    " waited in an earlier collective, or in another group's)"));
+  }
+  if (!other.empty()) parts.push_back(other);
+  if (parts.empty()) {
+    return detail::str_cat("every rank reached ", which, ": the connection between them did not carry it");
   }
   std::string text;
-  if (!absent.empty()) {
-    text = detail::str_cat(list(absent), " did not report reaching this ", name, " (", which, "; ", list(waited),
-                           " waited in it): ", absent.size() == 1 ? "it is" : "they are",
-                           " elsewhere in the program, stopped, or cut off from the job's store");
-  }
-  if (!other.empty()) text += absent.empty() ? other.substr(2) : other;
+  for (const auto& part : parts) text += (text.empty() ? "" : "; ") + part;
   return text;
 }
 
@@ -371,8 +466,8 @@ struct Work::Impl {
   // Note [who did not come]: the collective's number in its group (0 for
   // send and recv), the group's store and place, and for send and recv the
   // peer.
-  int64_t number = 0, rank = 0, world = 1, peer = -1;
-  c10::intrusive_ptr<c10d::Store> store;
+  int64_t number = 0, peer = -1;
+  std::shared_ptr<GroupCount> group;
   std::chrono::milliseconds timeout;
   bool host_wait = true;  // false: NCCL, the current stream waits (Note [waiting on NCCL])
   std::function<void()> then;  // runs once, after success
@@ -404,9 +499,8 @@ void Work::wait() {
                              " s");
       if (impl_->peer >= 0) {
         hint += detail::str_cat(": rank ", impl_->peer, ", this ", impl_->name, "'s peer");
-      } else if (impl_->number > 0 && impl_->store) {
-        hint += "; " + who_did_not_come(impl_->store, impl_->rank, impl_->world, impl_->number, impl_->name,
-                                        impl_->timeout);
+      } else if (impl_->number > 0 && impl_->group) {
+        hint += "; " + who_did_not_come(impl_->group, impl_->number, impl_->name, impl_->timeout);
       }
       hint += ")";
     }
@@ -478,7 +572,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Backend> group;
 
   int64_t duplicates = 0;  // made so far by duplicate()
-  int64_t launched = 0;    // collectives launched, send and recv not counted (Note [who did not come])
+  std::shared_ptr<GroupCount> count;  // collectives launched, send and recv not counted (Note [who did not come])
 
   void connect();  // makes `group` over `store`
 
@@ -489,11 +583,9 @@ struct ProcessGroup::Impl {
     impl->what = detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
                                  " (", backend, ")");
     impl->name = name;
-    impl->number = peer < 0 ? ++launched : 0;
-    impl->rank = rendezvous.rank;
-    impl->world = rendezvous.world_size;
+    impl->number = peer < 0 && count ? ++count->launched : 0;
     impl->peer = peer;
-    impl->store = store;
+    impl->group = count;
     impl->timeout = options.timeout;
     impl->host_wait = backend != "nccl";
     impl->then = std::move(then);
@@ -615,6 +707,7 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
 
   wait_for_every_rank(r, *impl_->store, options.timeout);
   impl_->connect();
+  impl_->count = counted_group(impl_->store, impl_->store.get(), r.rank, r.world_size);
 }
 
 // The backend over `store` (NCCL, or Gloo with one device bound to this
@@ -660,6 +753,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) {
   impl->store = c10::make_intrusive<c10d::PrefixStore>(
       "duplicate/" + std::to_string(impl_->duplicates++) + "/" + name, impl_->store);
   impl->connect();
+  impl->count = counted_group(impl->store, impl_->count ? impl_->count->root : impl_->store.get(),
+                              impl->rendezvous.rank, impl->rendezvous.world_size);
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 

@@ -309,13 +309,42 @@ TEST(ProcessGroupTest, ATimeoutNamesTheRankThatDidNotCome) {
     EXPECT_NE(errors[r].find("all_reduce on rank " + std::to_string(r) + " of 3 (gloo) failed: "), std::string::npos)
         << errors[r];
     EXPECT_NE(errors[r].find("(a peer did not answer within the --dist-timeout of 1.5 s; rank 2 did not report "
-                             "reaching this all_reduce (this group's collective #3; ranks 0 and 1 waited in it): it "
+                             "reaching this all_reduce (this group's collective #3; ranks 0 and 1 reached it): it "
                              "is elsewhere in the program, stopped, or cut off from the job's store)"),
               std::string::npos)
         << errors[r];
   }
   EXPECT_EQ(errors[2], "");
   EXPECT_LT(seconds, 15);
+
+  // Over two groups (a group and its duplicate, as FSDP and the pipeline
+  // use): rank 2 launched the group's collective #2 and waits in the
+  // duplicate's #1, rank 0 waits in the group's #2, rank 1 in neither.
+  // Each names rank 1; rank 2 counts as having reached the group's #2, and
+  // rank 0 as not having reached the duplicate's #1.
+  errors = run_ranks(3, [](ProcessGroup& g) {
+    auto side = g.duplicate("side");
+    auto t = torch::ones({3});
+    g.all_reduce(t).wait();  // #1
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(6s);
+      return;
+    }
+    auto u = torch::ones({3});
+    auto work = g.all_reduce(u);  // #2
+    if (g.rank() == 0) work.wait();
+    side->all_reduce(t).wait();  // the duplicate's #1
+  }, options);
+  EXPECT_NE(errors[0].find("rank 1 did not report reaching this all_reduce (this group's collective #2; ranks 0 and 2 "
+                           "reached it)"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[2].find("rank 1 did not report reaching this all_reduce (this group's collective #1; rank 2 "
+                           "reached it): it is elsewhere in the program, stopped, or cut off from the job's store; "
+                           "rank 0 had not reached it yet (it waited in an earlier collective, or in another "
+                           "group's))"),
+            std::string::npos)
+      << errors[2];
 
   // A recv whose sender never sends: the peer is named.
   errors = run_ranks(2, [](ProcessGroup& g) {
