@@ -178,12 +178,7 @@ Batch IdxDataset::get_batch(const std::vector<int64_t>& indices, int64_t /*epoch
   return {images, labels_.index_select(0, index).to(torch::kInt64)};
 }
 
-uint32_t IdxDataset::content_digest() const {
-  // Note [content digest]; the statistics too, which for the test split are
-  // the training split's.
-  const std::vector<std::string> statistics{format("%.17g %.17g", mean_, std_)};
-  return data::content_digest(labels_, statistics, images_);
-}
+uint32_t IdxDataset::content_digest() const { return data::content_digest(labels_, {}, images_); }
 
 std::string IdxSource::name(int64_t index) const {
   return format("%s, image %lld", data_->describe().c_str(), static_cast<long long>(index));

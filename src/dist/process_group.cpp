@@ -49,6 +49,17 @@ namespace {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Runs `f` on a thread of its own, left to finish alone, and returns its
+// future: for store calls that may never answer (a frozen or unreachable
+// rank 0), which the caller waits for only so long.
+template <typename F>
+auto run_detached(F f) {
+  auto task = std::make_shared<std::packaged_task<decltype(f())()>>(std::move(f));
+  auto future = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  return future;
+}
+
 // The errors of this process's failed collectives and store operations, for
 // is_communication_failure (the first few; a failing process makes few).
 std::mutex failures_mutex;
@@ -160,11 +171,7 @@ c10::intrusive_ptr<c10d::TCPStore> connect_to_store(const Rendezvous& r,
   }
   const auto timeout = options.timeout;
   options.timeout += std::chrono::seconds(5);
-  using Made = c10::intrusive_ptr<c10d::TCPStore>;
-  auto task = std::make_shared<std::packaged_task<Made()>>(
-      [host = r.host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
-  auto made = task->get_future();
-  std::thread([task] { (*task)(); }).detach();
+  auto made = run_detached([host = r.host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
   TANDEM_CHECK(made.wait_for(timeout) == std::future_status::ready, "rendezvous at ", r.host, ":",
                r.port, " (", r.source, "): no store answered rank ", r.rank, " within ",
                std::chrono::duration<double>(timeout).count(), " s: rank 0 (on the node with "
@@ -308,6 +315,30 @@ std::vector<std::shared_ptr<GroupCount>> groups_of(const GroupCount& group) {
   return found;
 }
 
+// How long a rank whose collective timed out waits for the others' posts
+// (Note [who did not come]).
+std::chrono::milliseconds grace_after(std::chrono::milliseconds timeout) {
+  using std::chrono::milliseconds;
+  return std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
+}
+
+// Rank 0, the store's host, waits until every rank that posted at a timeout
+// in one of `groups` has read the others' posts, or until `until`.
+void wait_for_readers(const std::vector<std::shared_ptr<GroupCount>>& groups,
+                      std::chrono::steady_clock::time_point until) {
+  while (std::chrono::steady_clock::now() < until) {
+    bool all = true;
+    for (const auto& g : groups) {
+      for (int64_t r = 1; r < g->world && all; ++r) {
+        all = !g->store->check({detail::str_cat("tandem/waited/", r)}) ||
+              g->store->check({detail::str_cat("tandem/waited/read/", r)});
+      }
+    }
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // Note [who did not come]: a collective that times out on Gloo used to say
 // only that "a peer" did not answer, which in a job of many ranks leaves the
 // user to find the one that hung (stuck in its data, a deadlock, a frozen
@@ -336,12 +367,12 @@ std::vector<std::shared_ptr<GroupCount>> groups_of(const GroupCount& group) {
 // it is not known which rank is missing. Rank 0 hosts the store, and its
 // process ends soon after its own verdict: so each rank posts
 // "tandem/waited/read/<rank>" once it has read, and rank 0 keeps the store
-// up, within the grace again, until every rank that posted in its group
-// has read.
+// up, within the grace again, until every rank that posted in one of its
+// groups has read.
 std::string who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t number, const std::string& name,
                              std::chrono::milliseconds timeout) {
   using namespace std::chrono;
-  const auto grace = std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
+  const auto grace = grace_after(timeout);
   const int64_t rank = group->rank, world = group->world;
   auto key = [](const char* kind, int64_t r) { return detail::str_cat("tandem/", kind, r); };
   // What each rank posted: its waited key, else its launched count, else "".
@@ -351,7 +382,7 @@ std::string who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t n
     bool any() const { return !waited.empty() || launched >= 0; }
   };
   using Posts = std::vector<Post>;
-  auto task = std::make_shared<std::packaged_task<Posts()>>([=] {
+  auto result = run_detached([=] {
     auto& store = *group->store;
     auto put = [](c10d::Store& to, const std::string& k, const std::string& value) {
       to.set(k, std::vector<uint8_t>(value.begin(), value.end()));
@@ -378,21 +409,9 @@ std::string who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t n
       std::this_thread::sleep_for(milliseconds(50));
     }
     put(store, key("waited/read/", rank), "1");
-    if (rank == 0) {  // the store's host waits for the others to have read
-      const auto linger = steady_clock::now() + grace;
-      while (steady_clock::now() < linger) {
-        bool all = true;
-        for (int64_t r = 1; r < world && all; ++r) {
-          all = !store.check({key("waited/", r)}) || store.check({key("waited/read/", r)});
-        }
-        if (all) break;
-        std::this_thread::sleep_for(milliseconds(50));
-      }
-    }
+    if (rank == 0) wait_for_readers(groups_of(*group), steady_clock::now() + grace);
     return posts;
   });
-  auto result = task->get_future();
-  std::thread([task] { (*task)(); }).detach();
   Posts posts;
   try {
     // Rank 0 may linger for a second grace.
@@ -466,26 +485,9 @@ std::string who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t n
 // not see each other's posts: the later one is then named as not having
 // reported.
 void keep_store_for_readers(const std::shared_ptr<GroupCount>& group, std::chrono::milliseconds timeout) {
-  using namespace std::chrono;
-  const auto grace = std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
-  auto task = std::make_shared<std::packaged_task<void()>>([group, grace] {
-    const auto groups = groups_of(*group);
-    const auto linger = steady_clock::now() + grace;
-    while (steady_clock::now() < linger) {
-      bool all = true;
-      for (const auto& g : groups) {
-        for (int64_t r = 1; r < g->world && all; ++r) {
-          const auto waited = detail::str_cat("tandem/waited/", r), read = detail::str_cat("tandem/waited/read/", r);
-          all = !g->store->check({waited}) || g->store->check({read});
-        }
-      }
-      if (all) return;
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-  });
-  auto done = task->get_future();
-  std::thread([task] { (*task)(); }).detach();
-  done.wait_for(grace + seconds(1));
+  const auto grace = grace_after(timeout);
+  run_detached([group, grace] { wait_for_readers(groups_of(*group), std::chrono::steady_clock::now() + grace); })
+      .wait_for(grace + std::chrono::seconds(1));
 }
 
 }  // namespace
