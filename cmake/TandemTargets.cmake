@@ -14,12 +14,19 @@ function(tandem_torch_pch target)
 endfunction()
 
 # tandem_layer(name [TORCH] SOURCES ... DEPS ...): the static library
-# tandem_<name> built from src/<name>/, with the public include/ tree.
+# tandem_<name> built from src/<name>/, with the public include/ tree;
+# `cmake --install` installs it as tandem::<name> (cmake/tandemConfig.cmake.in).
 function(tandem_layer name)
   cmake_parse_arguments(L "TORCH" "" "SOURCES;DEPS" ${ARGN})
   add_library(tandem_${name} STATIC ${L_SOURCES})
   add_library(tandem::${name} ALIAS tandem_${name})
-  target_include_directories(tandem_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_include_directories(tandem_${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                                                   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  # Installed as tandem::<name>, the name it has in this tree (docs/BUILD.md).
+  set_target_properties(tandem_${name} PROPERTIES EXPORT_NAME ${name})
+  if(NOT TANDEM_FUZZ)
+    install(TARGETS tandem_${name} EXPORT tandemTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  endif()
   target_compile_options(tandem_${name} PRIVATE -Wall -Wextra)
   target_link_libraries(tandem_${name} PUBLIC ${L_DEPS})
   if(L_TORCH)
