@@ -1,6 +1,6 @@
 # `cmake --install BUILD --prefix PREFIX`: the library for programs of one's
 # own, found with find_package(tandem) (docs/BUILD.md, "Using the library";
-# examples/ddp is such a program, built against an install by a test).
+# examples/ holds such programs, built against an install by a test).
 #
 #   PREFIX/bin/tandem                          the CLI (train, eval, launch)
 #   PREFIX/include/tandem/<layer>/*.h          the public headers

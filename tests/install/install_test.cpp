@@ -1,7 +1,8 @@
 // The library as a user of it gets it: `cmake --install` of this build, then
-// examples/ddp built as a project of its own against the install
-// (find_package(tandem)), run alone and as 2 ranks under the installed
-// `tandem launch`.
+// examples/ built as a project of its own against the install
+// (find_package(tandem)), and each of its programs run: ddp alone and as 2
+// ranks under the installed `tandem launch`, data_parallel, pipeline with
+// both schedules, and average_gradients with the workers it starts.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,13 +41,23 @@ std::vector<std::string> checksums(const std::string& output, int world) {
   return sums;
 }
 
+// The "largest difference from the model without ...: D" a program printed;
+// -1 when it printed none.
+double reported_difference(const std::string& output) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex("largest difference from the model without [^:]*: ([0-9.e+-]+)"))) {
+    return -1;
+  }
+  return std::stod(match[1]);
+}
+
 std::vector<torch::Tensor> load_weights(const std::string& path) {
   std::vector<torch::Tensor> weights;
   torch::load(weights, path);
   return weights;
 }
 
-TEST(InstallTest, AProgramOfOnesOwnBuildsAgainstTheInstallAndTrainsAlikeOnOneAndTwoRanks) {
+TEST(InstallTest, TheExamplesBuildAgainstTheInstallAndTrainAsTheirReferences) {
   TempDir dir;
   const std::string prefix = dir.file("prefix"), build = dir.file("build");
 
@@ -61,7 +72,7 @@ TEST(InstallTest, AProgramOfOnesOwnBuildsAgainstTheInstallAndTrainsAlikeOnOneAnd
   // The install and this tree's own prefix path (torch, and Debian's
   // packages where they were unpacked), never this build tree.
   std::string configure = std::string("CMAKE_PREFIX_PATH='") + prefix + ":" + TANDEM_PREFIX_PATH + "' '" +
-                          TANDEM_CMAKE + "' -S '" + TANDEM_SOURCE_DIR + "/examples/ddp' -B " + build + " -G '" +
+                          TANDEM_CMAKE + "' -S '" + TANDEM_SOURCE_DIR + "/examples' -B " + build + " -G '" +
                           TANDEM_GENERATOR + "' '-DTorch_DIR=" + TANDEM_TORCH_DIR + "' '-DCMAKE_CXX_FLAGS=" +
                           TANDEM_CXX_FLAGS + "'";
   if (std::string(TANDEM_CUDA_COMPILER).size() > 0) {
@@ -71,7 +82,7 @@ TEST(InstallTest, AProgramOfOnesOwnBuildsAgainstTheInstallAndTrainsAlikeOnOneAnd
   ASSERT_EQ(configured.exit_code, 0) << configured.output;
   auto built = run(std::string("'") + TANDEM_CMAKE + "' --build " + build);
   ASSERT_EQ(built.exit_code, 0) << built.output;
-  const std::string example = build + "/ddp_example";
+  const std::string example = build + "/ddp";
 
   auto alone = run(example + " --weights-out " + dir.file("one.pt"));
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
@@ -102,6 +113,39 @@ TEST(InstallTest, AProgramOfOnesOwnBuildsAgainstTheInstallAndTrainsAlikeOnOneAnd
   EXPECT_NE(refused.output.find("--global-batch 63 is not a multiple of the 2 processes"), std::string::npos)
       << refused.output;
   EXPECT_NE(refused.output.find("exited with code 2"), std::string::npos) << refused.output;
+
+  // DataParallel over a repeated device, and a pipeline of 3 stages under
+  // each schedule: each program trains a copy without them beside and
+  // fails above a relative 1e-5.
+  for (const std::string& command : {std::string("/data_parallel --devices cpu,cpu,cpu"),
+                                     std::string("/pipeline --devices cpu,cpu,cpu --schedule gpipe --micro-batches 8"),
+                                     std::string("/pipeline --devices cpu,cpu --schedule 1f1b --micro-batches 4")}) {
+    auto r = run(build + command);
+    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+    auto losses = epoch_losses(r.output);
+    ASSERT_EQ(losses.size(), 4u) << command << "\n" << r.output;
+    EXPECT_LT(losses.back(), losses.front() / 4) << command << "\n" << r.output;
+    double difference = reported_difference(r.output);
+    EXPECT_GE(difference, 0) << command << "\n" << r.output;
+    EXPECT_LE(difference, 1e-5) << command << "\n" << r.output;
+  }
+
+  // Seed 004: the program starts its own 2 workers, which average their
+  // gradients by hand and end alike; a worker's mistake ends both.
+  auto by_hand = run(build + "/average_gradients --processes 2");
+  ASSERT_EQ(by_hand.exit_code, 0) << by_hand.output;
+  auto by_hand_sums = checksums(by_hand.output, 2);
+  ASSERT_EQ(by_hand_sums.size(), 2u) << by_hand.output;
+  EXPECT_EQ(by_hand_sums[0], by_hand_sums[1]) << by_hand.output;
+  auto by_hand_losses = epoch_losses(by_hand.output);
+  ASSERT_EQ(by_hand_losses.size(), 8u) << by_hand.output;
+  EXPECT_LT(by_hand_losses.back(), by_hand_losses.front() / 4) << by_hand.output;
+  auto too_big = run(build + "/average_gradients --processes 2 --batch 600");
+  EXPECT_EQ(too_big.exit_code, 1) << too_big.output;
+  EXPECT_NE(too_big.output.find("average_gradients: rank "), std::string::npos) << too_big.output;
+  EXPECT_NE(too_big.output.find("exited with code 2"), std::string::npos) << too_big.output;
+  EXPECT_NE(too_big.output.find("--batch 600 is more than a worker's part of 512 samples"), std::string::npos)
+      << too_big.output;
 }
 
 }  // namespace
