@@ -1,7 +1,9 @@
 // tandem/tandem.h: every public header of the library's layers, for a
-// program of one's own (examples/ddp; docs/BUILD.md, "Using the library").
+// program of one's own (examples/; docs/BUILD.md, "Using the library").
 // The CLI's headers (tandem/cli) are not in it. Link tandem::tandem.
 #pragma once
+
+#include "tandem/version.h"
 
 #include "tandem/util/allocator.h"
 #include "tandem/util/arith.h"

@@ -12,11 +12,11 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/launch/worker_error.h"
 #include "tandem/util/message.h"
+#include "tandem/version.h"
 
 namespace tandem::cli {
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
 
 std::string top_help() {
   return std::string(
@@ -50,7 +50,7 @@ int run_command(int argc, char** argv) {
     if (command == "models") return models_command(rest);
     if (command == "launch") return launch_command(rest);
     if (command == "version" || command == "--version") {
-      std::printf("tandem %s\n", kVersion);
+      std::printf("tandem %s\n", TANDEM_VERSION);
       return 0;
     }
     throw UsageError("unknown command '" + command + "' (commands: train, eval, launch, models, version)");

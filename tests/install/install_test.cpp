@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "tandem/version.h"
 #include "testing.h"
 
 namespace tandem {
@@ -68,6 +69,13 @@ TEST(InstallTest, TheExamplesBuildAgainstTheInstallAndTrainAsTheirReferences) {
                            "lib/cmake/tandem/tandemConfigVersion.cmake"}) {
     EXPECT_TRUE(std::filesystem::exists(prefix + "/" + file)) << file << " was not installed";
   }
+
+  // One version everywhere: tandem/version.h's.
+  auto version = run(prefix + "/bin/tandem version");
+  EXPECT_EQ(version.output, std::string("tandem ") + TANDEM_VERSION + "\n");
+  EXPECT_NE(testing::read_text(prefix + "/lib/cmake/tandem/tandemConfigVersion.cmake")
+                .find("PACKAGE_VERSION \"" TANDEM_VERSION "\""),
+            std::string::npos);
 
   // The install and this tree's own prefix path (torch, and Debian's
   // packages where they were unpacked), never this build tree.
