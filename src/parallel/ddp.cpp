@@ -150,6 +150,13 @@ void DistributedDataParallel::zero_grad() {
 }
 
 void DistributedDataParallel::before_forward() {
+  {
+    // Note [a step ends in after_backward]
+    std::lock_guard<std::mutex> lock(mutex_);
+    TANDEM_CHECK(!reducing_, "DistributedDataParallel: before_forward() while the last step's gradients were "
+                             "still being reduced: call after_backward() after each backward (outside no_sync()), "
+                             "before the optimizer's step");
+  }
   if (options_.broadcast_buffers) dist::broadcast_buffers(*module_, *group_, 0);
   std::lock_guard<std::mutex> lock(mutex_);
   missing_.assign(buckets_.size(), 0);
@@ -219,6 +226,7 @@ void DistributedDataParallel::launch_in_order() {
       }
     }
     timeline_.launched[b] = std::chrono::steady_clock::now();
+    reducing_ = true;
     if (!comm_stream_) {
       work_[b] = hook_->reduce(*group_, flat_[b]);
       continue;
@@ -290,6 +298,7 @@ void DistributedDataParallel::after_backward() {
     }
   }
   seen_.clear();  // the next step starts with before_forward()
+  reducing_ = false;
 }
 
 }  // namespace tandem::parallel

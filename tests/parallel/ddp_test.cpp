@@ -299,6 +299,37 @@ TEST(DdpTest, SecondBackwardInOneStepIsAnError) {
   }
 }
 
+// A loop that forgets after_backward() (Note [a step ends in
+// after_backward]) fails at its next step, naming the call, instead of
+// stepping on gradients still being reduced.
+TEST(DdpTest, AStepWithoutAfterBackwardIsRefusedAtTheNext) {
+  auto errors = run_ranks(2, [](std::shared_ptr<dist::ProcessGroup> group) {
+    torch::nn::Linear net(4, 2);
+    DistributedDataParallel ddp(net.ptr(), group);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto x = torch::randn({3, 4});
+    for (int step = 0; step < 2; ++step) {  // the first step is whole
+      ddp.zero_grad();
+      ddp.before_forward();
+      net->forward(x).sum().backward();
+      ddp.after_backward();
+      sgd.step();
+    }
+    ddp.zero_grad();
+    ddp.before_forward();
+    net->forward(x).sum().backward();
+    sgd.step();  // no after_backward()
+    ddp.zero_grad();
+    ddp.before_forward();
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("DistributedDataParallel: before_forward() while the last step's gradients were still being "
+                     "reduced: call after_backward() after each backward"),
+              std::string::npos)
+        << e;
+  }
+}
+
 TEST(DdpTest, HiddenShareIsTheCommunicationBeforeBackwardEnded) {
   using namespace std::chrono_literals;
   DdpTimeline t;

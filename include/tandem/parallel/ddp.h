@@ -56,6 +56,17 @@
 // hook's temporaries are made on the communication stream itself. On the CPU
 // there are no streams and none of this applies.
 //
+// Note [a step ends in after_backward]: the reductions backward started run
+// on in the background, writing into the gradients, until after_backward()
+// waits for them; an optimizer step before it would read sums half made.
+// A step whose buckets went out and that never reached after_backward() is
+// therefore refused at the next before_forward(), naming the missing call,
+// so a loop that forgets it fails at its second step instead of training
+// on wrong gradients. (PyTorch's DDP ends the step itself, with a callback
+// at the end of backward; that callback would fire early inside a
+// reentrant backward such as activation checkpointing's, so tandem keeps
+// the call explicit.)
+//
 // Note [unused parameters]: a parameter that got no gradient this step
 // contributes its current .grad() (zero after zero_grad(), or what no_sync()
 // steps accumulated); its bucket is launched at after_backward() at the
@@ -181,6 +192,7 @@ class DistributedDataParallel {
   std::vector<bool> seen_;        // per parameter, this step: a gradient arrived
   std::vector<bool> unused_;      // per parameter, this step: unreachable from the loss
   size_t next_launch_ = 0;
+  bool reducing_ = false;  // a bucket went out and after_backward() has not run: Note [a step ends in after_backward]
   std::vector<dist::Work> work_;
   // Note [unused parameters]: the last step's used flags, while their
   // reduction may still run (waited for at the next after_backward()).
