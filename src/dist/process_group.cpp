@@ -20,7 +20,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <future>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -79,7 +81,8 @@ std::vector<std::string> failures;
 // was given (127.0.0.1 for a single-node job), and hands it to the store
 // (TCPStoreOptions::masterListenFd): a single-node job is then unreachable
 // from other hosts. Returns the socket, or throws naming the address.
-int bound_listener(const std::string& host, int port) {
+// With `in_use_is_error` false, a port in use gives -1 instead of the error.
+int bound_listener(const std::string& host, int port, bool in_use_is_error = true) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -104,6 +107,7 @@ int bound_listener(const std::string& host, int port) {
     ::close(fd);
     if (err == EADDRINUSE) {
       ::freeaddrinfo(found);
+      if (!in_use_is_error) return -1;
       TANDEM_FAIL("rendezvous: port ", port, " on ", host,
                   " is already in use (pick another MASTER_PORT / --master-port)");
     }
@@ -908,12 +912,47 @@ Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
 
 bool built_with_nccl() { return TANDEM_WITH_NCCL; }
 
+// Note [ports outside the ephemeral range]: a port picked now is bound by
+// rank 0's store only later, after the workers have started. Meanwhile any
+// outgoing connection on the machine (Gloo's pairs and store clients of
+// other jobs, anything else) may be given that very port as its local one
+// if it lies in the kernel's ephemeral range (ip_local_port_range, 32768 to
+// 60999 by default), and rank 0 then fails with "port in use": seen once in
+// a CI run, where a dozen jobs start while others run. So the port is drawn
+// at random below that range, from kFirstPickedPort up, where the kernel
+// never hands ports out by itself, and checked free by binding it; only two
+// pickers drawing the same port in the same moment can still collide. Where
+// the range leaves no such room, or 32 draws find nothing free, the kernel
+// picks (port 0), as before.
+constexpr int kFirstPickedPort = 20000;
+
+std::optional<int> first_ephemeral_port() {
+  std::ifstream file("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (!(file >> low >> high) || low <= 0 || high < low) return std::nullopt;
+  return low;
+}
+
 int pick_free_port(const std::string& host) {
-  // The kernel's pick for a socket bound to `host`, port 0 (bound_listener
-  // names an address that cannot be resolved or listened on at once; a store
-  // server would instead wait for its own client to connect, up to 300 s).
+  // bound_listener names an address that cannot be resolved or listened on
+  // at once (a store server would instead wait for its own client to
+  // connect, up to 300 s).
   TANDEM_CHECK(!host.empty(), "rendezvous: the master address is empty (--master-addr / MASTER_ADDR)");
-  int fd = bound_listener(host, 0);
+  int fd = bound_listener(host, 0);  // the kernel's pick: the fallback
+  auto ephemeral = first_ephemeral_port();
+  if (ephemeral && *ephemeral - kFirstPickedPort >= 1000) {
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> draw(kFirstPickedPort, *ephemeral - 1);
+    for (int attempt = 0; attempt < 32; ++attempt) {
+      int port = draw(rng);
+      int drawn = bound_listener(host, port, /*in_use_is_error=*/false);
+      if (drawn >= 0) {
+        ::close(drawn);
+        ::close(fd);
+        return port;
+      }
+    }
+  }
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
   int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);

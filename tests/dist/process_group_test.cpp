@@ -4,6 +4,9 @@
 // rank 0) ending in an error that names the collective, in bounded time.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <set>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,9 +15,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -467,8 +472,31 @@ TEST(ProcessGroupTest, AnotherServerOnThePortIsAnErrorAtTheTimeout) {
   ::close(server);
 }
 
-// A free port is the kernel's pick for the address, and an address this
-// machine cannot listen on is named at once (a store server waited 300 s).
+// Note [ports outside the ephemeral range]: picked ports lie below the
+// kernel's ephemeral range, where no outgoing connection can take them
+// before the store binds them, and are free.
+TEST(ProcessGroupTest, PickedPortsLieBelowTheEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  ASSERT_TRUE(range >> low >> high) << "cannot read /proc/sys/net/ipv4/ip_local_port_range";
+  ASSERT_GE(low, 21000) << "this machine's ephemeral range starts at " << low
+                        << ", which leaves pick_free_port no room below it";
+  std::set<int> seen;
+  for (int i = 0; i < 20; ++i) {
+    int port = pick_free_port();
+    EXPECT_GE(port, 20000);
+    EXPECT_LT(port, low);
+    seen.insert(port);
+    // Free: a store can listen there.
+    Rendezvous rv;
+    rv.port = port;
+    EXPECT_NO_THROW(ProcessGroup(rv, {})) << "port " << port;
+  }
+  EXPECT_GT(seen.size(), 10u) << "the picks are not spread";
+}
+
+// An address this machine cannot listen on is named at once (a store
+// server waited 300 s).
 TEST(ProcessGroupTest, PickFreePortNamesABadAddress) {
   EXPECT_GT(pick_free_port("127.0.0.1"), 0);
   EXPECT_EQ(testing::error_of([] { pick_free_port(""); }),

@@ -138,10 +138,13 @@ std::mutex& gloo_launch_mutex();
 // src/dist/process_group.cpp); they also need a CUDA device at run time.
 bool built_with_nccl();
 
-// A port on `host` that nobody was listening on a moment ago (a socket bound
-// to `host`, port 0, asks the kernel, then closes): for launchers and tests.
-// Throws at once naming `host` when it is empty, cannot be resolved, or is
-// not an address of this machine.
+// A port on `host` that was free a moment ago, for launchers and tests:
+// drawn at random below the kernel's ephemeral range and checked by binding
+// it, so that no outgoing connection takes it before the store binds it
+// (Note [ports outside the ephemeral range] in src/dist/process_group.cpp);
+// the kernel's pick (port 0) where that range leaves no room. Throws at once
+// naming `host` when it is empty, cannot be resolved, or is not an address
+// of this machine.
 int pick_free_port(const std::string& host = "127.0.0.1");
 
 // Whether `message` (an error this process is about to report) contains the
