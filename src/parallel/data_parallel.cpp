@@ -299,6 +299,10 @@ torch::Device parse_device_name(const std::string& item, const std::string& flag
   }
   TANDEM_CHECK_USAGE(device && (device->is_cpu() || device->is_cuda()), flag, ": expected ", expected,
                      ", got '", whole, "'");
+  // libtorch takes "cpu:1" and runs it on the one CPU, so the index would
+  // be ignored where the user meant something by it.
+  TANDEM_CHECK_USAGE(!(device->is_cpu() && device->has_index()), flag, ": expected ", expected, ", got '", whole,
+                     "' (the CPU is one device: cpu, without an index)");
   return *device;
 }
 

@@ -49,6 +49,13 @@ TEST(DataParallelCliTest, BadDeviceListsAreNamed) {
                                     "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got 'cpu,,cpu'"));
   EXPECT_TRUE(testing::tandem_fails("train --device tpu --max-steps 1", 2,
                                     "--device: expected cpu, cuda or cuda:N, got 'tpu'"));
+  // The CPU has no index: cpu:1 used to run on the one CPU, cpu:0 too.
+  EXPECT_TRUE(testing::tandem_fails("train --device cpu:1 --max-steps 1", 2,
+                                    "--device: expected cpu, cuda or cuda:N, got 'cpu:1' (the CPU is one device: "
+                                    "cpu, without an index)"));
+  EXPECT_TRUE(testing::tandem_fails("train --strategy dp --devices cpu:0,cpu --max-steps 1", 2,
+                                    "--devices: expected a comma-separated list of cpu, cuda or cuda:N, got "
+                                    "'cpu:0,cpu' (the CPU is one device: cpu, without an index)"));
   auto r = testing::run_tandem("train --nproc-per-node 2 --device gpu --max-steps 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, "tandem: error: --device: expected cpu, cuda or cuda:N, got 'gpu'\n");
