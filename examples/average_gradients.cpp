@@ -23,13 +23,17 @@
 
 int main(int argc, char** argv) {
   return example::run("average_gradients", [&] {
-    example::Flags flags(argc, argv, {{"processes", "2"}, {"epochs", "8"}, {"batch", "32"}});
-    const int64_t epochs = flags.positive("epochs"), batch = flags.positive("batch");
+    int64_t processes = 2, epochs = 8, batch = 32;
+    tandem::cli::FlagSet flags("average_gradients", "distributed training by hand (seed 004)");
+    flags.add_int("processes", "N", &processes, "workers to start when started alone", 1);
+    flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
+    flags.add_int("batch", "B", &batch, "images per step on each worker", 1);
+    if (!example::parse_flags(flags, argc, argv)) return 0;
 
     auto rendezvous = tandem::dist::rendezvous_from_env();
     if (!rendezvous) {  // started alone: start the workers, this program again
       tandem::launch::LaunchOptions launch;
-      launch.nproc_per_node = flags.positive("processes");
+      launch.nproc_per_node = processes;
       launch.command = {std::filesystem::read_symlink("/proc/self/exe").string()};
       launch.command.insert(launch.command.end(), argv + 1, argv + argc);
       auto result = tandem::launch::run_workers(launch, [] { return tandem::dist::pick_free_port(); });

@@ -28,11 +28,14 @@ tandem::models::Sequence block(int64_t in, int64_t out) {
 
 int main(int argc, char** argv) {
   return example::run("data_parallel", [&] {
-    example::Flags flags(argc, argv, {{"devices", "cpu,cpu"}, {"epochs", "4"}, {"trace", "0"}});
-    const auto devices = tandem::parallel::parse_devices(flags.text("devices"));
-    const int64_t epochs = flags.positive("epochs");
-    TANDEM_CHECK_USAGE(flags.text("trace") == "0" || flags.text("trace") == "1", "--trace: expected 0 or 1, got '",
-                       flags.text("trace"), "'");
+    std::string device_list = "cpu,cpu", trace = "0";
+    int64_t epochs = 4;
+    tandem::cli::FlagSet flags("data_parallel", "DataParallel over devices, one block of the model (seeds 000, 003)");
+    flags.add_string("devices", "LIST", &device_list, "the replicas' devices, e.g. cpu,cpu or cuda:0,cuda:1");
+    flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
+    flags.add_choice("trace", &trace, {"0", "1"}, "1: print each replica's input and output shapes");
+    if (!example::parse_flags(flags, argc, argv)) return 0;
+    const auto devices = tandem::parallel::parse_devices(device_list);
 
     auto data = example::regression_data();
     torch::manual_seed(0);
@@ -43,7 +46,7 @@ int main(int argc, char** argv) {
 
     tandem::parallel::DataParallelOptions options;
     options.devices = devices;
-    options.trace = flags.text("trace") == "1";
+    options.trace = trace == "1";
     tandem::models::Sequence model;
     model->push_back("block1", block(8, 32));
     model->push_back("block2", tandem::parallel::DataParallel(block(32, 32), options));  // "block2.module.linear.weight", ...
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
 
     double difference = example::relative_difference(*plain, *model);
     std::printf("block2 over %zu devices (%s): %s; largest difference from the model without DataParallel: %.3g\n",
-                devices.size(), flags.text("devices").c_str(), example::checksum(*model).c_str(), difference);
+                devices.size(), device_list.c_str(), example::checksum(*model).c_str(), difference);
     TANDEM_CHECK(difference <= 1e-5, "DataParallel's weights differ from one device's by ", difference,
                  " (relative), more than 1e-5");
     return 0;

@@ -22,8 +22,13 @@
 
 int main(int argc, char** argv) {
   return example::run("ddp", [&] {
-    example::Flags flags(argc, argv, {{"epochs", "8"}, {"global-batch", "64"}, {"weights-out", ""}});
-    const int64_t epochs = flags.positive("epochs"), global_batch = flags.positive("global-batch");
+    int64_t epochs = 8, global_batch = 64;
+    std::string weights_out;
+    tandem::cli::FlagSet flags("ddp", "DistributedDataParallel in a training loop of one's own (seed 002)");
+    flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
+    flags.add_int("global-batch", "B", &global_batch, "images per step over all processes", 1);
+    flags.add_string("weights-out", "FILE", &weights_out, "rank 0 saves the final parameters there (torch::save)");
+    if (!example::parse_flags(flags, argc, argv)) return 0;
 
     // The job: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from tandem launch
     // (or torchrun, srun, mpirun); none of them set means one process.
@@ -72,7 +77,7 @@ int main(int argc, char** argv) {
     }
 
     example::print_rank_checksum(*group, *model);
-    if (rank == 0 && !flags.text("weights-out").empty()) torch::save(model->parameters(), flags.text("weights-out"));
+    if (rank == 0 && !weights_out.empty()) torch::save(model->parameters(), weights_out);
     return 0;
   });
 }

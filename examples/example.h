@@ -1,53 +1,31 @@
-// examples/example.h: what the example programs share: their flags, their
+// examples/example.h: what the example programs share: flag parsing, their
 // data (a small regression that trains in seconds), a checksum of a model's
 // weights, and main()'s error handling. Header-only, on tandem's headers.
 #pragma once
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <functional>
-#include <map>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
+#include <tandem/cli/flags.h>
 #include <tandem/tandem.h>
 
 namespace example {
 
-// `--name value` pairs, each name one of the defaults' keys.
-class Flags {
- public:
-  Flags(int argc, char** argv, std::map<std::string, std::string> defaults) : values_(std::move(defaults)) {
-    for (int i = 1; i < argc; ++i) {
-      std::string flag = argv[i];
-      if (flag == "--help") {
-        std::printf("usage: %s", argv[0]);
-        for (const auto& [name, value] : values_) std::printf(" [--%s %s]", name.c_str(), value.c_str());
-        std::printf("\n");
-        std::exit(0);
-      }
-      auto found = flag.rfind("--", 0) == 0 ? values_.find(flag.substr(2)) : values_.end();
-      if (found == values_.end()) throw tandem::UsageError("unknown flag '" + flag + "' (--help lists them)");
-      if (i + 1 >= argc) throw tandem::UsageError(flag + ": expected a value");
-      found->second = argv[++i];
-    }
-  }
-  const std::string& text(const std::string& name) const { return values_.at(name); }
-  int64_t positive(const std::string& name) const {
-    const std::string& value = text(name);
-    char* end = nullptr;
-    long long number = std::strtoll(value.c_str(), &end, 10);
-    TANDEM_CHECK_USAGE(!value.empty() && *end == '\0' && number > 0, "--", name,
-                       ": expected a positive integer, got '", value, "'");
-    return number;
-  }
-
- private:
-  std::map<std::string, std::string> values_;
-};
+// Parses argv with tandem's own flag table (tandem/cli/flags.h: one table
+// for parsing and --help; a bad value is a UsageError naming the flag).
+// False after printing the help for --help: main() then returns 0.
+inline bool parse_flags(tandem::cli::FlagSet& flags, int argc, char** argv) {
+  flags.parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (!flags.help_requested()) return true;
+  std::printf("%s", flags.help().c_str());
+  return false;
+}
 
 // 1024 points of y = sin(x . w) + 0.05 noise, x in R^8: the same in every
 // process and on every call.

@@ -24,10 +24,15 @@
 
 int main(int argc, char** argv) {
   return example::run("pipeline", [&] {
-    example::Flags flags(argc, argv,
-                         {{"devices", "cpu,cpu"}, {"micro-batches", "4"}, {"schedule", "1f1b"}, {"epochs", "4"}});
-    const auto devices = tandem::parallel::parse_devices(flags.text("devices"));
-    const int64_t epochs = flags.positive("epochs"), micro_batches = flags.positive("micro-batches");
+    std::string device_list = "cpu,cpu", schedule = "1f1b";
+    int64_t micro_batches = 4, epochs = 4;
+    tandem::cli::FlagSet flags("pipeline", "a model cut into stages over devices, with micro-batches (seed 001)");
+    flags.add_string("devices", "LIST", &device_list, "one stage per device, e.g. cpu,cpu or cuda:0,cuda:1");
+    flags.add_int("micro-batches", "M", &micro_batches, "pieces each batch is cut into", 1);
+    flags.add_choice("schedule", &schedule, {"gpipe", "1f1b"}, "the order of the pieces' forwards and backwards");
+    flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
+    if (!example::parse_flags(flags, argc, argv)) return 0;
+    const auto devices = tandem::parallel::parse_devices(device_list);
 
     auto data = example::regression_data();
     torch::manual_seed(0);
@@ -46,7 +51,7 @@ int main(int argc, char** argv) {
     std::printf("stages: %s\n", tandem::parallel::describe_split(model, sizes).c_str());
     tandem::parallel::PipelineOptions options;
     options.micro_batches = micro_batches;
-    options.schedule = flags.text("schedule");
+    options.schedule = schedule;
     tandem::parallel::Pipeline pipe(model, sizes, devices, options);  // moves each stage to its device
 
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

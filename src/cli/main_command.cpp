@@ -17,7 +17,6 @@
 namespace tandem::cli {
 namespace {
 
-
 std::string top_help() {
   return std::string(
              "usage: tandem <command> [flags]\n\n"
