@@ -12,8 +12,45 @@ void SequenceImpl::push_back_any(std::string name, torch::nn::AnyModule module) 
   modules_.push_back(std::move(module));
 }
 
+// Note [a stage that starts in place]: torchvision's ResNet has a top-level
+// ReLU(inplace=true) after bn1. Inside one model it writes over bn1's output,
+// which autograd allows. But where a run of children starts at it, its input
+// is a tensor that must not change: a pipeline stage's received activation
+// (a leaf that requires grad, which autograd refuses to modify: "a leaf
+// Variable that requires grad is being used in an in-place operation"), the
+// input a cost measurement made a leaf, or a checkpointed segment's input,
+// saved for the recomputation while the forward runs without grad (it would
+// be recomputed from the ReLU's output, or refused as modified). So such a
+// run starts from a copy: one activation's copy at that boundary only.
+bool SequenceImpl::writes_input(size_t index) const {
+  const auto& module = modules_.at(index);
+  auto* p = module.ptr().get();
+  if (auto* nested = dynamic_cast<const SequenceImpl*>(p)) return nested->size() > 0 && nested->writes_input(0);
+  namespace nn = torch::nn;
+  if (auto* m = dynamic_cast<nn::ReLUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::ReLU6Impl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::LeakyReLUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::ELUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::SELUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::CELUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::HardtanhImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::RReLUImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::ThresholdImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::DropoutImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::Dropout2dImpl*>(p)) return m->options.inplace();
+  if (auto* m = dynamic_cast<nn::Dropout3dImpl*>(p)) return m->options.inplace();
+  return false;
+}
+
+torch::Tensor SequenceImpl::input_for(size_t first, torch::Tensor x) const {
+  const bool kept = x.requires_grad() && (x.is_leaf() || !torch::GradMode::is_enabled());
+  if (kept && first < modules_.size() && writes_input(first)) return x.clone();
+  return x;
+}
+
 torch::Tensor SequenceImpl::forward(torch::Tensor x) {
   if (segments_.empty() || !is_training() || !torch::GradMode::is_enabled()) {
+    x = input_for(0, std::move(x));
     for (auto& module : modules_) x = module.forward(std::move(x));
     return x;
   }
@@ -21,7 +58,7 @@ torch::Tensor SequenceImpl::forward(torch::Tensor x) {
   for (size_t s = 0; s < segments_.size(); ++s) {
     const size_t end = begin + static_cast<size_t>(segments_[s]);
     auto run = [this, begin, end](const torch::Tensor& input) {
-      torch::Tensor y = input;
+      torch::Tensor y = input_for(begin, input);
       for (size_t i = begin; i < end; ++i) y = modules_[i].forward(std::move(y));
       return y;
     };

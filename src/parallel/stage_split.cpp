@@ -203,6 +203,7 @@ std::vector<double> measured_costs(const models::Sequence& model, const torch::T
     for (size_t i = 0; i < n; ++i) {
       x = x.detach();
       if (input_needs_grad[i] && x.is_floating_point()) x.requires_grad_(true);
+      x = copy->input_for(i, x);  // Note [a stage that starts in place]
       sync();
       Stopwatch clock;
       auto y = copy->at(i).forward(x);

@@ -33,6 +33,18 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
 
   torch::Tensor forward(torch::Tensor x);
 
+  // Whether child `index` writes its result into its input (an activation
+  // built with inplace=true, such as torchvision's ResNet "relu"; a nested
+  // Sequence whose first child does).
+  bool writes_input(size_t index) const;
+
+  // The tensor to hand to the run of children that starts at `first`: `x`
+  // itself, or a copy of it where that child writes into its input and `x`
+  // must stay as it is (Note [a stage that starts in place]). Forward does
+  // this for its own first child; callers that run children one by one (a
+  // pipeline stage's cost measurement) call it themselves.
+  torch::Tensor input_for(size_t first, torch::Tensor x) const;
+
   // Activation checkpointing (Note [activation checkpointing] in
   // models/activation_checkpoint.h): the top-level children in runs of
   // `sizes` (summing to size(); plan_segments), every run but the last
