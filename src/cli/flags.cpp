@@ -56,13 +56,19 @@ void FlagSet::add_double(const std::string& name, const std::string& metavar, do
   flag.set = [target, name, min_value, max_value](const std::string& value) {
     auto parsed = parse_double(value);
     if (!parsed || *parsed < min_value || *parsed > max_value) {
-      std::string expected = "a number";
-      if (min_value > -1e300 && max_value < 1e300) {
-        expected = format("a number from %g to %g", min_value, max_value);
-      } else if (min_value > -1e300) {
-        expected = format("a number >= %g", min_value);
-      } else if (max_value < 1e300) {
-        expected = format("a number <= %g", max_value);
+      // A number out of range (1e308, or 1e309, which is infinite in a
+      // double) is told its range; text that is no number, what a number is.
+      const bool a_number = parsed || looks_like_number(value);
+      std::string expected = format("a number from %g to %g", min_value, max_value);
+      if (!a_number) {
+        expected = "a number";
+        if (min_value > -1e300 && max_value < 1e300) {
+          expected = format("a number from %g to %g", min_value, max_value);
+        } else if (min_value > -1e300) {
+          expected = format("a number >= %g", min_value);
+        } else if (max_value < 1e300) {
+          expected = format("a number <= %g", max_value);
+        }
       }
       throw UsageError("--" + name + ": expected " + expected + ", got '" + value + "'");
     }

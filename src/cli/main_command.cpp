@@ -11,6 +11,7 @@
 #include "tandem/cli/flags.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/launch/worker_error.h"
+#include "tandem/util/file.h"
 #include "tandem/util/message.h"
 #include "tandem/version.h"
 
@@ -54,13 +55,14 @@ int run_command(int argc, char** argv) {
     }
     throw UsageError("unknown command '" + command + "' (commands: train, eval, launch, models, version)");
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "tandem: error: %s\n", e.what());
-    launch::report_worker_error(e.what(), false);  // Note [first failure]
+    const std::string message = printable(e.what());  // one line, whatever names it holds
+    std::fprintf(stderr, "tandem: error: %s\n", message.c_str());
+    launch::report_worker_error(message, false);  // Note [first failure]
     return 2;
   } catch (const std::exception& e) {
-    // The whole message: tandem's put details on further lines (the files
-    // tried, both sides of a mismatch); libtorch's stack trace is left out.
-    const std::string message = message_of(e);
+    // One line (a name holding a newline is escaped; libtorch's stack
+    // trace is left out).
+    const std::string message = printable(message_of(e));
     std::fprintf(stderr, "\ntandem: error: %s\n", message.c_str());
     // Note [first failure]: for a launcher that asked (TANDEM_ERROR_FILE).
     launch::report_worker_error(message, dist::is_communication_failure(message));

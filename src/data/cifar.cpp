@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
 namespace tandem::data {
@@ -36,14 +37,8 @@ Layout layout(CifarKind kind) {
 }
 
 torch::Tensor read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  TANDEM_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");
-  auto size = static_cast<int64_t>(in.tellg());
-  auto bytes = torch::empty({size}, torch::kUInt8);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data_ptr<uint8_t>()), size);
-  TANDEM_CHECK(in, path, ": read failed");
-  return bytes;
+  std::string bytes = read_regular_file(path, "a CIFAR binary batch file");  // Note [special files]
+  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).clone();
 }
 
 }  // namespace
@@ -100,7 +95,9 @@ CifarSplits open_cifar(const std::string& dir, CifarKind kind) {
     std::vector<std::string> out;
     for (const auto& name : names) {
       auto path = root / name;
-      TANDEM_CHECK(fs::is_regular_file(path), l.spec, ":", dir, ": missing ", path.string(),
+      const std::string kind = path_kind(path.string());
+      if (kind != "nothing" && kind != "a link to nothing") check_regular_file(path.string(), "a CIFAR binary batch file");
+      TANDEM_CHECK(kind == "a regular file", l.spec, ":", dir, ": missing ", path.string(),
                    " (expected ", l.spec == std::string("cifar10")
                                      ? "data_batch_1.bin .. data_batch_5.bin and test_batch.bin"
                                      : "train.bin and test.bin",

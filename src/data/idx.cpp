@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
 namespace tandem::data {
@@ -102,8 +103,9 @@ uint32_t big_endian(const unsigned char* p) {
 }
 
 std::string find_file(const fs::path& dir, const std::string& name) {
+  // Whatever is there by that name, read_idx names it if it is not a file.
   for (const auto& candidate : {dir / name, dir / (name + ".gz")}) {
-    if (fs::is_regular_file(candidate)) return candidate.string();
+    if (path_kind(candidate.string()) != "nothing") return candidate.string();
   }
   TANDEM_FAIL("idx:", dir.string(), ": missing ", name, " (or ", name, ".gz)");
 }
@@ -111,7 +113,7 @@ std::string find_file(const fs::path& dir, const std::string& name) {
 }  // namespace
 
 torch::Tensor read_idx(const std::string& path, int64_t expected_dims) {
-  TANDEM_CHECK(fs::is_regular_file(path), path, ": no such file");
+  check_regular_file(path, "an IDX file");  // Note [special files]
   IdxInput file(path);
   std::array<unsigned char, 4> magic{};
   TANDEM_CHECK(file.read(magic.data(), 4) == 4, path,

@@ -1,4 +1,5 @@
 #include "tandem/data/image_io.h"
+#include "tandem/util/file.h"
 
 #include <csetjmp>
 #include <cstdio>
@@ -397,13 +398,15 @@ torch::Tensor decode_image_box(const uint8_t* data, size_t size, const std::stri
 }
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw ImageError(detail::str_cat(path, ": cannot open (", std::strerror(errno), ")"));
-  std::vector<uint8_t> bytes(static_cast<size_t>(in.tellg()));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!in) throw ImageError(detail::str_cat(path, ": read failed"));
-  return bytes;
+  // Not a regular file (a FIFO would block the read for ever): a bad image
+  // like any other that cannot be read (Note [special files]).
+  std::string bytes;
+  try {
+    bytes = read_regular_file(path, "an image file");
+  } catch (const Error& e) {
+    throw ImageError(e.what());
+  }
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
 }
 
 torch::Tensor read_image(const std::string& path) {

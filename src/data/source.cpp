@@ -6,6 +6,7 @@
 #include "tandem/data/cifar.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/util/file.h"
 #include "tandem/util/check.h"
 
 namespace tandem::data {
@@ -137,9 +138,9 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 std::string data_format(const std::string& spec) { return parse_spec(spec).kind; }
 
 void check_data_folder(const std::string& kind, const std::string& dir) {
-  std::error_code ec;
-  TANDEM_CHECK(std::filesystem::is_directory(dir, ec), kind, ":", dir,
-               std::filesystem::exists(dir, ec) ? ": not a directory" : ": no such directory");
+  const std::string what = path_kind(dir);
+  TANDEM_CHECK(what == "a folder", kind, ":", printable(dir),
+               what == "nothing" ? std::string(": no such directory") : ": is " + what + "; expected a folder");
 }
 
 void check_spec_folder(const std::string& spec) {

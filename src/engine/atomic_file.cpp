@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/removed_on_signal.h"
 
 namespace tandem::engine {
@@ -33,20 +34,24 @@ std::string rank_output_path(const std::string& pattern, int64_t rank) {
 
 void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
-  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), flag, " ", path, ": is a folder; expected a file name");
+  const std::string named = flag + " " + printable(path);
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), named, ": is a folder; expected a file name");
+  // One that is there and writable (a file to replace, /dev/stdout) needs
+  // no writable folder.
+  if (std::filesystem::exists(path, ec) && ::access(path.c_str(), W_OK) == 0) return;
   auto folder = std::filesystem::path(path).parent_path();
   if (folder.empty()) folder = ".";
-  TANDEM_CHECK(std::filesystem::is_directory(folder, ec) && ::access(folder.c_str(), W_OK) == 0, flag, " ", path,
-               ": ", folder.string(), " is not a folder this process can write to");
+  TANDEM_CHECK(std::filesystem::is_directory(folder, ec) && ::access(folder.c_str(), W_OK) == 0, named,
+               ": ", printable(folder.string()), " is not a folder this process can write to");
 }
 
 void check_replaceable_file(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(path, ec);  // through a link: what it points to
-  TANDEM_CHECK(!fs::exists(status) || fs::is_regular_file(status), flag, flag.empty() ? "" : " ", path,
-               ": exists and is not a regular file (a device, a FIFO or a socket); this file is written "
-               "whole and renamed into place, which would replace it: name a regular file");
+  TANDEM_CHECK(!fs::exists(status) || fs::is_regular_file(status), flag, flag.empty() ? "" : " ", printable(path),
+               ": is ", path_kind(path), ", not a regular file; this file is written whole and renamed into "
+               "place, which would replace it: name a regular file");
 }
 
 void write_atomically(const std::string& path,

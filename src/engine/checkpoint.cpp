@@ -24,6 +24,7 @@
 
 #include "tandem/engine/atomic_file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
 namespace tandem::engine {
@@ -81,12 +82,7 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 // The archive inside a checkpoint file, once its trailer checks out.
 std::string verified_archive(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  TANDEM_CHECK(in, "cannot open it: ", std::strerror(errno));
-  std::string bytes(static_cast<size_t>(in.tellg()), '\0');  // one read, not a byte at a time
-  in.seekg(0);
-  TANDEM_CHECK(in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())), "cannot read it: ",
-               std::strerror(errno));
+  std::string bytes = read_regular_file(path, "a checkpoint file");  // Note [special files]
   TANDEM_CHECK(bytes.size() >= kTrailerSize &&
                    std::memcmp(bytes.data() + bytes.size() - kTrailerSize, kMagic, 8) == 0,
                "damaged: no tandem checksum trailer at its end (cut short, or not a tandem "
@@ -466,7 +462,7 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
       return it->second.string();
     } catch (const DamagedCheckpoint& e) {  // an older one may be good: atomic writes keep it
       if (warnings) warnings->push_back(std::string(e.what()) + "; trying the one before it");
-      damaged += std::string("\n  ") + e.what();
+      damaged += std::string(damaged.empty() ? " " : "; ") + e.what();
     }
   }
   TANDEM_CHECK(damaged.empty(), "--resume: no usable checkpoint in ", options_.dir, ":", damaged);
@@ -549,8 +545,9 @@ std::optional<std::string> fingerprint_field(const std::string& fingerprint, con
 
 void Checkpointer::check_writable() const {
   std::error_code ec;
-  TANDEM_CHECK(!fs::exists(options_.dir, ec) || fs::is_directory(options_.dir, ec), "--checkpoint-dir ",
-               options_.dir, ": exists and is not a directory");
+  const std::string kind = path_kind(options_.dir);
+  TANDEM_CHECK(kind == "nothing" || kind == "a folder", "--checkpoint-dir ", printable(options_.dir), ": is ", kind,
+               "; expected a folder (or nothing there yet)");
   fs::create_directories(options_.dir, ec);
   TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create: ", ec.message());
   const std::string probe =
@@ -647,8 +644,8 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
                  "it was written by a run with other settings (",
                  fingerprint_differences(saved.toStringRef(), fingerprint, options_.may_change),
                  "); resume with the checkpoint's settings, or train afresh in another "
-                 "--checkpoint-dir\n  checkpoint: ", saved.toStringRef(), "\n  this run:   ",
-                 fingerprint);
+                 "--checkpoint-dir (the checkpoint's: ", saved.toStringRef(), "; this run's: ",
+                 fingerprint, ")");
     p.fingerprint = saved.toStringRef();
     p.epoch = read_int(archive, "epoch");
     p.batch_in_epoch = read_int(archive, "batch_in_epoch");

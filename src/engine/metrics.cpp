@@ -1,12 +1,18 @@
 #include "tandem/engine/metrics.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/atomic_file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 
 namespace tandem::engine {
 
@@ -32,8 +38,7 @@ std::string to_json_line(const EpochMetrics& m) {
 }
 
 std::vector<EpochMetrics> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  TANDEM_CHECK(in.is_open(), path, ": cannot open the metrics file");
+  std::istringstream in(read_regular_file(path, "a metrics file"));
   std::vector<EpochMetrics> records;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
@@ -68,14 +73,38 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
     : path_(path) {
   check_output_file("--metrics-out", path);  // names what is wrong with the path: no folder, a folder, ...
-  out_.open(path, append ? std::ios::app : std::ios::trunc);
-  TANDEM_CHECK(out_.is_open(), "--metrics-out ", path, ": cannot open for writing: ", std::strerror(errno));
+  fd_ = open_lines_output("--metrics-out", path, append);
+}
+
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const EpochMetrics& metrics) {
-  out_ << to_json_line(metrics) << '\n';
-  out_.flush();
-  TANDEM_CHECK(out_, "--metrics-out ", path_, ": write failed");
+  const std::string line = to_json_line(metrics) + '\n';
+  // What was printed before it comes first where the file is this
+  // process's own output (--metrics-out /dev/stdout).
+  std::fflush(stdout);
+  std::fflush(stderr);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    TANDEM_CHECK(n > 0, "--metrics-out ", printable(path_), ": write failed: ", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace tandem::engine

@@ -9,6 +9,7 @@
 
 #include "tandem/engine/atomic_file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 
 namespace tandem::engine {
 namespace {
@@ -77,8 +78,7 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 
 SafetensorsFile read_safetensors(const std::string& path) {
   std::error_code ec;
-  TANDEM_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), path,
-               ": not a regular file (a safetensors file was expected)");
+  check_regular_file(path, "a safetensors file");  // Note [special files]
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int why = errno;

@@ -26,6 +26,7 @@
 #include "tandem/util/arith.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
+#include "tandem/util/file.h"
 #include "tandem/util/progress.h"
 #include "tandem/util/stopwatch.h"
 #include "tandem/util/table.h"
@@ -277,11 +278,11 @@ EvalResult Trainer::evaluate() {
 }
 
 void Trainer::say(const std::string& line) const {
-  if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", line.c_str());
+  if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", printable(line).c_str());
 }
 
 void Trainer::warn(const std::string& line) const {
-  if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
+  if (log_) std::fprintf(log_, "tandem: warning: %s\n", printable(line).c_str());
 }
 
 TrainResult Trainer::run() {

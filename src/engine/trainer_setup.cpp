@@ -25,6 +25,7 @@
 #include "tandem/parallel/comm_hook.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
+#include "tandem/util/file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/table.h"
@@ -494,7 +495,7 @@ void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
       auto it = file.metadata.find(key);
       if (it == file.metadata.end() || it->second == value) continue;
       const char* flag = key == "image_size" ? "--image-size" : key == "stem" ? "--stem" : "--width-mult";
-      hint += detail::str_cat("\n", flag, ": the weights were made for ", described(key, it->second),
+      hint += detail::str_cat("; ", flag, ": the weights were made for ", described(key, it->second),
                               " (their metadata), this run's model for ", described(key, value));
     }
     if (hint.empty()) throw;
@@ -588,7 +589,7 @@ void Trainer::report_warnings(std::FILE* to) const {
   for (const auto* dataset : {data_.train.get(), data_.test.get()}) {
     if (dataset == nullptr) continue;
     for (const auto& line : dataset->drain_warnings()) {
-      if (to) std::fprintf(to, "tandem: warning: %s\n", line.c_str());
+      if (to) std::fprintf(to, "tandem: warning: %s\n", printable(line).c_str());
     }
   }
   if (to) std::fflush(to);

@@ -45,6 +45,13 @@ std::optional<double> parse_double(const std::string& text) {
   return value;
 }
 
+bool looks_like_number(const std::string& text) {
+  if (!plain_decimal(text) || text.find_first_of("iInN") != std::string::npos) return false;
+  char* end = nullptr;
+  std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size();
+}
+
 std::vector<std::string> split(const std::string& text, char sep) {
   std::vector<std::string> parts;
   std::string::size_type start = 0;

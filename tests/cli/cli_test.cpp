@@ -243,7 +243,7 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
             std::string::npos) << r.output;
   // Weights for other images: the tensor, then the flag (Note [shape settings]).
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("w.safetensors") + data + " --image-size 32", 1,
-                                    "\n--image-size: the weights were made for 28 x 28 images (their metadata), "
+                                    "; --image-size: the weights were made for 28 x 28 images (their metadata), "
                                     "this run's model for 32 x 32 images"));
   // A file without that metadata (written by another program): the first
   // tensor that does not fit is named.
@@ -255,7 +255,7 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   EXPECT_NE(r.output.find("tandem: error: " + dir.file("bare.safetensors") + ": tensor 'fc1.weight' has shape"),
             std::string::npos) << r.output;
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("absent.safetensors") + data, 1,
-                                    dir.file("absent.safetensors") + ": cannot open: no such file"));
+                                    dir.file("absent.safetensors") + ": no such file (expected a safetensors file)"));
 
   // Note [normalisation in exports]: another IDX set as --data normalises
   // with its own statistics, not the training's; refused, naming both. As

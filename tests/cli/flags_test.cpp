@@ -53,10 +53,14 @@ TEST(FlagsTest, MistakesAreOneLineNamingTheFlag) {
   EXPECT_EQ(usage_error({"--epoch", "3"}), "unknown flag --epoch (see tool --help)");
   EXPECT_EQ(usage_error({"--epochs", "0"}), "--epochs: expected a positive integer, got '0'");
   EXPECT_EQ(usage_error({"--epochs", "three"}), "--epochs: expected a positive integer, got 'three'");
-  EXPECT_EQ(usage_error({"--lr", "-1"}), "--lr: expected a number >= 0, got '-1'");
+  EXPECT_EQ(usage_error({"--lr", "-1"}), "--lr: expected a number from 0 to 1e+300, got '-1'");
   // An upper bound too: a huge time would overflow the clock it is added to.
   EXPECT_EQ(usage_error({"--grace", "1e10"}), "--grace: expected a number from 0 to 86400, got '1e10'");
   EXPECT_EQ(usage_error({"--lr", "nan"}), "--lr: expected a number >= 0, got 'nan'");
+  // A number out of range is told the range, not that it is no number;
+  // 1e309 overflows a double.
+  EXPECT_EQ(usage_error({"--lr", "1e308"}), "--lr: expected a number from 0 to 1e+300, got '1e308'");
+  EXPECT_EQ(usage_error({"--lr", "1e309"}), "--lr: expected a number from 0 to 1e+300, got '1e309'");
   EXPECT_EQ(usage_error({"--mode", "c"}), "--mode: expected one of a|b, got 'c'");
   EXPECT_EQ(usage_error({"--fast=yes"}), "--fast takes no value, got 'yes'");
   EXPECT_EQ(usage_error({"--epochs"}), "--epochs: missing value (N)");

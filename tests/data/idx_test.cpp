@@ -134,7 +134,7 @@ TEST(IdxTest, MissingDirectoryAndMissingFileAreNamed) {
   EXPECT_EQ(error_of([] { open_data("idx:/no/such/dir"); }), "idx:/no/such/dir: no such directory");
   TempDir dir;
   std::ofstream(dir.file("a-file")) << "x";
-  EXPECT_EQ(error_of([&] { open_data("idx:" + dir.file("a-file")); }), "idx:" + dir.file("a-file") + ": not a directory");
+  EXPECT_EQ(error_of([&] { open_data("idx:" + dir.file("a-file")); }), "idx:" + dir.file("a-file") + ": is a regular file; expected a folder");
   EXPECT_NE(error_of([&] { open_data("idx:" + dir.path()); })
                 .find("missing train-images-idx3-ubyte (or train-images-idx3-ubyte.gz)"),
             std::string::npos);

@@ -1,6 +1,7 @@
 // JPEG and PNG decoding: against PIL's pixels, and the error for every kind
 // of bad file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <filesystem>
@@ -284,7 +285,15 @@ TEST(ImageIoTest, NotAnImageIsAnError) {
       << message;
   write_bytes(dir.file("empty.png"), "");
   EXPECT_NE(expect_image_error(dir.file("empty.png")).find("empty file"), std::string::npos);
-  EXPECT_NE(expect_image_error(dir.file("missing.png")).find("cannot open"), std::string::npos);
+  EXPECT_NE(expect_image_error(dir.file("missing.png")).find("missing.png: no such file"), std::string::npos);
+  // Not a regular file: a folder, and a FIFO, which is never opened for
+  // reading (that would wait for a writer).
+  std::filesystem::create_directory(dir.file("folder.png"));
+  EXPECT_NE(expect_image_error(dir.file("folder.png")).find("folder.png: is a folder; expected an image file"),
+            std::string::npos);
+  ASSERT_EQ(::mkfifo(dir.file("fifo.jpg").c_str(), 0666), 0);
+  EXPECT_NE(expect_image_error(dir.file("fifo.jpg")).find("fifo.jpg: is a FIFO; expected an image file"),
+            std::string::npos);
 }
 
 TEST(ImageIoTest, EncoderRejectsBadTensors) {

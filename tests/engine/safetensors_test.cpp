@@ -87,7 +87,7 @@ TEST(SafetensorsTest, DefectsAreNamedNotCrashed) {
                            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
                ": tensor 'a' is named twice in the header");
   EXPECT_EQ(testing::error_of([&] { read_safetensors(dir.path()); }),
-            dir.path() + ": not a regular file (a safetensors file was expected)");
+            dir.path() + ": is a folder; expected a safetensors file");
   // Writing into a folder that does not exist says why it cannot.
   EXPECT_NE(testing::error_of([&] { write_safetensors(dir.file("no-such-dir/w.st"), {{"a", torch::ones({1})}}); })
                 .find(": cannot create: No such file or directory"),

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -30,19 +29,23 @@ std::string to_json_line(const EpochMetrics& metrics);
 // the file (and the line) when it cannot be read or a line is not a record.
 std::vector<EpochMetrics> read_metrics(const std::string& path);
 
-// Appends lines to a file, flushed after each line; creates or truncates it
-// when opened.
+// Writes one line per record, each whole, to a file it creates or empties
+// when opened (open_lines_output in tandem/util/file.h: a pipe, a terminal
+// or this process's own output by another name is appended to instead).
 class MetricsWriter {
  public:
   MetricsWriter() = default;
   // `append`: keep the existing lines (a resumed run).
   MetricsWriter(const std::string& path, bool append);
+  MetricsWriter(MetricsWriter&& other) noexcept;
+  MetricsWriter& operator=(MetricsWriter&& other) noexcept;
+  ~MetricsWriter();
   void write(const EpochMetrics& metrics);
-  bool enabled() const { return out_.is_open(); }
+  bool enabled() const { return fd_ >= 0; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 }  // namespace tandem::engine

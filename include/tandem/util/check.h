@@ -2,8 +2,9 @@
 //
 // Library code never exits or asserts: it throws tandem::Error with a message
 // that names the thing at fault (a file, a flag, a rank) and what was
-// expected. The CLI prints it on stderr (its first line the summary; any
-// further lines the details, such as a list of files) and exits non-zero.
+// expected, on one line (details after "; "). The CLI prints it on stderr,
+// control characters in names escaped (printable in tandem/util/file.h),
+// and exits non-zero.
 #pragma once
 
 #include <sstream>

@@ -20,6 +20,11 @@ std::optional<unsigned long long> parse_uint(const std::string& text);
 // "0.1", "1e-3", "5", "-2" -> value; "", "abc", "nan", "inf", " 1", "+1", "0x10" -> nullopt.
 std::optional<double> parse_double(const std::string& text);
 
+// Whether `text` is written as a decimal number, whatever its size: true
+// for 1e309 and 1e-400, which parse_double refuses as out of range; false
+// for inf, nan and the forms parse_double never takes.
+bool looks_like_number(const std::string& text);
+
 // "a,b,,c" -> {"a", "b", "", "c"}.
 std::vector<std::string> split(const std::string& text, char sep);
 
