@@ -1,11 +1,14 @@
 // tandem eval: trained weights (a safetensors file) evaluated on a data set.
+#include <cmath>
 #include <cstdio>
 
 #include "common_flags.h"
 #include "tandem/cli/commands.h"
 #include "tandem/data/source.h"
 #include "tandem/cli/flags.h"
+#include "tandem/engine/divergence.h"
 #include "tandem/engine/safetensors.h"
+#include "tandem/util/table.h"
 #include "tandem/engine/trainer.h"
 
 namespace tandem::cli {
@@ -72,6 +75,18 @@ int eval_command(const std::vector<std::string>& args) {
   trainer.load_weights(file, weights);
   auto result = trainer.evaluate();
   trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own
+  // Weights that give no finite loss are no result (Note [diverged]).
+  if (!std::isfinite(result.loss)) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& p : trainer.model()->named_parameters()) named.emplace_back(p.key(), p.value());
+    for (const auto& b : trainer.model()->named_buffers()) named.emplace_back(b.key(), b.value());
+    auto [largest, where] = engine::largest_magnitude(named);
+    throw Error(format("%s: these weights give a test loss of %s on %s (their largest value in magnitude: %g, in "
+                       "'%s'): the weights of a run that diverged?",
+                       weights.c_str(), std::isnan(result.loss) ? "NaN" : "inf",
+                       options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), largest,
+                       where.c_str()));
+  }
   if (trainer.rank() == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld image%s)\n",
                 options.model.c_str(), weights.c_str(),

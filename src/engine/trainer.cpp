@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 #include <ATen/record_function.h>
 
@@ -13,6 +14,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/engine/atomic_file.h"
 #include "tandem/engine/checkpoint.h"
+#include "tandem/engine/divergence.h"
 #include "tandem/engine/profile.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
@@ -30,18 +32,6 @@
 #include "tandem/util/progress.h"
 #include "tandem/util/stopwatch.h"
 #include "tandem/util/table.h"
-
-// Note [diverged]: a loss that turns NaN or infinite never comes back (the
-// weights are NaN from then on), and going on would spend the rest of the
-// run, and write NaN checkpoints that --resume would pick up, for nothing.
-// The loss is summed on the device and read every 10 steps, before every
-// checkpoint and at the end of an epoch (sync_sums, where the ranks' sums
-// are all-reduced anyway); a sum that is not finite ends the run there, on
-// every rank at the same step, before any checkpoint of those steps is
-// written. Checking every step would cost a device sync per step. With
-// --amp fp16 an overflow in the backward of the scaled loss is the
-// scaler's to handle (it skips that step); the loss summed here is the
-// unscaled one, so only a forward that overflows stops the run.
 
 namespace tandem::engine {
 
@@ -356,6 +346,7 @@ TrainResult Trainer::run() {
     }
   }
   TrainPosition position;
+  std::string started_from = o.init_weights.empty() ? "" : "--init-weights " + o.init_weights;  // Note [diverged]
   // A worker restarted by the launcher (--max-restarts) resumes by itself.
   bool resume = o.resume;
   if (!resume && env::get_int("TANDEM_RESTART_COUNT").value_or(0) > 0) {
@@ -389,6 +380,7 @@ TrainResult Trainer::run() {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
     if (path) {
+      started_from = "the checkpoint " + *path;
       // The same --data text may name a data set that changed since: the
       // checkpoint's place in its epoch would then point at other samples.
       const auto samples = fingerprint_field(position.fingerprint, "samples");
@@ -438,6 +430,32 @@ TrainResult Trainer::run() {
   }
   MetricsWriter metrics;
   if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/resume && position.step > 0);
+
+  // Note [diverged]: this rank's weights and buffers, checked at every sync;
+  // what the run starts from, for the advice should it diverge.
+  auto weights_and_buffers = [this] {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    if (fsdp_) {
+      for (const auto& shard : fsdp_->parameters()) named.emplace_back("a parameter shard of this rank", shard);
+    } else {
+      for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    }
+    for (const auto& b : model_->named_buffers()) named.emplace_back(b.key(), b.value());
+    return named;
+  };
+  DivergenceFacts divergence;
+  divergence.peak_lr = o.lr;
+  divergence.weight_decay = o.weight_decay;
+  divergence.momentum = o.momentum;
+  divergence.nesterov = o.nesterov;
+  divergence.start_source = started_from;
+  std::tie(divergence.start_largest, divergence.start_tensor) = largest_magnitude(weights_and_buffers());
+  // Ends the run: `what` diverged at `when` (Note [diverged]).
+  auto diverged = [&](const std::string& what, const std::string& when, double lr) {
+    divergence.lr = lr;
+    TANDEM_FAIL("training diverged: ", what, " ", when, "; stopped",
+                checkpointer ? " before writing a checkpoint of it" : "", ": ", divergence_advice(divergence));
+  };
 
   if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (world_ > 1) {
@@ -630,18 +648,35 @@ TrainResult Trainer::run() {
     auto sync_sums = [&] {
       // On the device: NCCL takes CUDA tensors only.
       // The images too: with --skip-bad-images the ranks' batches differ in size.
+      std::vector<torch::Tensor> checked;
+      for (const auto& named : weights_and_buffers()) checked.push_back(named.second);
+      auto bad = count_non_finite(checked, loss_sum.device());
+      if (stages_) stages_->all_reduce(bad).wait();  // every stage's weights; the sums are the last stage's
       auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
-                                torch::full({}, static_cast<double>(seen), loss_sum.options())});
+                                torch::full({}, static_cast<double>(seen), loss_sum.options()), bad});
       if (group_) group_->all_reduce(sums).wait();
       if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
       sums = sums.cpu();
       double loss = sums[0].item<double>(), hits = sums[1].item<double>();
       const auto images = static_cast<int64_t>(std::llround(sums[2].item<double>()));
-      TANDEM_CHECK(std::isfinite(loss), "training diverged: the loss became ",
-                   std::isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf", " between steps ",
-                   synced_step, " and ", position.step, " (epoch ", position.epoch + 1, ", learning rate ",
-                   format("%g", lr), "); stopped", checkpointer ? " before writing a checkpoint of it" : "",
-                   ". Train again with a lower --lr, a longer --warmup-epochs or --clip-grad-norm");
+      const auto bad_tensors = static_cast<int64_t>(std::llround(sums[3].item<double>()));
+      const std::string when = format("between steps %lld and %lld (epoch %lld)", static_cast<long long>(synced_step),
+                                      static_cast<long long>(position.step),
+                                      static_cast<long long>(position.epoch + 1));
+      if (!std::isfinite(loss)) {
+        diverged(std::string("the loss became ") + (std::isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf"), when, lr);
+      }
+      if (bad_tensors > 0) {
+        const std::string first = first_non_finite(weights_and_buffers());
+        diverged(format("%lld tensor(s) of the weights and buffers came to hold NaN or infinite values%s, the "
+                        "loss still finite,", static_cast<long long>(bad_tensors),
+                        first.empty() ? "" : (" ('" + first + "' on this rank)").c_str()),
+                 when, lr);
+      }
+      if (images > 0) {
+        divergence.last_loss = loss / static_cast<double>(images);
+        if (std::isnan(divergence.first_loss)) divergence.first_loss = divergence.last_loss;
+      }
       synced_step = position.step;
       position.epoch_loss_sum += loss;
       position.epoch_correct += static_cast<int64_t>(std::llround(hits));
@@ -720,6 +755,13 @@ TrainResult Trainer::run() {
     m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
     if (data_.test) {
       auto eval = evaluate();
+      if (!std::isfinite(eval.loss)) {  // weights that overflow at evaluation (Note [diverged])
+        auto [largest, where] = largest_magnitude(weights_and_buffers());
+        diverged(format("the evaluation after step %lld gave a test loss of %s (the largest weight or buffer "
+                        "value on this rank: %g, in '%s')", static_cast<long long>(position.step),
+                        std::isnan(eval.loss) ? "NaN" : "inf", largest, where.c_str()),
+                 format("in epoch %lld", static_cast<long long>(position.epoch + 1)), lr);
+      }
       m.test_loss = eval.loss;
       m.test_acc = eval.accuracy;
     } else {
