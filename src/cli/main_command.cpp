@@ -9,6 +9,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/dist/communication_error.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/launch/worker_error.h"
 #include "tandem/util/file.h"
@@ -64,8 +65,11 @@ int run_command(int argc, char** argv) {
     // trace is left out).
     const std::string message = printable(message_of(e));
     std::fprintf(stderr, "\ntandem: error: %s\n", message.c_str());
-    // Note [first failure]: for a launcher that asked (TANDEM_ERROR_FILE).
-    launch::report_worker_error(message, dist::is_communication_failure(message));
+    // Note [first failure]: for a launcher that asked (TANDEM_ERROR_FILE),
+    // with the ranks a failed collective found not answering.
+    const auto* failed = dynamic_cast<const dist::CommunicationError*>(&e);
+    launch::report_worker_error(message, failed != nullptr || dist::is_communication_failure(message),
+                                failed != nullptr ? failed->unanswered() : std::vector<int64_t>{});
     // libtorch's allocators name bytes, not the flags that asked for them.
     if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
         message.find("can't allocate memory") != std::string::npos) {

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "tandem/launch/worker_error.h"
+#include "worker.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/table.h"
@@ -38,7 +39,7 @@ std::string random_token() {
   return token;
 }
 
-using Clock = std::chrono::steady_clock;
+using namespace internal;
 
 // Each worker's stdout and stderr reach the launcher through pipes of its
 // own: two descriptors kept per worker (four while it starts). Raises this
@@ -151,111 +152,9 @@ int take_stop_signal() {
   return seen;
 }
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return format("exited with code %d", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int s = WTERMSIG(status);
-    const char* name = sigabbrev_np(s);
-    return format("was killed by signal %d (SIG%s)", s, name ? name : "?");
-  }
-  return format("ended with status %d", status);
-}
+// The workers' records, their output and the verdict on a failure:
+// src/launch/worker.h.
 
-struct Stream {
-  int fd = -1;
-  std::string pending;  // a partial line
-  std::FILE* to = nullptr;
-};
-
-struct Worker {
-  int64_t local_rank = 0, rank = 0;
-  pid_t pid = -1;
-  bool exited = false;
-  int status = 0;
-  Clock::time_point exit_seen;         // when the launcher reaped it
-  bool stopped = false;                // reaped after the launcher signalled the workers to stop
-  std::optional<WorkerError> error;    // what it reported (Note [first failure])
-  Stream out, err;
-};
-
-int64_t steady_ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
-bool exited_ok(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
-// A private folder for the workers' error files (Note [first failure]),
-// removed with what is in it. Without one (no writable temporary folder)
-// the workers get no TANDEM_ERROR_FILE and are judged by their exits alone.
-class ErrorFolder {
- public:
-  ErrorFolder() {
-    const auto tmp = env::get("TMPDIR");
-    std::string pattern = (tmp && !tmp->empty() ? *tmp : std::string("/tmp")) + "/tandem-launch-XXXXXX";
-    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
-  }
-  ~ErrorFolder() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  ErrorFolder(const ErrorFolder&) = delete;
-  ErrorFolder& operator=(const ErrorFolder&) = delete;
-  // Rank `rank`'s file ("" without a folder), removed if an earlier attempt left one.
-  std::string file_for(int64_t rank) const {
-    if (path_.empty()) return "";
-    std::string file = path_ + "/rank-" + std::to_string(rank);
-    std::remove(file.c_str());
-    return file;
-  }
-
- private:
-  std::string path_;
-};
-
-// One line of rank `rank`'s output, prefixed, bytes as they are (a NUL
-// included).
-void write_line(std::FILE* to, int64_t rank, const char* data, size_t size) {
-  std::fprintf(to, "[rank %lld] ", static_cast<long long>(rank));
-  std::fwrite(data, 1, size, to);
-  std::fputc('\n', to);
-}
-
-// A line longer than this goes out in pieces of this size, each prefixed:
-// the launcher's memory stays bounded whatever a worker writes without a
-// newline (a sweep's find: 300 MB without one took 53 s and 940 MB).
-constexpr size_t kMaxLine = size_t{1} << 20;
-
-// Copies complete lines from `s` to its destination with the rank prefix;
-// at EOF also the last partial line. Returns false at EOF. Only the bytes
-// just read are searched for a newline (what is pending has none).
-bool pump(Stream& s, int64_t rank, bool eof_flush) {
-  char buffer[65536];
-  ssize_t n = read(s.fd, buffer, sizeof buffer);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
-  bool eof = n <= 0;
-  size_t start = 0, from = s.pending.size();
-  if (n > 0) s.pending.append(buffer, static_cast<size_t>(n));
-  for (size_t newline; (newline = s.pending.find('\n', from)) != std::string::npos; from = start) {
-    for (; newline - start > kMaxLine; start += kMaxLine) write_line(s.to, rank, s.pending.data() + start, kMaxLine);
-    write_line(s.to, rank, s.pending.data() + start, newline - start);
-    start = newline + 1;
-  }
-  for (; s.pending.size() - start >= kMaxLine; start += kMaxLine) {
-    write_line(s.to, rank, s.pending.data() + start, kMaxLine);
-  }
-  s.pending.erase(0, start);
-  if ((eof || eof_flush) && !s.pending.empty()) {
-    write_line(s.to, rank, s.pending.data(), s.pending.size());
-    s.pending.clear();
-  }
-  std::fflush(s.to);
-  if (eof) {
-    close(s.fd);
-    s.fd = -1;
-  }
-  return !eof;
-}
 
 struct Attempt {
   std::vector<Worker> workers;  // those started
@@ -471,32 +370,22 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       signal_all(s);
       start_grace();
     };
-    // Note [first failure]: of the workers that failed before the launcher
-    // stopped the others, the one whose error did not follow a peer's,
-    // earliest first (its report's time, or when it was reaped if it wrote
-    // none); -1 if none failed.
-    auto first_failure = [&] {
-      int best = -1;
-      std::pair<bool, int64_t> best_key{};
-      for (size_t i = 0; i < a.workers.size(); ++i) {
-        const Worker& w = a.workers[i];
-        if (!w.exited || exited_ok(w.status)) continue;
-        const bool reported = w.error && (!stop_began || w.error->time_ns <= steady_ns(*stop_began));
-        if (!reported && stop_began && w.exit_seen > *stop_began) continue;  // one the launcher stopped
-        const std::pair<bool, int64_t> key{reported && w.error->follows_peer,
-                                           reported ? w.error->time_ns : steady_ns(w.exit_seen)};
-        if (best < 0 || key < best_key) {
-          best = static_cast<int>(i);
-          best_key = key;
-        }
-      }
-      return best;
-    };
+    // Note [first failure]: the workers still running are looked at before
+    // any signal reaches them (stop_all continues a stopped one), so that a
+    // rank named as not answering is judged by what it was doing.
     auto stop_for_failure = [&] {
-      const int i = first_failure();
+      for (auto& w : a.workers) {
+        if (!w.exited) w.state_at_stop = process_state(w.pid);
+      }
+      const int i = first_failure(a.workers, stop_began);
       const Worker& w = a.workers[static_cast<size_t>(i)];
-      std::fprintf(err, "tandem launch: rank %lld (pid %d) %s; stopping the other workers\n",
-                   static_cast<long long>(w.rank), static_cast<int>(w.pid), describe_status(w.status).c_str());
+      const Worker* silent = unanswering(a.workers, w);
+      std::fprintf(err, "tandem launch: rank %lld (pid %d) %s%s; stopping the other workers\n",
+                   static_cast<long long>(w.rank), static_cast<int>(w.pid), describe_status(w.status).c_str(),
+                   silent == nullptr ? ""
+                                     : format(", naming rank %lld (pid %d) as not answering",
+                                              static_cast<long long>(silent->rank), static_cast<int>(silent->pid))
+                                           .c_str());
       std::fflush(err);
       stop_all();
     };
@@ -557,7 +446,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
         killed = true;
       }
     }
-    if (any_failed && a.forwarded_signal == 0) a.failed = first_failure();
+    if (any_failed && a.forwarded_signal == 0) a.failed = first_failure(a.workers, stop_began);
     // Every worker is reaped; copy what is left in the pipes (a grandchild
     // that still holds one open is not waited for).
     for (auto& w : a.workers) {
@@ -583,19 +472,7 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       result.reason.clear();
       return result;
     }
-    const Worker& f = a.workers[a.failed];
-    // One whose error came before the launcher stopped it ended of the
-    // launcher's signal, which is not what went wrong.
-    const bool stopped_after_its_error = f.stopped && f.error && WIFSIGNALED(f.status);
-    result.reason = format("rank %lld (pid %d) %s", static_cast<long long>(f.rank), static_cast<int>(f.pid),
-                           stopped_after_its_error
-                               ? format("failed, and the launcher stopped it with SIG%s before it exited",
-                                        sigabbrev_np(WTERMSIG(f.status)) ? sigabbrev_np(WTERMSIG(f.status)) : "?")
-                                     .c_str()
-                               : describe_status(f.status).c_str());
-    if (f.error && !f.error->message.empty()) {
-      result.reason += ": " + f.error->message.substr(0, f.error->message.find('\n'));
-    }
+    result.reason = failure_reason(a.workers, a.failed);
     if (attempt >= o.max_restarts) {
       result.exit_code = 1;
       return result;

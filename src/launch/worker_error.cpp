@@ -12,20 +12,24 @@
 namespace tandem::launch {
 
 namespace {
-constexpr const char* kMagic = "tandem-worker-error 1";
+constexpr const char* kMagic = "tandem-worker-error 2";
+constexpr const char* kMagicVersion1 = "tandem-worker-error 1";  // without the unanswered line
 }  // namespace
 
 std::string format_worker_error(const WorkerError& error) {
   std::ostringstream out;
   out << kMagic << "\ntime_ns " << error.time_ns << "\nfollows_peer " << (error.follows_peer ? 1 : 0)
-      << "\n" << error.message;
+      << "\nunanswered";
+  for (int64_t rank : error.unanswered) out << " " << rank;
+  out << "\n" << error.message;
   return out.str();
 }
 
 std::optional<WorkerError> parse_worker_error(const std::string& text) {
   std::istringstream in(text);
   std::string line;
-  if (!std::getline(in, line) || line != kMagic) return std::nullopt;
+  if (!std::getline(in, line) || (line != kMagic && line != kMagicVersion1)) return std::nullopt;
+  const bool version1 = line == kMagicVersion1;
   WorkerError error;
   auto field = [&](const char* name, int64_t& value) {
     if (!std::getline(in, line)) return false;
@@ -40,13 +44,22 @@ std::optional<WorkerError> parse_worker_error(const std::string& text) {
     return std::nullopt;
   }
   error.follows_peer = follows == 1;
+  if (!version1) {
+    if (!std::getline(in, line) || line.compare(0, 10, "unanswered") != 0) return std::nullopt;
+    for (const auto& word : split(line.substr(10), ' ')) {
+      if (word.empty()) continue;
+      const auto rank = parse_int(word);
+      if (!rank || *rank < 0) return std::nullopt;
+      error.unanswered.push_back(*rank);
+    }
+  }
   std::ostringstream rest;
   rest << in.rdbuf();
   error.message = rest.str();
   return error;
 }
 
-void report_worker_error(const std::string& message, bool follows_peer) {
+void report_worker_error(const std::string& message, bool follows_peer, const std::vector<int64_t>& unanswered) {
   const auto variable = env::get(kErrorFileVariable);
   if (!variable || variable->empty()) return;
   const std::string& path = *variable;
@@ -55,6 +68,7 @@ void report_worker_error(const std::string& message, bool follows_peer) {
                       std::chrono::steady_clock::now().time_since_epoch())
                       .count();
   error.follows_peer = follows_peer;
+  error.unanswered = unanswered;
   error.message = message;
   const std::string text = format_worker_error(error);
   const std::string temporary = path + ".tmp-" + std::to_string(getpid());

@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "pipeline_stage.h"
+#include "tandem/dist/communication_error.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/util/check.h"
@@ -189,7 +190,8 @@ torch::Tensor DistributedPipeline::forward(const torch::Tensor& input) {
     }
     links.finish();
   } catch (const std::exception& e) {
-    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: ", message_of(e));
+    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: "),
+                               e);
   }
   return s + 1 == stages ? x : torch::Tensor();
 }
@@ -242,7 +244,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
     outcome = detail::run_stage(job);
     links.finish();
   } catch (const std::exception& e) {
-    TANDEM_FAIL("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "): ", message_of(e));
+    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "): "), e);
   }
 
   PipelineStep step;

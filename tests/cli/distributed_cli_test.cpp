@@ -326,20 +326,7 @@ TEST(DistributedCliTest, ADivergedJobEndsOnEveryRankAtOnce) {
 
 // A worker killed mid-training ends the job: non-zero, that rank named,
 // within 30 s, and no process left.
-// The pid of the `tandem train` worker whose command line contains `marker`
-// and whose environment has RANK=rank; 0 if there is none (yet).
-pid_t worker_pid(const std::string& marker, int rank) {
-  auto pids = run("pgrep -f -- '^[^ ]*tandem train .*" + marker + "' || true").output;
-  std::istringstream lines(pids);
-  std::string pid;
-  std::string wanted = std::string(1, '\0') + "RANK=" + std::to_string(rank) + std::string(1, '\0');
-  while (std::getline(lines, pid)) {
-    // NUL-separated NAME=VALUE entries; LOCAL_RANK=1 must not count.
-    std::string environ = std::string(1, '\0') + testing::read_text("/proc/" + pid + "/environ");
-    if (environ.find(wanted) != std::string::npos) return std::atoi(pid.c_str());
-  }
-  return 0;
-}
+using testing::worker_pid;
 
 TEST(DistributedCliTest, AKilledRankEndsTheJob) {
   TempDir dir;

@@ -215,17 +215,58 @@ TEST(LaunchTest, AmongFailuresThatFollowedAPeerTheEarliestIsNamed) {
   EXPECT_EQ(count_processes("sleep " + marker), 0);
 }
 
+// Note [first failure], continued: a rank that stopped answering (frozen
+// by SIGSTOP) writes no error and never exits; the rank that waited for it
+// reports a failure that followed a peer and names it. The launcher names
+// the frozen rank, with what its process was doing, not the one that
+// waited; a rank the report does not name is not blamed (the control).
+TEST(LaunchTest, ARankNamedAsNotAnsweringIsNamedWithItsState) {
+  const std::string report = TANDEM_REPORT_ERROR;
+  for (const std::string named : {"0", "2"}) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = run_tandem(
+        "launch --nproc-per-node 2 -- sh -c '"
+        "if [ $RANK = 0 ]; then kill -STOP $$; exec sleep 63.5; fi; "
+        "sleep 0.3; exec " + report + " peer \"all_reduce on rank 1 of 2 (gloo) failed: timed out\" " + named + "'");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_LT(seconds_since(start), 15) << r.output;
+    const auto last = r.output.rfind("tandem launch: ");
+    ASSERT_NE(last, std::string::npos) << r.output;
+    const std::string line = r.output.substr(last);
+    if (named == "0") {
+      EXPECT_EQ(line.rfind("tandem launch: rank 0 (pid ", 0), 0u) << r.output;
+      EXPECT_NE(line.find(") stopped answering (it was stopped by SIGSTOP or a terminal's ^Z); rank 1 (pid "),
+                std::string::npos)
+          << r.output;
+      EXPECT_NE(line.find("), which waited for it, reported: all_reduce on rank 1 of 2 (gloo) failed: timed out"),
+                std::string::npos)
+          << r.output;
+    } else {  // rank 2 is no worker of this launcher's: said as such
+      EXPECT_EQ(line.rfind("tandem launch: rank 2 (on another node) stopped answering; rank 1 (pid ", 0), 0u)
+          << r.output;
+    }
+    EXPECT_EQ(count_processes("sleep 63.5"), 0);
+  }
+}
+
 // What a failing tandem leaves for its launcher, and what the launcher
 // takes from such a file.
 TEST(LaunchTest, WorkerErrorFilesRoundTripAndJunkIsNone) {
-  launch::WorkerError error{123456789, true, "all_reduce failed\nsecond line"};
+  launch::WorkerError error{123456789, true, {0, 3}, "all_reduce failed\nsecond line"};
   auto back = launch::parse_worker_error(launch::format_worker_error(error));
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->time_ns, 123456789);
   EXPECT_TRUE(back->follows_peer);
+  EXPECT_EQ(back->unanswered, (std::vector<int64_t>{0, 3}));
   EXPECT_EQ(back->message, "all_reduce failed\nsecond line");
+  // The first version's files, without the unanswered ranks, still read.
+  back = launch::parse_worker_error("tandem-worker-error 1\ntime_ns 5\nfollows_peer 1\nrecv failed");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->unanswered.empty());
+  EXPECT_EQ(back->message, "recv failed");
   for (const char* junk : {"", "tandem-worker-error 1\ntime_ns 12", "tandem-worker-error 2\ntime_ns 1\nfollows_peer 0\nx",
-                           "tandem-worker-error 1\ntime_ns x\nfollows_peer 0\n", "tandem-worker-error 1\ntime_ns 1\nfollows_peer 2\n"}) {
+                           "tandem-worker-error 1\ntime_ns x\nfollows_peer 0\n", "tandem-worker-error 1\ntime_ns 1\nfollows_peer 2\n",
+                           "tandem-worker-error 2\ntime_ns 1\nfollows_peer 1\nunanswered 0 x\nm"}) {
     EXPECT_FALSE(launch::parse_worker_error(junk).has_value()) << junk;
   }
   TempDir dir;

@@ -155,6 +155,19 @@ CommandResult run_tandem(const std::string& args) {
   return run(std::string(TANDEM_CLI) + " " + args);
 }
 
+int worker_pid(const std::string& marker, int rank) {
+  auto pids = run("pgrep -f -- '^[^ ]*tandem train .*" + marker + "' || true").output;
+  std::istringstream lines(pids);
+  std::string pid;
+  std::string wanted = std::string(1, '\0') + "RANK=" + std::to_string(rank) + std::string(1, '\0');
+  while (std::getline(lines, pid)) {
+    // NUL-separated NAME=VALUE entries; LOCAL_RANK=1 must not count.
+    std::string environ = std::string(1, '\0') + read_text("/proc/" + pid + "/environ");
+    if (environ.find(wanted) != std::string::npos) return std::atoi(pid.c_str());
+  }
+  return 0;
+}
+
 ::testing::AssertionResult tandem_fails(const std::string& args, int exit_code, const std::string& message) {
   auto r = run_tandem(args);
   const bool code_ok = exit_code == kAnyFailure ? r.exit_code != 0 : r.exit_code == exit_code;

@@ -86,6 +86,10 @@ struct TmpfsMount {
 // Runs the tandem binary with `args` (a shell-quoted string).
 CommandResult run_tandem(const std::string& args);
 
+// The pid of the `tandem train` worker whose command line contains `marker`
+// and whose environment has RANK=rank; 0 if there is none (yet).
+int worker_pid(const std::string& marker, int rank);
+
 // Whether `tandem ARGS` exits with `exit_code` (kAnyFailure: any non-zero
 // code) and prints `message`; else a failure showing the code and output.
 // EXPECT_TRUE(tandem_fails("train --flag x", 2, "--flag")) keeps the

@@ -12,11 +12,14 @@
 // as torchrun does with TORCHELASTIC_ERROR_FILE. `tandem` writes it when
 // it exits non-zero: when it failed (steady clock, the same on every process
 // of one host), whether the error came through a collective or the store
-// (`follows_peer`: the ranks that lost a peer), and the message. The
-// launcher blames the failure that did not follow a peer, earliest first;
-// when the first exit it sees followed a peer, it waits up to
-// kPeerFailureWait for a worker with an error of its own before it stops
-// the others. Any program can write the file (format in docs/DISTRIBUTED.md);
+// (`follows_peer`: the ranks that lost a peer), which ranks it found not
+// answering, and the message. The launcher blames the failure that did not
+// follow a peer, earliest first; when the first exit it sees followed a
+// peer, it waits up to kPeerFailureWait for a worker with an error of its
+// own before it stops the others. If none comes and the failure names a
+// rank that did not answer (one frozen by SIGSTOP, stuck in the kernel, or
+// busy elsewhere), that rank is named as the cause, with what its process
+// was doing, rather than the rank that waited for it. Any program can write the file (format in docs/DISTRIBUTED.md);
 // a worker that writes none is judged by its exit alone, as before.
 #pragma once
 
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tandem::launch {
 
@@ -36,6 +40,10 @@ inline constexpr std::chrono::milliseconds kPeerFailureWait{3000};
 struct WorkerError {
   int64_t time_ns = 0;        // steady_clock, when the worker reported it
   bool follows_peer = false;  // it came through a collective or the store
+  // The ranks it found not answering (a collective's missing ranks, rank 0
+  // when the store it serves went silent): the launcher names such a rank
+  // as the cause when it did not fail of its own.
+  std::vector<int64_t> unanswered;
   std::string message;
 };
 
@@ -48,7 +56,8 @@ std::optional<WorkerError> parse_worker_error(const std::string& text);
 // Where TANDEM_ERROR_FILE is set: writes `message` there (to a temporary
 // name, then renamed, so the launcher never reads half a file). Best effort:
 // never throws, since it runs while the process is already failing.
-void report_worker_error(const std::string& message, bool follows_peer);
+void report_worker_error(const std::string& message, bool follows_peer,
+                         const std::vector<int64_t>& unanswered = {});
 
 // The error a worker left at `path`, if any.
 std::optional<WorkerError> read_worker_error(const std::string& path);
