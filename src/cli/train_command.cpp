@@ -18,6 +18,7 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/engine/worker_footprint.h"
 #include "tandem/launch/launcher.h"
 #include "tandem/util/env.h"
 #include "tandem/models/registry.h"
@@ -85,6 +86,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("max-restarts", "K", &o.max_restarts,
                 "with --nproc-per-node N: after a worker fails, restart all of them, up to K times; they "
                 "resume from the newest checkpoint in --checkpoint-dir (tandem launch's --max-restarts)", 0);
+  flags.add_switch("skip-resource-check", &o.skip_resource_check,
+                   "with --nproc-per-node N on CPUs: start the workers without first measuring what one needs "
+                   "(this process opens the data and takes one step) and refusing a job the machine's memory "
+                   "cannot hold");
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "fsdp", "dp", "pipeline"},
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
@@ -202,6 +207,16 @@ int64_t local_workers(const engine::TrainOptions& o) {
   return *n;
 }
 
+// Note [worker footprint]: CPU workers measured against the machine before
+// they start (not with --skip-resource-check; GPUs bound the count there).
+void check_resources(const engine::TrainOptions& o, int64_t workers) {
+  if (o.skip_resource_check || workers < 2 || !engine::parse_device(o.device).is_cpu()) return;
+  const auto footprint = engine::measure_worker_footprint(o, workers);
+  for (const auto& line : engine::check_worker_resources(workers, footprint, engine::machine_resources())) {
+    std::fprintf(stderr, "tandem: warning: %s\n", line.c_str());
+  }
+}
+
 // Seed 002's table: what the run's devices, batches and epochs came to.
 void print_devices_table(const engine::TrainOptions& o, const engine::TrainResult& r) {
   std::vector<double> seconds;
@@ -303,6 +318,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
                      "pipeline over processes takes one count, --nproc-per-node N, a stage per process");
   }
   engine::check_train_options(o);  // once, before the first run
+  check_resources(o, *std::max_element(counts.begin(), counts.end()));
   for (auto n : counts) {
     if (o.batch_per_process == 0 && o.batch_size % n != 0) {
       throw UsageError(format("--batch-size %lld is not divisible by %lld processes (%s); give "
@@ -439,6 +455,7 @@ int train_command(const std::vector<std::string>& args) {
     // Data folders that are not there, likewise (each worker named them).
     data::check_spec_folder(options.data);
     if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
+    check_resources(options, nproc);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
     lo.command.push_back(self_executable());

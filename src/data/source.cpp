@@ -15,9 +15,6 @@ namespace {
 
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
-// The largest --image-size: 8192 x 8192 x 3 float32 is 805 MB an image.
-constexpr int64_t kMaxImageSize = 8192;
-
 // Per-channel statistics the presets normalise with.
 const std::vector<double> kCifar10Mean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kCifar10Std = {0.2470, 0.2435, 0.2616};

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,8 +19,54 @@
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
+#include "tandem/util/parse.h"
 
 namespace tandem::engine {
+namespace {
+
+// The model's top-level layer names as the command line alone determines
+// them (built on the CPU with a stand-in input), for the checks of flags
+// that name or count layers before any data is read; nullopt where they
+// depend on the data (a ResNet's automatic stem over IDX images of a size
+// only the files say). A factory's refusal of an explicit --image-size is
+// a usage error here.
+std::optional<std::vector<std::string>> layers_before_data(const TrainOptions& o) {
+  const bool wanted = o.image_size > 0 || o.checkpoint_activations > 0 || !o.pipeline_split.empty() ||
+                      o.strategy == "pipeline";
+  if (!wanted) return std::nullopt;
+  const std::string format = data::data_format(o.data);
+  int64_t size = o.image_size;
+  if (size == 0) {
+    size = o.data == "fashion-mnist" ? 28 : format == "imagefolder" ? 224 : format == "idx" ? 0 : 32;
+  }
+  const bool size_matters = o.model.rfind("resnet", 0) == 0 && o.stem == "auto";
+  if (size == 0 && size_matters) return std::nullopt;
+  models::ModelOptions m;
+  m.in_channels = format == "idx" ? 1 : 3;
+  m.image_size = size > 0 ? size : 28;
+  m.width_mult = o.width_mult;
+  m.stem = o.stem;
+  models::Sequence model{nullptr};
+  try {
+    torch::NoGradGuard no_grad;
+    model = models::make_model(o.model, m);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    // The same words as the trainer's, after the data (trainer_setup.cpp).
+    if (o.image_size > 0) {
+      throw UsageError(detail::str_cat("--model ", o.model, ": ", e.what(), " (the images are ", o.image_size,
+                                       " x ", o.image_size, ", from --image-size)"));
+    }
+    return std::nullopt;  // the data's own size decides: the trainer says it
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < model->size(); ++i) names.push_back(model->name(i));
+  return names;
+}
+
+}  // namespace
+
 void check_train_options(const TrainOptions& o) {
   // Names the command line gives that nothing answers to (they used to be
   // found by the model's or the data's set-up, exit 1, on every worker).
@@ -32,6 +80,8 @@ void check_train_options(const TrainOptions& o) {
   data::data_format(o.data);  // an unknown kind of data spec: a usage error
   if (!o.val_data.empty()) data::data_format(o.val_data);
   if (!o.augment.empty()) one_of("--augment", o.augment, data::augment_names());
+  TANDEM_CHECK_USAGE(o.image_size >= 0 && o.image_size <= data::kMaxImageSize, "--image-size: expected 1 to ",
+                     data::kMaxImageSize, " pixels (0: the format's default), got ", o.image_size);
   TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
   TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
   TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
@@ -207,6 +257,26 @@ void check_train_options(const TrainOptions& o) {
                      "backward; it does not work with --grad-accum ", o.grad_accum);
   TANDEM_CHECK_USAGE(!o.cuda_graph || amp != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
                      "loss scaler decides on the host whether to take each step; use --amp bf16");
+  // Flags that name or count the model's layers, in the trainer's words.
+  if (auto layers = layers_before_data(o)) {
+    const auto count = static_cast<int64_t>(layers->size());
+    TANDEM_CHECK_USAGE(o.checkpoint_activations <= count, "--checkpoint-activations ", o.checkpoint_activations,
+                       ": ", o.model, " has ", count, " top-level layers to cut into segments");
+    std::string known;
+    for (const auto& name : *layers) known += (known.empty() ? "" : ", ") + name;
+    for (const auto& name : split(o.pipeline_split, ',')) {
+      if (name.empty()) continue;
+      TANDEM_CHECK_USAGE(std::find(layers->begin(), layers->end(), name) != layers->end(),
+                         "--pipeline-split: no layer '", name, "' in the model (its layers: ", known, ")");
+    }
+    if (pipeline && !o.devices.empty() && o.pipeline_split.empty()) {
+      const auto stages = static_cast<int64_t>(split(o.devices, ',').size());
+      const int64_t chunks = o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+      TANDEM_CHECK_USAGE(count >= stages * chunks, "pipeline: the model has ", count, " layers, fewer than the ",
+                         stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
+                         chunks > 1 ? std::to_string(chunks) : std::string(), ")");
+    }
+  }
 }
 
 void check_train_ranks(const TrainOptions& o, int64_t ranks) {

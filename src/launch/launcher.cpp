@@ -225,7 +225,9 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
   SignalScope signals;
   const pid_t launcher = getpid();
   LaunchResult result;
+  RestartBackoff backoff;  // Note [restart back-off]
   for (int64_t attempt = 0;; ++attempt) {
+    const auto attempt_began = Clock::now();
     int port = o.master_port != 0 ? o.master_port : pick_port();
     Attempt a;
     a.workers.reserve(static_cast<size_t>(o.nproc_per_node));
@@ -478,10 +480,29 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       return result;
     }
     ++result.restarts;
-    std::fprintf(err, "tandem launch: %s; restarting all %lld workers (restart %lld of %lld)\n",
-                 result.reason.c_str(), static_cast<long long>(o.nproc_per_node), static_cast<long long>(result.restarts),
-                 static_cast<long long>(o.max_restarts));
+    const auto delay = backoff.after(result.reason, Clock::now() - attempt_began);
+    std::fprintf(err, "tandem launch: %s; %srestarting all %lld workers%s (restart %lld of %lld)\n",
+                 result.reason.c_str(), backoff.repeats() > 0 ? backoff.describe().c_str() : "",
+                 static_cast<long long>(o.nproc_per_node),
+                 delay.count() > 0 ? format(" in %lld s", static_cast<long long>(delay.count() / 1000)).c_str() : "",
+                 static_cast<long long>(result.restarts), static_cast<long long>(o.max_restarts));
     std::fflush(err);
+    // The wait gives way to a stop signal: the launcher then ends as it
+    // would with its workers running.
+    if (delay.count() > 0) {
+      pollfd signals{g_signal_pipe[0], POLLIN, 0};
+      const auto until = Clock::now() + delay;
+      while (Clock::now() < until) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+        if (poll(&signals, 1, static_cast<int>(std::max<int64_t>(1, left))) > 0) {
+          if (int s = take_stop_signal()) {
+            result.exit_code = 128 + s;
+            result.reason = format("stopped by SIG%s while waiting to restart", sigabbrev_np(s));
+            return result;
+          }
+        }
+      }
+    }
   }
 }
 

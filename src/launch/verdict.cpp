@@ -7,6 +7,7 @@
 #include <cstdlib>  // mkdtemp
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <utility>
 
 #include "tandem/util/env.h"
@@ -130,6 +131,32 @@ std::string failure_reason(const std::vector<Worker>& workers, int failed) {
           : describe_status(f.status).c_str());
   if (!message.empty()) reason += ": " + message;
   return reason;
+}
+
+std::string failure_key(const std::string& reason) {
+  // Any rank's (they fail alike), any pid, any temporary name.
+  static const std::regex pids("rank [0-9]+ \\(pid [0-9]+\\)|pid [0-9]+|\\.tmp-[0-9]+");
+  return std::regex_replace(reason, pids, "");
+}
+
+std::chrono::milliseconds RestartBackoff::after(const std::string& reason, Clock::duration ran) {
+  const std::string key = failure_key(reason);
+  const bool same = key == last_ && ran < kStartupWindow;
+  repeats_ = same ? repeats_ + 1 : 0;
+  last_ = key;
+  if (!same) return std::chrono::milliseconds(0);
+  const int64_t seconds = std::min<int64_t>(int64_t{1} << std::min<int64_t>(repeats_ - 1, 10), kMaxBackoff.count());
+  return std::chrono::seconds(seconds);
+}
+
+std::string RestartBackoff::describe() const {
+  if (repeats_ == 0) return "";
+  if (repeats_ == 1) {
+    return format("the same failure as the attempt before, within %lld s of its start: ",
+                  static_cast<long long>(kStartupWindow.count()));
+  }
+  return format("the same failure as the %lld attempts before, each within %lld s of its start: ",
+                static_cast<long long>(repeats_), static_cast<long long>(kStartupWindow.count()));
 }
 
 }  // namespace tandem::launch::internal

@@ -87,4 +87,38 @@ const Worker* unanswering(const std::vector<Worker>& workers, const Worker& fail
 // that failed first, with its error's first line.
 std::string failure_reason(const std::vector<Worker>& workers, int failed);
 
+// Note [restart back-off]: with --max-restarts, a failure that is the same
+// each time and comes soon after the start (a missing file, a flag that
+// cannot work, a port held) would otherwise restart the job at once, as
+// fast as it fails, until the restarts are spent, with nothing said but the
+// same line again. The launcher compares each failure with the last (the
+// reason without its pids and temporary names) and, when it repeats within
+// kStartupWindow of its attempt's start, waits 1, 2, 4, ... s (at most
+// kMaxBackoff) before the next restart and says that the failure is the
+// same each time. A different failure, or one after a long run, restarts
+// at once, as before.
+inline constexpr std::chrono::seconds kStartupWindow{60};
+inline constexpr std::chrono::seconds kMaxBackoff{30};
+
+class RestartBackoff {
+ public:
+  // Records a failure (the launcher's reason) that ended an attempt of
+  // `ran`; returns how long to wait before the next.
+  std::chrono::milliseconds after(const std::string& reason, Clock::duration ran);
+  // How many attempts in a row ended in this same failure, before the last.
+  int64_t repeats() const { return repeats_; }
+  // "the same failure as the N attempts before, each within 60 s of its
+  // start: " (empty without repeats).
+  std::string describe() const;
+
+ private:
+  std::string last_;
+  int64_t repeats_ = 0;
+};
+
+// `reason` without what differs between attempts of the same failure: the
+// rank and pid it starts with (the ranks fail alike), other pids, and the
+// numbers of temporary names (checkpoint-N.pt.tmp-PID).
+std::string failure_key(const std::string& reason);
+
 }  // namespace tandem::launch::internal

@@ -290,9 +290,18 @@ TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {
   // Rank 0 fails on the first two attempts and succeeds on the third.
   std::string script = "echo x >> " + dir.path() + "/attempts.$RANK; echo attempt $TANDEM_RESTART_COUNT; "
                        "if [ $RANK = 0 ] && [ $TANDEM_RESTART_COUNT -lt 2 ]; then exit 1; fi; echo done";
+  auto start = std::chrono::steady_clock::now();
   auto r = run_tandem("launch --nproc-per-node 2 --max-restarts 2 -- sh -c '" + script + "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("restarting all 2 workers (restart 2 of 2)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 1; restarting all 2 workers (restart 1 of 2)"), std::string::npos)
+      << r.output;
+  // Note [restart back-off]: the same failure again, at once: said, and
+  // the next restart waits a second.
+  EXPECT_NE(r.output.find("exited with code 1; the same failure as the attempt before, within 60 s of its "
+                          "start: restarting all 2 workers in 1 s (restart 2 of 2)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_GE(seconds_since(start), 1.0);
   EXPECT_NE(r.output.find("[rank 0] attempt 2\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] done\n"), std::string::npos) << r.output;
   EXPECT_EQ(testing::read_text(dir.file("attempts.0")), "x\nx\nx\n");
@@ -300,6 +309,31 @@ TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {
   auto fail = run_tandem("launch --nproc-per-node 1 --max-restarts 1 -- sh -c 'exit 5'");
   EXPECT_EQ(fail.exit_code, 1);
   EXPECT_NE(fail.output.find("exited with code 5 (after 1 restart)"), std::string::npos) << fail.output;
+}
+
+// Note [restart back-off]: a failure that repeats at start-up waits 1, 2,
+// 4, ... s between restarts, each said to be the same; one that differs
+// each time (the control: its code counts the restarts) restarts at once.
+TEST(LaunchTest, AFailureThatRepeatsBacksOffAndIsSaidToBeTheSame) {
+  auto start = std::chrono::steady_clock::now();
+  auto same = run_tandem("launch --nproc-per-node 2 --max-restarts 3 -- sh -c 'echo no such file >&2; exit 3'");
+  const double backed_off = seconds_since(start);
+  EXPECT_EQ(same.exit_code, 1) << same.output;
+  EXPECT_NE(same.output.find("the same failure as the attempt before, within 60 s of its start: restarting all 2 "
+                             "workers in 1 s (restart 2 of 3)"),
+            std::string::npos)
+      << same.output;
+  EXPECT_NE(same.output.find("the same failure as the 2 attempts before, each within 60 s of its start: restarting "
+                             "all 2 workers in 2 s (restart 3 of 3)"),
+            std::string::npos)
+      << same.output;
+  EXPECT_GE(backed_off, 3.0);
+  start = std::chrono::steady_clock::now();
+  auto differs = run_tandem("launch --nproc-per-node 2 --max-restarts 3 -- sh -c 'exit $((3 + TANDEM_RESTART_COUNT))'");
+  EXPECT_EQ(differs.exit_code, 1) << differs.output;
+  EXPECT_EQ(differs.output.find("the same failure"), std::string::npos) << differs.output;
+  EXPECT_NE(differs.output.find("exited with code 6 (after 3 restarts)"), std::string::npos) << differs.output;
+  EXPECT_LT(seconds_since(start), backed_off);
 }
 
 // Starts `tandem launch --nproc-per-node 2 -- sh -c 'exec sleep MARKER'` in

@@ -19,6 +19,9 @@
 
 namespace tandem::data {
 
+// The largest --image-size: 8192 x 8192 x 3 float32 is 805 MB an image.
+inline constexpr int64_t kMaxImageSize = 8192;
+
 struct DataOptions {
   std::string augment;           // --augment preset; empty: the format's default
   int64_t image_size = 0;        // --image-size; 0: the format's default

@@ -67,6 +67,8 @@ struct TrainOptions {
                                       // list (1,2,4) runs it once per count (a scaling sweep)
   int64_t max_restarts = 0;           // CLI, with --nproc-per-node N: restarts of all the workers
                                       // after a failure (launch::LaunchOptions::max_restarts)
+  bool skip_resource_check = false;   // CLI, with --nproc-per-node N: start the workers without
+                                      // measuring their memory (Note [worker footprint])
 
   // Run
   std::string device = "cpu";  // cpu | cuda | cuda:N
