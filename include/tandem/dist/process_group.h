@@ -2,13 +2,15 @@
 //
 // The one tandem header in front of c10d (libtorch's communication layer):
 // TCPStore for the rendezvous, ProcessGroupGloo for CPU tensors and
-// ProcessGroupNCCL for CUDA tensors. Only src/dist/process_group.cpp includes
-// c10d, so a libtorch upgrade touches that file alone.
+// ProcessGroupNCCL for CUDA tensors. Only the files of src/dist include
+// c10d (through src/dist/internal.h; process_group.cpp for the backends),
+// so a libtorch upgrade touches those alone.
 //
 // Every collective is asynchronous and returns a Work; Work::wait() blocks
-// until it completes or the group's timeout passes, and throws tandem::Error
+// until it completes or the group's timeout passes, and throws
+// tandem::dist::CommunicationError (tandem/dist/communication_error.h)
 // naming the collective, the rank and the cause (a peer that died, a
-// timeout). Ranks must call collectives in the same order with matching
+// timeout), with the ranks that did not answer as its facts. Ranks must call collectives in the same order with matching
 // shapes, as with torch.distributed.
 //
 // Note [waiting on NCCL]: with NCCL, wait() does not block the host. It makes
