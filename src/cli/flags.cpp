@@ -51,9 +51,10 @@ void FlagSet::add_uint(const std::string& name, const std::string& metavar, uint
 }
 
 void FlagSet::add_double(const std::string& name, const std::string& metavar, double* target,
-                         const std::string& help, double min_value, double max_value) {
+                         const std::string& help, double min_value, double max_value,
+                         const std::string& expected_text) {
   Flag flag{name, metavar, help, format("%g", *target)};
-  flag.set = [target, name, min_value, max_value](const std::string& value) {
+  flag.set = [target, name, min_value, max_value, expected_text](const std::string& value) {
     auto parsed = parse_double(value);
     if (!parsed || *parsed < min_value || *parsed > max_value) {
       // A number out of range (1e308, or 1e309, which is infinite in a
@@ -70,6 +71,7 @@ void FlagSet::add_double(const std::string& name, const std::string& metavar, do
           expected = format("a number <= %g", max_value);
         }
       }
+      if (!expected_text.empty()) expected = expected_text;
       throw UsageError("--" + name + ": expected " + expected + ", got '" + value + "'");
     }
     *target = *parsed;

@@ -54,7 +54,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("batch-per-process", "N", &o.batch_per_process,
                 "instead of --batch-size: each process's batch, the global one being N times "
                 "the number of processes (seed 002's setting; 0: use --batch-size)", 0);
-  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0);  // > 0: check_train_options
+  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0, 1e300,
+                   "a positive number up to 1e+300");  // 0 itself: check_train_options
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
   flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup from 0 to --lr, in epochs (fractions allowed)", 0);
   flags.add_double("momentum", "X", &o.momentum, "SGD momentum", 0);

@@ -64,7 +64,8 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
            {"train --augment light", "--augment: expected one of none, cifar, imagenet, heavy, got 'light'"},
            {"eval --weights w.safetensors --augment light", "--augment: expected one of"},
            {"train --model mobilenetv2 --width-mult 1e19", "--width-mult: expected a number from 0.001 to 100"},
-           {"train --lr -0.1", "--lr: expected a positive number, got -0.1"},
+           {"train --lr -0.1", "--lr: expected a positive number up to 1e+300, got '-0.1'"},
+           {"train --lr 0", "--lr: expected a positive number, got 0"},
            {"train" + data + " --model convnet --image-size 2",
             "--model convnet: convnet: image size must be at least 4, got 2 (the images are 2 x 2, from "
             "--image-size)"},

@@ -26,9 +26,9 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.flags; }
 const Case kUsageErrors[] = {
     // Numbers: out of range, not finite, not numbers.
     {"--lr 0", "--lr: expected a positive number, got 0"},
-    {"--lr 1e308", "--lr: expected a number from 0 to 1e+300, got '1e308'"},
-    {"--lr 1e309", "--lr: expected a number from 0 to 1e+300, got '1e309'"},
-    {"--lr nan", "--lr: expected a number >= 0, got 'nan'"},
+    {"--lr 1e308", "--lr: expected a positive number up to 1e+300, got '1e308'"},
+    {"--lr 1e309", "--lr: expected a positive number up to 1e+300, got '1e309'"},
+    {"--lr nan", "--lr: expected a positive number up to 1e+300, got 'nan'"},
     {"--lr 1e39", "--lr 1e+39: beyond the largest float32"},
     {"--momentum 1", "--momentum: expected [0, 1), got 1"},
     {"--momentum nan", "--momentum: expected a number >= 0, got 'nan'"},

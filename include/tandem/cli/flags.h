@@ -26,8 +26,12 @@ class FlagSet {
                const std::string& help, int64_t min_value = INT64_MIN);
   void add_uint(const std::string& name, const std::string& metavar, uint64_t* target,
                 const std::string& help);
+  // `expected` (when not empty) says what the bounds allow in an error's
+  // words, e.g. "a positive number up to 1e+300" where 0 itself is refused
+  // later.
   void add_double(const std::string& name, const std::string& metavar, double* target,
-                  const std::string& help, double min_value = -1e300, double max_value = 1e300);
+                  const std::string& help, double min_value = -1e300, double max_value = 1e300,
+                  const std::string& expected = "");
   void add_string(const std::string& name, const std::string& metavar, std::string* target,
                   const std::string& help);
   void add_choice(const std::string& name, std::string* target,
