@@ -275,17 +275,25 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   impl_->backend = backend;
 
   // Rendezvous: rank 0 serves the store, everyone connects (retrying until
-  // the timeout, so ranks may start in any order).
+  // the timeout, so ranks may start in any order); under torchrun its agent
+  // serves it, and every rank connects (Note [agent store]).
+  const bool serves = r.rank == 0 && !r.agent_store;
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(r.port);
-  store_options.isServer = r.rank == 0;
+  store_options.isServer = serves;
   store_options.numWorkers = static_cast<size_t>(r.world_size);
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
-  if (r.rank == 0) store_options.masterListenFd = bound_listener(r.host, r.port);  // Note [store address]
+  if (serves) store_options.masterListenFd = bound_listener(r.host, r.port);  // Note [store address]
   try {
-    impl_->store = r.rank == 0 ? c10::make_intrusive<c10d::TCPStore>(r.host, store_options)
-                               : connect_to_store(r, store_options);
+    if (serves) {
+      impl_->store = c10::make_intrusive<c10d::TCPStore>(r.host, store_options);
+    } else if (r.agent_store) {
+      impl_->store = c10::make_intrusive<c10d::PrefixStore>("tandem/attempt-" + std::to_string(r.attempt),
+                                                            connect_to_store(r, store_options));
+    } else {
+      impl_->store = connect_to_store(r, store_options);
+    }
     // Note [job token]: rank 0 posts the job's token; the others compare
     // theirs before they join the group, so a stray process leaves nothing
     // behind in the store. (A guard against mistakes, not an attacker: the
@@ -307,7 +315,7 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
     throw;  // already names the rendezvous (Note [store deadline])
   } catch (const std::exception& e) {
     std::string why = first_line(e.what());
-    if (r.rank == 0 && why.find("EADDRINUSE") != std::string::npos) {
+    if (serves && why.find("EADDRINUSE") != std::string::npos) {
       TANDEM_FAIL("rendezvous: port ", r.port, " on ", r.host,
                   " is already in use (pick another MASTER_PORT / --master-port)");
     }
@@ -317,8 +325,10 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
 
   wait_for_every_rank(r, *impl_->store, options.timeout);
   impl_->connect();
-  // Rank 0's process serves the job's store (Note [who did not come]).
-  impl_->count = counted_group(impl_->store, impl_->store.get(), r.rank, r.world_size, /*store_host=*/0);
+  // Rank 0's process serves the job's store (Note [who did not come]),
+  // unless a launcher's agent does.
+  impl_->count = counted_group(impl_->store, impl_->store.get(), r.rank, r.world_size,
+                               /*store_host=*/r.agent_store ? -1 : 0);
 }
 
 // The backend over `store` (NCCL, or Gloo with one device bound to this

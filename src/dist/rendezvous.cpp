@@ -81,6 +81,10 @@ std::optional<Rendezvous> rendezvous_from_env(const EnvLookup& lookup) {
     }
     if (auto port = lookup("MASTER_PORT")) r.port = parse_port(*port, "MASTER_PORT");
     if (auto token = lookup("TANDEM_JOB_TOKEN")) r.job_token = *token;
+    // Note [agent store]: torchrun's agent serves the store, as PyTorch's
+    // own env:// rendezvous reads it (torch/distributed/rendezvous.py).
+    r.agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+    r.attempt = read_int(lookup, "TORCHELASTIC_RESTART_COUNT", read_int(lookup, "TANDEM_RESTART_COUNT", 0, 0), 0);
     check_ranks(r);
     return r;
   }

@@ -38,9 +38,12 @@ c10::intrusive_ptr<c10d::TCPStore> connect_to_store(const Rendezvous& r,
   auto made = run_detached([host = r.host, options] { return c10::make_intrusive<c10d::TCPStore>(host, options); });
   TANDEM_CHECK(made.wait_for(timeout) == std::future_status::ready, "rendezvous at ", r.host, ":",
                r.port, " (", r.source, "): no store answered rank ", r.rank, " within ",
-               std::chrono::duration<double>(timeout).count(), " s: rank 0 (on the node with "
-               "--node-rank 0) has not started, or another program holds that port; every node "
-               "must start its workers with the same --master-addr and --master-port");
+               std::chrono::duration<double>(timeout).count(), " s: ",
+               r.agent_store ? "the launcher's agent (torchrun) that serves it has gone, or another program "
+                               "holds that port"
+                             : "rank 0 (on the node with --node-rank 0) has not started, or another program "
+                               "holds that port; every node must start its workers with the same --master-addr "
+                               "and --master-port");
   return made.get();  // the store, or its error
 }
 

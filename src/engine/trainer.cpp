@@ -349,11 +349,13 @@ TrainResult Trainer::run() {
   std::string started_from = o.init_weights.empty() ? "" : "--init-weights " + o.init_weights;  // Note [diverged]
   // A worker restarted by the launcher (--max-restarts) resumes by itself.
   bool resume = o.resume;
-  if (!resume && env::get_int("TANDEM_RESTART_COUNT").value_or(0) > 0) {
+  // tandem launch's count, or torchrun's (Note [agent store]).
+  const auto restart = env::get_int("TANDEM_RESTART_COUNT").value_or(env::get_int("TORCHELASTIC_RESTART_COUNT").value_or(0));
+  if (!resume && restart > 0) {
     if (checkpointer) {
       resume = true;
       say(format("restart %lld: resuming from the newest checkpoint in %s",
-                 static_cast<long long>(*env::get_int("TANDEM_RESTART_COUNT")), o.checkpoint_dir.c_str()));
+                 static_cast<long long>(restart), o.checkpoint_dir.c_str()));
     } else {
       warn("restarted without --checkpoint-dir: starting from the beginning");
     }

@@ -40,6 +40,20 @@ TEST(RendezvousTest, Torchrun) {
   EXPECT_EQ(r->local_world_size, 2);
   EXPECT_EQ(r->host, "node0");
   EXPECT_EQ(r->port, 1234);
+  EXPECT_FALSE(r->agent_store);
+  EXPECT_EQ(r->attempt, 0);
+  // Note [agent store]: torchrun's agent serves the store; its restart count
+  // numbers the attempt (tandem launch's is read too).
+  r = rendezvous_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                  {"TORCHELASTIC_RESTART_COUNT", "3"}}));
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->agent_store);
+  EXPECT_EQ(r->attempt, 3);
+  r = rendezvous_from_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                  {"TANDEM_RESTART_COUNT", "2"}}));
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->agent_store);
+  EXPECT_EQ(r->attempt, 2);
 }
 
 TEST(RendezvousTest, SingleNodeDefaultsToLoopback) {

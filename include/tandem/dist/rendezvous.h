@@ -9,7 +9,9 @@
 //   Open MPI (mpirun)          OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                              OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
 // and MASTER_ADDR / MASTER_PORT for the store (default 127.0.0.1:29500 when
-// the job is on one node), and TANDEM_JOB_TOKEN (Note [job token]). Or from a URL, tcp://HOST:PORT, with the rank and
+// the job is on one node), TANDEM_JOB_TOKEN (Note [job token]), and under
+// torchrun TORCHELASTIC_USE_AGENT_STORE and TORCHELASTIC_RESTART_COUNT
+// (Note [agent store]). Or from a URL, tcp://HOST:PORT, with the rank and
 // world size given explicitly (seed 002's init_method).
 #pragma once
 
@@ -32,6 +34,14 @@ struct Rendezvous {
   // (TANDEM_JOB_TOKEN, set by tandem launch); one whose token differs from
   // rank 0's is refused before it touches the group. Empty: no token.
   std::string job_token;
+  // Note [agent store]: torchrun's agent serves the store at MASTER_ADDR:
+  // MASTER_PORT itself (TORCHELASTIC_USE_AGENT_STORE=True), so every rank,
+  // rank 0 included, joins it as a client and none binds the port; tandem's
+  // keys go under one prefix per attempt (`attempt`: the launcher's restart
+  // count, TORCHELASTIC_RESTART_COUNT or TANDEM_RESTART_COUNT), since the
+  // agent's store outlives the workers it restarts.
+  bool agent_store = false;
+  int64_t attempt = 0;
 };
 
 // Reads a variable; nullopt when unset. Tests pass their own.
