@@ -1,14 +1,14 @@
-// examples/average_gradients.cpp: distributed training by hand (seed 004).
+// examples/average_gradients.cpp: distributed training by hand (a hand-written data-parallel loop).
 //
 //   ./average_gradients --processes 2          # starts 2 workers of itself
 //   tandem launch --nproc-per-node 2 -- ./average_gradients   # or any launcher
 //
 // Started alone, the program starts --processes copies of itself as the
-// job's workers and waits for them, as seed 004 does with
+// job's workers and waits for them, as a hand-written script does with
 // torch.multiprocessing (tandem::launch::run_workers: each worker gets
 // RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; a worker that fails stops
 // the others). Started by a launcher, it is one of the workers: it joins
-// the group, takes its part of the data from seed 004's DataPartitioner
+// the group, takes its part of the data from a DataPartitioner
 // (equal fractions, seed 1234), and after every backward averages the
 // gradients over the workers itself (tandem::dist::average_gradients, seed
 // 004's average_gradients) before its optimizer steps. Every worker thus
@@ -24,7 +24,7 @@
 int main(int argc, char** argv) {
   return example::run("average_gradients", [&] {
     int64_t processes = 2, epochs = 8, batch = 32;
-    tandem::cli::FlagSet flags("average_gradients", "distributed training by hand (seed 004)");
+    tandem::cli::FlagSet flags("average_gradients", "distributed training by hand");
     flags.add_int("processes", "N", &processes, "workers to start when started alone", 1);
     flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
     flags.add_int("batch", "B", &batch, "images per step on each worker", 1);

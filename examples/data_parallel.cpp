@@ -2,9 +2,9 @@
 //
 //   ./data_parallel --devices cpu,cpu,cpu      # a repeated device works too
 //   ./data_parallel --devices cuda:0,cuda:1
-//   ./data_parallel --epochs 1 --trace 1       # each replica's shapes, as seed 000 prints them
+//   ./data_parallel --epochs 1 --trace 1       # each replica's shapes, as DataParallel's classic example prints them
 //
-// Only the model's middle block runs under DataParallel, as seed 003 wraps
+// Only the model's middle block runs under DataParallel, as a model may wrap
 // only block2: each forward splits the batch over the devices, runs a replica
 // of the block on each (made once, kept across steps), and gathers the
 // outputs on the first device; backward sums the replicas' gradients into

@@ -1,6 +1,6 @@
 // examples/ddp.cpp: a training loop of one's own with tandem's
 // DistributedDataParallel, the C++ counterpart of PyTorch's DDP tutorial
-// (seed 002's recipe, on a small regression so that it runs in seconds).
+// (the usual recipe, on a small regression so that it runs in seconds).
 //
 //   tandem launch --nproc-per-node 2 -- ./ddp    # 2 processes
 //   torchrun --nproc-per-node 2 ./ddp            # the same, torchrun's way
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   return example::run("ddp", [&] {
     int64_t epochs = 8, global_batch = 64;
     std::string weights_out;
-    tandem::cli::FlagSet flags("ddp", "DistributedDataParallel in a training loop of one's own (seed 002)");
+    tandem::cli::FlagSet flags("ddp", "DistributedDataParallel in a training loop of one's own");
     flags.add_int("epochs", "N", &epochs, "epochs to train", 1);
     flags.add_int("global-batch", "B", &global_batch, "images per step over all processes", 1);
     flags.add_string("weights-out", "FILE", &weights_out, "rank 0 saves the final parameters there (torch::save)");

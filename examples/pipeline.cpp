@@ -1,5 +1,5 @@
 // examples/pipeline.cpp: a model cut into stages on devices, with
-// micro-batches so that the stages work at once (seed 001's split_size
+// micro-batches so that the stages work at once (PyTorch's split_size
 // loop, generalised).
 //
 //   ./pipeline --devices cpu,cpu --micro-batches 4 --schedule 1f1b
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   return example::run("pipeline", [&] {
     std::string device_list = "cpu,cpu", schedule = "1f1b";
     int64_t micro_batches = 4, epochs = 4;
-    tandem::cli::FlagSet flags("pipeline", "a model cut into stages over devices, with micro-batches (seed 001)");
+    tandem::cli::FlagSet flags("pipeline", "a model cut into stages over devices, with micro-batches");
     flags.add_string("devices", "LIST", &device_list, "one stage per device, e.g. cpu,cpu or cuda:0,cuda:1");
     flags.add_int("micro-batches", "M", &micro_batches, "pieces each batch is cut into", 1);
     flags.add_choice("schedule", &schedule, {"gpipe", "1f1b"}, "the order of the pieces' forwards and backwards");

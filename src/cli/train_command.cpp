@@ -53,7 +53,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("batch-size", "N", &o.batch_size, "global batch size", 1);
   flags.add_int("batch-per-process", "N", &o.batch_per_process,
                 "instead of --batch-size: each process's batch, the global one being N times "
-                "the number of processes (seed 002's setting; 0: use --batch-size)", 0);
+                "the number of processes (as a DDP script's per-process batch; 0: use --batch-size)", 0);
   flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0, 1e300,
                    "a positive number up to 1e+300");  // 0 itself: check_train_options
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
@@ -83,7 +83,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "launch N local worker processes of this command (tandem launch's short form); "
                    "auto: one per GPU with --device cuda, else min(4, cores) CPU workers; "
                    "0: run in this process; a list such as 1,2,4: a scaling sweep, the job run "
-                   "once per count, then seed 002's table of epoch time and speed-up");
+                   "once per count, then the scaling table of epoch time, speed-up and efficiency");
   flags.add_int("max-restarts", "K", &o.max_restarts,
                 "with --nproc-per-node N: after a worker fails, restart all of them, up to K times; they "
                 "resume from the newest checkpoint in --checkpoint-dir (tandem launch's --max-restarts)", 0);
@@ -94,7 +94,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "fsdp", "dp", "pipeline"},
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
-                   "all-reduced after backward (seed 004); fsdp: fully sharded data parallel "
+                   "all-reduced after backward, as a hand-written data-parallel loop does; fsdp: fully sharded data parallel "
                    "(ZeRO-3: each rank keeps 1/world of the parameters, gradients and momentum, "
                    "gathering one unit of layers at a time); dp: one process over --devices "
                    "(DataParallel); pipeline: the model cut into one stage per device of "
@@ -218,7 +218,7 @@ void check_resources(const engine::TrainOptions& o, int64_t workers) {
   }
 }
 
-// Seed 002's table: what the run's devices, batches and epochs came to.
+// The devices table: what the run's devices, batches and epochs came to.
 void print_devices_table(const engine::TrainOptions& o, const engine::TrainResult& r) {
   std::vector<double> seconds;
   for (const auto& m : r.epochs) {
@@ -269,7 +269,7 @@ struct SweepRun {
   std::vector<engine::EpochMetrics> epochs;
 };
 
-// Seed 002's table over the sweep's runs, with the speed-up and the scaling
+// The scaling table over the sweep's runs, with the speed-up and the scaling
 // efficiency against the first run.
 void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun>& runs) {
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "img/s", "speed-up",
@@ -292,7 +292,7 @@ void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun
                    format("%.2fx", speedup), format("%.2f", speedup / scale),
                    last != nullptr && last->evaluated ? format("%.2f%%", 100 * last->test_acc) : "-"});
   }
-  std::printf("\nscaling sweep (seed 002's table)\n%s", table.render().c_str());
+  std::printf("\nscaling table\n%s", table.render().c_str());
   std::printf("(epoch time: the median of full epochs; speed-up: training img/s, the median over epochs, "
               "against the first row's; efficiency: speed-up / (processes / %lld))\n",
               static_cast<long long>(runs.front().processes));
