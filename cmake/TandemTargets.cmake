@@ -37,8 +37,12 @@ endfunction()
 
 # tandem_test(layer SOURCES ... DEPS ...): one GoogleTest executable per layer,
 # each test registered with CTest under the label of its layer.
+# QUICK FILTER: also a CTest test "<layer>.quick" (labels quick and the
+# layer) running the executable's tests that FILTER (a --gtest_filter)
+# selects in one process: `ctest -L quick`, the tier for the
+# edit-build-test loop, touches every layer in a couple of minutes.
 function(tandem_test layer)
-  cmake_parse_arguments(T "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "QUICK" "SOURCES;DEPS;LABELS" ${ARGN})
   set(exe tandem_${layer}_tests)
   add_executable(${exe} ${T_SOURCES})
   target_link_libraries(${exe} PRIVATE ${T_DEPS} tandem_testing GTest::gtest GTest::gtest_main tandem_torch)
@@ -49,4 +53,8 @@ function(tandem_test layer)
   tandem_torch_pch(${exe})
   gtest_discover_tests(${exe} DISCOVERY_TIMEOUT 120
     PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900)
+  if(T_QUICK)
+    add_test(NAME ${layer}.quick COMMAND ${exe} --gtest_filter=${T_QUICK})
+    set_tests_properties(${layer}.quick PROPERTIES LABELS "quick;${layer}" TIMEOUT 300)
+  endif()
 endfunction()

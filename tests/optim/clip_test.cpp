@@ -52,18 +52,24 @@ TEST(ClipGradNormTest, ScalesEveryGradientByMaxNormOverTheGlobalNorm) {
     EXPECT_EQ(params[i].grad().scalar_type(), before[i].scalar_type());
   }
   EXPECT_NEAR(reference_norm(params), 1.0, 1e-5);  // what clipping is for
+}
 
-  // On a GPU machine also one gradient on cuda:0: the same result, the
-  // norm on the first gradient's device (the CPU here).
-  if (torch::cuda::is_available()) {
-    auto mixed = make_parameters(3.0);
-    mixed[1] = mixed[1].detach().to(torch::kCUDA).requires_grad_();
-    mixed[1].mutable_grad() = before[1].to(torch::kCUDA);
-    auto mixed_norm = clip_grad_norm(mixed, 1.0);
-    EXPECT_TRUE(mixed_norm.device().is_cpu());
-    EXPECT_NEAR(mixed_norm.item<double>(), returned.item<double>(), 1e-5 * norm);
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (before[i].defined()) EXPECT_TRUE(torch::allclose(mixed[i].grad().cpu(), params[i].grad(), 1e-6, 1e-9)) << i;
+// One gradient on cuda:0: the result of all on the CPU, the norm on the
+// first gradient's device (the CPU here).
+TEST(ClipGradNormTest, GradientsOnTwoDevicesClipAsOnOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  auto params = make_parameters(/*gradient_scale=*/3.0);
+  auto mixed = make_parameters(3.0);
+  mixed[1] = mixed[1].detach().to(torch::kCUDA).requires_grad_();
+  mixed[1].mutable_grad() = params[1].grad().to(torch::kCUDA);
+  const double norm = reference_norm(params);
+  auto returned = clip_grad_norm(params, 1.0);
+  auto mixed_norm = clip_grad_norm(mixed, 1.0);
+  EXPECT_TRUE(mixed_norm.device().is_cpu());
+  EXPECT_NEAR(mixed_norm.item<double>(), returned.item<double>(), 1e-5 * norm);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) {
+      EXPECT_TRUE(torch::allclose(mixed[i].grad().cpu(), params[i].grad(), 1e-6, 1e-9)) << i;
     }
   }
 }

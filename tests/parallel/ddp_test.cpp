@@ -113,15 +113,15 @@ void check_ddp_equals_one_process(int world, BucketOptions buckets, const std::s
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
-TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) {
-  check_ddp_equals_one_process(2, {});
-  // On a GPU machine, both ranks on cuda:0 (Gloo; NCCL refuses two ranks on
-  // one GPU), through the communication stream, in place and not.
-  if (torch::cuda::is_available()) {
-    const torch::Device cuda(torch::kCUDA, 0);
-    check_ddp_equals_one_process(2, {64, 256}, "optimizer", nullptr, 1e-4, 1e-5, cuda);
-    check_ddp_equals_one_process(2, {64, 256}, "ddp", nullptr, 1e-4, 1e-5, cuda);
-  }
+TEST(DdpTest, TwoRanksEqualOneProcessOnTheWholeBatch) { check_ddp_equals_one_process(2, {}); }
+
+// Both ranks on cuda:0 (Gloo; NCCL refuses two ranks on one GPU), through
+// the communication stream, in place and not.
+TEST(DdpTest, TwoRanksOnOneGpuEqualOneProcess) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  check_ddp_equals_one_process(2, {64, 256}, "optimizer", nullptr, 1e-4, 1e-5, cuda);
+  check_ddp_equals_one_process(2, {64, 256}, "ddp", nullptr, 1e-4, 1e-5, cuda);
 }
 TEST(DdpTest, ThreeRanksWithManySmallBuckets) { check_ddp_equals_one_process(3, {64, 256}); }
 
@@ -150,10 +150,13 @@ TEST(DdpTest, ZeroGradInPlaceKeepsGradientsInTheBuckets) {
 TEST(DdpTest, Fp16AndBf16HooksTrainCloseToTheReference) {
   check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4);
   check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("bf16"), 2e-2, 2e-3);
-  if (torch::cuda::is_available()) {  // the hook's casts run on the communication stream
-    const torch::Device cuda(torch::kCUDA, 0);
-    check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4, cuda);
-  }
+}
+
+// On a GPU the hook's casts run on the communication stream.
+TEST(DdpTest, Fp16HookOnOneGpuTrainsCloseToTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  check_ddp_equals_one_process(2, {64, 256}, "ddp", make_comm_hook("fp16"), 2e-3, 2e-4, cuda);
 }
 
 // The gradients of one step land on every rank as the hook's arithmetic
