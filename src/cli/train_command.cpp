@@ -159,6 +159,12 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_switch("resume", &o.resume, "continue from the newest checkpoint in --checkpoint-dir");
   flags.add_string("metrics-out", "FILE", &o.metrics_out,
                    "write one JSON line per epoch (rank 0, the job's figures summed over the ranks)");
+  flags.add_string("tensorboard", "DIR", &o.tensorboard,
+                   "write TensorBoard event files there (rank 0): each epoch's --metrics-out figures, and "
+                   "every --log-every steps the training loss, learning rate, samples per second, step "
+                   "time and, with --amp fp16, the gradient scale");
+  flags.add_int("log-every", "N", &o.log_every,
+                "steps between the progress line's updates and TensorBoard's step records", 1);
   flags.add_string("export-weights", "FILE", &o.export_weights,
                    "write the final parameters and buffers as safetensors (rank 0; a "
                    "{rank} in FILE makes every rank write its own)");
@@ -304,7 +310,7 @@ void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun
 int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::string>& args,
                 const engine::TrainOptions& o, const FlagSet& flags) {
   const std::string sweep = "--nproc-per-node " + o.nproc_per_node;
-  for (const char* name : {"metrics-out", "checkpoint-dir", "resume", "export-weights", "profile-out", "max-restarts"}) {
+  for (const char* name : {"metrics-out", "tensorboard", "checkpoint-dir", "resume", "export-weights", "profile-out", "max-restarts"}) {
     if (flags.given(name)) {
       throw UsageError(std::string("--") + name + " belongs to a single run; " + sweep +
                        " runs the job once per process count");

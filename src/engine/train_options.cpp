@@ -14,6 +14,7 @@
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/engine/atomic_file.h"
+#include "tandem/engine/tensorboard.h"
 #include "tandem/models/registry.h"
 #include "tandem/engine/profile.h"
 #include "tandem/optim/amp.h"
@@ -118,6 +119,7 @@ void check_train_options(const TrainOptions& o) {
                      "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
                      o.checkpoint_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
@@ -313,6 +315,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
 
 void check_train_outputs(const TrainOptions& o, int64_t rank) {
   if (rank == 0 && !o.metrics_out.empty()) check_output_file("--metrics-out", o.metrics_out);
+  if (rank == 0 && !o.tensorboard.empty()) check_output_folder("--tensorboard", o.tensorboard);
   for (const auto& [flag, pattern] : {std::pair<const char*, std::string>{"--export-weights", o.export_weights},
                                       {"--profile-out", o.profile_out}}) {
     const std::string path = rank_output_path(pattern, rank);

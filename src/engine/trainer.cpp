@@ -16,6 +16,7 @@
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/divergence.h"
 #include "tandem/engine/profile.h"
+#include "tandem/engine/run_record.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
@@ -430,8 +431,7 @@ TrainResult Trainer::run() {
       warn("no checkpoint in " + o.checkpoint_dir + " to resume from: starting from the beginning");
     }
   }
-  MetricsWriter metrics;
-  if (!o.metrics_out.empty() && rank_ == 0) metrics = MetricsWriter(o.metrics_out, /*append=*/resume && position.step > 0);
+  RunRecorder record(o, rank_, resume && position.step > 0 ? position.step : -1);
 
   // Note [diverged]: this rank's weights and buffers, checked at every sync;
   // what the run starts from, for the advice should it diverge.
@@ -644,6 +644,7 @@ TrainResult Trainer::run() {
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
     int64_t seen = 0;  // this rank's images since the last sync_sums
     int64_t synced_step = position.step;  // the step of the last sync_sums, whose sums were finite
+    Stopwatch interval_clock;             // since the last sync_sums
     // Folds the device-side sums into the position; over all ranks, so every
     // rank calls it at the same steps (Note: a collective). A loss that is no
     // longer finite ends the run on every rank (Note [diverged]).
@@ -678,7 +679,14 @@ TrainResult Trainer::run() {
       if (images > 0) {
         divergence.last_loss = loss / static_cast<double>(images);
         if (std::isnan(divergence.first_loss)) divergence.first_loss = divergence.last_loss;
+        if (position.step > synced_step) {
+          const double seconds = interval_clock.seconds();
+          record.steps({position.step, divergence.last_loss, lr, seconds > 0 ? images / seconds : 0.0,
+                        seconds / static_cast<double>(position.step - synced_step),
+                        scaler_ ? scaler_->get_scale() : 0.0});
+        }
       }
+      interval_clock.reset();
       synced_step = position.step;
       position.epoch_loss_sum += loss;
       position.epoch_correct += static_cast<int64_t>(std::llround(hits));
@@ -728,8 +736,9 @@ TrainResult Trainer::run() {
         sync_sums();
         save();
       }
-      if (position.batch_in_epoch % 10 == 0 || last) sync_sums();  // on every rank
-      if (progress && (position.batch_in_epoch % 10 == 0 || last)) {
+      const bool log_now = position.batch_in_epoch % o.log_every == 0 || last;
+      if (log_now) sync_sums();  // on every rank
+      if (progress && log_now) {
         progress->update(position.batch_in_epoch, images_this_run,
                          format("loss %.4f  lr %.4g", position.epoch_loss_sum / position.epoch_seen, lr));
       }
@@ -813,7 +822,7 @@ TrainResult Trainer::run() {
                                             m.train_loss, m.test_loss, 100 * m.test_acc)
                                    : format("loss %.4f", m.train_loss));
     }
-    if (metrics.enabled()) metrics.write(m);
+    record.epoch(m);
     result.epochs.push_back(m);
 
     if (!m.partial) {  // the next position is the start of the next epoch

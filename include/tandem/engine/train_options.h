@@ -77,6 +77,8 @@ struct TrainOptions {
   int64_t checkpoint_every = 0; // also save every N steps (0: at epoch ends only)
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string metrics_out;      // JSON lines, one per epoch
+  std::string tensorboard;      // folder of TensorBoard event files (engine/tensorboard.h); rank 0
+  int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
   std::string export_weights;   // safetensors file with the final weights
   std::string profile_out;      // Chrome trace of --profile-steps (engine/profile.h); "{rank}": per rank
   std::string profile_steps = "5:8";  // A:B, the steps traced
