@@ -62,6 +62,24 @@ std::shared_ptr<const Dataset> transformed(std::shared_ptr<const ImageSource> so
                                               dataset_options(o));
 }
 
+// A transform's description on one line: "Compose(\n    A\n    B\n)" as
+// "Compose(A, B)".
+std::string one_line(const std::string& text) {
+  std::string out;
+  bool in_space = false;
+  for (char c : text) {
+    if (c == '\n' || c == ' ') {
+      in_space = in_space || c == '\n';
+      if (c == ' ' && !in_space) out.push_back(c);
+      continue;
+    }
+    if (in_space && !out.empty() && out.back() != '(' && c != ')') out += ", ";
+    in_space = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
 // IDX without a preset or another size: the in-memory fast path, no transforms.
 bool idx_plain(const DataOptions& o, const DatasetInfo& info) {
   return (o.augment.empty() || o.augment == "none") &&
@@ -76,8 +94,9 @@ DataSplits open_idx_spec(const std::string& dir, const DataOptions& o) {
   splits.default_augment = "none";
   splits.default_image_size = info.height;
   const bool plain = idx_plain(o, info);
-  if (plain) return splits;
   auto a = augment_options(o, "none", 0, {train->mean()}, {train->std()});
+  splits.eval_transform = one_line(make_eval_transform(a, info.height, info.width)->describe());
+  if (plain) return splits;  // the same arithmetic, in memory
   auto test = std::static_pointer_cast<const IdxDataset>(splits.test);
   splits.train = transformed(std::make_shared<IdxSource>(train), make_train_transform(a, info.height, info.width), o);
   splits.test = transformed(std::make_shared<IdxSource>(test), make_eval_transform(a, info.height, info.width), o);
@@ -101,8 +120,10 @@ DataSplits open_cifar_spec(const std::string& dir, CifarKind kind, const DataOpt
   bool ten = kind == CifarKind::kCifar10;
   auto a = augment_options(o, "cifar", 32, ten ? kCifar10Mean : kCifar100Mean,
                            ten ? kCifar10Std : kCifar100Std);
-  return {transformed(cifar.train, make_train_transform(a, 32, 32), o),
-          transformed(cifar.test, make_eval_transform(a, 32, 32), o), "cifar", 32, a.mean, a.std};
+  auto eval = make_eval_transform(a, 32, 32);
+  const std::string eval_text = one_line(eval->describe());
+  return {transformed(cifar.train, make_train_transform(a, 32, 32), o), transformed(cifar.test, std::move(eval), o),
+          "cifar", 32, a.mean, a.std, eval_text};
 }
 
 AugmentOptions image_folder_augment(const DataOptions& o) {
@@ -120,7 +141,7 @@ DataSplits open_data(const std::string& spec, const DataOptions& options) {
   auto a = image_folder_augment(options);
   return {transformed(std::make_shared<ImageFolderSource>(s.path), make_train_transform(a, 0, 0),
                       options),
-          nullptr, "imagenet", 224, a.mean, a.std};
+          nullptr, "imagenet", 224, a.mean, a.std, one_line(make_eval_transform(a, 0, 0)->describe())};
 }
 
 std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options,
@@ -133,6 +154,14 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 }
 
 std::string data_format(const std::string& spec) { return parse_spec(spec).kind; }
+
+std::string absolute_spec(const std::string& spec) {
+  const auto s = parse_spec(spec);
+  if (spec == "fashion-mnist") return spec;
+  std::error_code ec;
+  const auto path = std::filesystem::absolute(s.path, ec).lexically_normal().string();
+  return s.kind + ":" + (ec ? s.path : path);
+}
 
 void check_data_folder(const std::string& kind, const std::string& dir) {
   const std::string what = path_kind(dir);

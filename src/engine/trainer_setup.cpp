@@ -458,6 +458,11 @@ std::map<std::string, std::string> Trainer::weights_metadata() const {
   for (const auto& [key, value] : shape_settings()) metadata[key] = value;
   metadata["normalize_mean"] = nlohmann::json(data_.mean).dump();
   metadata["normalize_std"] = nlohmann::json(data_.std).dump();
+  // What `tandem eval` needs to evaluate as training did (Note [eval from
+  // the weights] in src/cli/eval_command.cpp).
+  metadata["data"] = data::absolute_spec(options_.data);
+  metadata["augment"] = options_.augment.empty() ? data_.default_augment : options_.augment;
+  metadata["eval_transform"] = data_.eval_transform;
   return metadata;
 }
 

@@ -75,6 +75,9 @@ struct DataSplits {
   // --val-data IDX set too. Exports record them (Note [normalisation in
   // exports] in src/engine/trainer_setup.cpp).
   std::vector<double> mean, std;
+  // What the evaluation split's samples go through, in torchvision's words
+  // (Transform::describe): exports record it, and `tandem eval` checks it.
+  std::string eval_transform;
 };
 
 // Throws tandem::Error "KIND:DIR: no such directory" (or "not a

@@ -47,6 +47,10 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
 // "cifar100" or "imagefolder". Throws tandem::Error for an unknown one.
 std::string data_format(const std::string& spec);
 
+// `spec` with its folder made absolute ("idx:data" run in /home/me:
+// "idx:/home/me/data"), for a record read elsewhere; fashion-mnist as is.
+std::string absolute_spec(const std::string& spec);
+
 // Throws tandem::Error, as the readers would, when the folder `spec` names
 // is missing or not a folder ("idx:/x: no such directory"): for a launcher
 // to name it once before its workers start, each of which would.
