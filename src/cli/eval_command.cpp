@@ -143,6 +143,7 @@ int eval_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
+  engine::check_train_options(options);  // a usage mistake is named before any file is read
   auto file = engine::read_safetensors(weights);
   const auto from = defaults_from_weights(file.metadata, weights, flags, options);
   // An image folder has no test split of its own: the command line alone
