@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "tandem/util/env.h"
 #include "tandem/util/parse.h"
 
@@ -59,18 +61,11 @@ std::optional<WorkerError> parse_worker_error(const std::string& text) {
   return error;
 }
 
-void report_worker_error(const std::string& message, bool follows_peer, const std::vector<int64_t>& unanswered) {
-  const auto variable = env::get(kErrorFileVariable);
-  if (!variable || variable->empty()) return;
-  const std::string& path = *variable;
-  WorkerError error;
-  error.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count();
-  error.follows_peer = follows_peer;
-  error.unanswered = unanswered;
-  error.message = message;
-  const std::string text = format_worker_error(error);
+namespace {
+
+// Writes `text` to a temporary name and renames it to `path`, so that a
+// reader never sees half a file. Best effort: the process is failing.
+void write_whole(const std::string& path, const std::string& text) {
   const std::string temporary = path + ".tmp-" + std::to_string(getpid());
   std::FILE* f = std::fopen(temporary.c_str(), "w");
   if (f == nullptr) return;
@@ -78,6 +73,33 @@ void report_worker_error(const std::string& message, bool follows_peer, const st
   if (std::fclose(f) != 0 || !written || std::rename(temporary.c_str(), path.c_str()) != 0) {
     std::remove(temporary.c_str());
   }
+}
+
+}  // namespace
+
+std::string torchelastic_error_json(const std::string& message, bool follows_peer, int64_t unix_seconds) {
+  nlohmann::json j;
+  j["message"] = message;
+  j["timestamp"] = follows_peer ? unix_seconds + 1 : unix_seconds;
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+}
+
+void report_worker_error(const std::string& message, bool follows_peer, const std::vector<int64_t>& unanswered) {
+  if (const auto path = env::get(kTorchelasticErrorFileVariable); path && !path->empty()) {
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+    write_whole(*path, torchelastic_error_json(message, follows_peer, now));
+  }
+  const auto variable = env::get(kErrorFileVariable);
+  if (!variable || variable->empty()) return;
+  WorkerError error;
+  error.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+  error.follows_peer = follows_peer;
+  error.unanswered = unanswered;
+  error.message = message;
+  write_whole(*variable, format_worker_error(error));
 }
 
 std::optional<WorkerError> read_worker_error(const std::string& path) {

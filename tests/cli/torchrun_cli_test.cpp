@@ -6,6 +6,7 @@
 // and after a worker killed mid-run that torchrun restarts (--max-restarts
 // 1), the workers resuming from the newest checkpoint.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -111,6 +112,29 @@ TEST_F(TorchrunCliTest, AKilledWorkerIsRestartedAndTheJobEndsWithTheSameWeights)
   EXPECT_NE(output.find("restart 1: resuming from the newest checkpoint"), std::string::npos) << output;
   EXPECT_TRUE(testing::read_text(out.file("restarted.safetensors")) == want)
       << "the restarted job's weights differ from the uninterrupted one's\n" << output;
+}
+
+// Note [torchelastic error file]: rank 1 fails of its own (its export's
+// folder is missing) and rank 0 then loses it in a collective; torchrun's
+// summary names rank 1, with tandem's message, as the root cause. Stamped
+// in the same second, the failure that followed would have been named
+// (rank 0, the lower rank, in 4 of 4 runs).
+TEST_F(TorchrunCliTest, TheRankThatFailedOfItsOwnIsTorchrunsRootCause) {
+  ASSERT_EQ(::access(torchrun().c_str(), X_OK), 0) << torchrun() << " is not there";
+  TempDir out;
+  ASSERT_EQ(::mkdir(out.file("r0").c_str(), 0755), 0);
+  auto r = run(torchrun() + " --master-port " + std::to_string(dist::pick_free_port("127.0.0.1")) +
+               " --nproc-per-node 2 --no-python " + TANDEM_CLI + " train --data idx:" + data_->path() +
+               " --model convnet --epochs 1 --batch-size 32 --progress off --export-weights " +
+               out.file("r{rank}/w.safetensors"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const auto cause = r.output.find("Root Cause (first observed failure):");
+  ASSERT_NE(cause, std::string::npos) << r.output;
+  const std::string root = r.output.substr(cause);
+  EXPECT_NE(root.find("rank      : 1 (local_rank: 1)"), std::string::npos) << root;
+  EXPECT_NE(root.find("traceback : --export-weights " + out.file("r1/w.safetensors") + ": " + out.file("r1") +
+                      " is not a folder this process can write to"),
+            std::string::npos) << root;
 }
 
 }  // namespace

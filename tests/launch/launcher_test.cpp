@@ -283,6 +283,19 @@ TEST(LaunchTest, WorkerErrorFilesRoundTripAndJunkIsNone) {
   EXPECT_LE(read->time_ns, now);
   EXPECT_GT(read->time_ns, now - int64_t{10'000'000'000});
   EXPECT_FALSE(launch::read_worker_error(dir.file("none")).has_value());
+
+  // torchrun's file (Note [torchelastic error file]): PyTorch's ErrorHandler
+  // format; a failure that followed a peer a second later.
+  EXPECT_EQ(launch::torchelastic_error_json("a \"quoted\" name", false, 1000),
+            "{\"message\":\"a \\\"quoted\\\" name\",\"timestamp\":1000}");
+  EXPECT_EQ(launch::torchelastic_error_json("recv failed", true, 1000),
+            "{\"message\":\"recv failed\",\"timestamp\":1001}");
+  const std::string elastic = dir.file("error.json");
+  ::setenv(launch::kTorchelasticErrorFileVariable, elastic.c_str(), 1);
+  launch::report_worker_error("cannot read data/x.png", false);
+  ::unsetenv(launch::kTorchelasticErrorFileVariable);
+  EXPECT_NE(testing::read_text(elastic).find("{\"message\":\"cannot read data/x.png\",\"timestamp\":"),
+            std::string::npos) << testing::read_text(elastic);
 }
 
 TEST(LaunchTest, MaxRestartsRestartsEveryWorker) {

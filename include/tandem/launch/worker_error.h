@@ -33,6 +33,16 @@ namespace tandem::launch {
 
 inline constexpr const char* kErrorFileVariable = "TANDEM_ERROR_FILE";
 
+// Note [torchelastic error file]: under torchrun each worker is given
+// TORCHELASTIC_ERROR_FILE; a worker that fails writes there what PyTorch's
+// ErrorHandler would, {"message": ..., "timestamp": unix seconds}, and
+// torchrun's summary names the failure with the earliest timestamp as the
+// root cause (ties: the lowest rank). Its clock counts whole seconds, so a
+// failure that followed a peer (a collective or the store that lost it)
+// is stamped with the next second: the rank that failed of its own is then
+// the one torchrun names, rather than a lower rank that only lost it.
+inline constexpr const char* kTorchelasticErrorFileVariable = "TORCHELASTIC_ERROR_FILE";
+
 // How long the launcher waits, after a first failure that followed a peer,
 // for the failure it followed.
 inline constexpr std::chrono::milliseconds kPeerFailureWait{3000};
@@ -53,9 +63,13 @@ struct WorkerError {
 std::string format_worker_error(const WorkerError& error);
 std::optional<WorkerError> parse_worker_error(const std::string& text);
 
+// torchrun's error file for `message` (Note [torchelastic error file]).
+std::string torchelastic_error_json(const std::string& message, bool follows_peer, int64_t unix_seconds);
+
 // Where TANDEM_ERROR_FILE is set: writes `message` there (to a temporary
-// name, then renamed, so the launcher never reads half a file). Best effort:
-// never throws, since it runs while the process is already failing.
+// name, then renamed, so the launcher never reads half a file); likewise
+// torchrun's file where TORCHELASTIC_ERROR_FILE is set. Best effort: never
+// throws, since it runs while the process is already failing.
 void report_worker_error(const std::string& message, bool follows_peer,
                          const std::vector<int64_t>& unanswered = {});
 
