@@ -25,12 +25,6 @@ class FilledDataset : public Dataset {
   int64_t n_, poison_;
 };
 
-std::vector<torch::Device> devices() {
-  std::vector<torch::Device> all = {torch::kCPU};
-  if (torch::cuda::is_available()) all.emplace_back(torch::kCUDA, 0);  // Note [prefetch stream]
-  return all;
-}
-
 DataLoader make_loader(int64_t n, int64_t poison, bool pin) {
   LoaderOptions options;
   options.batch_size = 4;
@@ -41,46 +35,62 @@ DataLoader make_loader(int64_t n, int64_t poison, bool pin) {
 
 // Every batch arrives, in order, on the device, in the dtype and memory
 // format asked for, equal to the host batch; then the end.
-TEST(DevicePrefetcherTest, HandsOutTheLoadersBatchesConvertedOnTheDevice) {
-  for (const auto& device : devices()) {
-    auto loader = make_loader(10, -1, device.is_cuda());
-    DevicePrefetcher batches(loader.epoch(0), {device, torch::kFloat64, /*channels_last=*/true});
-    std::vector<int64_t> seen;
-    while (auto batch = batches.next()) {
-      EXPECT_EQ(batch->inputs.device(), device);
-      EXPECT_EQ(batch->targets.device(), device);
-      EXPECT_EQ(batch->inputs.scalar_type(), torch::kFloat64);
-      EXPECT_TRUE(batch->inputs.is_contiguous(torch::MemoryFormat::ChannelsLast));
-      auto inputs = batch->inputs.cpu();
-      auto targets = batch->targets.cpu();
-      for (int64_t i = 0; i < batch->size(); ++i) {
-        auto index = static_cast<int64_t>(seen.size());
-        EXPECT_TRUE(torch::equal(inputs[i], torch::full({2, 3, 3}, static_cast<double>(index), torch::kFloat64)))
-            << device << " sample " << index;
-        EXPECT_EQ(targets[i].item<int64_t>(), index % 10);
-        seen.push_back(index);
-      }
+void check_hands_out_converted_batches(torch::Device device) {
+  auto loader = make_loader(10, -1, device.is_cuda());
+  DevicePrefetcher batches(loader.epoch(0), {device, torch::kFloat64, /*channels_last=*/true});
+  std::vector<int64_t> seen;
+  while (auto batch = batches.next()) {
+    EXPECT_EQ(batch->inputs.device(), device);
+    EXPECT_EQ(batch->targets.device(), device);
+    EXPECT_EQ(batch->inputs.scalar_type(), torch::kFloat64);
+    EXPECT_TRUE(batch->inputs.is_contiguous(torch::MemoryFormat::ChannelsLast));
+    auto inputs = batch->inputs.cpu();
+    auto targets = batch->targets.cpu();
+    for (int64_t i = 0; i < batch->size(); ++i) {
+      auto index = static_cast<int64_t>(seen.size());
+      EXPECT_TRUE(torch::equal(inputs[i], torch::full({2, 3, 3}, static_cast<double>(index), torch::kFloat64)))
+          << device << " sample " << index;
+      EXPECT_EQ(targets[i].item<int64_t>(), index % 10);
+      seen.push_back(index);
     }
-    EXPECT_EQ(seen.size(), 10u) << device;
-    EXPECT_FALSE(batches.next().has_value());
   }
+  EXPECT_EQ(seen.size(), 10u) << device;
+  EXPECT_FALSE(batches.next().has_value());
+}
+
+TEST(DevicePrefetcherTest, HandsOutTheLoadersBatchesConvertedOnTheDevice) {
+  check_hands_out_converted_batches(torch::kCPU);
+}
+
+// From pinned memory, through the copy stream (Note [prefetch stream]).
+TEST(DevicePrefetcherTest, HandsOutTheLoadersBatchesConvertedOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  check_hands_out_converted_batches(torch::Device(torch::kCUDA, 0));
 }
 
 // A loader error surfaces at the batch it belongs to, after the batches
 // before it, although the prefetcher asked for it one step early.
-TEST(DevicePrefetcherTest, ALoaderErrorComesWithItsOwnBatch) {
-  for (const auto& device : devices()) {
-    auto loader = make_loader(16, /*poison=*/9, device.is_cuda());  // in the third batch
-    DevicePrefetcher batches(loader.epoch(0), {device});
-    ASSERT_TRUE(batches.next().has_value());
-    ASSERT_TRUE(batches.next().has_value());
-    try {
-      batches.next();
-      FAIL() << device << ": no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("sample 9 is poisoned"), std::string::npos) << e.what();
-    }
+void check_a_loader_error_comes_with_its_own_batch(torch::Device device) {
+  auto loader = make_loader(16, /*poison=*/9, device.is_cuda());  // in the third batch
+  DevicePrefetcher batches(loader.epoch(0), {device});
+  ASSERT_TRUE(batches.next().has_value());
+  ASSERT_TRUE(batches.next().has_value());
+  try {
+    batches.next();
+    FAIL() << device << ": no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 9 is poisoned"), std::string::npos) << e.what();
   }
+}
+
+TEST(DevicePrefetcherTest, ALoaderErrorComesWithItsOwnBatch) {
+  check_a_loader_error_comes_with_its_own_batch(torch::kCPU);
+}
+
+// Likewise through the copy stream (Note [prefetch stream]).
+TEST(DevicePrefetcherTest, ALoaderErrorComesWithItsOwnBatchOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  check_a_loader_error_comes_with_its_own_batch(torch::Device(torch::kCUDA, 0));
 }
 
 }  // namespace

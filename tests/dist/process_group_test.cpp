@@ -687,33 +687,50 @@ TEST(ProcessGroupTest, TheStoreListensOnlyOnItsAddress) {
   EXPECT_EQ(listening, (std::vector<std::string>{"0100007F"}));  // 127.0.0.1 only
 }
 
-// Without a CUDA device (CI), --dist-backend nccl is a clear error; with one
-// (the GPU machine), a group of one NCCL rank runs collectives on it.
-TEST(ProcessGroupTest, NcclNeedsACudaDevice) {
-  Rendezvous rv;
-  rv.port = pick_free_port();
+// One NCCL rank on cuda:0.
+GroupOptions nccl_on_cuda0() {
   GroupOptions options;
   options.backend = "nccl";
   options.device = "cuda:0";
+  return options;
+}
+
+// Without a CUDA device (CI), --dist-backend nccl is a clear error (as it is
+// in a build without NCCL, on any machine).
+TEST(ProcessGroupTest, NcclNeedsACudaDevice) {
+  if (built_with_nccl() && torch::cuda::is_available()) {
+    GTEST_SKIP() << "a CUDA device is visible, so NCCL is not refused (NcclGroupOfOneRunsOnTheGpu runs it)";
+  }
+  Rendezvous rv;
+  rv.port = pick_free_port();
+  const auto options = nccl_on_cuda0();
   if (!built_with_nccl()) {
     EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
               "--dist-backend nccl: this build has no NCCL support (it was compiled without "
               "nccl.h; see docs/BUILD.md); use --dist-backend gloo");
-  } else if (!torch::cuda::is_available()) {
+  } else {
     EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
               "--dist-backend nccl: no CUDA device is visible to rank 0 (NCCL reduces CUDA "
               "tensors; use --dist-backend gloo on CPU)");
-  } else {
-    ProcessGroup group(rv, options);
-    EXPECT_EQ(group.backend(), "nccl");
-    auto t = torch::arange(4, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
-    std::vector<torch::Tensor> out{torch::empty_like(t)};
-    group.all_gather(out, t).wait();
-    EXPECT_TRUE(torch::equal(out[0].cpu(), t.cpu()));
-    auto sum = t.clone();
-    group.reduce(sum, 0, ReduceOp::kAvg).wait();  // through NCCL: reduce has no shortcut
-    EXPECT_TRUE(torch::equal(sum.cpu(), t.cpu()));
   }
+}
+
+// With one (the GPU machine), a group of one NCCL rank runs collectives on it.
+TEST(ProcessGroupTest, NcclGroupOfOneRunsOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  if (!built_with_nccl()) GTEST_SKIP() << "needs a build with NCCL";
+  Rendezvous rv;
+  rv.port = pick_free_port();
+  const auto options = nccl_on_cuda0();
+  ProcessGroup group(rv, options);
+  EXPECT_EQ(group.backend(), "nccl");
+  auto t = torch::arange(4, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  std::vector<torch::Tensor> out{torch::empty_like(t)};
+  group.all_gather(out, t).wait();
+  EXPECT_TRUE(torch::equal(out[0].cpu(), t.cpu()));
+  auto sum = t.clone();
+  group.reduce(sum, 0, ReduceOp::kAvg).wait();  // through NCCL: reduce has no shortcut
+  EXPECT_TRUE(torch::equal(sum.cpu(), t.cpu()));
 }
 
 }  // namespace

@@ -242,9 +242,8 @@ TEST(DataParallelTest, ReplicaThreadsComputeWithTheProcesssThreadCount) {
 
 
 // Note [kept threads]: every forward runs replica 0 on the caller's thread
-// and the others on the same threads as the forward before; each replica
-// runs on the caller's current stream of its device.
-TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
+// and the others on the same threads as the forward before.
+TEST(DataParallelTest, ReplicaThreadsAreKept) {
   testing::ThreadProbe probe;
   DataParallel dp(probe, DataParallelOptions{cpus(3)});
   for (int step = 0; step < 3; ++step) dp->forward(torch::randn({6, 2}));
@@ -258,21 +257,24 @@ TEST(DataParallelTest, ReplicaThreadsAreKeptAndUseTheCallersStream) {
                                              torch::nn::AnyModule(testing::ThreadProbe(*probe))};
   parallel_apply(replicas, {torch::ones({1}), torch::ones({1})}, cpus(2));
   EXPECT_FALSE(threads.count(probe->seen().back().thread));
+}
 
-  if (torch::cuda::is_available()) {
-    const torch::Device gpu(torch::kCUDA, 0);
-    testing::ThreadProbe on_gpu;
-    DataParallel dp_gpu(on_gpu, DataParallelOptions{{gpu, gpu}});
-    c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
-    auto side = cuda.getStreamFromGlobalPool(gpu);
-    ASSERT_NE(side, cuda.getDefaultStream(gpu));
-    {
-      c10::StreamGuard on_side(side);
-      dp_gpu->forward(torch::ones({4, 2}, gpu));
-    }
-    ASSERT_EQ(on_gpu->seen().size(), 2u);
-    for (const auto& seen : on_gpu->seen()) EXPECT_EQ(seen.stream, side);
+// Note [kept threads]: each replica runs on the caller's current stream of
+// its device.
+TEST(DataParallelTest, ReplicasRunOnTheCallersStreamOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const torch::Device gpu(torch::kCUDA, 0);
+  testing::ThreadProbe on_gpu;
+  DataParallel dp_gpu(on_gpu, DataParallelOptions{{gpu, gpu}});
+  c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
+  auto side = cuda.getStreamFromGlobalPool(gpu);
+  ASSERT_NE(side, cuda.getDefaultStream(gpu));
+  {
+    c10::StreamGuard on_side(side);
+    dp_gpu->forward(torch::ones({4, 2}, gpu));
   }
+  ASSERT_EQ(on_gpu->seen().size(), 2u);
+  for (const auto& seen : on_gpu->seen()) EXPECT_EQ(seen.stream, side);
 }
 
 // A second forward of the same DataParallel while one runs (from another

@@ -315,12 +315,9 @@ TEST(StageSplitTest, StagesShareTheModelsParameters) {
 // --- seed 003: a model whose parts live on different devices -----------------
 
 // An embedding computed on one device, the rest on another: outputs and
-// gradients equal the unsplit model's exactly, and training moves along.
-TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
-  std::vector<torch::Device> devices{torch::kCPU, torch::kCPU};
-  if (torch::cuda::is_available()) devices[1] = torch::Device(torch::kCUDA, 0);
-  // Another device's arithmetic rounds differently; on two CPUs it is exact.
-  const double tolerance = devices[1].is_cuda() ? 1e-5 : 1e-6;
+// gradients equal the unsplit model's within `tolerance`, and training
+// moves along.
+void check_embedding_on_one_device_the_rest_on_another(std::vector<torch::Device> devices, double tolerance) {
   torch::manual_seed(3);
   models::Sequence net;
   net->push_back("embedding", torch::nn::Embedding(1000, 10));
@@ -348,6 +345,18 @@ TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
             std::string::npos);
 }
 
+// On two CPUs it is exact.
+TEST(ModelParallelTest, EmbeddingOnOneDeviceTheRestOnAnother) {
+  check_embedding_on_one_device_the_rest_on_another({torch::kCPU, torch::kCPU}, 1e-6);
+}
+
+// The rest on cuda:0: another device's arithmetic rounds differently, so
+// within 1e-5.
+TEST(ModelParallelTest, EmbeddingOnTheCpuTheRestOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  check_embedding_on_one_device_the_rest_on_another({torch::kCPU, torch::Device(torch::kCUDA, 0)}, 1e-5);
+}
+
 // --- one process, one thread per stage ---------------------------------------
 
 struct PipelineCase {
@@ -356,94 +365,102 @@ struct PipelineCase {
   std::string schedule;
 };
 
-// GPipe and 1F1B give the loss and gradients of no pipeline within 1e-5,
-// for 2 and 3 stages and micro-batch counts that do and do not divide the
-// batch; the outputs come back in the batch's order.
-TEST(PipelineTest, SchedulesEqualNoPipeline) {
+// GPipe and 1F1B give the loss and gradients of no pipeline within
+// `tolerance`, for 2 and 3 stages and micro-batch counts that do and do not
+// divide the batch, every stage and the unsplit model on `place`; the
+// outputs come back in the batch's order.
+void check_schedules_equal_no_pipeline(torch::Device place, double tolerance) {
   const std::vector<PipelineCase> cases = {
       {{4, 3}, 1, "gpipe"}, {{4, 3}, 4, "gpipe"}, {{4, 3}, 4, "1f1b"}, {{2, 3, 2}, 3, "1f1b"},
       {{2, 3, 2}, 5, "gpipe"}, {{1, 1, 3, 2}, 8, "1f1b"}, {{4, 3}, 16, "1f1b"}};
-  // On a GPU machine also every stage on cuda:0 (issue 5's cuda:0,cuda:0
-  // check) against the unsplit model on cuda:0: the same kernels, other
-  // batch sizes, so within 1e-4.
-  std::vector<torch::Device> places = {torch::kCPU};
-  if (torch::cuda::is_available()) places.emplace_back(torch::kCUDA, 0);
-  for (const auto& place : places) {
-    const double tolerance = place.is_cuda() ? 1e-4 : 1e-5;
-    for (const auto& c : cases) {
-      std::string what = describe_split(small_convnet(), c.sizes) + " " + c.schedule + " m=" +
-                         std::to_string(c.micro_batches) + " on " + place.str();
-      torch::manual_seed(11);
-      auto net = small_convnet();
-      auto reference = copy_of(net);
-      reference->to(place);
-      auto x = torch::randn({12, 1, 8, 8});
-      auto y = torch::randint(5, {12}, torch::kInt64);
-      Pipeline pipe(net, c.sizes, std::vector<torch::Device>(c.sizes.size(), place),
-                    {c.micro_batches, c.schedule});
-      auto step = pipe.train_step(x.to(place), y.to(place), cross_entropy);
-      auto out = reference->forward(x.to(place));
-      auto loss = cross_entropy(out, y.to(place));
-      loss.backward();
-      EXPECT_EQ(step.micro_batches, std::min<int64_t>(c.micro_batches, 12)) << what;
-      EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
-      EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
-      expect_same_gradients(*net, *reference, tolerance, what);
-    }
+  for (const auto& c : cases) {
+    std::string what = describe_split(small_convnet(), c.sizes) + " " + c.schedule + " m=" +
+                       std::to_string(c.micro_batches) + " on " + place.str();
+    torch::manual_seed(11);
+    auto net = small_convnet();
+    auto reference = copy_of(net);
+    reference->to(place);
+    auto x = torch::randn({12, 1, 8, 8});
+    auto y = torch::randint(5, {12}, torch::kInt64);
+    Pipeline pipe(net, c.sizes, std::vector<torch::Device>(c.sizes.size(), place),
+                  {c.micro_batches, c.schedule});
+    auto step = pipe.train_step(x.to(place), y.to(place), cross_entropy);
+    auto out = reference->forward(x.to(place));
+    auto loss = cross_entropy(out, y.to(place));
+    loss.backward();
+    EXPECT_EQ(step.micro_batches, std::min<int64_t>(c.micro_batches, 12)) << what;
+    EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
+    EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
+    expect_same_gradients(*net, *reference, tolerance, what);
   }
+}
+
+// On the CPU within 1e-5.
+TEST(PipelineTest, SchedulesEqualNoPipeline) { check_schedules_equal_no_pipeline(torch::kCPU, 1e-5); }
+
+// Every stage on cuda:0 (issue 5's cuda:0,cuda:0 check) against the unsplit
+// model on cuda:0: the same kernels, other batch sizes, so within 1e-4.
+TEST(PipelineTest, SchedulesEqualNoPipelineOnOneGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  check_schedules_equal_no_pipeline(torch::Device(torch::kCUDA, 0), 1e-4);
 }
 
 // Interleaved 1F1B: S devices, V chunks each (the model cut into S * V
 // pieces, piece k on device k % S) give the loss, outputs and gradients of
-// no pipeline within 1e-5, for micro-batch counts that are and are not
-// multiples of S; each stage ran its schedule's actions in order and held
-// no more chunk-micro-batches than the schedule says.
-TEST(PipelineTest, InterleavedEqualsNoPipeline) {
+// no pipeline within `tolerance`, for micro-batch counts that are and are
+// not multiples of S; each stage ran its schedule's actions in order and
+// held no more chunk-micro-batches than the schedule says. Every device and
+// the unsplit model are `place`.
+void check_interleaved_equals_no_pipeline(torch::Device place, double tolerance) {
   struct Case {
     std::vector<int64_t> sizes;
     int64_t devices, micro_batches;
   };
   const std::vector<Case> cases = {{{2, 2, 2, 1}, 2, 4}, {{2, 2, 2, 1}, 2, 3}, {{1, 1, 2, 1, 1, 1}, 3, 6},
                                    {{1, 1, 2, 1, 1, 1}, 2, 5}, {{3, 2, 2}, 1, 4}};
-  std::vector<torch::Device> places = {torch::kCPU};
-  if (torch::cuda::is_available()) places.emplace_back(torch::kCUDA, 0);
-  for (const auto& place : places) {
-    const double tolerance = place.is_cuda() ? 1e-4 : 1e-5;
-    for (const auto& c : cases) {
-      const int64_t chunks = static_cast<int64_t>(c.sizes.size()) / c.devices;
-      std::string what = describe_split(small_convnet(), c.sizes) + " over " + std::to_string(c.devices) +
-                         " devices, m=" + std::to_string(c.micro_batches) + " on " + place.str();
-      torch::manual_seed(17);
-      auto net = small_convnet();
-      auto reference = copy_of(net);
-      reference->to(place);
-      auto x = torch::randn({12, 1, 8, 8});
-      auto y = torch::randint(5, {12}, torch::kInt64);
-      PipelineOptions options{c.micro_batches, "interleaved"};
-      options.virtual_stages = chunks;
-      Pipeline pipe(net, c.sizes, std::vector<torch::Device>(c.devices, place), options);
-      ASSERT_EQ(pipe.devices().size(), static_cast<size_t>(c.devices));
-      ASSERT_EQ(pipe.pieces().size(), c.sizes.size());
-      auto step = pipe.train_step(x.to(place), y.to(place), cross_entropy);
-      auto out = reference->forward(x.to(place));
-      auto loss = cross_entropy(out, y.to(place));
-      loss.backward();
-      EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
-      EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
-      expect_same_gradients(*net, *reference, tolerance, what);
-      auto plan = interleaved_schedule(c.devices, c.micro_batches, chunks);
-      auto sim = simulate(plan);
-      ASSERT_EQ(step.stages.size(), static_cast<size_t>(c.devices));
-      for (int64_t s = 0; s < c.devices; ++s) {
-        EXPECT_EQ(step.stages[s].actions, plan.actions[s]) << what << " stage " << s;
-        EXPECT_EQ(step.stages[s].max_in_flight, sim.max_in_flight[s]) << what << " stage " << s;
-      }
-      // Evaluation runs the whole batch through the pieces in model order.
-      torch::NoGradGuard no_grad;
-      EXPECT_TRUE(torch::allclose(pipe.forward(x.to(place)).cpu(), out.detach().cpu(), tolerance,
-                                  tolerance / 10)) << what;
+  for (const auto& c : cases) {
+    const int64_t chunks = static_cast<int64_t>(c.sizes.size()) / c.devices;
+    std::string what = describe_split(small_convnet(), c.sizes) + " over " + std::to_string(c.devices) +
+                       " devices, m=" + std::to_string(c.micro_batches) + " on " + place.str();
+    torch::manual_seed(17);
+    auto net = small_convnet();
+    auto reference = copy_of(net);
+    reference->to(place);
+    auto x = torch::randn({12, 1, 8, 8});
+    auto y = torch::randint(5, {12}, torch::kInt64);
+    PipelineOptions options{c.micro_batches, "interleaved"};
+    options.virtual_stages = chunks;
+    Pipeline pipe(net, c.sizes, std::vector<torch::Device>(c.devices, place), options);
+    ASSERT_EQ(pipe.devices().size(), static_cast<size_t>(c.devices));
+    ASSERT_EQ(pipe.pieces().size(), c.sizes.size());
+    auto step = pipe.train_step(x.to(place), y.to(place), cross_entropy);
+    auto out = reference->forward(x.to(place));
+    auto loss = cross_entropy(out, y.to(place));
+    loss.backward();
+    EXPECT_NEAR(step.loss.item<double>(), loss.item<double>(), tolerance * loss.item<double>()) << what;
+    EXPECT_TRUE(torch::allclose(step.output.cpu(), out.detach().cpu(), tolerance, tolerance / 10)) << what;
+    expect_same_gradients(*net, *reference, tolerance, what);
+    auto plan = interleaved_schedule(c.devices, c.micro_batches, chunks);
+    auto sim = simulate(plan);
+    ASSERT_EQ(step.stages.size(), static_cast<size_t>(c.devices));
+    for (int64_t s = 0; s < c.devices; ++s) {
+      EXPECT_EQ(step.stages[s].actions, plan.actions[s]) << what << " stage " << s;
+      EXPECT_EQ(step.stages[s].max_in_flight, sim.max_in_flight[s]) << what << " stage " << s;
     }
+    // Evaluation runs the whole batch through the pieces in model order.
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::allclose(pipe.forward(x.to(place)).cpu(), out.detach().cpu(), tolerance,
+                                tolerance / 10)) << what;
   }
+}
+
+// On the CPU within 1e-5.
+TEST(PipelineTest, InterleavedEqualsNoPipeline) { check_interleaved_equals_no_pipeline(torch::kCPU, 1e-5); }
+
+// Every device cuda:0: the same kernels, other batch sizes, so within 1e-4.
+TEST(PipelineTest, InterleavedEqualsNoPipelineOnOneGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  check_interleaved_equals_no_pipeline(torch::Device(torch::kCUDA, 0), 1e-4);
 }
 
 // A batch that requires grad gets its gradient, as from the unsplit model:
@@ -766,20 +783,22 @@ TEST(PipelineTest, StageThreadsComputeWithTheProcesssThreadCount) {
   }
 }
 
-// Stage 0 runs on the caller's thread and every other stage on a thread
-// kept across steps (Note [kept threads] in data_parallel.h); on a GPU every
-// stage runs on the caller's current stream of its device.
-TEST(PipelineTest, StageThreadsAreKeptAndUseTheCallersStream) {
+// A model of `stages` pairs (a probe, then a Linear(6, 6)), its probes in
+// `probes`.
+models::Sequence probed(std::vector<testing::ThreadProbe>& probes, size_t stages) {
   namespace nn = torch::nn;
-  auto probed = [](std::vector<testing::ThreadProbe>& probes, size_t stages) {
-    models::Sequence net;
-    for (size_t s = 0; s < stages; ++s) {
-      probes.emplace_back();
-      net->push_back("probe" + std::to_string(s), probes.back());
-      net->push_back("fc" + std::to_string(s), nn::Linear(6, 6));
-    }
-    return net;
-  };
+  models::Sequence net;
+  for (size_t s = 0; s < stages; ++s) {
+    probes.emplace_back();
+    net->push_back("probe" + std::to_string(s), probes.back());
+    net->push_back("fc" + std::to_string(s), nn::Linear(6, 6));
+  }
+  return net;
+}
+
+// Stage 0 runs on the caller's thread and every other stage on a thread
+// kept across steps (Note [kept threads] in data_parallel.h).
+TEST(PipelineTest, StageThreadsAreKept) {
   std::vector<testing::ThreadProbe> probes;
   auto net = probed(probes, 3);
   Pipeline pipe(net, {2, 2, 2}, cpus(3), {2, "1f1b"});
@@ -796,25 +815,27 @@ TEST(PipelineTest, StageThreadsAreKeptAndUseTheCallersStream) {
   }
   EXPECT_EQ(all.size(), 3u);
   EXPECT_TRUE(all.count(testing::thread_serial()));
+}
 
-  if (torch::cuda::is_available()) {
-    const torch::Device gpu(torch::kCUDA, 0);
-    std::vector<testing::ThreadProbe> on_gpu;
-    auto gpu_net = probed(on_gpu, 2);
-    gpu_net->to(gpu);
-    Pipeline gpu_pipe(gpu_net, {2, 2}, {gpu, gpu}, {2, "1f1b"});
-    c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
-    auto side = cuda.getStreamFromGlobalPool(gpu);
-    ASSERT_NE(side, cuda.getDefaultStream(gpu));
-    {
-      c10::StreamGuard on_side(side);
-      gpu_pipe.train_step(torch::randn({4, 6}, gpu), torch::randint(6, {4}, torch::kInt64).to(gpu),
-                          cross_entropy);
-    }
-    for (size_t s = 0; s < on_gpu.size(); ++s) {
-      ASSERT_EQ(on_gpu[s]->seen().size(), 2u) << "stage " << s;
-      for (const auto& seen : on_gpu[s]->seen()) EXPECT_EQ(seen.stream, side) << "stage " << s;
-    }
+// On a GPU every stage runs on the caller's current stream of its device.
+TEST(PipelineTest, StagesRunOnTheCallersStreamOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const torch::Device gpu(torch::kCUDA, 0);
+  std::vector<testing::ThreadProbe> on_gpu;
+  auto gpu_net = probed(on_gpu, 2);
+  gpu_net->to(gpu);
+  Pipeline gpu_pipe(gpu_net, {2, 2}, {gpu, gpu}, {2, "1f1b"});
+  c10::impl::VirtualGuardImpl cuda(torch::kCUDA);
+  auto side = cuda.getStreamFromGlobalPool(gpu);
+  ASSERT_NE(side, cuda.getDefaultStream(gpu));
+  {
+    c10::StreamGuard on_side(side);
+    gpu_pipe.train_step(torch::randn({4, 6}, gpu), torch::randint(6, {4}, torch::kInt64).to(gpu),
+                        cross_entropy);
+  }
+  for (size_t s = 0; s < on_gpu.size(); ++s) {
+    ASSERT_EQ(on_gpu[s]->seen().size(), 2u) << "stage " << s;
+    for (const auto& seen : on_gpu[s]->seen()) EXPECT_EQ(seen.stream, side) << "stage " << s;
   }
 }
 
