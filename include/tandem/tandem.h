@@ -17,6 +17,7 @@
 #include "tandem/util/stopwatch.h"
 #include "tandem/util/table.h"
 #include "tandem/dist/collectives.h"
+#include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/dist/rendezvous.h"
 #include "tandem/data/augment.h"

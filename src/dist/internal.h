@@ -21,6 +21,15 @@
 namespace tandem::dist::internal {
 
 inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+// "rank 3", "ranks 2 and 3", "ranks 0, 1 and 4" (up to 8 named).
+inline std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
+    text += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > 8) text += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+  return (ranks.size() == 1 ? "rank " : "ranks ") + text;
+}
 
 // Runs `f` on a thread of its own, left to finish alone, and returns its
 // future: for store calls that may never answer (a frozen or unreachable
@@ -62,14 +71,18 @@ void wait_for_every_rank(const Rendezvous& r, c10d::Store& store, std::chrono::m
 // Each group's count of the collectives it launched, for the posts at a
 // timeout.
 struct GroupCount {
-  c10::intrusive_ptr<c10d::Store> store;  // the group's own (a duplicate's is prefixed)
-  const c10d::Store* root = nullptr;      // the job's store, shared by a group and its duplicates
-  int64_t rank = 0, world = 1;
+  c10::intrusive_ptr<c10d::Store> store;  // the group's own (a duplicate's or a split's is prefixed)
+  c10::intrusive_ptr<c10d::Store> root;   // the job's store, shared by all the groups of a job
+  int64_t rank = 0, world = 1;            // in this group
+  std::vector<int64_t> members;           // the job's rank of each rank of a split; empty: the same
+  int64_t job_rank = 0, job_world = 1;    // this rank, and the ranks, of the job
+  int64_t job(int64_t r) const { return members.empty() ? r : members.at(static_cast<size_t>(r)); }
   int64_t store_host = 0;  // the rank whose process serves the job's store (-1: none of the job's)
   std::atomic<int64_t> launched{0};
 };
-std::shared_ptr<GroupCount> counted_group(c10::intrusive_ptr<c10d::Store> store, const c10d::Store* root,
-                                          int64_t rank, int64_t world, int64_t store_host);
+std::shared_ptr<GroupCount> counted_group(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Store> root,
+                                          int64_t rank, int64_t world, int64_t store_host,
+                                          std::vector<int64_t> members = {}, int64_t job_world = 0);
 
 // A timeout's verdict: the words for the message, and the ranks named as
 // not answering.

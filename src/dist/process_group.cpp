@@ -33,6 +33,7 @@
 #define TANDEM_WITH_NCCL 0
 #endif
 
+#include "group_impl.h"
 #include "internal.h"
 #include "tandem/util/check.h"
 
@@ -56,98 +57,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 }  // namespace
-
-// ---- Work --------------------------------------------------------------------
-
-struct Work::Impl {
-  c10::intrusive_ptr<c10d::Work> work;
-  std::string what;  // "all_reduce on rank 1 of 2 (gloo)"
-  std::string name;  // "all_reduce"
-  // Note [who did not come]: the collective's number in its group (0 for
-  // send and recv), the group's store and place, and for send and recv the
-  // peer.
-  int64_t number = 0, peer = -1;
-  std::shared_ptr<GroupCount> group;
-  std::chrono::milliseconds timeout;
-  bool host_wait = true;  // false: NCCL, the current stream waits (Note [waiting on NCCL])
-  std::function<void()> then;  // runs once, after success
-  std::mutex mutex;
-  bool done = false;
-  // Set by a callback on c10d's future when the collective completes
-  // (steady_clock ticks; 0 until then). Shared, not owned by the callback's
-  // capture of the Impl, which would be a cycle.
-  std::shared_ptr<std::atomic<int64_t>> finished_ticks = std::make_shared<std::atomic<int64_t>>(0);
-};
-
-void Work::wait() {
-  TANDEM_CHECK(impl_, "wait() on an empty Work");
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (impl_->done) return;
-  bool finished = !impl_->work;  // no c10d work: done locally (a group of one)
-  try {
-    if (impl_->work) finished = impl_->host_wait ? impl_->work->wait(impl_->timeout) : impl_->work->wait();
-  } catch (const std::exception& e) {
-    std::string why = first_line(e.what());
-    // Gloo says "Timed out ..." for the operation that timed out, and
-    // "Application timeout caused pair closure" for one that used the pair
-    // it closed (FSDP's reduce_scatter, made of several).
-    bool timed_out = why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos ||
-                     why.find("Application timeout") != std::string::npos;
-    std::string hint;
-    std::vector<int64_t> unanswered;
-    if (!timed_out && impl_->peer < 0 && impl_->group && impl_->group->rank == 0) {
-      keep_store_for_readers(impl_->group, impl_->timeout);
-    }
-    if (timed_out) {
-      hint = detail::str_cat(" (a peer did not answer within the --dist-timeout of ", impl_->timeout.count() / 1000.0,
-                             " s");
-      if (impl_->peer >= 0) {
-        hint += detail::str_cat(": rank ", impl_->peer, ", this ", impl_->name, "'s peer");
-        unanswered = {impl_->peer};
-      } else if (impl_->number > 0 && impl_->group) {
-        auto verdict = who_did_not_come(impl_->group, impl_->number, impl_->name, impl_->timeout);
-        hint += "; " + verdict.text;
-        unanswered = std::move(verdict.unanswered);
-      }
-      hint += ")";
-    }
-    fail_communication(detail::str_cat(impl_->what, " failed: ", why, hint),
-                       timed_out ? FailureKind::kTimeout : FailureKind::kConnection, std::move(unanswered));
-  }
-  if (!finished) {
-    fail_communication(detail::str_cat(impl_->what, " did not finish within the timeout of ",
-                                       impl_->timeout.count() / 1000.0, " s (--dist-timeout)"),
-                       FailureKind::kTimeout);
-  }
-  if (impl_->then) impl_->then();
-  impl_->done = true;
-}
-
-bool Work::completed() const {
-  return impl_ && (impl_->done || !impl_->work || impl_->work->isCompleted());
-}
-
-std::optional<std::chrono::steady_clock::time_point> Work::finished_at() const {
-  if (!impl_) return std::nullopt;
-  int64_t ticks = impl_->finished_ticks->load();
-  if (ticks == 0) return std::nullopt;
-  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(ticks));
-}
-
-Work& Work::then(std::function<void()> f) {
-  TANDEM_CHECK(impl_, "then() on an empty Work");
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  TANDEM_CHECK(!impl_->done, "then() on a Work already waited for");
-  if (impl_->then) {
-    impl_->then = [first = std::move(impl_->then), second = std::move(f)] {
-      first();
-      second();
-    };
-  } else {
-    impl_->then = std::move(f);
-  }
-  return *this;
-}
 
 // ---- ProcessGroup -------------------------------------------------------------
 
@@ -173,86 +82,6 @@ std::mutex& gloo_launch_mutex() {
   return mutex;
 }
 
-struct ProcessGroup::Impl {
-  Rendezvous rendezvous;
-  GroupOptions options;
-  std::string backend;
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> group;
-
-  int64_t duplicates = 0;  // made so far by duplicate()
-  std::shared_ptr<GroupCount> count;  // collectives launched, send and recv not counted (Note [who did not come])
-
-  void connect();  // makes `group` over `store`
-
-  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* name, std::function<void()> then = nullptr,
-            int64_t peer = -1) {
-    auto impl = std::make_shared<Work::Impl>();
-    impl->work = std::move(work);
-    impl->what = detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
-                                 " (", backend, ")");
-    impl->name = name;
-    impl->number = peer < 0 && count ? ++count->launched : 0;
-    impl->peer = peer;
-    impl->group = count;
-    impl->timeout = options.timeout;
-    impl->host_wait = backend != "nccl";
-    impl->then = std::move(then);
-    // Record when it completes; send/recv works of some backends have no
-    // future, and then there is no time to report.
-    try {
-      impl->work->getFuture()->addCallback(
-          [ticks = impl->finished_ticks](c10::ivalue::Future&) {
-            ticks->store(std::chrono::steady_clock::now().time_since_epoch().count());
-          });
-    } catch (const std::exception&) {
-    }
-    return Work(std::move(impl));
-  }
-
-  // A group of one: all_reduce and broadcast change nothing, so they finish
-  // here, with no backend call (`then` still runs in wait()).
-  Work local(std::function<void()> then = nullptr) {
-    auto impl = std::make_shared<Work::Impl>();
-    impl->what = "local";
-    impl->timeout = options.timeout;
-    impl->then = std::move(then);
-    impl->finished_ticks->store(std::chrono::steady_clock::now().time_since_epoch().count());
-    return Work(std::move(impl));
-  }
-
-  // Runs a c10d call, turning its immediate errors (bad shapes, a closed
-  // connection) into tandem::Error naming the collective. Gloo launches hold
-  // the process's launch lock (Note [one launch at a time]).
-  template <typename F>
-  Work call(const char* name, F&& f, std::function<void()> then = nullptr, int64_t peer = -1) {
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      std::unique_lock<std::mutex> lock(gloo_launch_mutex(), std::defer_lock);
-      if (backend == "gloo") lock.lock();
-      work = f();
-    } catch (const std::exception& e) {
-      fail_communication(detail::str_cat(name, " on rank ", rendezvous.rank, " of ", rendezvous.world_size,
-                                         " (", backend, ") failed: ", first_line(e.what())),
-                         FailureKind::kConnection);
-    }
-    return wrap(std::move(work), name, std::move(then), peer);
-  }
-
-  std::function<void()> divide_if_avg(ReduceOp op, std::vector<torch::Tensor> tensors) {
-    if (op != ReduceOp::kAvg) return nullptr;
-    int64_t n = rendezvous.world_size;
-    return [tensors = std::move(tensors), n]() mutable {
-      for (auto& t : tensors) {
-        if (t.is_floating_point() || t.is_complex()) {
-          t.div_(n);
-        } else {
-          t.div_(n, "floor");
-        }
-      }
-    };
-  }
-};
 
 ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
     : impl_(std::make_unique<Impl>()) {
@@ -327,7 +156,7 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   impl_->connect();
   // Rank 0's process serves the job's store (Note [who did not come]),
   // unless a launcher's agent does.
-  impl_->count = counted_group(impl_->store, impl_->store.get(), r.rank, r.world_size,
+  impl_->count = counted_group(impl_->store, impl_->store, r.rank, r.world_size,
                                /*store_host=*/r.agent_store ? -1 : 0);
 }
 
@@ -363,22 +192,6 @@ void ProcessGroup::Impl::connect() {
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) {
-  auto impl = std::make_unique<Impl>();
-  impl->rendezvous = impl_->rendezvous;
-  impl->options = impl_->options;
-  impl->backend = impl_->backend;
-  // Numbered, so that a second duplicate of the same name never meets the
-  // first one's keys in the store (every rank counts the same way).
-  impl->store = c10::make_intrusive<c10d::PrefixStore>(
-      "duplicate/" + std::to_string(impl_->duplicates++) + "/" + name, impl_->store);
-  impl->connect();
-  impl->count = counted_group(impl->store, impl_->count ? impl_->count->root : impl_->store.get(),
-                              impl->rendezvous.rank, impl->rendezvous.world_size,
-                              impl_->count ? impl_->count->store_host : 0);
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
-}
 
 ProcessGroup::~ProcessGroup() = default;
 ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;

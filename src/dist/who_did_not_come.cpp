@@ -16,13 +16,17 @@ std::vector<std::weak_ptr<GroupCount>> counts;
 
 }  // namespace
 
-std::shared_ptr<GroupCount> counted_group(c10::intrusive_ptr<c10d::Store> store, const c10d::Store* root,
-                                          int64_t rank, int64_t world, int64_t store_host) {
+std::shared_ptr<GroupCount> counted_group(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Store> root,
+                                          int64_t rank, int64_t world, int64_t store_host,
+                                          std::vector<int64_t> members, int64_t job_world) {
   auto count = std::make_shared<GroupCount>();
   count->store = std::move(store);
-  count->root = root;
+  count->root = std::move(root);
   count->rank = rank;
   count->world = world;
+  count->members = std::move(members);
+  count->job_rank = count->job(rank);
+  count->job_world = job_world > 0 ? job_world : world;
   count->store_host = store_host;
   std::lock_guard<std::mutex> lock(counts_mutex);
   counts.erase(std::remove_if(counts.begin(), counts.end(), [](const auto& c) { return c.expired(); }), counts.end());
@@ -39,7 +43,7 @@ std::vector<std::shared_ptr<GroupCount>> groups_of(const GroupCount& group) {
   std::lock_guard<std::mutex> lock(counts_mutex);
   for (const auto& weak : counts) {
     auto c = weak.lock();
-    if (c && c->root == group.root && c->rank == group.rank) found.push_back(std::move(c));
+    if (c && c->root == group.root && c->job_rank == group.job_rank) found.push_back(std::move(c));
   }
   return found;
 }
@@ -51,17 +55,16 @@ std::chrono::milliseconds grace_after(std::chrono::milliseconds timeout) {
   return std::clamp<milliseconds>(timeout / 2, milliseconds(500), milliseconds(5000));
 }
 
-// Rank 0, the store's host, waits until every rank that posted at a timeout
-// in one of `groups` has read the others' posts, or until `until`.
-void wait_for_readers(const std::vector<std::shared_ptr<GroupCount>>& groups,
-                      std::chrono::steady_clock::time_point until) {
+// Rank 0, the store's host, waits until every rank of the job that posted
+// at a timeout, in any group (a split rank 0 is not in too), has read the
+// others' posts, or until `until`. The job's store holds a post and a read
+// mark per rank for this.
+void wait_for_readers(const GroupCount& group, std::chrono::steady_clock::time_point until) {
   while (std::chrono::steady_clock::now() < until) {
     bool all = true;
-    for (const auto& g : groups) {
-      for (int64_t r = 1; r < g->world && all; ++r) {
-        all = !g->store->check({detail::str_cat("tandem/waited/", r)}) ||
-              g->store->check({detail::str_cat("tandem/waited/read/", r)});
-      }
+    for (int64_t r = 1; r < group.job_world && all; ++r) {
+      all = !group.root->check({detail::str_cat("tandem/job-waited/", r)}) ||
+            group.root->check({detail::str_cat("tandem/job-waited/read/", r)});
     }
     if (all) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -100,8 +103,9 @@ void wait_for_readers(const std::vector<std::shared_ptr<GroupCount>>& groups,
 // diagnosis cannot ask rank 0 about itself. Rank 0 hosts the store, and its
 // process ends soon after its own verdict: so each rank posts
 // "tandem/waited/read/<rank>" once it has read, and rank 0 keeps the store
-// up, within the grace again, until every rank that posted in one of its
-// groups has read.
+// up, within the grace again, until every rank of the job that posted, in
+// any group (a split it is not in too), has read: each posts and marks in
+// the job's store as well. Ranks are named as the job's, in a split too.
 Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t number, const std::string& name,
                          std::chrono::milliseconds timeout) {
   using namespace std::chrono;
@@ -124,6 +128,7 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
       auto value = from.get(k);
       return std::string(value.begin(), value.end());
     };
+    put(*group->root, key("job-waited/", group->job_rank), "1");
     put(store, key("waited/", rank), detail::str_cat(number, " ", name));
     for (const auto& g : groups_of(*group)) put(*g->store, key("launched/", rank), std::to_string(g->launched.load()));
     Posts posts(static_cast<size_t>(world));
@@ -142,17 +147,18 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
       std::this_thread::sleep_for(milliseconds(50));
     }
     put(store, key("waited/read/", rank), "1");
-    if (rank == 0) wait_for_readers(groups_of(*group), steady_clock::now() + grace);
+    put(*group->root, key("job-waited/read/", group->job_rank), "1");
+    if (group->job_rank == 0) wait_for_readers(*group, steady_clock::now() + grace);
     return posts;
   });
   Posts posts;
   // The store's host is the one that is not answering, if it is another
   // rank (Note [who did not come], above).
   const int64_t host = group->store_host;
-  const bool host_named = host >= 0 && host != rank;
+  const bool host_named = host >= 0 && host != group->job_rank;
   try {
     // Rank 0 may linger for a second grace.
-    if (result.wait_for((rank == 0 ? 2 * grace : grace) + seconds(1)) != std::future_status::ready) {
+    if (result.wait_for((group->job_rank == 0 ? 2 * grace : grace) + seconds(1)) != std::future_status::ready) {
       if (!host_named) return {"which rank is missing is not known: the job's store did not answer", {}};
       return {detail::str_cat("rank ", host, " did not answer: neither this ", name, " nor the job's store, which "
                               "rank ", host, "'s process serves, answered (rank ", host,
@@ -173,34 +179,28 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
   std::string other;
   for (int64_t r = 0; r < world; ++r) {
     const auto& post = posts[static_cast<size_t>(r)];
+    // Named by their rank in the job, as the launcher and the user know them.
     if (!post.any()) {
-      absent.push_back(r);
+      absent.push_back(group->job(r));
       continue;
     }
     if (post.waited.empty()) {  // waiting in another group: how far it got in this one
-      (post.launched >= number ? reached : behind).push_back(r);
+      (post.launched >= number ? reached : behind).push_back(group->job(r));
       continue;
     }
     const auto space = post.waited.find(' ');
     const int64_t theirs = std::atoll(post.waited.c_str());
     const std::string their_name = space == std::string::npos ? "" : post.waited.substr(space + 1);
     if (theirs > number || (theirs == number && their_name == name)) {
-      reached.push_back(r);
+      reached.push_back(group->job(r));
     } else if (theirs < number) {
-      behind.push_back(r);
+      behind.push_back(group->job(r));
     } else if (other.empty()) {
-      other = detail::str_cat("rank ", r, "'s collective #", number, " was ", their_name, ", this rank's ", name,
+      other = detail::str_cat("rank ", group->job(r), "'s collective #", number, " was ", their_name, ", this rank's ", name,
                               ": the ranks called different collectives");
     }
   }
-  auto list = [](const std::vector<int64_t>& ranks) {
-    std::string text;
-    for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
-      text += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
-    }
-    if (ranks.size() > 8) text += detail::str_cat(", ... (", ranks.size(), " ranks)");
-    return detail::str_cat(ranks.size() == 1 ? "rank " : "ranks ", text);
-  };
+  const auto list = rank_list;
   const std::string which = detail::str_cat("this group's collective #", number);
   std::vector<std::string> parts;
   if (!absent.empty()) {
@@ -218,7 +218,7 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
   }
   std::string text;
   for (const auto& part : parts) text += (text.empty() ? "" : "; ") + part;
-  return {text, absent};  // ranks of the group are ranks of the job (a group and its duplicates)
+  return {text, absent};  // the job's ranks
 }
 
 // Note [who did not come], continued: a rank's own timeout may make Gloo
@@ -233,7 +233,7 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
 // reported.
 void keep_store_for_readers(const std::shared_ptr<GroupCount>& group, std::chrono::milliseconds timeout) {
   const auto grace = grace_after(timeout);
-  run_detached([group, grace] { wait_for_readers(groups_of(*group), std::chrono::steady_clock::now() + grace); })
+  run_detached([group, grace] { wait_for_readers(*group, std::chrono::steady_clock::now() + grace); })
       .wait_for(grace + std::chrono::seconds(1));
 }
 

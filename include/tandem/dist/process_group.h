@@ -124,6 +124,18 @@ class ProcessGroup {
   // group's). Every rank calls it, in the same order, with the same name.
   std::shared_ptr<ProcessGroup> duplicate(const std::string& name);
 
+  // A group of `ranks` (ranks of this group, increasing, this rank among
+  // them), as torch.distributed.new_group: every rank of this group calls
+  // split() in the same order, each with the ranks of its own slice (a
+  // device mesh's row or column). The split's ranks count from 0, in the
+  // order given; its messages name `label` and the job's ranks, and a
+  // timeout in it names the job's rank that did not come (Note [splits] in
+  // src/dist/split.cpp).
+  std::shared_ptr<ProcessGroup> split(const std::string& label, const std::vector<int64_t>& ranks);
+  // The job's rank of each of this group's ranks (0, 1, ... for the job's
+  // group and its duplicates).
+  std::vector<int64_t> job_ranks() const;
+
   struct Impl;
 
  private:

@@ -1,0 +1,82 @@
+// tandem/dist/device_mesh.h: the job's ranks as a grid of pipeline stages
+// x data-parallel replicas x tensor-parallel shards, with a process group
+// for each slice of each dimension.
+//
+// Layout: pp outermost, tp innermost, as torchtitan and Megatron-LM lay
+// them out, so that the ranks of a tensor-parallel group (the most
+// traffic) are contiguous and share a node:
+//
+//   rank = (pp * dp_size + dp) * tp_size + tp
+//
+//   --mesh pp=2,dp=2,tp=2 (8 ranks)      tp=0  tp=1
+//     stage 0   replica 0               0     1
+//               replica 1               2     3
+//     stage 1   replica 0               4     5
+//               replica 1               6     7
+//
+// The dp slice through rank 5 is {5, 7}; its pp slice {1, 5}; its tp
+// slice {4, 5}.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/dist/process_group.h"
+
+namespace tandem::dist {
+
+enum class MeshDim { kPipeline = 0, kData = 1, kTensor = 2 };
+inline constexpr std::array<MeshDim, 3> kMeshDims{MeshDim::kPipeline, MeshDim::kData, MeshDim::kTensor};
+
+// "pp", "dp", "tp": the names --mesh gives the dimensions.
+const char* mesh_dim_name(MeshDim dim);
+
+struct MeshShape {
+  std::array<int64_t, 3> sizes{1, 1, 1};  // pp, dp, tp
+  int64_t operator[](MeshDim dim) const { return sizes[static_cast<size_t>(dim)]; }
+  int64_t& operator[](MeshDim dim) { return sizes[static_cast<size_t>(dim)]; }
+  int64_t size() const { return sizes[0] * sizes[1] * sizes[2]; }
+  std::string str() const;  // "pp=2,dp=2,tp=1"
+  bool operator==(const MeshShape& other) const { return sizes == other.sizes; }
+};
+
+// --mesh SPEC: comma-separated dim=size, each dimension at most once, an
+// omitted one 1; the sizes' product must be `world`. Throws
+// tandem::UsageError naming --mesh and what was expected.
+MeshShape parse_mesh(const std::string& spec, int64_t world);
+
+using MeshCoordinates = std::array<int64_t, 3>;  // pp, dp, tp
+
+MeshCoordinates mesh_coordinates(const MeshShape& shape, int64_t rank);
+int64_t mesh_rank(const MeshShape& shape, const MeshCoordinates& at);
+// The ranks whose coordinates equal `rank`'s but along `dim`: the slice
+// through it, in increasing order.
+std::vector<int64_t> mesh_slice(const MeshShape& shape, int64_t rank, MeshDim dim);
+
+class DeviceMesh {
+ public:
+  // Every rank of `world` makes it, with the same shape, whose size is the
+  // world's: the shapes are compared over `world` first (a rank started
+  // with another --mesh is named), then each dimension's slices split off
+  // the world's group (ProcessGroup::split), pp, dp, tp in that order.
+  DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& shape);
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoordinates& coordinates() const { return coordinates_; }
+  int64_t coordinate(MeshDim dim) const { return coordinates_[static_cast<size_t>(dim)]; }
+  // The group of this rank's slice along `dim`: its rank there is this
+  // rank's coordinate along `dim`. A group of one for a dimension of size 1.
+  const std::shared_ptr<ProcessGroup>& group(MeshDim dim) const { return groups_[static_cast<size_t>(dim)]; }
+  const std::shared_ptr<ProcessGroup>& world() const { return world_; }
+
+ private:
+  std::shared_ptr<ProcessGroup> world_;
+  MeshShape shape_;
+  MeshCoordinates coordinates_{};
+  std::array<std::shared_ptr<ProcessGroup>, 3> groups_;
+};
+
+}  // namespace tandem::dist
