@@ -6,7 +6,8 @@
 #
 # For each case it alternates the two implementations ROUNDS times (one
 # process each, a few timed windows per process) and prints the medians and
-# their ratio. Results belong in docs/PERFORMANCE.md.
+# their ratio. The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/cpu_train.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 

@@ -18,7 +18,8 @@
 #      plain model and of the same model under DDP in a group of one (batch
 #      16, 15 pairs a process, the median of the per-pair ratios), which
 #      cancels the machine's drift
-# Results belong in docs/PERFORMANCE.md.
+# The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/ddp.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 batch=${2:-64}

@@ -21,7 +21,8 @@
 #   default: glibc's defaults (tandem with TANDEM_DEFAULT_MALLOC=1)
 #   tuned:   tandem's settings (PyTorch with the same MALLOC_*_ variables)
 # and prints the per-round efficiencies, their medians and the per-round
-# differences tandem - PyTorch. Results belong in docs/PERFORMANCE.md.
+# differences tandem - PyTorch. The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/ddp.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 batch=${2:-128}

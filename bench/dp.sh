@@ -8,7 +8,8 @@
 # DataParallel's own overhead (one replica against the plain model, one
 # thread) and DataParallel over cpu,cpu against the plain model on the same
 # two cores. libtorch's own data_parallel is tried as the peer; it refuses
-# CPU tensors, which the script reports. Results belong in docs/PERFORMANCE.md.
+# CPU tensors, which the script reports. The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/dp.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 batch=${2:-256}

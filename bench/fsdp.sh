@@ -19,7 +19,8 @@
 # tandem, the peak of live bytes in its CPU allocator over the timed steps
 # (ddp_step --count-memory; PyTorch has no such counter on the CPU); then
 # FSDP's step tandem / PyTorch, and each one's FSDP step / DDP step.
-# Results belong in docs/PERFORMANCE.md.
+# The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/fsdp.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 ranks=${2:-2}

@@ -9,7 +9,8 @@
 # Data (made once, under $TANDEM_CACHE/bench-data): 10,000 CIFAR-10 binary
 # records, and an ImageFolder of 640 photo-like JPEGs of about 500 x 375
 # (quality 90). Prints median images/s for all workers and per worker, and
-# the ratio. Results belong in docs/PERFORMANCE.md.
+# the ratio. The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/image_pipeline.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-3}
 data=$cache/bench-data

@@ -23,7 +23,8 @@
 # then per stage its median forward and backward action, beside one piece's
 # forward + backward of a micro-batch alone (unequal or mutually slowed
 # stages are the machine's doing, not the schedule's).
-# Results belong in docs/PERFORMANCE.md.
+# The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/pipeline.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 stages=${2:-2}

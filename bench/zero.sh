@@ -13,7 +13,8 @@
 # medians of: the whole step, the optimizer's step alone (where the sharded
 # one broadcasts the shares), rank 0's momentum in MiB; then the sharded
 # step tandem / PyTorch (against both), and each one's cost of sharding
-# (sharded step / plain step - 1). Results belong in docs/PERFORMANCE.md.
+# (sharded step / plain step - 1). The current figure goes in docs/PERFORMANCE.md, each run's record in
+# bench/results/zero.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 ranks=${2:-2}

@@ -112,7 +112,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   if (ddp_) {
     // Note [gradients are bucket views]: on CPU, letting backward's fresh
     // gradient be copied into the bucket once measured faster than zeroing
-    // the bucket and accumulating into it (bench/ddp.sh, docs/PERFORMANCE.md);
+    // the bucket and accumulating into it (bench/ddp.sh, bench/results/ddp.md);
     // on CUDA the in-place form saves the memory.
     if (device_.is_cuda()) {
       ddp_->zero_grad();

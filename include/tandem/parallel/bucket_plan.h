@@ -32,7 +32,7 @@
 // own gradients are ready, while backward still has the first layers to go
 // (for resnet18 on 32 px images, layer1 and the stem: a quarter of the
 // backward pass), so only about 1 MiB is left exposed. Measured in
-// docs/PERFORMANCE.md ("small last bucket").
+// bench/results/ddp.md ("Small last bucket").
 #pragma once
 
 #include <cstddef>

@@ -43,7 +43,7 @@
 // are cached per thread (ATen's Conv_v8.cpp): every convolution of a new
 // thread's forward built its plan again. On an H200, a resnet18 step over
 // cuda:0,cuda:0 took 2.9 times the model alone's with a new thread per
-// forward, 1.3 times with kept threads (docs/PERFORMANCE.md).
+// forward, 1.3 times with kept threads (bench/results/dp.md).
 #pragma once
 
 #include <memory>

@@ -8,7 +8,7 @@
 // 5-10% of the step). Raising the mmap threshold to glibc's maximum (32 MiB on
 // 64-bit) and keeping freed memory in the process makes steady-state steps
 // fault-free. PyTorch in Python runs with glibc's defaults; the measured
-// effect is in docs/PERFORMANCE.md.
+// effect is in docs/PERFORMANCE.md and bench/results/cpu_train.md.
 #pragma once
 
 namespace tandem {
