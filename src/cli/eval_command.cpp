@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common_flags.h"
+#include "weights_defaults.h"
 #include "tandem/cli/commands.h"
 #include "tandem/data/source.h"
 #include "tandem/cli/flags.h"
@@ -39,92 +40,6 @@ FlagSet eval_flags(engine::TrainOptions& o, std::string& weights) {
   return flags;
 }
 
-// Note [eval from the weights]: an export records what evaluation needs
-// besides the tensors (engine::Trainer::weights_metadata): the model, the
-// data it was trained on (the folder made absolute), the --augment preset
-// and the settings that shape the inputs and the model (image_size, stem,
-// width_mult), and the evaluation transform those made. Each flag not
-// given takes the metadata's value, so `tandem eval --weights W` (or with
-// --val-data D) evaluates as the run's own evaluation did and gives its
-// accuracy; a flag given wins, with a warning where it differs. The
-// evaluation transform built is compared with the recorded one: a preset
-// that changed since is said, not silently scored otherwise.
-struct FromWeights {
-  bool augment_or_size_given = false;
-};
-
-FromWeights defaults_from_weights(const std::map<std::string, std::string>& metadata, const std::string& path,
-                                  const FlagSet& flags, engine::TrainOptions& o) {
-  FromWeights from;
-  auto field = [&](const char* key) -> const std::string* {
-    auto it = metadata.find(key);
-    return it == metadata.end() ? nullptr : &it->second;
-  };
-  auto warn_differs = [&](const char* flag, const std::string& given, const std::string& recorded) {
-    std::fprintf(stderr, "tandem: warning: --%s %s: %s was trained with --%s %s (its metadata); evaluating with "
-                 "the --%s given\n", flag, given.c_str(), printable(path).c_str(), flag, recorded.c_str(), flag);
-  };
-  auto number = [&](const char* key, const std::string& text) {
-    try {
-      size_t used = 0;
-      const double value = std::stod(text, &used);
-      if (used == text.size()) return value;
-    } catch (const std::exception&) {
-    }
-    throw Error(printable(path) + ": its metadata's " + key + " is not a number: " + printable(text));
-  };
-  if (const auto* model = field("model"); model && !flags.given("model")) o.model = *model;
-  if (const auto* data = field("data"); data && !flags.given("data")) {
-    o.data = *data;
-    const auto colon = data->find(':');
-    const std::string folder = colon == std::string::npos ? "" : data->substr(colon + 1);
-    if (!folder.empty() && path_kind(folder) != "a folder") {
-      // An image folder's classes and statistics are in the metadata (and
-      // checked): the evaluation folder stands in for a training folder
-      // that is not on this machine.
-      const bool images = data::data_format(*data) == "imagefolder";
-      if (images && !o.val_data.empty() && data::data_format(o.val_data) == "imagefolder") {
-        o.data = o.val_data;
-      } else {
-        throw Error(printable(path) + ": trained on --data " + printable(*data) + " (its metadata), which is " +
-                    path_kind(folder) + " here; give --data: the training data" +
-                    (images ? ", or --val-data imagefolder:DIR" : " (its statistics normalise the inputs)"));
-      }
-    }
-  }
-  if (const auto* augment = field("augment")) {
-    if (!flags.given("augment")) {
-      o.augment = *augment;
-    } else if (o.augment != *augment) {
-      warn_differs("augment", o.augment, *augment);
-    }
-  }
-  if (const auto* size = field("image_size")) {
-    const auto recorded = static_cast<int64_t>(number("image_size", *size));
-    if (!flags.given("image-size")) {
-      o.image_size = recorded;
-    } else if (o.image_size != recorded) {
-      warn_differs("image-size", std::to_string(o.image_size), *size);
-    }
-  }
-  if (const auto* stem = field("stem")) {
-    if (!flags.given("stem")) {
-      o.stem = *stem;
-    } else if (o.stem != *stem && o.stem != "auto") {
-      warn_differs("stem", o.stem, *stem);
-    }
-  }
-  if (const auto* width = field("width_mult")) {
-    if (!flags.given("width-mult")) {
-      o.width_mult = number("width_mult", *width);
-    } else if (format("%g", o.width_mult) != *width) {
-      warn_differs("width-mult", format("%g", o.width_mult), *width);
-    }
-  }
-  from.augment_or_size_given = flags.given("augment") || flags.given("image-size");
-  return from;
-}
-
 }  // namespace
 
 std::string eval_help() {
@@ -143,7 +58,7 @@ int eval_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
-  engine::check_train_options(options);  // a usage mistake is named before any file is read
+  check_given_flags(options, flags);  // a usage mistake is named before any file is read
   auto file = engine::read_safetensors(weights);
   const auto from = defaults_from_weights(file.metadata, weights, flags, options);
   // An image folder has no test split of its own: the command line alone

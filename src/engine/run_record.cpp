@@ -1,11 +1,27 @@
 #include "tandem/engine/run_record.h"
 
+#include "tandem/engine/atomic_file.h"
+#include "tandem/util/file.h"
+#include "tandem/util/table.h"
+
 namespace tandem::engine {
 
 RunRecorder::RunRecorder(const TrainOptions& o, int64_t rank, int64_t resumed_at) {
   if (rank != 0) return;
+  // Both checked before either is opened, and the file that empties what
+  // it had (--metrics-out) opened last: a sink that cannot be written
+  // costs nothing already saved.
+  if (!o.tensorboard.empty()) check_output_folder("--tensorboard", o.tensorboard);
+  if (!o.metrics_out.empty()) check_output_file("--metrics-out", o.metrics_out);
+  if (!o.tensorboard.empty()) {
+    tensorboard_ = TensorBoardWriter(o.tensorboard, resumed_at);
+    if (resumed_at < 0 && tensorboard_.earlier_files() > 0) {
+      notice_ = format("--tensorboard %s held %lld event file(s) of an earlier run: TensorBoard shows this run "
+                       "there in their place (give each run a folder of its own to compare them)",
+                       printable(o.tensorboard).c_str(), static_cast<long long>(tensorboard_.earlier_files()));
+    }
+  }
   if (!o.metrics_out.empty()) metrics_ = MetricsWriter(o.metrics_out, /*append=*/resumed_at > 0);
-  if (!o.tensorboard.empty()) tensorboard_ = TensorBoardWriter(o.tensorboard, resumed_at);
 }
 
 void RunRecorder::steps(const StepRecord& r) {
@@ -31,6 +47,8 @@ void RunRecorder::epoch(const EpochMetrics& m) {
   scalars.emplace_back("epoch/epoch_seconds", m.epoch_seconds);
   scalars.emplace_back("epoch/images_per_second", m.images_per_second);
   scalars.emplace_back("epoch/lr", m.lr);
+  scalars.emplace_back("epoch/world_size", static_cast<double>(m.world_size));
+  scalars.emplace_back("epoch/partial", m.partial ? 1.0 : 0.0);
   tensorboard_.write(m.step, scalars);
 }
 

@@ -132,6 +132,9 @@ std::string session_start_event(double wall_time, int64_t step) {
 void check_output_folder(const std::string& flag, const std::string& folder) {
   const std::string named = flag + " " + printable(folder);
   std::error_code ec;
+  TANDEM_CHECK(!folder.empty(), flag, ": expected a folder, got an empty name");
+  const std::string kind = path_kind(folder);
+  TANDEM_CHECK(kind != "a link to nothing", named, ": is a link to nothing; expected a folder (or a name to make one)");
   if (fs::exists(folder, ec)) {
     TANDEM_CHECK(fs::is_directory(folder, ec), named, ": is ", path_kind(folder), "; expected a folder");
     TANDEM_CHECK(::access(folder.c_str(), W_OK | X_OK) == 0, named, ": a folder this process cannot write to");
@@ -157,20 +160,37 @@ TensorBoardWriter::TensorBoardWriter(const std::string& folder, int64_t resumed_
   path_ = (fs::path(folder) / format("events.out.tfevents.%lld.%s.%d.tandem", static_cast<long long>(now), host,
                                      static_cast<int>(::getpid())))
               .string();
+  // Event files of an earlier run: a fresh run replaces them in TensorBoard's
+  // view (a session start at step 0), rather than mixing two runs' steps.
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    if (entry.path().filename().string().find("tfevents") != std::string::npos) ++earlier_files_;
+  }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   TANDEM_CHECK(fd_ >= 0, "--tensorboard: cannot create ", printable(path_), ": ", std::strerror(errno));
-  append(version_event(now));
-  if (resumed_at >= 0) append(session_start_event(now, resumed_at + 1));  // keeps steps <= resumed_at
+  try {
+    append(version_event(now));
+    if (resumed_at >= 0) {
+      append(session_start_event(now, resumed_at + 1));  // keeps steps <= resumed_at
+    } else if (earlier_files_ > 0) {
+      append(session_start_event(now, 0));
+    }
+  } catch (...) {
+    ::close(fd_);  // a file of nothing (a full disk) is not left behind
+    fd_ = -1;
+    ::unlink(path_.c_str());
+    throw;
+  }
 }
 
 TensorBoardWriter::TensorBoardWriter(TensorBoardWriter&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), earlier_files_(other.earlier_files_) {}
 
 TensorBoardWriter& TensorBoardWriter::operator=(TensorBoardWriter&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
+    earlier_files_ = other.earlier_files_;
   }
   return *this;
 }

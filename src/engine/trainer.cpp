@@ -432,6 +432,7 @@ TrainResult Trainer::run() {
     }
   }
   RunRecorder record(o, rank_, resume && position.step > 0 ? position.step : -1);
+  if (!record.notice().empty()) warn(record.notice());
 
   // Note [diverged]: this rank's weights and buffers, checked at every sync;
   // what the run starts from, for the advice should it diverge.

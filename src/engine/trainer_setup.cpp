@@ -539,7 +539,10 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
                  options_.data, " is ", data::data_format(options_.data), " data: the same numbers name other classes");
   }
   if (const auto* count = field("num_classes")) {
-    TANDEM_CHECK(*count == std::to_string(info.num_classes), path, ": trained for ", *count, " classes, but --data ",
+    const auto parsed = parse_int(*count);
+    TANDEM_CHECK(parsed && *parsed >= 1, path, ": its metadata's num_classes '", printable(*count),
+                 "' is not a number of classes");
+    TANDEM_CHECK(*parsed == info.num_classes, path, ": trained for ", *count, " classes, but --data ",
                  options_.data, " has ", info.num_classes);
   }
   // Note [normalisation in exports]: the inputs are normalised with --data's

@@ -79,8 +79,9 @@ void write_whole(const std::string& path, const std::string& text) {
 
 std::string torchelastic_error_json(const std::string& message, bool follows_peer, int64_t unix_seconds) {
   nlohmann::json j;
-  j["message"] = message;
-  j["timestamp"] = follows_peer ? unix_seconds + 1 : unix_seconds;
+  j["message"]["message"] = message;
+  j["message"]["extraInfo"]["py_callstack"] = message;  // what torchrun's summary shows as the traceback
+  j["message"]["extraInfo"]["timestamp"] = std::to_string(follows_peer ? unix_seconds + 1 : unix_seconds);
   return j.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 

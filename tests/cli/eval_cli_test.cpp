@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tandem/engine/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -117,6 +118,50 @@ TEST_F(EvalImageFolderCliTest, AMissingTrainingFolderIsReplacedOrNamed) {
   EXPECT_NE(r.output.find(": trained on --data idx:" + idx.path() + " (its metadata), which is nothing here; give "
                           "--data: the training data (its statistics normalise the inputs)"),
             std::string::npos) << r.output;
+}
+
+// Flags that only some models take are accepted where they match the
+// metadata's model; a model given that is not the metadata's is refused as
+// such (exit 1), not for the metadata's settings; a value in the metadata
+// that tandem cannot use is the file's fault (exit 1, the file named); a
+// --data that is not the recorded one is said.
+TEST_F(EvalImageFolderCliTest, FlagsAndMetadataThatDisagreeAreSaidOrRefused) {
+  const std::string resnet = dir_.file("resnet.safetensors"), mobilenet = dir_.file("mobilenet.safetensors");
+  train(" --model resnet18 --max-steps 1", resnet);
+  train(" --model mobilenetv2 --width-mult 0.5 --max-steps 1", mobilenet);
+  const auto file = engine::read_safetensors(resnet);
+  std::string out = eval(resnet, " --stem " + file.metadata.at("stem"));
+  EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+  out = eval(mobilenet, " --width-mult 0.5");
+  EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + resnet + " --val-data imagefolder:" + dir_.file("val") +
+                                        " --model convnet",
+                                    1, resnet + ": weights of --model resnet18 (its metadata), not of --model convnet"));
+  out = eval(resnet, " --data imagefolder:" + dir_.file("val"));
+  EXPECT_NE(out.find("tandem: warning: --data imagefolder:" + dir_.file("val") + ": " + resnet +
+                     " was trained with --data imagefolder:" + dir_.file("train") + " (its metadata)"),
+            std::string::npos) << out;
+  const struct {
+    const char* key;
+    const char* value;
+    std::string message;
+  } edits[] = {
+      {"model", "nosuch", ": its metadata describes a run tandem cannot evaluate: --model: expected one of"},
+      {"image_size", "99999999999999999999", ": its metadata's image_size '99999999999999999999' is not a whole "
+                                             "number of pixels"},
+      {"image_size", "100000", ": its metadata describes a run tandem cannot evaluate: --image-size"},
+      {"stem", "garbage", ": its metadata describes a run tandem cannot evaluate"},
+      {"num_classes", "x", ": its metadata's num_classes 'x' is not a number of classes"},
+  };
+  for (const auto& edit : edits) {
+    auto metadata = file.metadata;
+    metadata[edit.key] = edit.value;
+    const std::string edited = dir_.file(std::string("edited-") + edit.key + ".safetensors");
+    engine::write_safetensors(edited, file.tensors, metadata);
+    EXPECT_TRUE(testing::tandem_fails("eval --weights " + edited + " --val-data imagefolder:" + dir_.file("val"), 1,
+                                      edited + edit.message))
+        << edit.key << " " << edit.value;
+  }
 }
 
 }  // namespace

@@ -110,15 +110,16 @@ TEST_F(TensorBoardCliTest, ItsOwnReaderReturnsEachEpochsMetrics) {
   const Board board = read_board(board_dir);
   EXPECT_EQ(board.files, 1) << "rank 0 alone writes";
   for (const char* key : {"train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds", "images_per_second",
-                          "lr"}) {
+                          "lr", "world_size", "partial"}) {
     const std::string tag = std::string("epoch/") + key;
     ASSERT_EQ(board.scalars.count(tag), 1u) << tag;
     const Series& series = board.scalars.at(tag);
     ASSERT_EQ(series.size(), 2u) << tag;
     for (size_t e = 0; e < 2; ++e) {
       EXPECT_EQ(series[e].first, lines[e]["step"].get<int64_t>()) << tag;
-      EXPECT_EQ(series[e].second, static_cast<double>(static_cast<float>(lines[e][key].get<double>())))
-          << tag << " in epoch " << e + 1;
+      const auto& value = lines[e][key];
+      const double want = value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>();
+      EXPECT_EQ(series[e].second, static_cast<double>(static_cast<float>(want))) << tag << " in epoch " << e + 1;
     }
   }
   std::vector<int64_t> want;
@@ -193,21 +194,47 @@ TEST_F(TensorBoardCliTest, AResumedRunReplacesWhatCameAfterItsCheckpoint) {
             static_cast<double>(static_cast<float>(lines.back()["test_acc"].get<double>())));
 }
 
+// Refused before training, and before --metrics-out empties what it held.
 TEST_F(TensorBoardCliTest, AFolderThatCannotBeOneIsNamedBeforeTraining) {
   TempDir out;
-  const std::string file = out.file("a-file");
+  const std::string file = out.file("a-file"), metrics = out.file("kept.jsonl");
   { std::ofstream(file) << "x"; }
-  auto r = run_tandem(job() + " --tensorboard " + file);
+  { std::ofstream(metrics) << "{\"an earlier line\":1}\n"; }
+  auto r = run_tandem(job() + " --tensorboard " + file + " --metrics-out " + metrics);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--tensorboard " + file + ": is a regular file; expected a folder"), std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("epoch 1"), std::string::npos) << "refused before training:\n" << r.output;
+  EXPECT_EQ(testing::read_text(metrics), "{\"an earlier line\":1}\n");
+  ASSERT_EQ(::symlink(out.file("nowhere").c_str(), out.file("dangling").c_str()), 0);
+  r = run_tandem(job() + " --tensorboard " + out.file("dangling"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--tensorboard " + out.file("dangling") + ": is a link to nothing; expected a folder"),
+            std::string::npos) << r.output;
   r = run_tandem(job() + " --tensorboard " + file + "/below");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("is a regular file, not a folder"), std::string::npos) << r.output;
   r = run_tandem(job() + " --log-every 0");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--log-every"), std::string::npos) << r.output;
+}
+
+// A fresh run into a folder that holds an earlier run's event file: said,
+// and TensorBoard shows the new run alone there (a session start at step
+// 0), not two runs' steps mixed.
+TEST_F(TensorBoardCliTest, AFreshRunInAUsedFolderReplacesTheEarlierRun) {
+  TempDir out;
+  const std::string board_dir = out.file("board");
+  auto r = run_tandem(job() + " --max-steps 12 --tensorboard " + board_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the second file's name sorts after the first's
+  r = run_tandem(job() + " --max-steps 6 --progress lines --tensorboard " + board_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--tensorboard " + board_dir + " held 1 event file(s) of an earlier run"),
+            std::string::npos) << r.output;
+  const Board board = read_board(board_dir);
+  EXPECT_EQ(board.files, 2);
+  EXPECT_EQ(steps_of(board.scalars.at("train/loss")), (std::vector<int64_t>{3, 6}));
 }
 
 }  // namespace

@@ -287,14 +287,16 @@ TEST(LaunchTest, WorkerErrorFilesRoundTripAndJunkIsNone) {
   // torchrun's file (Note [torchelastic error file]): PyTorch's ErrorHandler
   // format; a failure that followed a peer a second later.
   EXPECT_EQ(launch::torchelastic_error_json("a \"quoted\" name", false, 1000),
-            "{\"message\":\"a \\\"quoted\\\" name\",\"timestamp\":1000}");
+            "{\"message\":{\"extraInfo\":{\"py_callstack\":\"a \\\"quoted\\\" name\",\"timestamp\":\"1000\"},"
+            "\"message\":\"a \\\"quoted\\\" name\"}}");
   EXPECT_EQ(launch::torchelastic_error_json("recv failed", true, 1000),
-            "{\"message\":\"recv failed\",\"timestamp\":1001}");
+            "{\"message\":{\"extraInfo\":{\"py_callstack\":\"recv failed\",\"timestamp\":\"1001\"},"
+            "\"message\":\"recv failed\"}}");
   const std::string elastic = dir.file("error.json");
   ::setenv(launch::kTorchelasticErrorFileVariable, elastic.c_str(), 1);
   launch::report_worker_error("cannot read data/x.png", false);
   ::unsetenv(launch::kTorchelasticErrorFileVariable);
-  EXPECT_NE(testing::read_text(elastic).find("{\"message\":\"cannot read data/x.png\",\"timestamp\":"),
+  EXPECT_NE(testing::read_text(elastic).find("\"message\":\"cannot read data/x.png\"}}"),
             std::string::npos) << testing::read_text(elastic);
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/tensorboard.h"
@@ -34,8 +35,12 @@ class RunRecorder {
 
   void steps(const StepRecord& record);
   void epoch(const EpochMetrics& metrics);
+  // What opening the sinks found that the run should say (a TensorBoard
+  // folder that held another run's files); empty if nothing.
+  const std::string& notice() const { return notice_; }
 
  private:
+  std::string notice_;
   MetricsWriter metrics_;
   TensorBoardWriter tensorboard_;
 };

@@ -41,7 +41,8 @@ class TensorBoardWriter {
  public:
   TensorBoardWriter() = default;
   // `resumed_at` >= 0: the run continues from a checkpoint of that step;
-  // what earlier files hold after it is dropped (a session start).
+  // what earlier files hold after it is dropped (a session start). A fresh
+  // run (-1) into a folder holding event files drops all of theirs.
   TensorBoardWriter(const std::string& folder, int64_t resumed_at);
   TensorBoardWriter(TensorBoardWriter&& other) noexcept;
   TensorBoardWriter& operator=(TensorBoardWriter&& other) noexcept;
@@ -50,11 +51,15 @@ class TensorBoardWriter {
   void write(int64_t step, const Scalars& scalars);
   bool enabled() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
+  // Event files the folder held before this one (another run's, or this
+  // run's before a resume).
+  int64_t earlier_files() const { return earlier_files_; }
 
  private:
   void append(const std::string& payload);
   std::string path_;
   int fd_ = -1;
+  int64_t earlier_files_ = 0;
 };
 
 // Refuses, before any work starts, a --tensorboard folder that could not

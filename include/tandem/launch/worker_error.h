@@ -35,7 +35,8 @@ inline constexpr const char* kErrorFileVariable = "TANDEM_ERROR_FILE";
 
 // Note [torchelastic error file]: under torchrun each worker is given
 // TORCHELASTIC_ERROR_FILE; a worker that fails writes there what PyTorch's
-// ErrorHandler would, {"message": ..., "timestamp": unix seconds}, and
+// ErrorHandler would, {"message": {"message", "extraInfo": {"py_callstack",
+// "timestamp": unix seconds}}} with tandem's message as both texts, and
 // torchrun's summary names the failure with the earliest timestamp as the
 // root cause (ties: the lowest rank). Its clock counts whole seconds, so a
 // failure that followed a peer (a collective or the store that lost it)

@@ -1,0 +1,129 @@
+#include "weights_defaults.h"
+
+#include <cstdio>
+
+#include "tandem/data/source.h"
+#include "tandem/util/check.h"
+#include "tandem/util/file.h"
+#include "tandem/util/parse.h"
+#include "tandem/util/table.h"
+
+namespace tandem::cli {
+
+void check_given_flags(const engine::TrainOptions& options, const FlagSet& flags) {
+  auto given = options;
+  if (!flags.given("model")) {
+    if (flags.given("stem")) given.model = "resnet18";
+    if (flags.given("width-mult")) given.model = "mobilenetv2";
+  }
+  engine::check_train_options(given);
+}
+
+// Note [eval from the weights]: an export records what evaluation needs
+// besides the tensors (engine::Trainer::weights_metadata): the model, the
+// data it was trained on (the folder made absolute), the --augment preset
+// and the settings that shape the inputs and the model (image_size, stem,
+// width_mult), and the evaluation transform those made. Each flag not
+// given takes the metadata's value, so `tandem eval --weights W` (or with
+// --val-data D) evaluates as the run's own evaluation did and gives its
+// accuracy; a flag given wins, with a warning where it differs. A model
+// given other than the metadata's is refused later, by the metadata check,
+// so the settings of the metadata's model are not applied to it. The
+// evaluation transform built is compared with the recorded one.
+FromWeights defaults_from_weights(const std::map<std::string, std::string>& metadata, const std::string& path,
+                                  const FlagSet& flags, engine::TrainOptions& o) {
+  const std::string file = printable(path);
+  auto field = [&](const char* key) -> const std::string* {
+    auto it = metadata.find(key);
+    return it == metadata.end() ? nullptr : &it->second;
+  };
+  auto warn_differs = [&](const char* flag, const std::string& given, const std::string& recorded) {
+    std::fprintf(stderr, "tandem: warning: --%s %s: %s was trained with --%s %s (its metadata); evaluating with "
+                 "the --%s given\n", flag, printable(given).c_str(), file.c_str(), flag, printable(recorded).c_str(),
+                 flag);
+  };
+  auto bad = [&](const char* key, const std::string& value, const std::string& why) -> Error {
+    return Error(file + ": its metadata's " + key + " '" + printable(value) + "' " + why);
+  };
+  const auto* model = field("model");
+  if (model && !flags.given("model")) o.model = *model;
+  const bool metadata_model = model && o.model == *model;  // the settings below are that model's
+  if (const auto* data = field("data")) {
+    if (flags.given("data")) {
+      std::string given = o.data;
+      try {
+        given = data::absolute_spec(o.data);
+      } catch (const std::exception&) {
+      }
+      if (given != *data) warn_differs("data", o.data, *data);
+    } else {
+      o.data = *data;
+      std::string kind;
+      try {
+        kind = data::data_format(*data);
+      } catch (const std::exception& e) {
+        throw bad("data", *data, "is not a data spec tandem reads (" + std::string(e.what()) + ")");
+      }
+      const auto colon = data->find(':');
+      const std::string folder = colon == std::string::npos ? "" : data->substr(colon + 1);
+      if (!folder.empty() && path_kind(folder) != "a folder") {
+        // An image folder's classes and statistics are in the metadata (and
+        // checked): the evaluation folder stands in for a training folder
+        // that is not on this machine.
+        const bool images = kind == "imagefolder";
+        if (images && !o.val_data.empty() && data::data_format(o.val_data) == "imagefolder") {
+          o.data = o.val_data;
+        } else {
+          throw Error(file + ": trained on --data " + printable(*data) + " (its metadata), which is " +
+                      path_kind(folder) + " here; give --data: the training data" +
+                      (images ? ", or --val-data imagefolder:DIR" : " (its statistics normalise the inputs)"));
+        }
+      }
+    }
+  }
+  if (const auto* augment = field("augment")) {
+    if (!flags.given("augment")) {
+      o.augment = *augment;
+    } else if (o.augment != *augment) {
+      warn_differs("augment", o.augment, *augment);
+    }
+  }
+  if (const auto* size = field("image_size")) {
+    const auto recorded = parse_int(*size);
+    if (!recorded) throw bad("image_size", *size, "is not a whole number of pixels");
+    if (!flags.given("image-size")) {
+      o.image_size = *recorded;
+    } else if (o.image_size != *recorded) {
+      warn_differs("image-size", std::to_string(o.image_size), *size);
+    }
+  }
+  if (const auto* stem = field("stem"); stem && metadata_model) {
+    if (!flags.given("stem")) {
+      o.stem = *stem;
+    } else if (o.stem != *stem && o.stem != "auto") {
+      warn_differs("stem", o.stem, *stem);
+    }
+  }
+  if (const auto* width = field("width_mult"); width && metadata_model) {
+    const auto recorded = parse_double(*width);
+    if (!recorded) throw bad("width_mult", *width, "is not a number");
+    if (!flags.given("width-mult")) {
+      o.width_mult = *recorded;
+    } else if (format("%g", o.width_mult) != *width) {
+      warn_differs("width-mult", format("%g", o.width_mult), *width);
+    }
+  }
+  // What the metadata gave must make a run tandem can evaluate; if not, it
+  // is the file that is wrong, not the command line (checked above).
+  try {
+    engine::check_train_options(o);
+    data::data_format(o.data);
+  } catch (const UsageError& e) {
+    throw Error(file + ": its metadata describes a run tandem cannot evaluate: " + e.what());
+  }
+  FromWeights from;
+  from.augment_or_size_given = flags.given("augment") || flags.given("image-size");
+  return from;
+}
+
+}  // namespace tandem::cli
