@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,16 @@ struct ProcessGroup::Impl {
   // and its duplicates, whose ranks are the job's.
   std::vector<int64_t> members;
   std::string label;
+
+  // Note [traffic]: counted by the collectives, read by traffic().
+  mutable std::mutex traffic_mutex;
+  std::map<std::string, Traffic> traffic;
+  void carried(const char* name, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(traffic_mutex);
+    auto& t = traffic[name];
+    ++t.calls;
+    t.bytes += bytes;
+  }
 
   int64_t duplicates = 0;  // made so far by duplicate()
   int64_t splits = 0;      // made so far by split()

@@ -56,6 +56,14 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TANDEM_FAIL("unknown reduce op");
 }
 
+int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += bytes_of(t);
+  return total;
+}
+
 }  // namespace
 
 // ---- ProcessGroup -------------------------------------------------------------
@@ -206,6 +214,7 @@ torch::Device ProcessGroup::wire_device() const {
 }
 
 Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  impl_->carried("all_reduce", size() == 1 ? 0 : bytes_of(tensor));
   if (size() == 1) return impl_->local();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::AllreduceOptions o;
@@ -218,6 +227,7 @@ Work ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 // c10d's allreduce takes a list of copies of one tensor (one per device);
 // different tensors in one operation are allreduce_coalesced.
 Work ProcessGroup::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) {
+  impl_->carried("all_reduce", size() == 1 ? 0 : bytes_of(tensors));
   if (size() == 1) return impl_->local();
   c10d::AllreduceCoalescedOptions o;
   o.reduceOp = to_c10d(op);
@@ -227,6 +237,7 @@ Work ProcessGroup::all_reduce(std::vector<torch::Tensor>& tensors, ReduceOp op) 
 }
 
 Work ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  impl_->carried("broadcast", size() == 1 ? 0 : bytes_of(tensor));
   if (size() == 1 && root == 0) return impl_->local();
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions o;
@@ -236,6 +247,7 @@ Work ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
 }
 
 Work ProcessGroup::reduce(torch::Tensor& tensor, int64_t root, ReduceOp op) {
+  impl_->carried("reduce", size() == 1 ? 0 : bytes_of(tensor));
   std::vector<torch::Tensor> tensors{tensor};
   c10d::ReduceOptions o;
   o.reduceOp = to_c10d(op);
@@ -246,6 +258,7 @@ Work ProcessGroup::reduce(torch::Tensor& tensor, int64_t root, ReduceOp op) {
 }
 
 Work ProcessGroup::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
+  impl_->carried("all_gather", size() == 1 ? 0 : bytes_of(input));
   std::vector<std::vector<torch::Tensor>> out{outputs};
   std::vector<torch::Tensor> in{input};
   c10d::AllgatherOptions o;
@@ -255,6 +268,7 @@ Work ProcessGroup::all_gather(std::vector<torch::Tensor>& outputs, const torch::
 
 Work ProcessGroup::gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input,
                           int64_t root) {
+  impl_->carried("gather", size() == 1 ? 0 : bytes_of(input));
   std::vector<std::vector<torch::Tensor>> out;
   if (rank() == root) out.push_back(outputs);
   std::vector<torch::Tensor> in{input};
@@ -266,6 +280,7 @@ Work ProcessGroup::gather(std::vector<torch::Tensor>& outputs, const torch::Tens
 
 Work ProcessGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                            int64_t root) {
+  impl_->carried("scatter", size() == 1 || rank() != root ? 0 : bytes_of(inputs));
   std::vector<torch::Tensor> out{output};
   std::vector<std::vector<torch::Tensor>> in;
   if (rank() == root) in.push_back(inputs);
@@ -277,6 +292,7 @@ Work ProcessGroup::scatter(torch::Tensor& output, const std::vector<torch::Tenso
 
 Work ProcessGroup::reduce_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                                   ReduceOp op) {
+  impl_->carried("reduce_scatter", size() == 1 ? 0 : bytes_of(inputs));
   std::vector<torch::Tensor> out{output};
   std::vector<std::vector<torch::Tensor>> in{inputs};
   c10d::ReduceScatterOptions o;
@@ -293,14 +309,26 @@ Work ProcessGroup::barrier() {
 }
 
 Work ProcessGroup::send(const torch::Tensor& tensor, int64_t dst, int tag) {
+  impl_->carried("send", bytes_of(tensor));
   std::vector<torch::Tensor> tensors{tensor};
   return impl_->call("send", [&] { return impl_->group->send(tensors, static_cast<int>(dst), tag); }, nullptr, dst);
 }
 
 Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
+  impl_->carried("recv", bytes_of(tensor));
   std::vector<torch::Tensor> tensors{tensor};
   return impl_->call("recv", [&] { return impl_->group->recv(tensors, static_cast<int>(src), tag); }, nullptr,
                      src);
+}
+
+std::map<std::string, Traffic> ProcessGroup::traffic() const {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  return impl_->traffic;
+}
+
+void ProcessGroup::reset_traffic() {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  impl_->traffic.clear();
 }
 
 bool built_with_nccl() { return TANDEM_WITH_NCCL; }

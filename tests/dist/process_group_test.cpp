@@ -70,6 +70,38 @@ TEST(ProcessGroupTest, AllReduceOps) {
   }));
 }
 
+// Note [traffic]: each collective counts its calls and this rank's
+// payload bytes, per group (a duplicate counts its own), until a reset.
+TEST(ProcessGroupTest, TrafficCountsEachCollectivesPayload) {
+  expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
+    auto floats = torch::ones({10});  // 40 bytes
+    g.all_reduce(floats).wait();
+    std::vector<torch::Tensor> pair{torch::ones({3}, torch::kFloat64), torch::ones({2}, torch::kFloat64)};
+    g.all_reduce(pair).wait();  // 24 + 16
+    g.broadcast(floats, 0).wait();
+    std::vector<torch::Tensor> gathered{torch::empty({10}), torch::empty({10})};
+    g.all_gather(gathered, floats).wait();
+    if (g.rank() == 0) {
+      g.send(floats, 1).wait();
+    } else {
+      g.recv(floats, 0).wait();
+    }
+    auto twin = g.duplicate("twin");
+    twin->all_reduce(floats).wait();
+    const auto t = g.traffic();
+    EXPECT_EQ(t.at("all_reduce").calls, 2);
+    EXPECT_EQ(t.at("all_reduce").bytes, 40 + 24 + 16);
+    EXPECT_EQ(t.at("broadcast").bytes, 40);
+    EXPECT_EQ(t.at("all_gather").bytes, 40);
+    EXPECT_EQ(t.at(g.rank() == 0 ? "send" : "recv").bytes, 40);
+    EXPECT_EQ(t.count(g.rank() == 0 ? "recv" : "send"), 0u);
+    EXPECT_EQ(twin->traffic().at("all_reduce").bytes, 40);
+    g.reset_traffic();
+    EXPECT_TRUE(g.traffic().empty());
+    EXPECT_EQ(twin->traffic().size(), 1u);
+  }));
+}
+
 // A duplicate is the same ranks over connections of its own: its
 // collectives and messages are its own (a message sent on one group is not
 // received on the other, whatever the tag), and both groups keep working.

@@ -429,3 +429,41 @@ TEST(DdpTest, DifferentModelsAreAClearError) {
 
 }  // namespace
 }  // namespace tandem::parallel
+
+namespace tandem::parallel {
+namespace {
+
+// Note [traffic]: each DDP step all-reduces every gradient byte once (the
+// buckets cover each parameter once), whatever the bucket sizes, plus one
+// int32 flag a parameter (which ranks' backward reached it: the unused
+// parameters' map), and nothing else; a ring all-reduce then puts
+// 2 (n - 1) / n of that on the wire. The construction's broadcast of rank
+// 0's weights is counted apart.
+TEST(DdpTest, EachStepAllReducesEveryGradientByteOnce) {
+  for (const BucketOptions buckets : {BucketOptions{}, BucketOptions{64, 256}}) {
+    testing::expect_no_errors(run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      Net net;
+      int64_t bytes = 0;
+      for (const auto& p : net->parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      DdpOptions options;
+      options.buckets = buckets;
+      DistributedDataParallel ddp(net.ptr(), group, options);
+      EXPECT_EQ(group->traffic()["broadcast"].bytes, bytes) << "rank 0's weights, once";
+      group->reset_traffic();
+      for (int step = 0; step < 3; ++step) {
+        ddp.before_forward();
+        torch::nn::functional::cross_entropy(net->forward(torch::randn({4, 6})), torch::randint(0, 3, {4}))
+            .backward();
+        ddp.after_backward();
+        const auto traffic = group->traffic();
+        const auto flags = 4 * static_cast<int64_t>(net->parameters().size());
+        EXPECT_EQ(traffic.at("all_reduce").bytes, (step + 1) * (bytes + flags)) << "step " << step;
+        EXPECT_EQ(traffic.at("all_reduce").calls, (step + 1) * static_cast<int64_t>(ddp.buckets().size() + 1));
+        EXPECT_EQ(traffic.size(), 1u) << "only all-reduces in a step";
+      }
+    }));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::parallel

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,6 +49,20 @@
 namespace tandem::dist {
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
+
+// Note [traffic]: what a group's collectives carried from this rank, per
+// collective ("all_reduce", "send", ...): the calls, and the bytes of the
+// tensors this rank handed in (all_reduce, broadcast, reduce: the tensor;
+// all_gather, gather: the input; scatter: the inputs on the root;
+// reduce_scatter: the inputs; send and recv: the tensor). That is the
+// payload, whatever algorithm the backend sends it with (a ring
+// all-reduce puts 2 (n - 1) / n of it on the wire), and it is
+// deterministic: benches and tests compare it with the analytic figure of
+// a parallelism. A group of one counts the call and no bytes.
+struct Traffic {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+};
 
 struct GroupOptions {
   std::string backend = "auto";  // auto (nccl for a CUDA device, else gloo) | gloo | nccl
@@ -123,6 +138,11 @@ class ProcessGroup {
   // communicators and streams, so its traffic never queues behind this
   // group's). Every rank calls it, in the same order, with the same name.
   std::shared_ptr<ProcessGroup> duplicate(const std::string& name);
+
+  // This group's traffic from this rank since it was made or last reset
+  // (Note [traffic]), by collective name.
+  std::map<std::string, Traffic> traffic() const;
+  void reset_traffic();
 
   // A group of `ranks` (ranks of this group, increasing, this rank among
   // them), as torch.distributed.new_group: every rank of this group calls
