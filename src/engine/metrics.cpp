@@ -98,13 +98,7 @@ void MetricsWriter::write(const EpochMetrics& metrics) {
   // process's own output (--metrics-out /dev/stdout).
   std::fflush(stdout);
   std::fflush(stderr);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    TANDEM_CHECK(n > 0, "--metrics-out ", printable(path_), ": write failed: ", std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
+  write_all(fd_, line, "--metrics-out " + printable(path_));
 }
 
 }  // namespace tandem::engine

@@ -204,14 +204,7 @@ void TensorBoardWriter::write(int64_t step, const Scalars& scalars) {
 }
 
 void TensorBoardWriter::append(const std::string& payload) {
-  const std::string record = event_record(payload);
-  size_t done = 0;
-  while (done < record.size()) {
-    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    TANDEM_CHECK(n > 0, "--tensorboard: writing ", printable(path_), " failed: ", std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
+  write_all(fd_, event_record(payload), "--tensorboard " + printable(path_));
 }
 
 }  // namespace tandem::engine

@@ -129,4 +129,14 @@ int open_lines_output(const std::string& flag, const std::string& path, bool app
   return fd;
 }
 
+void write_all(int fd, const std::string& bytes, const std::string& what) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    TANDEM_CHECK(n > 0, what, ": write failed: ", n < 0 ? std::strerror(errno) : "nothing was written");
+    done += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace tandem

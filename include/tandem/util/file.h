@@ -44,4 +44,9 @@ std::string read_regular_file(const std::string& path, const std::string& expect
 // folder or a block device is refused, naming the path (`flag` before it).
 int open_lines_output(const std::string& flag, const std::string& path, bool append);
 
+// Writes all of `bytes` to `fd`, again after an interrupted or short write.
+// Throws tandem::Error "WHAT: write failed: REASON" (a full disk, a closed
+// pipe).
+void write_all(int fd, const std::string& bytes, const std::string& what);
+
 }  // namespace tandem
