@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include <ATen/ATen.h>
 
@@ -65,19 +66,22 @@ std::pair<double, std::string> largest_magnitude(const std::vector<std::pair<std
 
 torch::Tensor count_non_finite(const std::vector<torch::Tensor>& tensors, const torch::Device& device) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> largest;
+  // Per device, then one count per device moved to `device`: a rank may
+  // hold tensors on two (a pipeline rank keeps the stages it does not run
+  // on the CPU), and one copy per device, not per tensor, leaves it.
+  std::map<std::string, std::vector<torch::Tensor>> largest;
   for (const auto& t : tensors) {
     if (t.defined() && t.is_floating_point() && t.numel() > 0) {
       // The infinity norm: the largest magnitude, without a copy of |t|;
       // inf and NaN survive it.
-      largest.push_back(at::linalg_vector_norm(t.detach(), std::numeric_limits<double>::infinity(),
-                                                  std::nullopt, false, std::nullopt)
-                            .to(torch::kFloat64));
+      largest[t.device().str()].push_back(at::linalg_vector_norm(t.detach(), std::numeric_limits<double>::infinity(),
+                                                                 std::nullopt, false, std::nullopt)
+                                              .to(torch::kFloat64));
     }
   }
-  auto options = torch::TensorOptions().dtype(torch::kFloat64).device(device);
-  if (largest.empty()) return torch::zeros({}, options);
-  return torch::stack(largest).isfinite().logical_not().sum().to(options);
+  auto count = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  for (const auto& [where, norms] : largest) count += torch::stack(norms).isfinite().logical_not().sum().to(count.options());
+  return count;
 }
 
 std::string first_non_finite(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {

@@ -92,5 +92,30 @@ TEST(DivergenceTest, NonFiniteTensorsAreCountedAndNamed) {
   EXPECT_EQ(where, "a");
 }
 
+// On the device the count stays there (the step reads it with the loss, in
+// one copy), and half-precision tensors are counted like float ones.
+TEST(DivergenceTest, NonFiniteTensorsAreCountedOnTheGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const auto cuda = torch::Device(torch::kCUDA, 0);
+  std::vector<torch::Tensor> tensors{
+      torch::tensor({1.0f, -7.0f}).to(cuda),
+      torch::tensor({2.0f, inf}).to(cuda).to(torch::kBFloat16),
+      torch::tensor({nan, 1.0f}).to(cuda).to(torch::kHalf),
+      torch::tensor({int64_t{5}}).to(cuda),
+      torch::empty({0}, torch::TensorOptions().device(cuda)),
+  };
+  auto count = count_non_finite(tensors, cuda);
+  EXPECT_TRUE(count.is_cuda());
+  EXPECT_EQ(count.item<double>(), 2.0);
+  EXPECT_EQ(count_non_finite({tensors[0], tensors[3]}, cuda).item<double>(), 0.0);
+  EXPECT_EQ(count_non_finite(tensors, torch::kCPU).item<double>(), 2.0);
+  // Tensors on both the CPU and the device (a pipeline rank's model).
+  tensors.push_back(torch::tensor({inf}));
+  tensors.push_back(torch::tensor({3.0}));
+  EXPECT_EQ(count_non_finite(tensors, cuda).item<double>(), 3.0);
+  EXPECT_EQ(count_non_finite(tensors, torch::kCPU).item<double>(), 3.0);
+}
+
 }  // namespace
 }  // namespace tandem::engine
