@@ -17,6 +17,7 @@
 #include "tandem/data/source.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/metrics.h"
+#include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/engine/worker_footprint.h"
 #include "tandem/launch/launcher.h"
@@ -100,6 +101,11 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "(DataParallel); pipeline: the model cut into one stage per device of "
                    "--devices, micro-batches flowing through them (or, launched over N "
                    "processes, one stage per process on its --device)");
+  flags.add_string("mesh", "DIMS", &o.mesh,
+                   "the job's ranks as a grid of pipeline stages x data-parallel replicas, e.g. "
+                   "dp=2,pp=2 on 4 ranks (pp outermost; an omitted dimension is 1; the product is the "
+                   "number of ranks): every stage replicated over its dp ranks, --strategy ddp or "
+                   "allreduce doing the dp dimension; default: pp=N under --strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
                    "cuda:0,cuda:1 (repeats allowed)");
@@ -235,15 +241,18 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
   int64_t world = r.epochs.back().world_size;
   Table table({"devices", "global batch", "batch per process", "epoch time (s)", "test acc"});
   const auto& last = r.epochs.back();
-  // A pipeline over ranks: every stage (process) passes the whole batch.
-  const bool stages = o.strategy == "pipeline" && o.devices.empty();
+  // A pipeline over ranks: every stage (process) of a replica passes its whole share.
+  const auto layout = engine::parallel_layout(o, world);
+  const bool stages = layout.pipeline && o.devices.empty();
+  const std::string mesh = layout.data_ranks() > 1 ? ", mesh " + layout.mesh.str() : std::string();
   std::string devices = o.strategy == "dp" ? o.devices + " (one process)"
-                        : stages ? format("%lld x %s (pipeline, a stage each)", static_cast<long long>(world),
-                                          o.device.c_str())
-                        : o.strategy == "pipeline" ? o.devices + " (pipeline, one process)"
-                                                   : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
+                        : stages ? format("%lld x %s (pipeline, a stage each%s)", static_cast<long long>(world),
+                                          o.device.c_str(), mesh.c_str())
+                        : layout.pipeline ? o.devices + " (pipeline, one process)"
+                                          : format("%lld x %s", static_cast<long long>(world), o.device.c_str());
+  const int64_t shares = layout.pipeline ? layout.data_ranks() : world;
   table.add_row({devices,
-                 std::to_string(o.batch_size), std::to_string(stages ? o.batch_size : o.batch_size / world),
+                 std::to_string(o.batch_size), std::to_string(o.batch_size / shares),
                  format("%.1f", median(seconds)),
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
   std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
@@ -319,6 +328,10 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
   if (o.strategy == "none" || o.strategy == "dp") {
     throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
                      " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
+  }
+  if (!o.mesh.empty()) {
+    throw UsageError("--mesh " + o.mesh + " lays out one number of ranks; " + sweep +
+                     " runs the job once per process count (leave out --mesh)");
   }
   if (o.strategy == "pipeline") {
     throw UsageError(sweep + " measures data-parallel scaling (auto, ddp, allreduce or fsdp); a "

@@ -14,6 +14,7 @@
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/engine/atomic_file.h"
+#include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/tensorboard.h"
 #include "tandem/models/registry.h"
 #include "tandem/engine/profile.h"
@@ -33,7 +34,7 @@ namespace {
 // a usage error here.
 std::optional<std::vector<std::string>> layers_before_data(const TrainOptions& o) {
   const bool wanted = o.image_size > 0 || o.checkpoint_activations > 0 || !o.pipeline_split.empty() ||
-                      o.strategy == "pipeline";
+                      pipelined(o);
   if (!wanted) return std::nullopt;
   const std::string format = data::data_format(o.data);
   int64_t size = o.image_size;
@@ -162,7 +163,7 @@ void check_train_options(const TrainOptions& o) {
                      "--strategy: expected auto, none, ddp, allreduce, fsdp, dp or pipeline, got '", o.strategy,
                      "'");
   const bool fsdp = o.strategy == "fsdp";
-  const bool pipeline = o.strategy == "pipeline";
+  const bool pipeline = pipelined(o);  // --strategy pipeline or a --mesh with pp > 1
   const bool dp = o.strategy == "dp";
   TANDEM_CHECK_USAGE(dp || pipeline || o.devices.empty(), "--devices goes with --strategy dp or pipeline");
   TANDEM_CHECK_USAGE(dp || !o.dp_trace, "--dp-trace goes with --strategy dp");
@@ -216,7 +217,9 @@ void check_train_options(const TrainOptions& o) {
                      "their gradients (raise --micro-batches instead)");
   TANDEM_CHECK_USAGE(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
                      "which shards the momentum already (with the parameters and gradients)");
-  TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && !pipeline && o.strategy != "none"),
+  // A mesh's pipeline stages are replicated over the dp ranks, which may shard.
+  const bool replicated = pipeline && !o.mesh.empty();
+  TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && (!pipeline || replicated) && o.strategy != "none"),
                      "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
                      "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
   TANDEM_CHECK_USAGE(!o.sync_bn || (!dp && !pipeline),
@@ -282,7 +285,8 @@ void check_train_options(const TrainOptions& o) {
 }
 
 void check_train_ranks(const TrainOptions& o, int64_t ranks) {
-  const bool pipeline = o.strategy == "pipeline";
+  const auto layout = parallel_layout(o, ranks);
+  const bool pipeline = layout.pipeline;
   TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != "dp", "--strategy ", o.strategy,
                      " runs in one process over --devices, not over a job of ", ranks,
                      " processes; for several processes use --strategy ddp");
@@ -298,8 +302,9 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
                      ranks, " processes; a job of several ranks needs a data-parallel strategy");
   TANDEM_CHECK_USAGE(ranks == 1 || !o.cuda_graph, "--cuda-graph captures the step of one process on one "
                      "device; it does not work in a job of ", ranks, " processes");
-  // A pipeline over ranks has one data-parallel rank: every stage reads the whole batch.
-  const int64_t world = pipeline ? 1 : ranks;
+  // A pipeline's ranks are its stages and their replicas: the replicas share
+  // the batch, and every stage of one reads all of its share.
+  const int64_t world = pipeline ? layout.data_ranks() : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");
   const int64_t batch = o.batch_per_process > 0 ? o.batch_per_process * world : o.batch_size;

@@ -124,7 +124,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     optimizer.zero_grad();  // the shards' (FSDP broadcasts the buffers in its first forward)
   } else {
     optimizer.zero_grad();  // to none (under --cuda-graph: the captured backward assigns them)
-    if (group_) dist::broadcast_buffers(*model_, *group_);
+    if (group_) dist::broadcast_buffers(*replica_, *group_);
   }
   StepOutputs out;
   if (pipeline_ || rank_pipeline_) {  // forward and backward, micro-batch by micro-batch
@@ -143,6 +143,10 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       auto idle = micro.idle_share();
       for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
     } else {  // this rank's stage (Note [pipeline over ranks])
+      // Note [replicated stages]: the micro-batches' gradients accumulate;
+      // DDP reduces their sum in after_backward().
+      std::optional<parallel::DistributedDataParallel::NoSync> accumulate_only;
+      if (ddp_) accumulate_only.emplace(*ddp_);
       auto micro = rank_pipeline_->train_step(inputs, targets, micro_loss, scale);
       out.logits = micro.output;  // on the last stage only
       out.loss = micro.loss;      // on every stage (broadcast from the last)
@@ -199,7 +203,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     } else if (fsdp_) {
       fsdp_->after_backward();  // units were reduce-scattered during backward
     } else if (group_) {
-      dist::average_gradients(*model_, *group_);  // seed 004's all-reduce after backward
+      dist::average_gradients(*replica_, *group_);  // seed 004's all-reduce after backward
     }
   }
   {
@@ -287,7 +291,7 @@ TrainResult Trainer::run() {
   std::shared_ptr<const data::Sampler> sampler;
   if (world_ > 1) {
     sampler = std::make_shared<data::DistributedSampler>(
-        data_.train->size(), data::DistributedSamplerOptions{world_, rank_, true, o.seed, false});
+        data_.train->size(), data::DistributedSamplerOptions{world_, data_rank_, true, o.seed, false});
   } else {
     sampler = std::make_shared<data::RandomSampler>(data_.train->size(), o.seed);
   }
@@ -307,7 +311,13 @@ TrainResult Trainer::run() {
     fsdp_sgd = sharded.get();
     sgd = std::move(sharded);
   } else if (o.shard_optimizer) {
-    auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_);
+    // A pipeline's other stages' parameters keep their places (a checkpoint
+    // holds the whole model) but are stepped by their own ranks.
+    std::vector<torch::Tensor> elsewhere;
+    for (const auto& piece : others_pieces_) {
+      for (const auto& p : piece->parameters()) elsewhere.push_back(p);
+    }
+    auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_, elsewhere);
     zero = sharded.get();
     sgd = std::move(sharded);
   } else {
@@ -461,6 +471,13 @@ TrainResult Trainer::run() {
   };
 
   if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
+  if (mesh_) {
+    say(format("device mesh %s over %lld ranks: %lld pipeline(s) of %lld stages, each stage replicated over "
+               "its %lld dp ranks (Note [replicated stages])",
+               layout_.mesh.str().c_str(), static_cast<long long>(job_world_),
+               static_cast<long long>(layout_.data_ranks()), static_cast<long long>(layout_.pipeline_ranks()),
+               static_cast<long long>(layout_.data_ranks())));
+  }
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
                static_cast<long long>(world_), ddp_ ? "ddp" : fsdp_ ? "fsdp" : "allreduce",
@@ -815,7 +832,7 @@ TrainResult Trainer::run() {
     m.epoch_seconds = train_seconds;
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;
-    m.world_size = stages_ ? stages_->size() : world_;  // processes in the job
+    m.world_size = job_world_;  // processes in the job
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
       progress->finish(position.batch_in_epoch, images_this_run,

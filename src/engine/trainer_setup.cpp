@@ -43,7 +43,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   check_train_options(o);  // the command line alone (exit 2), before anything is joined or read
   auto profile_options = parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
-  const bool pipeline = o.strategy == "pipeline";
+  const bool pipeline = pipelined(o);
   if (auto rendezvous = dist::rendezvous_from_env()) {
     dist::GroupOptions g;
     g.backend = o.dist_backend;
@@ -59,11 +59,20 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       g.device = device_.str();
     }
     group_ = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
+    job_group_ = group_;
     rank_ = group_->rank();
     world_ = group_->size();
   }
+  job_world_ = world_;
   check_train_ranks(o, world_);
-  if (pipeline && world_ > 1) {
+  layout_ = parallel_layout(o, world_);
+  data_rank_ = rank_;
+  if (layout_.replicated_stages()) {
+    // Note [replicated stages]: the mesh's groups are split off once every
+    // rank's settings are known to agree (below); its coordinates now.
+    world_ = layout_.data_ranks();
+    data_rank_ = dist::mesh_coordinates(layout_.mesh, rank_)[static_cast<size_t>(dist::MeshDim::kData)];
+  } else if (pipeline && world_ > 1) {
     // Note [pipeline over ranks]: one stage per rank, each on its own
     // --device; every rank reads the whole batch (stage 0 feeds it in, the
     // last stage takes the targets), so there is no data parallelism: the
@@ -98,6 +107,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
 
   data::check_same_classes(o.data, info, o.val_data.empty() ? o.data : o.val_data, test_info, "--val-data ");
   check_same_settings();  // before the first collective that would assume them (Note [same settings])
+  if (layout_.replicated_stages()) {
+    // The pp slice through this rank runs the pipeline, the dp slice
+    // replicates its stage.
+    mesh_ = std::make_shared<dist::DeviceMesh>(job_group_, layout_.mesh);
+    stages_ = mesh_->group(dist::MeshDim::kPipeline);
+    group_ = mesh_->group(dist::MeshDim::kData);
+  }
   torch::manual_seed(o.seed);
   models::ModelOptions model_options;
   model_options.in_channels = info.channels;
@@ -151,7 +167,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
     // A pipeline's stages recompute themselves (make_pipeline).
     // A pipeline's stages and FSDP's units recompute themselves.
-    if (o.strategy != "pipeline" && o.strategy != "fsdp") {
+    if (!pipeline && o.strategy != "fsdp") {
       model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
     }
   }
@@ -176,7 +192,19 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   }
   if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
   parameter_count_ = models::count_parameters(*model_);
-  if (group_ && o.strategy == "fsdp") {
+  replica_ = model_.ptr();
+  if (mesh_) {
+    // Note [replicated stages]: DDP over this rank's pieces, its gradients
+    // reduced once the pipeline's last backward is done (step()).
+    auto pieces = std::make_shared<torch::nn::Module>("PipelinePieces");
+    for (size_t k = 0; k < own_pieces_.size(); ++k) pieces->register_module("piece" + std::to_string(k), own_pieces_[k]);
+    replica_ = pieces;
+    if (layout_.data == DataParallelism::kDdp) {
+      ddp_ = std::make_unique<parallel::DistributedDataParallel>(replica_, group_, ddp_options());
+    } else {
+      dist::broadcast_module(*replica_, *group_);  // every replica starts from dp rank 0's weights
+    }
+  } else if (group_ && o.strategy == "fsdp") {
     // Note [fully sharded parameters]: from here on the model's parameters
     // hold no elements outside forward, backward and FullParams.
     parallel::FsdpOptions fsdp_options;
@@ -185,17 +213,20 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     fsdp_options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
     fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
   } else if (group_ && world_ > 1 && o.strategy != "allreduce") {
-    parallel::DdpOptions ddp_options;
-    ddp_options.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
-    ddp_options.buckets.first_bucket_bytes =
-        std::min(ddp_options.buckets.first_bucket_bytes, ddp_options.buckets.bucket_bytes);
-    ddp_options.buckets.last_bucket_bytes =
-        std::min(ddp_options.buckets.last_bucket_bytes, ddp_options.buckets.bucket_bytes);
-    ddp_options.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
-    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options);
+    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options());
   } else if (group_) {
     dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
   }
+}
+
+parallel::DdpOptions Trainer::ddp_options() const {
+  const auto& o = options_;
+  parallel::DdpOptions ddp;
+  ddp.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
+  ddp.buckets.first_bucket_bytes = std::min(ddp.buckets.first_bucket_bytes, ddp.buckets.bucket_bytes);
+  ddp.buckets.last_bucket_bytes = std::min(ddp.buckets.last_bucket_bytes, ddp.buckets.bucket_bytes);
+  ddp.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
+  return ddp;
 }
 
 // --strategy pipeline: cut the model into one stage per device (or
@@ -259,9 +290,12 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
   const int64_t stages = stages_->size(), rank = stages_->rank(), chunks = virtual_stages();
   const int64_t pieces = stages * chunks;
-  auto [sizes, how] = pipeline_cut(info, stages, device_, rank == 0, " on rank 0");
+  auto [sizes, how] = pipeline_cut(info, stages, device_, rank_ == 0, " on rank 0");
   const auto wire = stages_->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
+  // Every replica pipeline cuts where job rank 0 chose: over the dp slice
+  // through it (the first stages), then down each pipeline.
+  if (mesh_) group_->broadcast(chosen, 0).wait();
   stages_->broadcast(chosen, 0).wait();
   chosen = chosen.cpu();
   sizes.assign(chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + pieces);
@@ -281,6 +315,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
+  own_pieces_ = mine;
   rank_pipeline_ = std::make_unique<parallel::DistributedPipeline>(mine, device_, stages_, pipeline_options);
 }
 
@@ -388,7 +423,8 @@ std::string Trainer::job_settings() const {
          (o.strategy == "fsdp" ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +
-         (o.strategy == "pipeline"
+         format(" mesh=%s", layout_.mesh.str().c_str()) +
+         (layout_.pipeline
               ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", o.schedule.c_str(),
                        static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
                        o.pipeline_balance.c_str())
@@ -396,7 +432,7 @@ std::string Trainer::job_settings() const {
 }
 
 void Trainer::check_same_settings() const {
-  const auto group = stages_ ? stages_ : group_;
+  const auto& group = job_group_;
   if (!group || group->size() == 1) return;
   const auto all = dist::all_gather_text(job_settings(), *group, device_);
   std::vector<int64_t> others;
@@ -441,8 +477,8 @@ std::string Trainer::fingerprint() const {
          // Compared by run() itself when the checkpoint has it (older ones do not).
          format(" samples=%lld", static_cast<long long>(data_.train->size())) +
          // May change on resume; run() says what that does to BatchNorm.
-         (o.strategy == "pipeline" ? format(" micro_batches=%lld", static_cast<long long>(o.micro_batches))
-                                   : std::string());
+         (layout_.pipeline ? format(" micro_batches=%lld", static_cast<long long>(o.micro_batches))
+                           : std::string());
 }
 
 void Trainer::report_warnings(std::FILE* to) const {

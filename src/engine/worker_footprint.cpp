@@ -13,6 +13,7 @@
 
 #include "tandem/data/source.h"
 #include "tandem/engine/counting_allocator.h"
+#include "tandem/engine/parallel_layout.h"
 
 #include <c10/core/CPUAllocator.h>
 #include "tandem/models/registry.h"
@@ -60,8 +61,9 @@ int64_t cgroup_value(const std::string& name) {
 WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers) {
   WorkerFootprint f;
   f.base_bytes = status_bytes("RssAnon");
-  // A pipeline over ranks: every stage reads the whole batch.
-  const int64_t ranks = o.strategy == "pipeline" ? 1 : workers;
+  // A pipeline over ranks: every stage reads its replica's whole share.
+  const auto layout = parallel_layout(o, workers);
+  const int64_t ranks = layout.pipeline ? layout.data_ranks() : workers;
   f.worker_batch = o.batch_per_process > 0 ? o.batch_per_process : std::max<int64_t>(1, o.batch_size / ranks);
   {
     data::DataOptions data_options;

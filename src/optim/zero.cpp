@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <numeric>
 #include <utility>
 
@@ -34,9 +35,9 @@ std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t wor
 }
 
 ZeroSgd::ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
-                 std::shared_ptr<dist::ProcessGroup> group)
+                 std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere)
     : Sgd(std::move(params), options), group_(std::move(group)) {
-  plan();
+  plan(elsewhere);
 }
 
 ZeroSgd::ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
@@ -45,20 +46,31 @@ ZeroSgd::ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::o
   plan();
 }
 
-void ZeroSgd::plan() {
+void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
   }
+  std::unordered_set<const c10::TensorImpl*> away;
+  for (const auto& p : elsewhere) away.insert(p.unsafeGetTensorImpl());
   shares_.assign(static_cast<size_t>(world_), {});
   std::vector<int64_t> loads(static_cast<size_t>(world_), 0);
   size_t index = 0;
   for (const auto& g : param_groups_) {  // group by group, as PyTorch's
+    std::vector<torch::Tensor> here;
     std::vector<int64_t> numels;
-    for (const auto& p : g.params()) numels.push_back(p.numel());
+    for (const auto& p : g.params()) {
+      if (away.count(p.unsafeGetTensorImpl()) != 0) {
+        bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), -1).second;
+        TANDEM_CHECK(fresh, "optim::ZeroSgd: a parameter appears twice among the parameters");
+        continue;
+      }
+      here.push_back(p);
+      numels.push_back(p.numel());
+    }
     auto owners = plan_shards(numels, world_, &loads);
     for (size_t i = 0; i < numels.size(); ++i, ++index) {
-      const auto& p = g.params()[i];
+      const auto& p = here[i];
       bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), owners[i]).second;
       TANDEM_CHECK(fresh, "optim::ZeroSgd: parameter ", index, " appears twice among the parameters");
       shares_[static_cast<size_t>(owners[i])].push_back(p);
@@ -170,6 +182,7 @@ void ZeroSgd::consolidate_state() {
     if (has[i].item<int64_t>() == 0) continue;
     const auto& p = params[i];
     int64_t r = owner(p);
+    if (r < 0) continue;  // stepped elsewhere
     auto* key = p.unsafeGetTensorImpl();
     if (r != rank_ && !state_.count(key)) {
       auto state = std::make_unique<torch::optim::SGDParamState>();

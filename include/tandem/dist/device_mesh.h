@@ -44,7 +44,7 @@ struct MeshShape {
 };
 
 // --mesh SPEC: comma-separated dim=size, each dimension at most once, an
-// omitted one 1; the sizes' product must be `world`. Throws
+// omitted one 1; the sizes' product must be `world` (0: any). Throws
 // tandem::UsageError naming --mesh and what was expected.
 MeshShape parse_mesh(const std::string& spec, int64_t world);
 

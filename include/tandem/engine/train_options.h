@@ -48,6 +48,8 @@ struct TrainOptions {
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
   std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | fsdp | dp | pipeline
+  std::string mesh;                   // the ranks as pp x dp, e.g. "dp=2,pp=2" (engine/parallel_layout.h);
+                                      // empty: from --strategy
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
   int64_t micro_batches = 4;          // --strategy pipeline: micro-batches per batch

@@ -18,9 +18,11 @@
 #include <torch/torch.h>
 
 #include "tandem/data/dataset.h"
+#include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
+#include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/profile.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
@@ -129,6 +131,7 @@ class Trainer {
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
   // no effect, something skipped or removed.
   void warn(const std::string& line) const;
+  parallel::DdpOptions ddp_options() const;  // --bucket-cap-mb, --ddp-comm-hook
   void make_pipeline(const data::DatasetInfo& info);
   void make_rank_pipeline(const data::DatasetInfo& info);
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
@@ -160,6 +163,15 @@ class Trainer {
   // torchrun, srun, mpirun): data parallel over the group's ranks (null
   // under --strategy pipeline, whose ranks are stages_).
   std::shared_ptr<dist::ProcessGroup> group_;
+  // Under a launcher: every rank of the job, whatever the layout.
+  std::shared_ptr<dist::ProcessGroup> job_group_;
+  ParallelLayout layout_;  // the mesh, the pipeline and the dp dimension's strategy
+  // Note [replicated stages]: pp x dp over ranks; group_ is then the dp
+  // slice and stages_ the pp slice through this rank.
+  std::shared_ptr<dist::DeviceMesh> mesh_;
+  // What the dp dimension replicates, averages and broadcasts: the model,
+  // or this rank's pipeline pieces.
+  std::shared_ptr<torch::nn::Module> replica_;
   std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
   // --strategy fsdp; detached at the end of run(), so the model holds its weights again.
   std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
@@ -170,12 +182,15 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> stages_;
   std::unique_ptr<parallel::DistributedPipeline> rank_pipeline_;
   std::vector<models::Sequence> others_pieces_;
+  std::vector<models::Sequence> own_pieces_;  // this rank's, in the model's order
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
   std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
   torch::nn::functional::CrossEntropyFuncOptions loss_options_;
   int64_t rank_ = 0, world_ = 1;  // world_: data-parallel ranks (1 for a pipeline over ranks)
+  int64_t data_rank_ = 0;         // this rank's place among world_ (the sampler's rank)
+  int64_t job_world_ = 1;         // the job's processes
   int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
 };
 

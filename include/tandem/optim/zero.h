@@ -64,8 +64,12 @@ std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t wor
 class ZeroSgd : public Sgd {
  public:
   // `group` may be null: one rank, which owns everything (plain Sgd).
+  // `elsewhere`: parameters among `params` that other ranks than the
+  // group's step (a pipeline's other stages): they keep their place in the
+  // state's layout, so a checkpoint of the whole model loads, but are never
+  // stepped, sent or given momentum here (owner() is -1).
   ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
-          std::shared_ptr<dist::ProcessGroup> group);
+          std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere = {});
   ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
           std::shared_ptr<dist::ProcessGroup> group);
 
@@ -98,7 +102,7 @@ class ZeroSgd : public Sgd {
   bool steps_parameter(const torch::Tensor& p) const override { return owner(p) == rank_; }
 
  private:
-  void plan();
+  void plan(const std::vector<torch::Tensor>& elsewhere = {});
   std::vector<torch::Tensor> all_parameters() const;  // every group's, in order
 
   std::shared_ptr<dist::ProcessGroup> group_;

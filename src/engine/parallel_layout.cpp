@@ -1,0 +1,45 @@
+// The run's layout from its flags (parallel_layout.h).
+#include "tandem/engine/parallel_layout.h"
+
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+
+using dist::MeshDim;
+
+bool pipelined(const TrainOptions& o) {
+  if (o.strategy == "pipeline") return true;
+  return !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[MeshDim::kPipeline] > 1;
+}
+
+ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
+  ParallelLayout layout;
+  layout.pipeline = pipelined(o);
+  if (o.mesh.empty()) {
+    layout.mesh[layout.pipeline && o.devices.empty() ? MeshDim::kPipeline : MeshDim::kData] = ranks;
+  } else {
+    const std::string flag = "--mesh " + o.mesh;
+    layout.mesh = dist::parse_mesh(o.mesh, ranks);
+    TANDEM_CHECK_USAGE(layout.mesh[MeshDim::kTensor] == 1, flag, ": tp (tensor parallelism) is not available "
+                       "yet; lay the ranks out over pp and dp");
+    TANDEM_CHECK_USAGE(o.strategy != "none" && o.strategy != "dp", flag, ": --strategy ", o.strategy,
+                       " runs in one process; a mesh lays out the processes of a job");
+    TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": with ", flag,
+                       " every rank runs its stage on its own --device; leave out --devices");
+    TANDEM_CHECK_USAGE(o.strategy != "pipeline" || layout.pipeline_ranks() > 1 || ranks == 1, flag,
+                       ": --strategy pipeline needs pp > 1 (e.g. --mesh pp=", ranks, ")");
+  }
+  if (o.strategy == "allreduce") {
+    layout.data = DataParallelism::kAllReduce;
+  } else if (o.strategy == "fsdp") {
+    layout.data = DataParallelism::kFsdp;
+  } else if (o.strategy == "none" || o.strategy == "dp") {
+    layout.data = DataParallelism::kNone;
+  }
+  TANDEM_CHECK_USAGE(!(layout.pipeline && layout.pipeline_ranks() > 1 && layout.data == DataParallelism::kFsdp),
+                     "--mesh ", o.mesh, ": --strategy fsdp over the dp ranks of a pipeline is not available yet; "
+                     "use --strategy ddp or allreduce with pp > 1");
+  return layout;
+}
+
+}  // namespace tandem::engine

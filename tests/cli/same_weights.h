@@ -1,0 +1,61 @@
+// tests/cli/same_weights.h: train with tandem's CLI and compare the exported
+// weights per tensor, with a control run that must fail the bound. The
+// equality tests of every strategy and composition are built on these.
+//
+// expect_same_weights trains 20 steps once per entry of `runs` (flags added
+// to `model_flags`: 1, 2 and 4 ranks, say), all from the same seed and
+// global batch, and compares each run's exported weights, per tensor
+// (|a - b| / |a|, 2-norms), with the first run's. The ranks sum gradients and
+// statistics in a different order than one process does, so the runs
+// differ by rounding, which training amplifies. In float64 they agree to
+// about 1e-15, which pins the arithmetic down exactly: a wrong gradient
+// scale, a missing all-reduce or per-rank BatchNorm statistics would show up
+// as 1e-3 or more (the control run: 0.07). In float32 the agreement depends
+// on the machine: usually 1e-7 to 1e-6 after 20 steps, but rounding can
+// also change a discrete decision (a ReLU input within rounding of zero
+// taking the other sign is the likely one), which training then grows: on an
+// AVX-512 machine, convnet on 2 ranks jumped from 5e-7 to 1.2e-4 at step 6
+// and ended at 1.3e-3. So float32 runs are held to 1e-2, with the control
+// run well outside it.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "testing.h"
+
+namespace tandem::testing {
+
+// 20 steps on the synthetic data in `dir`: `flags` after the common ones
+// (so they may override them), the weights exported to `dir`/`name`.
+void train_and_export(const TempDir& dir, const std::string& flags, const std::string& name);
+
+// Compares each of `others` (safetensors files in `dir`, described by
+// `what`) with `reference`, per tensor; a `control` file, when given, must
+// differ by more than 3 times the tolerance.
+void expect_close_weights(const TempDir& dir, const std::string& reference,
+                          const std::vector<std::pair<std::string, std::string>>& others,
+                          double tolerance, const std::string& control = "");
+
+// Trains once per entry of `runs` (flags added to `model_flags`) and
+// compares every run's weights with the first's; the control run (2 ranks,
+// `control_flags`) must differ by more than 3 times the tolerance.
+void expect_same_weights(const std::vector<std::string>& runs, const std::string& model_flags,
+                         double tolerance, const std::string& control_flags = "");
+
+// Trains `first_half` (flags after `model`) for 10 steps with checkpoints in
+// `dir`/`checkpoints` (that run's weights in first-half.safetensors), then
+// resumes it to step 20 with `resume` instead, exporting `name`; returns the
+// resumed run (its output with --progress lines).
+CommandResult resume_after_ten_steps(const TempDir& dir, const std::string& model, const std::string& first_half,
+                                     const std::string& resume, const std::string& checkpoints,
+                                     const std::string& name);
+
+// `run` (with `model`) stopped at step 10, its checkpoints every 4 steps,
+// then resumed each way of `hows`, ends where 20 uninterrupted steps of
+// `run` do (float64: to rounding). `label` names `run` in the report.
+void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& model, const std::string& run,
+                                     const std::vector<std::string>& hows, const std::string& label);
+
+}  // namespace tandem::testing
