@@ -57,14 +57,25 @@ struct ProcessGroup::Impl {
   std::vector<int64_t> members;
   std::string label;
 
-  // Note [traffic]: counted by the collectives, read by traffic().
-  mutable std::mutex traffic_mutex;
-  std::map<std::string, Traffic> traffic;
+  // Note [traffic]: counted by the collectives, read by traffic(). A
+  // duplicate counts into its origin's tally too (`origin`, shared), so a
+  // group's traffic includes what the parts built on it (FSDP's gathers,
+  // a pipeline's hand-offs) sent over its ranks through duplicates.
+  struct Tally {
+    mutable std::mutex mutex;
+    std::map<std::string, Traffic> by_collective;
+    void add(const char* name, int64_t bytes) {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto& t = by_collective[name];
+      ++t.calls;
+      t.bytes += bytes;
+    }
+  };
+  std::shared_ptr<Tally> tally = std::make_shared<Tally>();
+  std::vector<std::shared_ptr<Tally>> origins;  // the tallies of the groups this one duplicates
   void carried(const char* name, int64_t bytes) {
-    std::lock_guard<std::mutex> lock(traffic_mutex);
-    auto& t = traffic[name];
-    ++t.calls;
-    t.bytes += bytes;
+    tally->add(name, bytes);
+    for (const auto& origin : origins) origin->add(name, bytes);
   }
 
   int64_t duplicates = 0;  // made so far by duplicate()

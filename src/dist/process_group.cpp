@@ -322,13 +322,13 @@ Work ProcessGroup::recv(torch::Tensor& tensor, int64_t src, int tag) {
 }
 
 std::map<std::string, Traffic> ProcessGroup::traffic() const {
-  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
-  return impl_->traffic;
+  std::lock_guard<std::mutex> lock(impl_->tally->mutex);
+  return impl_->tally->by_collective;
 }
 
 void ProcessGroup::reset_traffic() {
-  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
-  impl_->traffic.clear();
+  std::lock_guard<std::mutex> lock(impl_->tally->mutex);
+  impl_->tally->by_collective.clear();
 }
 
 bool built_with_nccl() { return TANDEM_WITH_NCCL; }

@@ -1,5 +1,6 @@
-// Groups made from a group: duplicates (the same ranks, traffic of their
-// own) and splits (a subset of the ranks, as a device mesh's slices).
+// Groups made from a group: duplicates (the same ranks; their traffic
+// counted in their origin's too) and splits (a subset of the ranks, as a
+// device mesh's slices).
 #include <algorithm>
 #include <numeric>
 
@@ -19,6 +20,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::duplicate(const std::string& name) {
   impl->backend = impl_->backend;
   impl->members = impl_->members;
   impl->label = impl_->label;
+  impl->origins = impl_->origins;  // Note [traffic]: counted where the origin's is
+  impl->origins.push_back(impl_->tally);
   // Numbered, so that a second duplicate of the same name never meets the
   // first one's keys in the store (every rank counts the same way).
   impl->store = c10::make_intrusive<c10d::PrefixStore>(

@@ -34,6 +34,7 @@ std::string to_json_line(const EpochMetrics& m) {
   j["lr"] = m.lr;
   j["world_size"] = m.world_size;
   j["partial"] = m.partial;
+  if (!m.comm_bytes_per_step.empty()) j["comm_bytes_per_step"] = m.comm_bytes_per_step;
   return j.dump();
 }
 
@@ -61,6 +62,9 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
       m.lr = j.at("lr").get<double>();
       m.world_size = j.at("world_size").get<int64_t>();
       m.partial = j.at("partial").get<bool>();
+      if (j.contains("comm_bytes_per_step")) {
+        m.comm_bytes_per_step = j.at("comm_bytes_per_step").get<std::map<std::string, std::map<std::string, double>>>();
+      }
       records.push_back(m);
     } catch (const nlohmann::json::exception& e) {
       TANDEM_CHECK(false, path, ":", number, ": not a metrics record (", e.what(), ")");

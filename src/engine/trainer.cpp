@@ -19,6 +19,7 @@
 #include "tandem/engine/run_record.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/safetensors.h"
+#include "tandem/engine/step_traffic.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/optim/clip.h"
@@ -594,6 +595,8 @@ TrainResult Trainer::run() {
              o.model.c_str(), static_cast<long long>(parameter_count_),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
              device_.str().c_str()));
+  // What the steps send over each dimension, for the epoch's record.
+  StepTraffic traffic({{"dp", group_}, {"pp", stages_}});
   auto save = [&] {
     if (scaler_) {
       position.loss_scale = scaler_->get_scale();
@@ -738,7 +741,9 @@ TrainResult Trainer::run() {
       const auto& inputs = batch->inputs;  // on device_ already
       const auto& targets = batch->targets;
       // --cuda-graph: copy in and replay; otherwise the step itself.
+      traffic.begin();
       auto out = graphed ? graphed->run(inputs, targets) : step(inputs, targets, optimizer, counters);
+      traffic.end();
       const auto& logits = out.logits;
       const auto& loss = out.loss;
 
@@ -833,6 +838,8 @@ TrainResult Trainer::run() {
     m.images_per_second = train_seconds > 0 ? images_this_run / train_seconds : 0.0;
     m.lr = lr;
     m.world_size = job_world_;  // processes in the job
+    m.comm_bytes_per_step = traffic.per_step();
+    traffic.reset();
     m.partial = position.batch_in_epoch < steps_per_epoch;
     if (progress) {
       progress->finish(position.batch_in_epoch, images_this_run,

@@ -62,7 +62,12 @@ TEST(MeshCliTest, CheckpointsResumeUnderAnotherMesh) {
 }
 
 // Evaluation and the epoch's figures come once, for the whole model: the
-// same losses and accuracies as one process, and the job's 4 ranks.
+// same losses and accuracies as one process, and the job's 4 ranks. Rank
+// 0's traffic per step is the analytic figure (bench/mesh_traffic.py): over
+// dp, DDP's all-reduce of stage 0's gradients (fc1: 200960 float64) and two
+// int32 used-flags; over pp, 4 micro-batches of 4 rows of fc1's 256 float64
+// outputs, each after an 80-byte header, sent forward, their gradients
+// received, and the loss's broadcast.
 TEST(MeshCliTest, MetricsAreOneProcesss) {
   TempDir dir;
   testing::write_synthetic_idx(dir.path(), 256, 65);
@@ -74,7 +79,7 @@ TEST(MeshCliTest, MetricsAreOneProcesss) {
     return std::make_pair(testing::last_metrics(dir.file("m.jsonl")), r.output);
   };
   auto [one, one_output] = train("--nproc-per-node 0");
-  auto [mesh, output] = train(kMesh);
+  auto [mesh, output] = train(kMesh + " --pipeline-split relu1");
   ASSERT_FALSE(one.is_null());
   ASSERT_FALSE(mesh.is_null());
   EXPECT_NEAR(mesh["test_loss"].get<double>(), one["test_loss"].get<double>(), 1e-12);
@@ -82,6 +87,12 @@ TEST(MeshCliTest, MetricsAreOneProcesss) {
   EXPECT_NEAR(mesh["train_loss"].get<double>(), one["train_loss"].get<double>(), 1e-12);
   EXPECT_EQ(mesh["train_acc"].get<double>(), one["train_acc"].get<double>());
   EXPECT_EQ(mesh["world_size"].get<int64_t>(), 4);
+  const auto& comm = mesh["comm_bytes_per_step"];
+  EXPECT_EQ(comm["dp"]["all_reduce"].get<double>(), 200960 * 8 + 2 * 4) << comm.dump();
+  EXPECT_EQ(comm["pp"]["send"].get<double>(), 4 * (80 + 4 * 256 * 8)) << comm.dump();
+  EXPECT_EQ(comm["pp"]["recv"].get<double>(), 4 * (80 + 4 * 256 * 8)) << comm.dump();
+  EXPECT_EQ(comm["pp"]["broadcast"].get<double>(), 8) << comm.dump();
+  EXPECT_FALSE(one.contains("comm_bytes_per_step"));
   EXPECT_NE(output.find("device mesh pp=2,dp=2,tp=1 over 4 ranks: 2 pipeline(s) of 2 stages"), std::string::npos)
       << output;
   EXPECT_NE(output.find("4 x cpu (pipeline, a stage each, mesh pp=2,dp=2,tp=1) | 32           | 16"),

@@ -71,7 +71,9 @@ TEST(ProcessGroupTest, AllReduceOps) {
 }
 
 // Note [traffic]: each collective counts its calls and this rank's
-// payload bytes, per group (a duplicate counts its own), until a reset.
+// payload bytes, per group, until a reset; a duplicate's count in its own
+// and in its origin's (what FSDP and the pipeline send through duplicates
+// is their group's traffic), a reset of the origin leaving the duplicate's.
 TEST(ProcessGroupTest, TrafficCountsEachCollectivesPayload) {
   expect_no_errors(run_ranks(2, [](ProcessGroup& g) {
     auto floats = torch::ones({10});  // 40 bytes
@@ -89,8 +91,8 @@ TEST(ProcessGroupTest, TrafficCountsEachCollectivesPayload) {
     auto twin = g.duplicate("twin");
     twin->all_reduce(floats).wait();
     const auto t = g.traffic();
-    EXPECT_EQ(t.at("all_reduce").calls, 2);
-    EXPECT_EQ(t.at("all_reduce").bytes, 40 + 24 + 16);
+    EXPECT_EQ(t.at("all_reduce").calls, 3);
+    EXPECT_EQ(t.at("all_reduce").bytes, 40 + 24 + 16 + 40);
     EXPECT_EQ(t.at("broadcast").bytes, 40);
     EXPECT_EQ(t.at("all_gather").bytes, 40);
     EXPECT_EQ(t.at(g.rank() == 0 ? "send" : "recv").bytes, 40);
@@ -99,6 +101,9 @@ TEST(ProcessGroupTest, TrafficCountsEachCollectivesPayload) {
     g.reset_traffic();
     EXPECT_TRUE(g.traffic().empty());
     EXPECT_EQ(twin->traffic().size(), 1u);
+    twin->duplicate("twin of twin")->broadcast(floats, 0).wait();  // counted all the way up
+    EXPECT_EQ(g.traffic().at("broadcast").bytes, 40);
+    EXPECT_EQ(twin->traffic().at("broadcast").bytes, 40);
   }));
 }
 

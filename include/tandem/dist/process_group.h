@@ -58,7 +58,9 @@ enum class ReduceOp { kSum, kAvg, kMin, kMax };
 // payload, whatever algorithm the backend sends it with (a ring
 // all-reduce puts 2 (n - 1) / n of it on the wire), and it is
 // deterministic: benches and tests compare it with the analytic figure of
-// a parallelism. A group of one counts the call and no bytes.
+// a parallelism. A group of one counts the call and no bytes. A
+// duplicate's traffic counts in the group it duplicates too, so a group
+// reports everything sent over its ranks by the parts built on it.
 struct Traffic {
   int64_t calls = 0;
   int64_t bytes = 0;

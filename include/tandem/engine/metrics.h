@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct EpochMetrics {
   double lr = 0.0;  // learning rate of the last step
   int64_t world_size = 1;
   bool partial = false;  // the epoch was cut short by --max-steps
+  // Rank 0's bytes per training step by layout dimension ("dp", "pp") and
+  // collective (engine/step_traffic.h); empty in one process.
+  std::map<std::string, std::map<std::string, double>> comm_bytes_per_step;
 };
 
 // One JSON object on one line (no trailing newline).
