@@ -20,6 +20,7 @@
 #include "tandem/data/dataset.h"
 #include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
@@ -28,6 +29,7 @@
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
 #include "tandem/optim/grad_scaler.h"
+#include "tandem/optim/zero.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/parallel/fsdp.h"
@@ -126,6 +128,20 @@ class Trainer {
   // Gathers every rank's job_settings() and throws tandem::UsageError,
   // naming the fields, on every rank when any differs from rank 0's.
   void check_same_settings() const;
+  // Where the run starts: --checkpoint-dir opened (rank 0 checks, locks and
+  // cleans it), and with --resume (or when a launcher restarted this
+  // worker) the newest good checkpoint loaded into the model, `optimizer`,
+  // the position and the loss scale.
+  struct Resumption {
+    std::optional<Checkpointer> checkpointer;
+    bool resume = false;         // asked to resume (by --resume or a restart)
+    TrainPosition position;      // where the run goes on
+    std::string started_from;    // for the advice should it diverge (Note [diverged])
+  };
+  Resumption open_checkpoints(torch::optim::Optimizer& optimizer);
+  // The run's account before its first step (rank 0): the layout and what
+  // each flag came to, warnings for flags without effect.
+  void announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) const;
   // A line of the run's account (rank 0; not with --progress off).
   void say(const std::string& line) const;
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had

@@ -1,0 +1,141 @@
+// The run's account of itself before its first step (Trainer::announce):
+// the layout, what each flag came to, and the flags that had no effect.
+#include "tandem/engine/trainer.h"
+
+#include <algorithm>
+
+#include "tandem/models/registry.h"
+#include "tandem/optim/zero.h"
+#include "tandem/util/table.h"
+
+namespace tandem::engine {
+
+void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) const {
+  const auto& o = options_;
+  if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
+  if (mesh_) {
+    say(format("device mesh %s over %lld ranks: %lld pipeline(s) of %lld stages, each stage replicated over "
+               "its %lld dp ranks (Note [replicated stages])",
+               layout_.mesh.str().c_str(), static_cast<long long>(job_world_),
+               static_cast<long long>(layout_.data_ranks()), static_cast<long long>(layout_.pipeline_ranks()),
+               static_cast<long long>(layout_.data_ranks())));
+  }
+  if (world_ > 1) {
+    say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
+               static_cast<long long>(world_), ddp_ ? "ddp" : fsdp_ ? "fsdp" : "allreduce",
+               group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
+               static_cast<long long>(o.batch_size)));
+  }
+  if (fsdp_) {
+    int64_t largest = 0, shards = 0;
+    for (const auto& unit : fsdp_->units()) largest = std::max(largest, unit.numel);
+    for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
+    const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
+    say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
+               "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
+               o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
+                                         : "ZeRO-2: parameters kept from forward to backward",
+               static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
+               fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
+  } else if (o.strategy == "fsdp") {
+    warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
+  }
+  if (!group_ && !stages_) {
+    // One process, started without a launcher: the flags that act over
+    // ranks have none (a sweep found them accepted without a word).
+    const TrainOptions defaults;
+    std::vector<std::string> idle;
+    if (o.strategy == "ddp" || o.strategy == "allreduce") idle.push_back("--strategy " + o.strategy);
+    if (o.shard_optimizer) idle.push_back("--shard-optimizer");
+    if (o.sync_bn) idle.push_back("--sync-bn");
+    if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + o.ddp_comm_hook);
+    if (o.bucket_cap_mb != defaults.bucket_cap_mb) idle.push_back(format("--bucket-cap-mb %g", o.bucket_cap_mb));
+    if (o.dist_backend != defaults.dist_backend) idle.push_back("--dist-backend " + o.dist_backend);
+    if (o.dist_timeout != defaults.dist_timeout) idle.push_back(format("--dist-timeout %g", o.dist_timeout));
+    if (!idle.empty()) {
+      std::string flags;
+      for (const auto& flag : idle) flags += (flags.empty() ? "" : ", ") + flag;
+      warn(flags + ": one process, no ranks to act over; training as one process does (--nproc-per-node N "
+                   "starts N)");
+    }
+  }
+  if (o.channels_last) {
+    const auto params = model_->parameters();
+    if (std::none_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.dim() == 4; })) {
+      warn("--channels-last: " + o.model + " has no 4-D weights (no convolutions); nothing changes");
+    }
+  }
+  if (o.batch_size > data_.train->size()) {
+    warn(format("--batch-size %lld is more than the %lld training images: each step takes all of them",
+                static_cast<long long>(o.batch_size), static_cast<long long>(data_.train->size())));
+  }
+  if (dp_) {
+    std::string names;
+    for (const auto& d : dp_->devices()) names += (names.empty() ? "" : ",") + d.str();
+    say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
+               names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
+  }
+  if (o.grad_accum > 1) {
+    say(format("gradient accumulation: each rank's batch of %lld in %lld chunks, one optimizer step",
+               static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
+  }
+  if (o.clip_grad_norm > 0) say(format("gradients clipped to a global 2-norm of %g", o.clip_grad_norm));
+  if (o.checkpoint_activations > 0 && pipeline_) {
+    say("activation checkpointing: every stage keeps only its micro-batches' inputs and recomputes "
+        "its forward before their backward (GPipe's re-materialization)");
+  } else if (o.checkpoint_activations > 0 && fsdp_) {
+    say("activation checkpointing: every FSDP unit but the last keeps only its input and recomputes "
+        "its forward in backward (the unit is gathered for its backward anyway)");
+  } else if (o.checkpoint_activations > 0 && o.strategy == "fsdp") {
+    warn("activation checkpointing: --strategy fsdp recomputes its units, and one process has none: off");
+  } else if (o.checkpoint_activations > 0) {
+    std::string sizes;
+    for (auto n : model_->checkpointed_segments()) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
+    say(format("activation checkpointing: the top-level layers in segments of %s; all but the last "
+               "recomputed in backward", sizes.c_str()));
+  }
+  if (zero) {
+    auto shares = zero->shard_numels();
+    int64_t whole = 0;
+    for (auto n : shares) whole += n;
+    const double bytes = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_)));
+    say(format("optimizer state sharded over %lld rank(s) (ZeRO-1): momentum of %.2f to %.2f MiB a rank "
+               "instead of %.2f", static_cast<long long>(shares.size()),
+               o.momentum > 0 ? *std::min_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
+               o.momentum > 0 ? *std::max_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
+               o.momentum > 0 ? whole * bytes / (1 << 20) : 0.0));
+  }
+  if (amp_) {
+    say(amp_ == torch::kHalf
+            ? "mixed precision: fp16 autocast with dynamic loss scaling (initial scale 65536)"
+            : "mixed precision: bf16 autocast");
+  }
+  // Interleaved: " (2 chunks per rank: rank r runs stages r, r + 2, ...)".
+  auto chunks_note = [&](const char* holder, int64_t holders) {
+    if (virtual_stages() <= 1) return std::string();
+    return format(" (%lld chunks per %s: %s %c runs stages %c, %c + %lld, ...)",
+                  static_cast<long long>(virtual_stages()), holder, holder, holder[0], holder[0], holder[0],
+                  static_cast<long long>(holders));
+  };
+  if (rank_pipeline_) {
+    say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
+               "%lld micro-batches, %s schedule%s",
+               static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
+               static_cast<long long>(o.micro_batches), o.schedule.c_str(),
+               chunks_note("rank", stages_->size()).c_str()));
+  }
+  if (pipeline_) {
+    std::string names;
+    for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
+    say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule%s",
+               names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
+               o.schedule.c_str(),
+               chunks_note("device", static_cast<int64_t>(pipeline_->devices().size())).c_str()));
+  }
+  say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
+             o.model.c_str(), static_cast<long long>(parameter_count_),
+             data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
+             device_.str().c_str()));
+}
+
+}  // namespace tandem::engine
