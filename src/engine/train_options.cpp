@@ -217,14 +217,18 @@ void check_train_options(const TrainOptions& o) {
                      "their gradients (raise --micro-batches instead)");
   TANDEM_CHECK_USAGE(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
                      "which shards the momentum already (with the parameters and gradients)");
-  // A mesh's pipeline stages are replicated over the dp ranks, which may shard.
-  const bool replicated = pipeline && !o.mesh.empty();
+  // A mesh's pipeline stages replicated over dp ranks (Note [replicated
+  // stages]): those ranks may shard the momentum and share BatchNorm's
+  // statistics, as data-parallel ranks do.
+  const bool replicated = pipeline && !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[dist::MeshDim::kData] > 1;
+  const std::string what = pipeline ? "a pipeline without dp ranks (--mesh pp=P,dp=D replicates its stages)"
+                                    : "--strategy " + o.strategy;
   TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && (!pipeline || replicated) && o.strategy != "none"),
                      "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
-                     "auto, ddp or allreduce); it does not work with --strategy ", o.strategy);
-  TANDEM_CHECK_USAGE(!o.sync_bn || (!dp && !pipeline),
+                     "auto, ddp or allreduce); it does not work with ", what);
+  TANDEM_CHECK_USAGE(!o.sync_bn || (!dp && (!pipeline || replicated)),
                      "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, "
-                     "allreduce or fsdp); it does not work with --strategy ", o.strategy, ", where ",
+                     "allreduce or fsdp); it does not work with ", what, ", where ",
                      dp ? "each replica normalises its own share of the batch, as PyTorch's DataParallel does"
                         : "each micro-batch is normalised on its own",
                      ": leave out --sync-bn");

@@ -43,6 +43,17 @@ TEST(MeshCliTest, ClippingAndAShardedOptimizerCompose) {
                       "--model mlp --dtype float64 --momentum 0");
 }
 
+// --sync-bn over a mesh normalises each micro-batch over the stage's dp
+// ranks: the dp ranks' k-th micro-batches together are the one-process
+// pipeline's k-th, so convnet's BatchNorm gives that pipeline's weights.
+// Control: without --sync-bn each replica normalises its half alone.
+TEST(MeshCliTest, SyncBatchNormIsTheOneProcessPipelines) {
+  expect_same_weights({"--nproc-per-node 0 --strategy pipeline --devices cpu,cpu", kMesh + " --sync-bn",
+                       kMesh + " --sync-bn --schedule gpipe"},
+                      "--model convnet --dtype float64", 1e-12,
+                      "--model convnet --dtype float64 --nproc-per-node 4 --mesh dp=2,pp=2");
+}
+
 // A checkpoint holds the whole model and optimizer whatever the mesh: one
 // written by dp=2,pp=2 resumes in one process, as a pipeline over 2 ranks
 // and on 4 data-parallel ranks; one written by 4 data-parallel ranks

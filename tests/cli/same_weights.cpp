@@ -62,7 +62,10 @@ void expect_same_weights(const std::vector<std::string>& runs, const std::string
     train_and_export(dir, model_flags + " " + runs[i], name);
     if (i > 0) others.emplace_back(name, runs[i]);
   }
-  if (!control_flags.empty()) train_and_export(dir, control_flags + " --nproc-per-node 2", "control.safetensors");
+  if (!control_flags.empty()) {
+    const bool ranks_given = control_flags.find("--nproc-per-node") != std::string::npos;
+    train_and_export(dir, control_flags + (ranks_given ? "" : " --nproc-per-node 2"), "control.safetensors");
+  }
   expect_close_weights(dir, "w0.safetensors", others, tolerance,
                        control_flags.empty() ? "" : "control.safetensors");
 }

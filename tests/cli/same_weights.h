@@ -39,8 +39,9 @@ void expect_close_weights(const TempDir& dir, const std::string& reference,
                           double tolerance, const std::string& control = "");
 
 // Trains once per entry of `runs` (flags added to `model_flags`) and
-// compares every run's weights with the first's; the control run (2 ranks,
-// `control_flags`) must differ by more than 3 times the tolerance.
+// compares every run's weights with the first's; the control run
+// (`control_flags`, on 2 ranks unless they name --nproc-per-node) must
+// differ by more than 3 times the tolerance.
 void expect_same_weights(const std::vector<std::string>& runs, const std::string& model_flags,
                          double tolerance, const std::string& control_flags = "");
 

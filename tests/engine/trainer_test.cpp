@@ -356,7 +356,9 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
     bad.strategy = strategy;
     if (bad.strategy != "none") bad.devices = "cpu,cpu";
     refused(bad, "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy auto, "
-                 "ddp or allreduce); it does not work with --strategy " + std::string(strategy));
+                 "ddp or allreduce); it does not work with " +
+                     std::string(bad.strategy == "pipeline" ? "a pipeline without dp ranks" : "--strategy ") +
+                     (bad.strategy == "pipeline" ? "" : strategy));
   }
 }
 
@@ -373,8 +375,8 @@ TEST_F(TrainerTest, SyncBnNeedsDataParallelRanks) {
              "fsdp); it does not work with --strategy dp, where each replica normalises its own share of "
              "the batch, as PyTorch's DataParallel does: leave out --sync-bn");
   o.strategy = "pipeline";
-  refused(o, "it does not work with --strategy pipeline, where each micro-batch is normalised on its own: "
-             "leave out --sync-bn");
+  refused(o, "it does not work with a pipeline without dp ranks (--mesh pp=P,dp=D replicates its stages), "
+             "where each micro-batch is normalised on its own: leave out --sync-bn");
 }
 
 // --strategy fsdp in one process has nothing to shard over and trains as

@@ -37,6 +37,9 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 
   torch::Tensor forward(const torch::Tensor& input);
   void reset() override;
+  // From now on this process's own statistics (a copy measured on one rank
+  // alone must not wait for the others).
+  void use_local_statistics() { group_ = nullptr; }
   void pretty_print(std::ostream& stream) const override;
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
