@@ -10,7 +10,7 @@ collective is handed on each rank (Note [traffic] in dist/process_group.h),
 and `tandem train --metrics-out` records rank 0's per step, by dimension and
 collective (comm_bytes_per_step). This runs mlp (float64, global batch 32,
 4 micro-batches) under DDP, ZeRO-1, FSDP (ZeRO-3 and ZeRO-2), a pipeline over
-2 ranks, and dp=2 x pp=2 with the 1F1B and interleaved schedules, and
+2 ranks, and dp=2 x pp=2 (DDP with 1F1B and interleaved, FSDP with 1F1B), and
 computes from the model's tensor shapes (read from the run's exported
 weights) what each should send:
 
@@ -20,7 +20,8 @@ weights) what each should send:
   FSDP      reduce_scatter: every unit's whole gradient; all_gather: each
             unit's shard, twice with ZeRO-3 (forward, and again for
             backward) but once for the last unit, kept between them; once
-            with ZeRO-2
+            with ZeRO-2, and once a step for a pipeline's stage (gathered
+            over all its micro-batches)
   pipeline  send and recv: per micro-batch, each piece boundary's activation
             (forward) and its gradient (backward), each after an 80-byte
             header (Note [pipeline messages]); broadcast: the loss (8 bytes)
@@ -76,8 +77,9 @@ def analytic(case, w):
     if case["dp"] > 1:
         n = case["dp"]
         if case.get("fsdp"):
-            shards = [numel[l] * ELEM // n for l in layers]
-            gathers = sum(shards) if case["fsdp"] == "grad-op" else 2 * sum(shards) - shards[-1]
+            shards = [numel[l] * ELEM // n for l in mine]
+            # ZeRO-2, and a pipeline's stage (gathered once a step): each shard once.
+            gathers = sum(shards) if case["fsdp"] in ("grad-op", "pipeline") else 2 * sum(shards) - shards[-1]
             want["dp"] = {"all_gather": gathers, "reduce_scatter": grad}
         else:
             want["dp"] = {"all_reduce": grad + flags}
@@ -105,6 +107,9 @@ CASES = [
                                             "relu1"], "dp": 1, "stage0": ["fc1"], "boundaries": ["fc1"]},
     {"name": "DDP x 1F1B, dp=2,pp=2", "flags": ["--nproc-per-node", "4", "--mesh", "dp=2,pp=2", "--pipeline-split",
                                               "relu1"], "dp": 2, "stage0": ["fc1"], "boundaries": ["fc1"]},
+    {"name": "FSDP x 1F1B, dp=2,pp=2", "flags": ["--nproc-per-node", "4", "--mesh", "dp=2,pp=2", "--strategy", "fsdp",
+                                               "--fsdp-min-unit-params", "0", "--pipeline-split", "relu1"],
+     "dp": 2, "fsdp": "pipeline", "stage0": ["fc1"], "boundaries": ["fc1"]},
     # Pieces flatten..fc1 | relu1 | fc2 | relu2..fc3: rank 0 runs pieces 0 and 2, so it sends fc1's
     # output and fc2's forward, and relu1's output's gradient backward (relu1 keeps fc1's width).
     {"name": "DDP x interleaved, dp=2,pp=2", "flags": ["--nproc-per-node", "4", "--mesh", "dp=2,pp=2", "--schedule",

@@ -104,8 +104,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_string("mesh", "DIMS", &o.mesh,
                    "the job's ranks as a grid of pipeline stages x data-parallel replicas, e.g. "
                    "dp=2,pp=2 on 4 ranks (pp outermost; an omitted dimension is 1; the product is the "
-                   "number of ranks): every stage replicated over its dp ranks, --strategy ddp or "
-                   "allreduce doing the dp dimension; default: pp=N under --strategy pipeline, else dp=N");
+                   "number of ranks): every stage replicated over its dp ranks, --strategy ddp, "
+                   "allreduce or fsdp doing the dp dimension; default: pp=N under --strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
                    "cuda:0,cuda:1 (repeats allowed)");

@@ -36,9 +36,10 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
   } else if (o.strategy == "none" || o.strategy == "dp") {
     layout.data = DataParallelism::kNone;
   }
-  TANDEM_CHECK_USAGE(!(layout.pipeline && layout.pipeline_ranks() > 1 && layout.data == DataParallelism::kFsdp),
-                     "--mesh ", o.mesh, ": --strategy fsdp over the dp ranks of a pipeline is not available yet; "
-                     "use --strategy ddp or allreduce with pp > 1");
+  TANDEM_CHECK_USAGE(!(layout.replicated_stages() && layout.data == DataParallelism::kFsdp &&
+                       !o.checkpoint_dir.empty()),
+                     "--checkpoint-dir with --strategy fsdp over a pipeline's dp ranks (--mesh ", o.mesh,
+                     ") is not available yet: checkpoint with --strategy ddp, or train without checkpoints");
   return layout;
 }
 

@@ -181,7 +181,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
   if (amp_ == torch::kHalf) {
-    scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, stages_ ? stages_ : group_);
+    // Under a mesh the whole job: FSDP's shards differ between dp ranks.
+    scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
+                                                  mesh_ ? job_group_ : stages_ ? stages_ : group_);
   }
   if (o.strategy == "dp") {
     parallel::DataParallelOptions dp_options;
@@ -193,23 +195,31 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
   parameter_count_ = models::count_parameters(*model_);
   replica_ = model_.ptr();
+  parallel::FsdpOptions fsdp_options;
+  fsdp_options.min_unit_numel = o.fsdp_min_unit_params;
+  fsdp_options.reshard_after_forward = o.fsdp_sharding == "full";
   if (mesh_) {
-    // Note [replicated stages]: DDP over this rank's pieces, its gradients
-    // reduced once the pipeline's last backward is done (step()).
+    // Note [replicated stages]: DDP or FSDP over this rank's pieces, their
+    // gradients reduced once the pipeline's last backward is done (step()).
     auto pieces = std::make_shared<torch::nn::Module>("PipelinePieces");
-    for (size_t k = 0; k < own_pieces_.size(); ++k) pieces->register_module("piece" + std::to_string(k), own_pieces_[k]);
+    models::Sequence stage;
+    for (size_t k = 0; k < own_pieces_.size(); ++k) {
+      pieces->register_module("piece" + std::to_string(k), own_pieces_[k]);
+      stage->push_back("piece" + std::to_string(k), own_pieces_[k]);
+    }
     replica_ = pieces;
     if (layout_.data == DataParallelism::kDdp) {
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(replica_, group_, ddp_options());
+    } else if (layout_.data == DataParallelism::kFsdp) {
+      // Note [fsdp under a pipeline]: the stage's units are gathered once a
+      // step; the pipeline's stages recompute themselves.
+      fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(stage, group_, fsdp_options);
     } else {
       dist::broadcast_module(*replica_, *group_);  // every replica starts from dp rank 0's weights
     }
   } else if (group_ && o.strategy == "fsdp") {
     // Note [fully sharded parameters]: from here on the model's parameters
     // hold no elements outside forward, backward and FullParams.
-    parallel::FsdpOptions fsdp_options;
-    fsdp_options.min_unit_numel = o.fsdp_min_unit_params;
-    fsdp_options.reshard_after_forward = o.fsdp_sharding == "full";
     fsdp_options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
     fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
   } else if (group_ && world_ > 1 && o.strategy != "allreduce") {

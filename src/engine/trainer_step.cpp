@@ -95,6 +95,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     ddp_->before_forward();  // BatchNorm statistics from rank 0
   } else if (fsdp_) {
     optimizer.zero_grad();  // the shards' (FSDP broadcasts the buffers in its first forward)
+    if (mesh_) dist::broadcast_buffers(*replica_, *group_);  // its stage runs without FSDP's forward
   } else {
     optimizer.zero_grad();  // to none (under --cuda-graph: the captured backward assigns them)
     if (group_) dist::broadcast_buffers(*replica_, *group_);
@@ -117,10 +118,14 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       for (size_t s = 0; s < idle.size(); ++s) counters.stage_idle[s] += idle[s];
     } else {  // this rank's stage (Note [pipeline over ranks])
       // Note [replicated stages]: the micro-batches' gradients accumulate;
-      // DDP reduces their sum in after_backward().
+      // DDP reduces their sum in after_backward(), FSDP just after the step
+      // with the stage gathered over it (Note [fsdp under a pipeline]).
       std::optional<parallel::DistributedDataParallel::NoSync> accumulate_only;
       if (ddp_) accumulate_only.emplace(*ddp_);
+      std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;
+      if (fsdp_) gathered.emplace(*fsdp_, /*write_back=*/false);
       auto micro = rank_pipeline_->train_step(inputs, targets, micro_loss, scale);
+      if (fsdp_) fsdp_->reduce_accumulated_gradients();
       out.logits = micro.output;  // on the last stage only
       out.loss = micro.loss;      // on every stage (broadcast from the last)
       counters.stage_idle[stages_->rank()] += micro.idle_share().at(0);
@@ -184,7 +189,9 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
       if (scaler_) scaler_->unscale(optimizer);
       if (fsdp_) {  // each rank holds a shard of every gradient: the norm over all of them
-        optim::clip_grad_norm(fsdp_->parameters(), options_.clip_grad_norm, &fsdp_->group());
+        // Under a mesh the shards of every stage: the job's ranks hold them once each.
+        optim::clip_grad_norm(fsdp_->parameters(), options_.clip_grad_norm,
+                              mesh_ ? job_group_.get() : &fsdp_->group());
       } else if (stages_) {  // each stage holds its pieces' gradients: likewise
         optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm, stages_.get());
       } else {
@@ -223,7 +230,11 @@ EvalResult Trainer::evaluate() {
   if (rank_pipeline_) {
     // Every stage passes every batch on; the last stage's result is the
     // job's (the others' forward returns no output, and they count nothing).
-    forward = [this](const torch::Tensor& x) { return rank_pipeline_->forward(x); };
+    forward = [this](const torch::Tensor& x) {
+      std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;  // the stage's units, per batch
+      if (fsdp_ && !fsdp_->detached()) gathered.emplace(*fsdp_, /*write_back=*/false);
+      return rank_pipeline_->forward(x);
+    };
     auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
                                    nullptr, forward);
     const auto wire = stages_->wire_device();

@@ -12,6 +12,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/util/check.h"
+#include "fsdp_unit.h"
 
 namespace tandem::parallel {
 
@@ -59,40 +60,6 @@ void allocate_storage(const torch::Tensor& t, size_t nbytes) {
 }
 
 }  // namespace
-
-struct FullyShardedDataParallel::Unit {
-  FsdpUnitPlan plan;
-  std::vector<size_t> parameters;  // indices into parameters_
-  std::vector<std::vector<int64_t>> shapes, strides;  // per parameter, in the flat buffer
-  torch::Tensor at_rest;  // what the parameters hold at rest: no elements
-  FlatLayout layout;
-  torch::Tensor full;   // the padded flat buffer (released at rest)
-  torch::Tensor grad_flat;  // during its backward: the parameters' gradients are aliases of it
-  torch::Tensor shard;  // this rank's slice: shards_[...]
-  bool allocated = false;
-  bool gathering = false;
-  dist::Work gather_work;
-  // Launched reduce-scatters, waited for in after_backward().
-  struct Pending {
-    dist::Work work;
-    torch::Tensor input, output;
-  };
-  std::vector<Pending> pending;
-
-  bool empty() const { return parameters.empty(); }
-  size_t nbytes() const { return static_cast<size_t>(layout.padded) * full.element_size(); }
-  // The flat buffer's slice of parameter k (its position in this unit).
-  torch::Tensor slot(const torch::Tensor& flat, size_t k) const {
-    return flat.as_strided(shapes[k], strides[k], flat.storage_offset() + layout.offsets[k]);
-  }
-  // The same place as a tensor of its own, not an autograd view of `flat`
-  // (a parameter's .grad(), which AccumulateGrad adds into in place).
-  torch::Tensor alias(const torch::Tensor& flat, size_t k) const {
-    auto t = torch::empty({0}, flat.options());
-    t.set_(flat.storage(), flat.storage_offset() + layout.offsets[k], shapes[k], strides[k]);
-    return t;
-  }
-};
 
 FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
                                                    std::shared_ptr<dist::ProcessGroup> group,
@@ -421,6 +388,15 @@ void FullyShardedDataParallel::after_backward() {
   seen_.clear();
 }
 
+void FullyShardedDataParallel::reduce_accumulated_gradients() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!in_backward_, "FullyShardedDataParallel: reduce_accumulated_gradients() in a step run through "
+                              "forward() (after_backward() reduces that one)");
+  // Last unit first, as backward would launch them (Note [fsdp collective order]).
+  for (size_t u = units_.size(); u-- > 0;) reduce(u);
+  settle_reductions();
+}
+
 void FullyShardedDataParallel::settle_reductions() {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
@@ -431,69 +407,6 @@ void FullyShardedDataParallel::settle_reductions() {
     }
     unit->pending.clear();  // the flat gradient goes
   }
-}
-
-FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp, bool write_back)
-    : fsdp_(fsdp), write_back_(write_back) {
-  for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u);
-  for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.wait_gathered(u);
-  ++fsdp_.full_params_depth_;
-}
-
-FullyShardedDataParallel::FullParams::~FullParams() {
-  torch::NoGradGuard no_grad;
-  if (write_back_) {
-    for (auto& unit : fsdp_.units_) {
-      if (unit->empty()) continue;
-      unit->shard.copy_(unit->full.narrow(0, fsdp_.rank_ * unit->layout.shard, unit->layout.shard));
-    }
-  }
-  if (--fsdp_.full_params_depth_ == 0) {
-    for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.release(u);
-  }
-}
-
-std::vector<torch::Tensor> FullyShardedDataParallel::gather_like_parameters(
-    const std::vector<torch::Tensor>& shard_like) {
-  TANDEM_CHECK(shard_like.size() == shards_.size(), "FullyShardedDataParallel: expected ",
-               shards_.size(), " tensors shaped like the shards, got ", shard_like.size());
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> full(parameters_.size());
-  size_t next = 0;
-  for (auto& unit : units_) {
-    if (unit->empty()) continue;
-    const auto& part = shard_like[next++];
-    TANDEM_CHECK(part.numel() == unit->layout.shard, "FullyShardedDataParallel: a tensor of ",
-                 part.numel(), " elements in place of a shard of ", unit->layout.shard);
-    auto flat = torch::empty({unit->layout.padded}, part.options());
-    auto chunks = flat.chunk(world_);
-    std::vector<torch::Tensor> outputs(chunks.begin(), chunks.end());
-    gather_group_->all_gather(outputs, part.reshape({-1}).contiguous()).wait();
-    for (size_t k = 0; k < unit->parameters.size(); ++k) {
-      full[unit->parameters[k]] = unit->slot(flat, k).clone(torch::MemoryFormat::Preserve);
-    }
-  }
-  return full;
-}
-
-std::vector<torch::Tensor> FullyShardedDataParallel::shard_like_parameters(
-    const std::vector<torch::Tensor>& full) const {
-  TANDEM_CHECK(full.size() == parameters_.size(), "FullyShardedDataParallel: expected ",
-               parameters_.size(), " tensors shaped like the parameters, got ", full.size());
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> shards;
-  for (const auto& unit : units_) {
-    if (unit->empty()) continue;
-    auto flat = torch::zeros({unit->layout.padded}, full[unit->parameters[0]].options());
-    for (size_t k = 0; k < unit->parameters.size(); ++k) {
-      const auto& t = full[unit->parameters[k]];
-      TANDEM_CHECK(t.sizes() == c10::IntArrayRef(unit->shapes[k]), "FullyShardedDataParallel: a tensor of shape ",
-                   t.sizes(), " in place of a parameter of shape ", c10::IntArrayRef(unit->shapes[k]));
-      unit->slot(flat, k).copy_(t);
-    }
-    shards.push_back(flat.narrow(0, rank_ * unit->layout.shard, unit->layout.shard).clone());
-  }
-  return shards;
 }
 
 }  // namespace tandem::parallel

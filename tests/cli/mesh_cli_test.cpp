@@ -33,6 +33,20 @@ TEST(MeshCliTest, DdpTimesPipelineIsOneProcessUnderEachSchedule) {
                       "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
 }
 
+// FSDP x pipeline (Note [fsdp under a pipeline]): each stage's parameters,
+// gradients and momentum sharded over its dp ranks, gathered once a step,
+// its units' accumulated gradients reduce-scattered after the pipeline's
+// backward; alone, with clipping (the norm over every stage's shards) and
+// interleaved. Control: another momentum.
+TEST(MeshCliTest, FsdpTimesPipelineIsOneProcess) {
+  const std::string fsdp = kMesh + " --strategy fsdp --fsdp-min-unit-params 0";
+  expect_same_weights({"--nproc-per-node 0", fsdp, fsdp + " --schedule interleaved --fsdp-sharding grad-op",
+                       fsdp + " --schedule gpipe --checkpoint-activations 1"},
+                      "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
+  expect_same_weights({"--nproc-per-node 0", fsdp}, "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12,
+                      "--model mlp --dtype float64");
+}
+
 // Clipping takes the norm over all stages once (the replicas hold the same
 // averaged gradients); ZeRO-1 shards each stage's momentum over its dp
 // ranks. Controls: no clipping; no momentum.
@@ -123,7 +137,8 @@ TEST(MeshCliTest, AMeshTheJobCannotHaveIsAUsageError) {
            {"--nproc-per-node 4 --mesh dp=2,xp=2", "--mesh dp=2,xp=2: unknown dimension 'xp'"},
            {"--nproc-per-node 4 --mesh dp=2,pp=0", "--mesh dp=2,pp=0: pp expected a whole number of ranks"},
            {"--nproc-per-node 4 --mesh tp=2,dp=2", "tp (tensor parallelism) is not available yet"},
-           {"--nproc-per-node 4 --mesh dp=2,pp=2 --strategy fsdp", "--strategy fsdp over the dp ranks of a pipeline"},
+           {"--nproc-per-node 4 --mesh dp=2,pp=2 --strategy fsdp --checkpoint-dir /tmp/x",
+            "--checkpoint-dir with --strategy fsdp over a pipeline's dp ranks (--mesh dp=2,pp=2) is not available yet"},
            {"--nproc-per-node 2 --mesh dp=2 --strategy pipeline", "--strategy pipeline needs pp > 1"},
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --grad-accum 2", "--grad-accum does not go with"},
            {"--nproc-per-node 1,2 --mesh dp=2", "lays out one number of ranks"},

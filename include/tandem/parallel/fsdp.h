@@ -136,6 +136,19 @@ class FullyShardedDataParallel {
   // In training with gradients enabled, also sets up the backward's gathers
   // and reductions.
   torch::Tensor forward(const torch::Tensor& x);
+  // Note [fsdp under a pipeline]: a pipeline stage runs several
+  // micro-batches' forwards and backwards a step, interleaved (1F1B),
+  // through its modules directly rather than forward(). Then the caller
+  // holds a FullParams scope over the step (every unit gathered once), the
+  // micro-batches' gradients accumulate in the parameters' .grad() as in
+  // one process, and this reduce-scatters each unit's sum into its shard's
+  // gradient (averaged over the ranks), clears the parameters' gradients
+  // and releases the units. Between steps a rank holds 1/W of the
+  // parameters, gradients and momentum, as with forward(); within one, its
+  // stage's whole parameters and gradients (as PyTorch's FSDP under a
+  // pipeline, which keeps them gathered over the micro-batches). A
+  // collective; not with forward() in the same step.
+  void reduce_accumulated_gradients();
   // Waits for the reductions; launches those of units whose parameters got
   // no gradient. The shards' gradients are then the average over the ranks
   // (added to what they held: gradient accumulation over several backward
