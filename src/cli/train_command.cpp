@@ -53,8 +53,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("epochs", "N", &o.epochs, "passes over the training data", 1);
   flags.add_int("batch-size", "N", &o.batch_size, "global batch size", 1);
   flags.add_int("batch-per-process", "N", &o.batch_per_process,
-                "instead of --batch-size: each process's batch, the global one being N times "
-                "the number of processes (as a DDP script's per-process batch; 0: use --batch-size)", 0);
+                "instead of --batch-size: each data-parallel rank's batch, the global one being N times "
+                "the number of processes (the dp size of --mesh; as a DDP script's per-process batch; 0: "
+                "use --batch-size)", 0);
   flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0, 1e300,
                    "a positive number up to 1e+300");  // 0 itself: check_train_options
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);

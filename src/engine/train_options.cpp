@@ -312,14 +312,39 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");
   const int64_t batch = o.batch_per_process > 0 ? o.batch_per_process * world : o.batch_size;
-  TANDEM_CHECK_USAGE(batch % world == 0, "--batch-size ", batch, ": not divisible by the world size ", world,
-                     " (each rank takes batch-size / world size samples a step)");
+  const std::string divisor = layout.replicated_stages() || (pipeline && ranks > 1)
+                                  ? detail::str_cat("the ", world, " data-parallel rank(s) of --mesh ",
+                                                    layout.mesh.str())
+                                  : detail::str_cat("the world size ", world);
+  TANDEM_CHECK_USAGE(batch % world == 0, "--batch-size ", batch, ": not divisible by ", divisor,
+                     " (each data-parallel rank takes batch-size / ", world, " samples a step)");
   TANDEM_CHECK_USAGE(o.grad_accum <= batch / world, "--grad-accum ", o.grad_accum, ": more chunks than the ",
                      batch / world, " samples each rank takes a step (--batch-size ", batch, " over ", world,
                      " rank(s))");
   TANDEM_CHECK_USAGE(!pipeline || o.micro_batches <= batch / world, "--micro-batches ", o.micro_batches,
                      ": more than the ", batch / world, " samples of a batch (--batch-size ", batch,
                      "); each micro-batch needs at least one");
+  // A pipeline over ranks: the model must cut into its stages, named once
+  // here rather than by every worker.
+  if (pipeline && o.devices.empty() && layout.pipeline_ranks() > 1) {
+    const int64_t stages = layout.pipeline_ranks();
+    const int64_t chunks = o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+    const std::string ranks_flag = o.mesh.empty() ? detail::str_cat("--nproc-per-node ", ranks)
+                                                  : "--mesh " + o.mesh;
+    if (!o.pipeline_split.empty()) {
+      int64_t names = 1;
+      for (char c : o.pipeline_split) names += c == ',' ? 1 : 0;
+      TANDEM_CHECK_USAGE(names + 1 == stages * chunks, "--pipeline-split ", o.pipeline_split, ": ", names,
+                         " name(s) begin ", names + 1, " pieces, but ", ranks_flag, " runs ", stages, " stages",
+                         chunks > 1 ? detail::str_cat(" x --virtual-stages ", chunks) : std::string(),
+                         ": give ", stages * chunks - 1, " layer name(s)");
+    } else if (auto layers = layers_before_data(o)) {
+      const auto count = static_cast<int64_t>(layers->size());
+      TANDEM_CHECK_USAGE(count >= stages * chunks, "pipeline: ", o.model, " has ", count, " layers, fewer than the ",
+                         stages * chunks, " pieces of ", ranks_flag, " (", stages, " stages",
+                         chunks > 1 ? detail::str_cat(" x --virtual-stages ", chunks) : std::string(), ")");
+    }
+  }
 }
 
 void check_train_outputs(const TrainOptions& o, int64_t rank) {

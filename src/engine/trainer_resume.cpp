@@ -102,7 +102,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       }
       auto written_by = fingerprint_field(position.fingerprint, "world");
       if (written_by && *written_by != std::to_string(world_)) {
-        say(format("the checkpoint was written by a run of %s rank(s); resuming on %lld "
+        say(format("the checkpoint was written by a run of %s data-parallel rank(s); resuming on %lld "
                    "(Note [resuming on another world size])",
                    written_by->c_str(), static_cast<long long>(world_)));
       }

@@ -162,6 +162,7 @@ void DistributedDataParallel::before_forward() {
   missing_.assign(buckets_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = static_cast<int64_t>(buckets_[b].parameters.size());
   seen_.assign(parameters_.size(), false);
+  in_step_ = true;
   unused_.assign(parameters_.size(), false);
   next_launch_ = 0;
   work_.assign(buckets_.size(), dist::Work());
@@ -183,7 +184,7 @@ void DistributedDataParallel::prepare_for_backward(const torch::Tensor& loss) {
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  TANDEM_CHECK(!seen_.empty(), "DistributedDataParallel: prepare_for_backward() without before_forward()");
+  TANDEM_CHECK(in_step_, "DistributedDataParallel: prepare_for_backward() without before_forward()");
   for (size_t k = 0; k < parameters_.size(); ++k) {
     if (reached.count(accumulators_[k].get()) || seen_[k] || unused_[k]) continue;
     unused_[k] = true;
@@ -247,7 +248,7 @@ c10::Stream DistributedDataParallel::current_stream() const {
 void DistributedDataParallel::after_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!sync_) return;  // accumulating (no_sync): the next synchronised step reduces the sums
-  TANDEM_CHECK(!seen_.empty(), "DistributedDataParallel: after_backward() without before_forward()");
+  TANDEM_CHECK(in_step_, "DistributedDataParallel: after_backward() without before_forward()");
   timeline_.backward_end = std::chrono::steady_clock::now();
   // Parameters without a gradient: their buckets are complete now.
   std::vector<bool> had_grad(parameters_.size());
@@ -298,6 +299,7 @@ void DistributedDataParallel::after_backward() {
     }
   }
   seen_.clear();  // the next step starts with before_forward()
+  in_step_ = false;
   reducing_ = false;
 }
 

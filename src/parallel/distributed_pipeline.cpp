@@ -190,7 +190,7 @@ torch::Tensor DistributedPipeline::forward(const torch::Tensor& input) {
     }
     links.finish();
   } catch (const std::exception& e) {
-    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "), forward: "),
+    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", group_->job_ranks().at(s), ", ", device_.str(), "), forward: "),
                                e);
   }
   return s + 1 == stages ? x : torch::Tensor();
@@ -244,7 +244,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
     outcome = detail::run_stage(job);
     links.finish();
   } catch (const std::exception& e) {
-    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", s, ", ", device_.str(), "): "), e);
+    dist::rethrow_with_context(tandem::detail::str_cat("pipeline stage ", s, " (rank ", group_->job_ranks().at(s), ", ", device_.str(), "): "), e);
   }
 
   PipelineStep step;

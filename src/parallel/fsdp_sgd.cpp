@@ -65,6 +65,10 @@ void FsdpSgd::load(torch::serialize::InputArchive& archive) {
   for (const auto& p : fsdp_.model_parameters()) {
     if (auto* state = momentum_state(whole, p)) momentum.push_back(state->momentum_buffer());
   }
+  load_full_momentum(momentum);
+}
+
+void FsdpSgd::load_full_momentum(const std::vector<torch::Tensor>& momentum) {
   state_.clear();
   full_momentum_.clear();
   consolidated_ = false;

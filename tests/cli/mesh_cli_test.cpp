@@ -23,12 +23,14 @@ using testing::TempDir;
 const std::string kMesh = "--nproc-per-node 4 --mesh dp=2,pp=2";
 
 // 4 ranks as dp=2,pp=2: DDP x pipeline under each schedule (and with each
-// stage recomputed in backward), seed 004's all-reduce x pipeline, and the
+// stage recomputed in backward, and with a first stage of no parameters:
+// flatten alone), seed 004's all-reduce x pipeline, and the
 // shorthands pp=2 and dp=4 all give one process's weights after 20 steps.
 // Control: another momentum.
 TEST(MeshCliTest, DdpTimesPipelineIsOneProcessUnderEachSchedule) {
   expect_same_weights({"--nproc-per-node 0", kMesh, kMesh + " --schedule gpipe", kMesh + " --schedule interleaved",
-                       kMesh + " --checkpoint-activations 1", kMesh + " --strategy allreduce --micro-batches 2",
+                       kMesh + " --checkpoint-activations 1", kMesh + " --pipeline-split fc1",
+                       kMesh + " --strategy allreduce --micro-batches 2",
                        "--nproc-per-node 2 --mesh pp=2", "--nproc-per-node 4 --mesh dp=4"},
                       "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
 }
@@ -142,6 +144,11 @@ TEST(MeshCliTest, AMeshTheJobCannotHaveIsAUsageError) {
            {"--nproc-per-node 2 --mesh dp=2 --strategy pipeline", "--strategy pipeline needs pp > 1"},
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --grad-accum 2", "--grad-accum does not go with"},
            {"--nproc-per-node 1,2 --mesh dp=2", "lays out one number of ranks"},
+           {"--nproc-per-node 4 --mesh dp=2,pp=2 --batch-size 33",
+            "--batch-size 33: not divisible by the 2 data-parallel rank(s) of --mesh pp=2,dp=2,tp=1"},
+           {"--nproc-per-node 8 --mesh pp=8", "mlp has 6 layers, fewer than the 8 pieces of --mesh pp=8"},
+           {"--nproc-per-node 4 --mesh dp=2,pp=2 --pipeline-split fc1,fc2",
+            "--pipeline-split fc1,fc2: 2 name(s) begin 3 pieces, but --mesh dp=2,pp=2 runs 2 stages"},
        }) {
     EXPECT_TRUE(testing::tandem_fails(train + c.flags, 2, c.message)) << c.flags;
   }

@@ -79,7 +79,7 @@ TEST(ResumeCliTest, ACheckpointResumesOnAnotherWorldSize) {
                                     std::string("ckpt-") + ranks, std::string("resumed-") + ranks + ".safetensors");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::string world = std::string(ranks) == "0" ? "1" : ranks;
-    EXPECT_NE(r.output.find("the checkpoint was written by a run of 2 rank(s); resuming on " + world),
+    EXPECT_NE(r.output.find("the checkpoint was written by a run of 2 data-parallel rank(s); resuming on " + world),
               std::string::npos) << r.output;
     resumed.emplace_back(std::string("resumed-") + ranks + ".safetensors",
                          std::string("2 ranks, then ") + world);

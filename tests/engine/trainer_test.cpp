@@ -1404,8 +1404,8 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   EXPECT_THROW(check_train_options(with([](auto& c) { c.profile_steps = "8:5"; })), UsageError);
   EXPECT_NO_THROW(check_train_ranks(small_run(data_.path()), 4));
   EXPECT_EQ(testing::error_of([&] { check_train_ranks(small_run(data_.path()), 3); }),
-            "--batch-size 64: not divisible by the world size 3 (each rank takes batch-size / world size samples a "
-            "step)");
+            "--batch-size 64: not divisible by the world size 3 (each data-parallel rank takes batch-size / 3 "
+            "samples a step)");
   EXPECT_NO_THROW(check_train_ranks(with([](auto& c) { c.batch_per_process = 5; }), 3));
   EXPECT_EQ(testing::error_of([&] {
               check_train_ranks(with([](auto& c) {

@@ -189,6 +189,7 @@ class DistributedDataParallel {
   std::atomic<bool> sync_{true};  // false inside no_sync(); read by autograd threads
   std::mutex mutex_;  // guards the per-step state below
   std::vector<int64_t> missing_;  // gradients still to come, per bucket
+  bool in_step_ = false;          // between before_forward() and after_backward() (a module may have no parameters)
   std::vector<bool> seen_;        // per parameter, this step: a gradient arrived
   std::vector<bool> unused_;      // per parameter, this step: unreachable from the loss
   size_t next_launch_ = 0;

@@ -44,6 +44,13 @@ class FsdpSgd : public optim::Sgd {
 
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // After consolidate_state(): the whole momentum, per
+  // fsdp.model_parameters() (empty when there is none yet).
+  const std::vector<torch::Tensor>& full_momentum() const { return full_momentum_; }
+  // Keeps this rank's slices of `momentum` (per fsdp.model_parameters(),
+  // or empty: no momentum yet); no collective. load() ends with it.
+  void load_full_momentum(const std::vector<torch::Tensor>& momentum);
+
  private:
   FullyShardedDataParallel& fsdp_;
   bool consolidated_ = false;
