@@ -36,10 +36,6 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
   } else if (o.strategy == "none" || o.strategy == "dp") {
     layout.data = DataParallelism::kNone;
   }
-  TANDEM_CHECK_USAGE(!(layout.replicated_stages() && layout.data == DataParallelism::kFsdp &&
-                       !o.checkpoint_dir.empty()),
-                     "--checkpoint-dir with --strategy fsdp over a pipeline's dp ranks (--mesh ", o.mesh,
-                     ") is not available yet: checkpoint with --strategy ddp, or train without checkpoints");
   return layout;
 }
 

@@ -142,6 +142,13 @@ TrainResult Trainer::run() {
       position.scale_growth_tracker = scaler_->growth_tracker();
     }
     if (!checkpointer) return;
+    if (mesh_ && fsdp_sgd) {  // Note [fsdp x pipeline checkpoints]
+      auto whole = whole_model_sgd(*fsdp_sgd, /*with_momentum=*/true);
+      parallel::FullyShardedDataParallel::FullParams full(*fsdp_, /*write_back=*/false);
+      gather_stages(*whole);
+      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, *whole, fingerprint());
+      return;
+    }
     // A checkpoint holds the whole optimizer state: every rank gathers the
     // sharded momentum before rank 0 writes it (a collective).
     if (zero) zero->consolidate_state();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "tandem/parallel/fsdp_sgd.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/table.h"
@@ -67,7 +68,14 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       // shards (write-back); the optimizer keeps its slices (FsdpSgd::load).
       std::optional<parallel::FullyShardedDataParallel::FullParams> full;
       if (fsdp_) full.emplace(*fsdp_, /*write_back=*/true);
-      path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+      auto* sharded = mesh_ ? dynamic_cast<parallel::FsdpSgd*>(&optimizer) : nullptr;
+      if (sharded) {  // Note [fsdp x pipeline checkpoints]
+        auto whole = whole_model_sgd(*sharded, /*with_momentum=*/false);
+        path = checkpointer->load_newest_good(position, *model_, *whole, fingerprint(), &damaged);
+        if (path) keep_shards_of(*whole, *sharded);
+      } else {
+        path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+      }
     }
     for (const auto& line : damaged) {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());

@@ -88,6 +88,24 @@ TEST(MeshCliTest, CheckpointsResumeUnderAnotherMesh) {
   expect_resumes_as_uninterrupted(other, model, "--nproc-per-node 4", {kMesh + " --shard-optimizer"}, "dp=4");
 }
 
+// FSDP x pipeline's checkpoints are plain SGD's over the whole model
+// (Note [fsdp x pipeline checkpoints]): one written by it resumes in one
+// process, as DDP x pipeline and as FSDP on 2 ranks, and one written by
+// DDP x pipeline resumes as FSDP x pipeline, each ending where the
+// uninterrupted run does.
+TEST(MeshCliTest, FsdpTimesPipelineCheckpointsResumeAnywhere) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 1024, 64);
+  const std::string model = "--model mlp --dtype float64 ";
+  const std::string fsdp = kMesh + " --strategy fsdp --fsdp-min-unit-params 0";
+  expect_resumes_as_uninterrupted(dir, model, fsdp,
+                                  {"--nproc-per-node 0", kMesh, "--nproc-per-node 2 --strategy fsdp"},
+                                  "FSDP x pipeline");
+  TempDir other;
+  testing::write_synthetic_idx(other.path(), 1024, 64);
+  expect_resumes_as_uninterrupted(other, model, kMesh, {fsdp + " --schedule interleaved"}, "DDP x pipeline");
+}
+
 // Evaluation and the epoch's figures come once, for the whole model: the
 // same losses and accuracies as one process, and the job's 4 ranks. Rank
 // 0's traffic per step is the analytic figure (bench/mesh_traffic.py): over
@@ -139,8 +157,6 @@ TEST(MeshCliTest, AMeshTheJobCannotHaveIsAUsageError) {
            {"--nproc-per-node 4 --mesh dp=2,xp=2", "--mesh dp=2,xp=2: unknown dimension 'xp'"},
            {"--nproc-per-node 4 --mesh dp=2,pp=0", "--mesh dp=2,pp=0: pp expected a whole number of ranks"},
            {"--nproc-per-node 4 --mesh tp=2,dp=2", "tp (tensor parallelism) is not available yet"},
-           {"--nproc-per-node 4 --mesh dp=2,pp=2 --strategy fsdp --checkpoint-dir /tmp/x",
-            "--checkpoint-dir with --strategy fsdp over a pipeline's dp ranks (--mesh dp=2,pp=2) is not available yet"},
            {"--nproc-per-node 2 --mesh dp=2 --strategy pipeline", "--strategy pipeline needs pp > 1"},
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --grad-accum 2", "--grad-accum does not go with"},
            {"--nproc-per-node 1,2 --mesh dp=2", "lays out one number of ranks"},

@@ -33,6 +33,7 @@
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/parallel/fsdp.h"
+#include "tandem/parallel/fsdp_sgd.h"
 #include "tandem/parallel/pipeline.h"
 
 namespace tandem::engine {
@@ -156,6 +157,13 @@ class Trainer {
   // --strategy pipeline over ranks: every stage's weights, buffers and
   // momentum onto every rank (a collective), before a checkpoint or an export.
   void gather_stages(torch::optim::Optimizer& optimizer);
+  // FSDP x pipeline (Note [fsdp x pipeline checkpoints] in
+  // trainer_stages.cpp): plain SGD over the whole model with `sharded`'s
+  // options and, `with_momentum`, this stage's momentum gathered over its
+  // dp ranks (a collective); and the way back, this rank keeping its
+  // shards' slices of `whole`'s momentum.
+  std::unique_ptr<optim::Sgd> whole_model_sgd(parallel::FsdpSgd& sharded, bool with_momentum);
+  void keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded);
   // What one epoch's steps add up for its report.
   struct StepCounters {
     std::vector<double> stage_idle;  // --strategy pipeline: per stage, summed over steps

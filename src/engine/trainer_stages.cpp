@@ -1,0 +1,127 @@
+// A pipeline's stages gathered onto every rank, for checkpoints and
+// exports (Trainer::gather_stages), and, under FSDP x pipeline, the whole
+// model's SGD state that its checkpoints hold (Trainer::whole_model_sgd).
+#include "tandem/engine/trainer.h"
+
+#include <functional>
+#include <map>
+#include <unordered_set>
+
+#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+
+void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
+  if (!stages_) return;
+  // Each rank contributes its own pieces' tensors and zeros for the
+  // others'; the sum over the ranks is every piece's, on every rank. Two
+  // rounds: one all-reduce of which parameters have momentum anywhere, then
+  // one per dtype of every buffer, parameter and momentum, flattened.
+  std::unordered_set<const void*> foreign;
+  for (const auto& piece : others_pieces_) {
+    for (const auto& p : piece->parameters()) foreign.insert(p.unsafeGetTensorImpl());
+    for (const auto& b : piece->buffers()) foreign.insert(b.unsafeGetTensorImpl());
+  }
+  auto own = [&](const torch::Tensor& t) { return foreign.count(t.unsafeGetTensorImpl()) == 0; };
+  const auto wire = stages_->wire_device();
+  torch::NoGradGuard no_grad;
+  auto& state = optimizer.state();
+  const auto params = model_->parameters();
+  std::vector<torch::Tensor> momentum(params.size());
+  // Whether any rank has a momentum buffer for a parameter: the same steps
+  // ran on the same parameters everywhere, but only its owner holds one.
+  auto has = torch::zeros({static_cast<int64_t>(params.size())}, torch::kFloat64);
+  if (options_.momentum != 0) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto found = state.find(params[i].unsafeGetTensorImpl());
+      if (!own(params[i]) || found == state.end()) continue;
+      momentum[i] = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
+      if (momentum[i].defined()) has[static_cast<int64_t>(i)] = 1.0;
+    }
+    auto sum = has.to(wire);
+    stages_->all_reduce(sum).wait();
+    has = sum.cpu();
+  }
+  // What to gather: the tensor, whether this rank holds it, and where the
+  // sum goes (a momentum buffer that this rank lacks is made).
+  struct Item {
+    torch::Tensor tensor;
+    bool own;
+    std::function<void(const torch::Tensor&)> store;
+  };
+  std::vector<Item> items;
+  auto in_place = [](torch::Tensor t) { return [t](const torch::Tensor& sum) mutable { t.copy_(sum); }; };
+  for (const auto& b : model_->buffers()) items.push_back({b, own(b), in_place(b)});
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    items.push_back({p, own(p), in_place(p)});
+    if (has[static_cast<int64_t>(i)].item<double>() == 0) continue;
+    if (momentum[i].defined()) {
+      items.push_back({momentum[i], true, in_place(momentum[i])});
+    } else {
+      items.push_back({p, false, [&state, p](const torch::Tensor& sum) {
+                         auto fresh = std::make_unique<torch::optim::SGDParamState>();
+                         fresh->momentum_buffer(sum.to(p.device()).clone());
+                         state[p.unsafeGetTensorImpl()] = std::move(fresh);
+                       }});
+    }
+  }
+  std::map<torch::ScalarType, std::vector<const Item*>> by_dtype;
+  for (const auto& item : items) by_dtype[item.tensor.scalar_type()].push_back(&item);
+  for (const auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> parts;
+    for (const auto* item : group) {
+      const auto& t = item->tensor;
+      parts.push_back(item->own ? t.detach().reshape({-1}).to(wire)
+                                : torch::zeros({t.numel()}, t.options().device(wire)));
+    }
+    auto flat = torch::cat(parts);
+    stages_->all_reduce(flat).wait();
+    int64_t offset = 0;
+    for (const auto* item : group) {
+      const auto& t = item->tensor;
+      item->store(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+// Note [fsdp x pipeline checkpoints]: a checkpoint holds plain SGD's
+// state over the whole model, whatever the layout, so that any other
+// layout resumes it. Under FSDP x pipeline no rank's optimizer is that:
+// FsdpSgd steps this rank's shards of its own stage. So the state goes
+// through a plain Sgd over model_->parameters(): on save, this stage's
+// momentum gathered over its dp ranks (FsdpSgd::consolidate_state) is put
+// in it, then the other stages' arrive with gather_stages; on resume, the
+// checkpoint loads into it and this rank keeps its shards' slices
+// (FsdpSgd::load_full_momentum). Collectives: every rank calls both.
+std::unique_ptr<optim::Sgd> Trainer::whole_model_sgd(parallel::FsdpSgd& sharded, bool with_momentum) {
+  auto whole = std::make_unique<optim::Sgd>(model_->parameters(),
+                                            static_cast<const torch::optim::SGDOptions&>(sharded.defaults()));
+  whole->param_groups()[0].set_options(sharded.param_groups()[0].options().clone());
+  if (!with_momentum) return whole;
+  sharded.consolidate_state();  // over the dp ranks
+  const auto& params = fsdp_->model_parameters();
+  const auto& momentum = sharded.full_momentum();
+  for (size_t i = 0; i < momentum.size(); ++i) {
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(momentum[i]);
+    whole->state()[params[i].unsafeGetTensorImpl()] = std::move(state);
+  }
+  return whole;
+}
+
+void Trainer::keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded) {
+  sharded.param_groups()[0].set_options(whole.param_groups()[0].options().clone());
+  std::vector<torch::Tensor> momentum;
+  const auto& state = whole.state();
+  for (const auto& p : fsdp_->model_parameters()) {
+    auto found = state.find(p.unsafeGetTensorImpl());
+    if (found == state.end()) continue;
+    momentum.push_back(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer());
+  }
+  sharded.load_full_momentum(momentum);
+}
+
+}  // namespace tandem::engine
