@@ -16,6 +16,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
@@ -140,8 +142,8 @@ Checkpointer::Checkpointer(CheckpointOptions options) : options_(std::move(optio
 }
 
 std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
-                               torch::optim::Optimizer& optimizer,
-                               const std::string& fingerprint) const {
+                               torch::optim::Optimizer& optimizer, const std::string& fingerprint,
+                               const std::map<std::string, std::string>& weights_metadata) const {
   std::error_code ec;
   fs::create_directories(options_.dir, ec);
   TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create: ", ec.message());
@@ -162,6 +164,9 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
   archive.write("cpu_rng", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+  if (!weights_metadata.empty()) {
+    archive.write("weights_metadata", c10::IValue(nlohmann::json(weights_metadata).dump()));
+  }
 
   std::string path = (fs::path(options_.dir) / format("checkpoint-%08lld.pt",
                                                       static_cast<long long>(p.step)))

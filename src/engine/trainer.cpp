@@ -146,7 +146,7 @@ TrainResult Trainer::run() {
       auto whole = whole_model_sgd(*fsdp_sgd, /*with_momentum=*/true);
       parallel::FullyShardedDataParallel::FullParams full(*fsdp_, /*write_back=*/false);
       gather_stages(*whole);
-      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, *whole, fingerprint());
+      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
       return;
     }
     // A checkpoint holds the whole optimizer state: every rank gathers the
@@ -157,7 +157,7 @@ TrainResult Trainer::run() {
     {
       std::optional<parallel::FullyShardedDataParallel::FullParams> full;  // the whole model on every rank
       if (fsdp_) full.emplace(*fsdp_, /*write_back=*/false);
-      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint());
+      if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
     }
     if (zero) zero->shard_state();
   };

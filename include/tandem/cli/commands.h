@@ -19,6 +19,10 @@ std::string train_help();
 int eval_command(const std::vector<std::string>& args);
 std::string eval_help();
 
+// tandem export [flags]: a checkpoint's weights as one safetensors file.
+int export_command(const std::vector<std::string>& args);
+std::string export_help();
+
 // tandem models: the registered model names.
 int models_command(const std::vector<std::string>& args);
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,9 +75,12 @@ class Checkpointer {
  public:
   explicit Checkpointer(CheckpointOptions options);
 
-  // Writes checkpoint-<position.step>.pt and prunes older ones. Returns its path.
+  // Writes checkpoint-<position.step>.pt and prunes older ones. Returns its
+  // path. `weights_metadata` (what --export-weights would record beside the
+  // weights) is kept in it for `tandem export`.
   std::string save(const TrainPosition& position, torch::nn::Module& model,
-                   torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
+                   torch::optim::Optimizer& optimizer, const std::string& fingerprint,
+                   const std::map<std::string, std::string>& weights_metadata = {}) const;
 
   // Creates the directory if need be and checks that a file can be made
   // there (then removes it), so that a run learns at its start, not at its
@@ -119,5 +123,21 @@ class Checkpointer {
   CheckpointOptions options_;
   std::shared_ptr<const int> lock_;  // the lock file's descriptor, closed with the last copy
 };
+
+// A checkpoint's model weights, read without building the model (`tandem
+// export`): every parameter and buffer by its name in the model, the
+// weights' metadata the training run recorded (empty for a checkpoint
+// written before it did), the step and the fingerprint.
+struct CheckpointWeights {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+  int64_t step = 0;
+  std::string fingerprint;
+};
+
+// Reads `path`, a checkpoint file, or a --checkpoint-dir (its newest
+// checkpoint whose checksum holds). Every check of a resume applies; throws
+// tandem::Error naming the file and what is wrong with it.
+CheckpointWeights read_checkpoint_weights(const std::string& path);
 
 }  // namespace tandem::engine

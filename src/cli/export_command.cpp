@@ -1,0 +1,66 @@
+// tandem export: a checkpoint's weights as one safetensors file with the
+// model's names, whatever layout wrote the checkpoint.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/flags.h"
+#include "tandem/engine/atomic_file.h"
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/util/check.h"
+#include "tandem/util/file.h"
+#include "tandem/util/table.h"
+
+namespace tandem::cli {
+namespace {
+
+FlagSet export_flags(std::string& checkpoint, std::string& out) {
+  FlagSet flags("tandem export",
+                "Write a checkpoint's weights as one safetensors file, under the model's parameter and "
+                "buffer names, with the metadata --export-weights records (the model, its classes, "
+                "its data and transforms), so that tandem eval --weights, --init-weights and other "
+                "tools read it. Any checkpoint does, whatever devices, ranks and mesh wrote it: "
+                "checkpoints hold the whole model.");
+  flags.add_string("checkpoint", "PATH", &checkpoint,
+                   "a checkpoint file, or a --checkpoint-dir (its newest checkpoint whose checksum "
+                   "holds) (required)");
+  flags.add_string("out", "FILE", &out, "the safetensors file to write (required)");
+  return flags;
+}
+
+}  // namespace
+
+std::string export_help() {
+  std::string checkpoint, out;
+  return export_flags(checkpoint, out).help();
+}
+
+int export_command(const std::vector<std::string>& args) {
+  std::string checkpoint, out;
+  auto flags = export_flags(checkpoint, out);
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.help().c_str());
+    return 0;
+  }
+  if (checkpoint.empty()) throw UsageError("--checkpoint PATH is required (a checkpoint file or a --checkpoint-dir)");
+  if (out.empty()) throw UsageError("--out FILE is required (the safetensors file to write)");
+  engine::check_output_file("--out", out);
+  engine::check_replaceable_file("--out", out);
+  auto weights = engine::read_checkpoint_weights(checkpoint);
+  auto metadata = weights.metadata;
+  metadata["format"] = "pt";
+  metadata["producer"] = "tandem";
+  if (metadata.count("model") == 0) {  // a checkpoint from before its metadata was kept
+    if (auto model = engine::fingerprint_field(weights.fingerprint, "model")) metadata["model"] = *model;
+  }
+  metadata["checkpoint_step"] = std::to_string(weights.step);
+  engine::write_safetensors(out, weights.tensors, metadata);
+  std::printf("weights of %s (step %lld, %zu tensors) written to %s\n", printable(checkpoint).c_str(),
+              static_cast<long long>(weights.step), weights.tensors.size(), printable(out).c_str());
+  return 0;
+}
+
+}  // namespace tandem::cli

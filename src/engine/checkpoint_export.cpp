@@ -1,0 +1,91 @@
+// A checkpoint's weights by their names in the model, read without the
+// model (read_checkpoint_weights in checkpoint.h, for `tandem export`).
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/checkpoint.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+#include "checkpoint_archive.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One checkpoint file's weights; throws tandem::Error saying what is wrong
+// (the caller names the file).
+CheckpointWeights read_one(const std::string& path) {
+  const std::string bytes = internal::verified_archive(path);
+  torch::serialize::InputArchive archive;
+  CheckpointWeights weights;
+  try {
+    internal::load_checked_archive(bytes, archive);
+    c10::IValue value;
+    archive.read("format_version", value);
+    TANDEM_CHECK(value.toInt() == internal::kFormatVersion, "format version ", value.toInt(), ", expected ",
+                 internal::kFormatVersion);
+    archive.read("fingerprint", value);
+    weights.fingerprint = value.toStringRef();
+    archive.read("step", value);
+    weights.step = value.toInt();
+    c10::IValue model;
+    TANDEM_CHECK(archive.try_read("model", model), "not a tandem checkpoint: it holds no model");
+    std::vector<internal::ReadTensor> tensors;
+    internal::collect_tensors(model, "", tensors);
+    for (auto& t : tensors) weights.tensors.emplace_back(t.name, t.tensor.contiguous());
+    if (archive.try_read("weights_metadata", value)) {  // absent from checkpoints written before it
+      weights.metadata = nlohmann::json::parse(value.toStringRef()).get<std::map<std::string, std::string>>();
+    }
+  } catch (const tandem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    TANDEM_FAIL("not a readable tandem checkpoint (", what.substr(0, what.find('\n')), ")");
+  }
+  TANDEM_CHECK(!weights.tensors.empty(), "not a tandem checkpoint: its model holds no tensors");
+  return weights;
+}
+
+}  // namespace
+
+CheckpointWeights read_checkpoint_weights(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    try {
+      return read_one(path);
+    } catch (const tandem::Error& e) {
+      TANDEM_FAIL(path, ": ", e.what());
+    }
+  }
+  // A --checkpoint-dir: its checkpoints newest first, the first that reads.
+  std::vector<std::pair<int64_t, std::string>> found;
+  static const std::regex name(R"(checkpoint-(\d+)\.pt)");
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name) && m[1].length() <= 18) {
+      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+    }
+  }
+  TANDEM_CHECK(!ec, path, ": cannot read the folder: ", ec.message());
+  TANDEM_CHECK(!found.empty(), path, ": no checkpoint in this folder (expected checkpoint-<step>.pt files, as "
+               "tandem train --checkpoint-dir writes them)");
+  std::sort(found.rbegin(), found.rend());
+  std::string damaged;
+  for (const auto& [step, file] : found) {
+    try {
+      return read_one(file);
+    } catch (const tandem::Error& e) {
+      damaged += (damaged.empty() ? "" : "; ") + file + ": " + e.what();
+    }
+  }
+  TANDEM_FAIL(path, ": every checkpoint in it is damaged (", damaged, ")");
+}
+
+}  // namespace tandem::engine
