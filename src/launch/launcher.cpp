@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "tandem/launch/worker_error.h"
+#include "signals.h"
 #include "worker.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
@@ -83,74 +84,6 @@ class OpenFilesScope {
   bool known_ = false;
   rlimit found_{};
 };
-
-// Signals reach the poll loop through a self-pipe (the handler only writes
-// one byte, which is async-signal-safe).
-int g_signal_pipe[2] = {-1, -1};
-
-void on_signal(int signal_number) {
-  int saved = errno;
-  char byte = static_cast<char>(signal_number);
-  ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
-  (void)ignored;
-  errno = saved;
-}
-
-// The signals the launcher passes on to its workers, as torchrun does:
-// SIGINT, SIGTERM, SIGHUP (the terminal or the ssh session gone) and
-// SIGQUIT; with SIGCHLD, the ones it handles.
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
-
-bool is_stop_signal(int s) {
-  return std::find(std::begin(kStopSignals), std::end(kStopSignals), s) != std::end(kStopSignals);
-}
-
-// Installs the handlers for one run and puts the old ones back.
-class SignalScope {
- public:
-  SignalScope() {
-    TANDEM_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "launch: pipe2 failed: ",
-                 std::strerror(errno));
-    struct sigaction action {};
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    for (int s : kHandledSignals) sigaction(s, &action, &old_[s]);
-    // A launcher started with these blocked (the mask survives exec) would
-    // never hear them; one that arrived before now is delivered here.
-    sigset_t ours;
-    sigemptyset(&ours);
-    for (int s : kHandledSignals) sigaddset(&ours, s);
-    sigprocmask(SIG_UNBLOCK, &ours, &old_mask_);
-  }
-  ~SignalScope() {
-    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-    for (auto& [s, old] : old_) sigaction(s, &old, nullptr);
-    close(g_signal_pipe[0]);
-    close(g_signal_pipe[1]);
-    g_signal_pipe[0] = g_signal_pipe[1] = -1;
-  }
-
- private:
-  std::map<int, struct sigaction> old_;
-  sigset_t old_mask_;
-};
-
-// A stop signal (kStopSignals) among the bytes waiting in the signal pipe
-// (the last one), 0 if none; the bytes are consumed (a SIGCHLD byte only
-// wakes the watch loop, which polls every worker anyway).
-int take_stop_signal() {
-  int seen = 0;
-  char bytes[64];
-  ssize_t n;
-  while ((n = read(g_signal_pipe[0], bytes, sizeof bytes)) > 0) {
-    for (ssize_t k = 0; k < n; ++k) {
-      if (is_stop_signal(bytes[k])) seen = bytes[k];
-    }
-  }
-  return seen;
-}
 
 // The workers' records, their output and the verdict on a failure:
 // src/launch/worker.h.
