@@ -41,8 +41,15 @@ endfunction()
 # layer) running the executable's tests that FILTER (a --gtest_filter)
 # selects in one process: `ctest -L quick`, the tier for the
 # edit-build-test loop, touches every layer in a couple of minutes.
+# COST N: CTest's cost of each of the layer's tests, so that `ctest -j` on a
+# fresh build starts the long ones (the CLI's jobs, the install) first
+# instead of leaving them to the end, one core idle.
 function(tandem_test layer)
-  cmake_parse_arguments(T "" "QUICK" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "QUICK;COST" "SOURCES;DEPS;LABELS" ${ARGN})
+  set(cost 0)
+  if(T_COST)
+    set(cost ${T_COST})
+  endif()
   set(exe tandem_${layer}_tests)
   add_executable(${exe} ${T_SOURCES})
   target_link_libraries(${exe} PRIVATE ${T_DEPS} tandem_testing GTest::gtest GTest::gtest_main tandem_torch)
@@ -52,7 +59,7 @@ function(tandem_test layer)
     TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   tandem_torch_pch(${exe})
   gtest_discover_tests(${exe} DISCOVERY_TIMEOUT 120
-    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900)
+    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900 COST ${cost})
   if(T_QUICK)
     add_test(NAME ${layer}.quick COMMAND ${exe} --gtest_filter=${T_QUICK})
     set_tests_properties(${layer}.quick PROPERTIES LABELS "quick;${layer}" TIMEOUT 300)

@@ -31,12 +31,23 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     for (const auto& unit : fsdp_->units()) largest = std::max(largest, unit.numel);
     for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
     const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
-    say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
-               "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
-               o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
-                                         : "ZeRO-2: parameters kept from forward to backward",
-               static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
-               fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
+    if (mesh_) {  // Note [fsdp under a pipeline]
+      int64_t stage = 0;  // the parameters hold no elements at rest: the units count them
+      for (const auto& unit : fsdp_->units()) stage += unit.numel;
+      say(format("fully sharded over each stage's dp ranks (FSDP under a pipeline: the stage gathered once a "
+                 "step, over all its micro-batches; %lld unit(s) of up to %lld parameters); between steps each "
+                 "rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of its stage's "
+                 "%.2f",
+                 static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest), shards * mib,
+                 stage * mib));
+    } else {
+      say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
+                 "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
+                 o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
+                                           : "ZeRO-2: parameters kept from forward to backward",
+                 static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
+                 fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
+    }
   } else if (o.strategy == "fsdp") {
     warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
