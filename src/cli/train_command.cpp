@@ -13,6 +13,7 @@
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "common_flags.h"
+#include "train_sweep.h"
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/process_group.h"
@@ -188,20 +189,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   return flags;
 }
 
-// This program's path, for re-running it as workers.
-std::string self_executable() {
-  char path[4096];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
-  return std::string(path, static_cast<size_t>(n));
-}
 
 // --nproc-per-node: N, or auto (GPUs for a CUDA device, else up to 4 CPU
 // workers); 0 runs in this process.
-// Set in the environment of the workers `tandem train --nproc-per-node`
-// starts itself: they run the same command line, --nproc-per-node included.
-constexpr const char* kSelfLaunched = "TANDEM_TRAIN_SELF_LAUNCHED";
-
 int64_t local_workers(const engine::TrainOptions& o) {
   if (o.nproc_per_node == "auto") {
     if (o.device.rfind("cuda", 0) == 0) {
@@ -221,15 +211,6 @@ int64_t local_workers(const engine::TrainOptions& o) {
   return *n;
 }
 
-// Note [worker footprint]: CPU workers measured against the machine before
-// they start (not with --skip-resource-check; GPUs bound the count there).
-void check_resources(const engine::TrainOptions& o, int64_t workers) {
-  if (o.skip_resource_check || workers < 2 || !engine::parse_device(o.device).is_cpu()) return;
-  const auto footprint = engine::measure_worker_footprint(o, workers);
-  for (const auto& line : engine::check_worker_resources(workers, footprint, engine::machine_resources())) {
-    std::fprintf(stderr, "tandem: warning: %s\n", line.c_str());
-  }
-}
 
 // The devices table: what the run's devices, batches and epochs came to.
 void print_devices_table(const engine::TrainOptions& o, const engine::TrainResult& r) {
@@ -258,137 +239,6 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
                  last.evaluated ? format("%.2f%%", 100 * last.test_acc) : "-"});
   std::printf("\n%s(epoch time: the median of %zu full epoch%s)\n", table.render().c_str(), n,
               n == 1 ? "" : "s");
-}
-
-// --nproc-per-node 1,2,4: the process counts of a scaling sweep; nullopt for
-// one count (N or auto).
-std::optional<std::vector<int64_t>> sweep_counts(const std::string& text) {
-  if (text.find(',') == std::string::npos) return std::nullopt;
-  std::vector<int64_t> counts;
-  for (const auto& part : split(text, ',')) {
-    auto n = parse_int(part);
-    if (!n || *n < 1 || *n > launch::kMaxLocalWorkers) {
-      throw UsageError(format("--nproc-per-node: a sweep lists process counts from 1 to %lld, such as "
-                              "1,2,4; got '",
-                              static_cast<long long>(launch::kMaxLocalWorkers)) +
-                       text + "'");
-    }
-    counts.push_back(*n);
-  }
-  return counts;
-}
-
-// One run of a sweep: its process count, global batch and epochs.
-struct SweepRun {
-  int64_t processes = 0;
-  int64_t global_batch = 0;
-  std::vector<engine::EpochMetrics> epochs;
-};
-
-// The scaling table over the sweep's runs, with the speed-up and the scaling
-// efficiency against the first run.
-void print_sweep_table(const engine::TrainOptions& o, const std::vector<SweepRun>& runs) {
-  Table table({"devices", "global batch", "batch per process", "epoch time (s)", "img/s", "speed-up",
-               "efficiency", "test acc"});
-  double first_rate = 0;
-  for (const auto& run : runs) {
-    std::vector<double> seconds, rates;
-    for (const auto& m : run.epochs) {
-      if (!m.partial) seconds.push_back(m.epoch_seconds);
-      rates.push_back(m.images_per_second);
-    }
-    double rate = median(rates);
-    if (&run == &runs.front()) first_rate = rate;
-    double speedup = first_rate > 0 ? rate / first_rate : 0.0;
-    double scale = static_cast<double>(run.processes) / static_cast<double>(runs.front().processes);
-    const auto* last = run.epochs.empty() ? nullptr : &run.epochs.back();
-    table.add_row({format("%lld x %s", static_cast<long long>(run.processes), o.device.c_str()),
-                   std::to_string(run.global_batch), std::to_string(run.global_batch / run.processes),
-                   seconds.empty() ? "-" : format("%.1f", median(seconds)), format("%.0f", rate),
-                   format("%.2fx", speedup), format("%.2f", speedup / scale),
-                   last != nullptr && last->evaluated ? format("%.2f%%", 100 * last->test_acc) : "-"});
-  }
-  std::printf("\nscaling table\n%s", table.render().c_str());
-  std::printf("(epoch time: the median of full epochs; speed-up: training img/s, the median over epochs, "
-              "against the first row's; efficiency: speed-up / (processes / %lld))\n",
-              static_cast<long long>(runs.front().processes));
-  std::fflush(stdout);
-}
-
-// --nproc-per-node 1,2,4: the job launched once per count, one after the
-// other, each run's epochs read back from a --metrics-out file of its own.
-int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::string>& args,
-                const engine::TrainOptions& o, const FlagSet& flags) {
-  const std::string sweep = "--nproc-per-node " + o.nproc_per_node;
-  for (const char* name : {"metrics-out", "tensorboard", "checkpoint-dir", "resume", "export-weights", "profile-out", "max-restarts"}) {
-    if (flags.given(name)) {
-      throw UsageError(std::string("--") + name + " belongs to a single run; " + sweep +
-                       " runs the job once per process count");
-    }
-  }
-  if (o.strategy == "none" || o.strategy == "dp") {
-    throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
-                     " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
-  }
-  if (!o.mesh.empty()) {
-    throw UsageError("--mesh " + o.mesh + " lays out one number of ranks; " + sweep +
-                     " runs the job once per process count (leave out --mesh)");
-  }
-  if (o.strategy == "pipeline") {
-    throw UsageError(sweep + " measures data-parallel scaling (auto, ddp, allreduce or fsdp); a "
-                     "pipeline over processes takes one count, --nproc-per-node N, a stage per process");
-  }
-  engine::check_train_options(o);  // once, before the first run
-  check_resources(o, *std::max_element(counts.begin(), counts.end()));
-  for (auto n : counts) {
-    if (o.batch_per_process == 0 && o.batch_size % n != 0) {
-      throw UsageError(format("--batch-size %lld is not divisible by %lld processes (%s); give "
-                              "another batch size, or --batch-per-process",
-                              static_cast<long long>(o.batch_size), static_cast<long long>(n),
-                              sweep.c_str()));
-    }
-    engine::check_train_ranks(o, n);
-  }
-  namespace fs = std::filesystem;
-  std::string pattern = (fs::temp_directory_path() / "tandem-sweep-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) throw Error("cannot make a temporary directory " + pattern);
-  struct Remove {
-    std::string dir;
-    ~Remove() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } remove{pattern};
-
-  std::vector<SweepRun> runs;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    const int64_t n = counts[i];
-    std::printf("\ntandem train: scaling sweep, run %zu of %zu: %lld process%s\n", i + 1, counts.size(),
-                static_cast<long long>(n), n == 1 ? "" : "es");
-    std::fflush(stdout);
-    const std::string metrics = pattern + "/run-" + std::to_string(i) + ".jsonl";
-    launch::LaunchOptions lo;
-    lo.nproc_per_node = n;
-    lo.command = {self_executable(), "train"};
-    lo.command.insert(lo.command.end(), args.begin(), args.end());
-    lo.extra_env = {{kSelfLaunched, "1"}};
-    // Later flags override earlier ones: this run's count and metrics file.
-    for (const auto& extra : {std::string("--nproc-per-node"), std::to_string(n),
-                              std::string("--metrics-out"), metrics}) {
-      lo.command.push_back(extra);
-    }
-    auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
-    if (result.exit_code != 0) {
-      std::fprintf(stderr, "tandem launch: %s\ntandem train: the sweep stopped at run %zu of %zu (%lld "
-                   "process%s)\n", result.reason.c_str(), i + 1, counts.size(),
-                   static_cast<long long>(n), n == 1 ? "" : "es");
-      return result.exit_code;
-    }
-    const int64_t global = o.batch_per_process > 0 ? o.batch_per_process * n : o.batch_size;
-    runs.push_back({n, global, engine::read_metrics(metrics)});
-  }
-  print_sweep_table(o, runs);
-  return 0;
 }
 
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
@@ -421,6 +271,28 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 
 }  // namespace
 
+namespace internal {
+
+// This program's path, for re-running it as workers.
+std::string self_executable() {
+  char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+// Note [worker footprint]: CPU workers measured against the machine before
+// they start (not with --skip-resource-check; GPUs bound the count there).
+void check_resources(const engine::TrainOptions& o, int64_t workers) {
+  if (o.skip_resource_check || workers < 2 || !engine::parse_device(o.device).is_cpu()) return;
+  const auto footprint = engine::measure_worker_footprint(o, workers);
+  for (const auto& line : engine::check_worker_resources(workers, footprint, engine::machine_resources())) {
+    std::fprintf(stderr, "tandem: warning: %s\n", line.c_str());
+  }
+}
+
+}  // namespace internal
+
 std::string train_help() {
   engine::TrainOptions defaults;
   return train_flags(defaults).help();
@@ -441,7 +313,7 @@ int train_command(const std::vector<std::string>& args) {
   // Under another launcher (tandem launch, torchrun, Slurm's srun setting
   // RANK) this process is one worker already: --nproc-per-node would be
   // ignored, and the job run with fewer processes than asked. Refused.
-  if (worker && !env::get(kSelfLaunched).has_value() && flags.given("nproc-per-node") &&
+  if (worker && !env::get(internal::kSelfLaunched).has_value() && flags.given("nproc-per-node") &&
       options.nproc_per_node != "0") {
     throw UsageError("--nproc-per-node " + options.nproc_per_node + ": this process is already rank " +
                      env::get("RANK").value_or("") + " of a launched job (RANK is set in its environment, by "
@@ -450,12 +322,14 @@ int train_command(const std::vector<std::string>& args) {
                      "unset RANK");
   }
   // The launcher's flag: under another launcher that one restarts (or not).
-  if (worker && !env::get(kSelfLaunched).has_value() && options.max_restarts > 0) {
+  if (worker && !env::get(internal::kSelfLaunched).has_value() && options.max_restarts > 0) {
     throw UsageError("--max-restarts: this process is already rank " + env::get("RANK").value_or("") +
                      " of a launched job, whose launcher restarts its workers (tandem launch --max-restarts)");
   }
   if (!worker) {
-    if (auto counts = sweep_counts(options.nproc_per_node)) return train_sweep(*counts, args, options, flags);
+    if (auto counts = internal::sweep_counts(options.nproc_per_node)) {
+      return internal::train_sweep(*counts, args, options, flags);
+    }
   }
   int64_t nproc = local_workers(options);
   if (!worker && nproc == 0 && options.max_restarts > 0) {
@@ -476,13 +350,13 @@ int train_command(const std::vector<std::string>& args) {
     // Data folders that are not there, likewise (each worker named them).
     data::check_spec_folder(options.data);
     if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
-    check_resources(options, nproc);
+    internal::check_resources(options, nproc);
     launch::LaunchOptions lo;
     lo.nproc_per_node = nproc;
-    lo.command.push_back(self_executable());
+    lo.command.push_back(internal::self_executable());
     lo.command.push_back("train");
     lo.command.insert(lo.command.end(), args.begin(), args.end());
-    lo.extra_env = {{kSelfLaunched, "1"}};
+    lo.extra_env = {{internal::kSelfLaunched, "1"}};
     lo.max_restarts = options.max_restarts;
     auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
     if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
