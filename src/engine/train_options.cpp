@@ -280,12 +280,16 @@ void check_train_options(const TrainOptions& o) {
     }
     if (pipeline && !o.devices.empty() && o.pipeline_split.empty()) {
       const auto stages = static_cast<int64_t>(split(o.devices, ',').size());
-      const int64_t chunks = o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+      const int64_t chunks = resolved_virtual_stages(o);
       TANDEM_CHECK_USAGE(count >= stages * chunks, "pipeline: the model has ", count, " layers, fewer than the ",
                          stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
                          chunks > 1 ? std::to_string(chunks) : std::string(), ")");
     }
   }
+}
+
+int64_t resolved_virtual_stages(const TrainOptions& o) {
+  return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
 }
 
 void check_train_ranks(const TrainOptions& o, int64_t ranks) {
@@ -328,7 +332,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   // here rather than by every worker.
   if (pipeline && o.devices.empty() && layout.pipeline_ranks() > 1) {
     const int64_t stages = layout.pipeline_ranks();
-    const int64_t chunks = o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+    const int64_t chunks = resolved_virtual_stages(o);
     const std::string ranks_flag = o.mesh.empty() ? detail::str_cat("--nproc-per-node ", ranks)
                                                   : "--mesh " + o.mesh;
     if (!o.pipeline_split.empty()) {

@@ -255,10 +255,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   device_ = devices.back();  // outputs, targets and the loss live on the last stage
 }
 
-int64_t Trainer::virtual_stages() const {
-  const auto& o = options_;
-  return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
-}
+int64_t Trainer::virtual_stages() const { return resolved_virtual_stages(options_); }
 
 // The cut into stages x --virtual-stages pieces, and how it was chosen:
 // --pipeline-split, or balanced by parameter count, or by forward and

@@ -91,6 +91,10 @@ struct TrainOptions {
 
 namespace tandem::engine {
 
+// --virtual-stages with its default resolved: the model pieces each
+// pipeline stage runs (2 under --schedule interleaved, else 1).
+int64_t resolved_virtual_stages(const TrainOptions& options);
+
 // The checks of a TrainOptions that need nothing but the options: values in
 // range, flags that go together. Each throws tandem::UsageError naming the
 // flags (the CLI exits 2). The Trainer runs them first; `tandem train
