@@ -417,6 +417,13 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
     torch::Tensor rng;
     archive.read("cpu_rng", rng, /*is_buffer=*/true);
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle
+    // libtorch refuses other states in its own terms ("RNG state must be
+    // contiguous"); this names the checkpoint's field and what it must be.
+    const int64_t state_bytes = generator.get_state().numel();
+    TANDEM_CHECK(rng.scalar_type() == torch::kByte && rng.dim() == 1 && rng.numel() == state_bytes &&
+                     rng.is_contiguous(),
+                 "damaged: its random-number state (cpu_rng: ", rng.sizes(), ", ", rng.scalar_type(),
+                 ") is not the ", state_bytes, " packed bytes of a CPU generator's state");
     generator.set_state(rng);
   } catch (const DamagedCheckpoint&) {
     throw;

@@ -80,150 +80,71 @@ class StringReader : public caffe2::serialize::ReadAdapterInterface {
   const std::string& bytes_;
 };
 
-void check_pickle(const uint8_t* data, size_t size, const std::string& name) {
-  size_t at = 0;
-  auto need = [&](uint64_t n, const char* what) {
-    TANDEM_CHECK(n <= size - at, name, ": ", what, " of ", n, " bytes at offset ", at,
-                 " runs past the end of the record (", size, " bytes)");
-  };
-  auto fixed = [&](size_t n) -> uint64_t {  // a little-endian argument of n bytes
-    need(n, "an argument");
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(data[at + i]) << (8 * i);
-    at += n;
-    return v;
-  };
-  auto line = [&] {  // a newline-terminated argument
-    const void* end = std::memchr(data + at, '\n', size - at);
-    TANDEM_CHECK(end != nullptr, name, ": an unterminated text argument at offset ", at);
-    at = static_cast<const uint8_t*>(end) - data + 1;
-  };
-  auto memo = [&](uint64_t index) {
-    TANDEM_CHECK(index < size, name, ": memo index ", index, " at offset ", at,
-                 " is beyond any this record could hold (", size, " bytes)");
-  };
-  while (at < size) {
-    uint8_t op = data[at++];
-    switch (op) {
-      case '.':  // STOP
-        return;
-      case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': case 'p':
-        line();
-        break;
-      case 'c': case 'i':  // GLOBAL, INST: module and name
-        line();
-        line();
-        break;
-      case 'K': case 'h': case 0x80: case 0x82:  // BININT1, BINGET, PROTO, EXT1
-        fixed(1);
-        break;
-      case 'q':  // BINPUT
-        memo(fixed(1));
-        break;
-      case 'M': case 0x83:  // BININT2, EXT2
-        fixed(2);
-        break;
-      case 'J': case 'j': case 0x84:  // BININT, LONG_BINGET, EXT4
-        fixed(4);
-        break;
-      case 'r':  // LONG_BINPUT
-        memo(fixed(4));
-        break;
-      case 'G':  // BINFLOAT
-        fixed(8);
-        break;
-      case 'U': case 'C': case 0x8a: case 0x8c: {  // 1-byte length, then the data
-        uint64_t n = fixed(1);
-        need(n, "a string");
-        at += n;
-        break;
-      }
-      case 'T': case 'X': case 'B': case 0x8b: {  // 4-byte length
-        uint64_t n = fixed(4);
-        need(n, "a string");
-        at += n;
-        break;
-      }
-      case 0x8d: case 0x8e: case 0x96: case 0x95: {  // 8-byte length (0x95: FRAME)
-        uint64_t n = fixed(8);
-        need(n, op == 0x95 ? "a frame" : "a string");
-        if (op != 0x95) at += n;  // a frame's contents are opcodes
-        break;
-      }
-      default:  // no argument, or an opcode libtorch refuses itself
-        break;
-    }
-  }
-}
-
 void check_archive_bounds(const std::string& bytes) {
   caffe2::serialize::PyTorchStreamReader reader(std::make_shared<StringReader>(bytes));
   for (const auto& name : reader.getAllRecords()) {
     size_t declared = reader.getRecordSize(name);
     TANDEM_CHECK(declared <= bytes.size(), name, ": declares ", declared,
                  " bytes, more than the whole archive (", bytes.size(), ")");
+  }
+  for (const auto& name : reader.getAllRecords()) {
     // data.pkl and the like, and the code's *.debug_pkl (source ranges, which
     // libtorch unpickles when the archive's TorchScript code fails to parse).
     auto ends_with = [&](const std::string& tail) {
       return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
-    if (!ends_with(".pkl") && !ends_with(".debug_pkl")) continue;
+    const bool debug = ends_with(".debug_pkl");
+    if (!ends_with(".pkl") && !debug) continue;
     auto [record, size] = reader.getRecord(name);
-    check_pickle(static_cast<const uint8_t*>(record.get()), size, name);
-  }
-}
-
-// Note [storage records]: libtorch's unpickler makes each storage from its
-// record (data/N), with the number of bytes data.pkl declares for it, and
-// never compares the two; a tensor's sizes and strides are then set from
-// data.pkl without comparing them with its storage either. A record cut
-// short (with a matching CRC: a tampered file) was read past its end: NaN
-// weights, or a crash; libtorch's Optimizer::load reads some itself. So
-// once the archive is parsed, before anything reads a tensor's data, every
-// tensor in it is checked: it must lie within its storage, and the
-// storages' declared sizes must fit the archive's records (each of an honest
-// file holds exactly one storage of its size; matched here largest first,
-// each to the smallest record left that holds it).
-
-void check_within_storage(const ReadTensor& read) {
-  const auto& t = read.tensor;
-  if (!t.defined() || t.numel() == 0) return;
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    TANDEM_CHECK(t.stride(d) >= 0, read.name, ": a negative stride");
-    last += (t.size(d) - 1) * t.stride(d);
-  }
-  const auto needed = static_cast<uint64_t>(last + 1) * t.element_size();
-  TANDEM_CHECK(t.storage_offset() >= 0 && needed <= t.storage().nbytes(), read.name,
-               ": its storage holds ", t.storage().nbytes(), " bytes, the tensor (", t.sizes(), ", ",
-               t.scalar_type(), ") needs ", needed);
-}
-
-void check_storage_records(const std::vector<ReadTensor>& tensors, const std::string& bytes) {
-  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<StringReader>(bytes));
-  std::multiset<uint64_t> records;
-  for (const auto& name : reader.getAllRecords()) {
-    if (name.rfind("data/", 0) == 0) records.insert(reader.getRecordSize(name));
-  }
-  std::set<const void*> seen;  // each storage once, in the order read
-  std::vector<std::pair<uint64_t, const ReadTensor*>> declared;
-  for (const auto& read : tensors) {
-    if (!read.tensor.defined()) continue;
-    check_within_storage(read);
-    if (seen.insert(read.tensor.storage().unsafeGetStorageImpl()).second) {
-      declared.emplace_back(read.tensor.storage().nbytes(), &read);
+    auto references = check_pickle(static_cast<const uint8_t*>(record.get()), size, name);
+    // Note [storage references]: data.pkl's storages are the records data/<key>.
+    const std::string dir = name.substr(0, name.size() - 4) + "/";
+    for (const auto& ref : references) {
+      TANDEM_CHECK(!debug, name, ": a storage reference at offset ", ref.at, ", where none belongs");
+      TANDEM_CHECK(ref.numel >= 0, name, ": storage ", ref.key, " declares ", ref.numel, " elements");
+      if (ref.numel == 0) continue;  // libtorch reads no record for it
+      const std::string record_name = dir + ref.key;
+      TANDEM_CHECK(reader.hasRecord(record_name), name, ": storage ", ref.key, " has no record ",
+                   record_name);
+      const uint64_t held = reader.getRecordSize(record_name);
+      TANDEM_CHECK(static_cast<uint64_t>(ref.numel) <= held / ref.item_size &&
+                       static_cast<uint64_t>(ref.numel) * ref.item_size == held,
+                   name, ": storage ", ref.key, " declares ", ref.numel, " elements of torch.", ref.type,
+                   " (", ref.item_size, ref.item_size == 1 ? " byte" : " bytes", " each), but its record ", record_name, " holds ", held,
+                   " bytes: a record cut short, or a reference altered");
     }
   }
-  std::stable_sort(declared.begin(), declared.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [size, read] : declared) {
-    auto record = records.lower_bound(size);
-    TANDEM_CHECK(record != records.end(), read->name, ": data.pkl declares its storage as ", size,
-                 " bytes, and no record of the archive left holds that many (",
-                 records.empty() ? std::string("none left") : "the largest: " + std::to_string(*records.rbegin()),
-                 "): a record was cut short");
-    records.erase(record);
+}
+
+// Note [storage records]: libtorch's unpickler sets a tensor's sizes,
+// strides and offset from data.pkl without comparing them with its storage
+// (whose length Note [storage references] has checked against its record).
+// A tensor reaching past its storage was read past its end: NaN weights, or
+// a crash; libtorch's Optimizer::load reads some itself. So once the
+// archive is parsed, before anything reads a tensor's data, every tensor in
+// it is checked to lie within its storage, in arithmetic that cannot
+// overflow (sizes and strides are 64-bit integers of the file's choosing).
+void check_within_storage(const ReadTensor& read) {
+  const auto& t = read.tensor;
+  if (!t.defined()) return;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    TANDEM_CHECK(t.size(d) >= 0 && t.stride(d) >= 0, read.name, ": a negative size or stride (",
+                 t.sizes(), ", ", t.strides(), ")");
   }
+  if (t.numel() == 0) return;
+  int64_t last = t.storage_offset();
+  bool overflow = last < 0;
+  for (int64_t d = 0; d < t.dim() && !overflow; ++d) {
+    int64_t reach = 0;
+    overflow = __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) ||
+               __builtin_add_overflow(last, reach, &last);
+  }
+  int64_t needed = 0;
+  overflow = overflow || __builtin_add_overflow(last, 1, &needed) ||
+             __builtin_mul_overflow(needed, static_cast<int64_t>(t.element_size()), &needed);
+  TANDEM_CHECK(!overflow && static_cast<uint64_t>(needed) <= t.storage().nbytes(), read.name,
+               ": its storage holds ", t.storage().nbytes(), " bytes, the tensor (", t.sizes(), ", ",
+               t.strides(), ", offset ", t.storage_offset(), ", ", t.scalar_type(), ") reaches past it");
 }
 
 // Every tensor in `value`, named by its path (attributes of objects, such
@@ -261,7 +182,7 @@ void load_checked_archive(const std::string& bytes, torch::serialize::InputArchi
     c10::IValue value;
     if (archive.try_read(key, value)) collect_tensors(value, key, tensors);
   }
-  check_storage_records(tensors, bytes);
+  for (const auto& read : tensors) check_within_storage(read);
 }
 
 void collect_tensors(const c10::IValue& value, const std::string& name, std::vector<ReadTensor>& out) {

@@ -1,7 +1,7 @@
 // The checks that stand between a checkpoint file and libtorch's reader
 // (checkpoint.cpp, and `tandem export`): the trailer's length and CRC, the
-// pickles' bounds, and every tensor within its storage. Internal to
-// src/engine.
+// pickles' bounds, every storage against its record, and every tensor
+// within its storage. Internal to src/engine.
 #pragma once
 
 #include <string>
@@ -24,6 +24,21 @@ std::string verified_archive(const std::string& path);
 // storage (Note [storage records]). Throws tandem::Error saying what is
 // wrong.
 void load_checked_archive(const std::string& bytes, torch::serialize::InputArchive& archive);
+
+// A storage a pickle refers to (Note [storage references]): record
+// <archive>/<key>, numel elements of torch.<type>, referred to at byte `at`.
+struct StorageReference {
+  std::string key;
+  std::string type;
+  uint64_t item_size = 0;
+  int64_t numel = 0;
+  size_t at = 0;
+};
+// Walks one pickle record opcode by opcode (Note [pickle bounds]) and
+// returns the storages it refers to; throws tandem::Error naming the
+// record when it overstates a length or memo index, or refers to a storage
+// in a form torch does not write (checkpoint_pickle.cpp).
+std::vector<StorageReference> check_pickle(const uint8_t* data, size_t size, const std::string& name);
 
 // A tensor of an archive and its path in it ("model.fc1.weight").
 struct ReadTensor {
