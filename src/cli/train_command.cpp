@@ -164,6 +164,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "save a checkpoint there after every epoch (atomic writes)");
   flags.add_int("checkpoint-every", "N", &o.checkpoint_every,
                 "also save every N optimizer steps (0: epoch ends only)", 0);
+  flags.add_choice("checkpoint-format", &o.checkpoint_format, {"auto", "file", "sharded"},
+                   "sharded: every rank writes what it owns into a checkpoint-<step> folder with a manifest "
+                   "(needs a --checkpoint-dir all nodes share); file: rank 0 gathers the state and writes one "
+                   "file; auto: sharded when the job has several ranks");
   flags.add_switch("resume", &o.resume, "continue from the newest checkpoint in --checkpoint-dir");
   flags.add_string("metrics-out", "FILE", &o.metrics_out,
                    "write one JSON line per epoch (rank 0, the job's figures summed over the ranks)");

@@ -25,6 +25,7 @@
 #include <torch/serialize.h>
 
 #include "tandem/engine/atomic_file.h"
+#include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
@@ -35,25 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Writes all of `bytes` to a new file at `path`; a short write (a full disk)
-// is an error naming the path and the system's reason.
-void write_file(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TANDEM_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : ENOSPC;
-      ::close(fd);
-      TANDEM_FAIL(path, ": cannot write the checkpoint (", done, " of ", bytes.size(),
-                  " bytes written): ", std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  TANDEM_CHECK(::close(fd) == 0, path, ": cannot write the checkpoint: ", std::strerror(errno));
-}
 
 
 // Note [loading in place]: libtorch's Module::load and Optimizer::load put
@@ -108,14 +90,18 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
   // dangling link named like a checkpoint is neither resumed from (a FIFO
   // would block the read) nor kept in place of a real checkpoint when older
   // ones are removed. At most 18 digits, so that the step fits an int64_t.
-  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.pt)");
+  // A sharded checkpoint is a directory checkpoint-<step> holding its
+  // manifest (Note [sharded checkpoints]), which rank 0 writes last.
+  static const std::regex pattern(R"(checkpoint-(\d{1,18})(\.pt)?)");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch match;
     std::string name = entry.path().filename().string();
     std::error_code kind;
-    if (std::regex_match(name, match, pattern) && fs::is_regular_file(entry.path(), kind)) {
-      found.emplace_back(std::stoll(match[1].str()), entry.path());
-    }
+    if (!std::regex_match(name, match, pattern)) continue;
+    const bool counts = match[2].matched ? fs::is_regular_file(entry.path(), kind)
+                                         : fs::is_directory(entry.path(), kind) &&
+                                               fs::is_regular_file(entry.path() / sharded::kManifest, kind);
+    if (counts) found.emplace_back(std::stoll(match[1].str()), entry.path());
   }
   std::sort(found.begin(), found.end());
   return found;
@@ -148,16 +134,7 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   fs::create_directories(options_.dir, ec);
   TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create: ", ec.message());
   torch::serialize::OutputArchive archive;
-  archive.write("format_version", c10::IValue(internal::kFormatVersion));
-  archive.write("fingerprint", c10::IValue(fingerprint));
-  archive.write("epoch", c10::IValue(p.epoch));
-  archive.write("batch_in_epoch", c10::IValue(p.batch_in_epoch));
-  archive.write("step", c10::IValue(p.step));
-  archive.write("epoch_loss_sum", c10::IValue(p.epoch_loss_sum));
-  archive.write("epoch_correct", c10::IValue(p.epoch_correct));
-  archive.write("epoch_seen", c10::IValue(p.epoch_seen));
-  archive.write("loss_scale", c10::IValue(p.loss_scale));
-  archive.write("scale_growth_tracker", c10::IValue(p.scale_growth_tracker));
+  for (const auto& [key, value] : header_fields(p, fingerprint)) archive.write(key, value);
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   model.save(model_archive);
   optimizer.save(optimizer_archive);
@@ -174,21 +151,40 @@ std::string Checkpointer::save(const TrainPosition& p, torch::nn::Module& model,
   std::ostringstream zip;
   archive.save_to(zip);
   const std::string bytes = seal_checkpoint(zip.str());
-  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, bytes); });
+  write_atomically(path, [&](const std::string& tmp) { internal::write_file(tmp, bytes); });
+  prune(p.step);
+  return path;
+}
+
+void Checkpointer::prune(int64_t step) const {
   // Kept: the newest `keep` up to this step. A file of a later step is none
   // of this run's: a resumed run started from the newest good one, so a
   // later one was damaged (or foreign), and left in place it would take a
   // kept slot and be tried first by every --resume.
   auto all = list_checkpoints(options_.dir);
   size_t kept = 0;
+  std::error_code ec;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->first <= p.step && kept < static_cast<size_t>(options_.keep)) {
+    if (it->first <= step && kept < static_cast<size_t>(options_.keep)) {
       ++kept;
     } else {
-      fs::remove(it->second, ec);
+      fs::remove_all(it->second, ec);
     }
   }
-  return path;
+}
+
+std::vector<std::pair<std::string, c10::IValue>> Checkpointer::header_fields(const TrainPosition& p,
+                                                                             const std::string& fingerprint) {
+  return {{"format_version", c10::IValue(internal::kFormatVersion)},
+          {"fingerprint", c10::IValue(fingerprint)},
+          {"epoch", c10::IValue(p.epoch)},
+          {"batch_in_epoch", c10::IValue(p.batch_in_epoch)},
+          {"step", c10::IValue(p.step)},
+          {"epoch_loss_sum", c10::IValue(p.epoch_loss_sum)},
+          {"epoch_correct", c10::IValue(p.epoch_correct)},
+          {"epoch_seen", c10::IValue(p.epoch_seen)},
+          {"loss_scale", c10::IValue(p.loss_scale)},
+          {"scale_growth_tracker", c10::IValue(p.scale_growth_tracker)}};
 }
 
 std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& position,
@@ -334,17 +330,20 @@ void Checkpointer::lock() {
 
 std::vector<std::string> Checkpointer::remove_stale_temporaries() const {
   std::vector<std::string> removed;
-  static const std::regex pattern(R"(checkpoint-\d{1,18}\.pt\.tmp-(\d{1,9}))");
+  // A file being written (write_atomically), or a sharded checkpoint's
+  // directory before rank 0 renames it.
+  static const std::regex pattern(R"(checkpoint-\d{1,18}(?:\.pt)?\.tmp-(\d{1,9}))");
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(options_.dir, ec)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
     std::error_code kind;
-    if (!std::regex_match(name, match, pattern) || !fs::is_regular_file(entry.symlink_status(kind))) continue;
+    const auto status = entry.symlink_status(kind);
+    if (!std::regex_match(name, match, pattern) || !(fs::is_regular_file(status) || fs::is_directory(status))) continue;
     const auto pid = static_cast<pid_t>(std::stol(match[1].str()));
     if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
     std::error_code gone;
-    if (fs::remove(entry.path(), gone)) removed.push_back(name);
+    if (fs::remove_all(entry.path(), gone) > 0) removed.push_back(name);
   }
   std::sort(removed.begin(), removed.end());
   return removed;
@@ -359,14 +358,22 @@ std::optional<std::string> Checkpointer::latest() const {
 TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& model,
                                  torch::optim::Optimizer& optimizer,
                                  const std::string& fingerprint) const {
-  torch::serialize::InputArchive archive;
-  TrainPosition p;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return load_sharded(path, model, optimizer, fingerprint);
   std::string bytes;
   try {
     bytes = internal::verified_archive(path);
   } catch (const tandem::Error& e) {
     throw DamagedCheckpoint("cannot resume from " + path + ": " + e.what());
   }
+  return load_archive(bytes, path, model, optimizer, fingerprint);
+}
+
+TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::string& path,
+                                         torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                         const std::string& fingerprint) const {
+  torch::serialize::InputArchive archive;
+  TrainPosition p;
   try {
     internal::load_checked_archive(bytes, archive);  // Note [pickle bounds], Note [storage records]
     int64_t version = read_int(archive, "format_version");

@@ -3,7 +3,11 @@
 // (checkpoint_archive.h).
 #include "checkpoint_archive.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -151,6 +155,26 @@ void check_within_storage(const ReadTensor& read) {
 // as the archive's modules, by name; list and tuple items by index).
 
 }  // namespace
+
+// Writes all of `bytes` to a new file at `path`; a short write (a full disk)
+// is an error naming the path and the system's reason.
+void write_file(const std::string& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TANDEM_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      TANDEM_FAIL(path, ": cannot write the checkpoint (", done, " of ", bytes.size(),
+                  " bytes written): ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  TANDEM_CHECK(::close(fd) == 0, path, ": cannot write the checkpoint: ", std::strerror(errno));
+}
 
 // The archive inside a checkpoint file, once its trailer checks out.
 std::string verified_archive(const std::string& path) {

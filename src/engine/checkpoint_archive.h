@@ -15,6 +15,10 @@ namespace tandem::engine::internal {
 // The checkpoint format this tandem writes and reads.
 constexpr int64_t kFormatVersion = 2;
 
+// Writes all of `bytes` to a new file at `path`; a short write (a full
+// disk) is an error naming the path and the system's reason.
+void write_file(const std::string& path, const std::string& bytes);
+
 // The archive inside a checkpoint file, once its trailer checks out (Note
 // [checkpoint trailer]); throws tandem::Error saying what is damaged.
 std::string verified_archive(const std::string& path);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/checkpoint.h"
+#include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
@@ -18,9 +19,39 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One checkpoint file's weights; throws tandem::Error saying what is wrong
+// A sharded checkpoint's weights (Note [sharded checkpoints]), assembled.
+CheckpointWeights read_sharded(const std::string& dir) {
+  CheckpointWeights weights;
+  try {
+    auto c = sharded::read(dir);
+    weights.fingerprint = c.header.at("fingerprint").toStringRef();
+    weights.step = c.header.at("step").toInt();
+    for (auto& [name, tensor] : c.tensors) {
+      if (name.rfind("model.", 0) == 0) weights.tensors.emplace_back(name.substr(6), tensor);
+    }
+    auto metadata = c.header.find("weights_metadata");
+    if (metadata != c.header.end()) {
+      weights.metadata = nlohmann::json::parse(metadata->second.toStringRef()).get<std::map<std::string, std::string>>();
+    }
+  } catch (const tandem::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    TANDEM_FAIL("not a readable tandem checkpoint (", what.substr(0, what.find('\n')), ")");
+  }
+  TANDEM_CHECK(!weights.tensors.empty(), "not a tandem checkpoint: its model holds no tensors");
+  return weights;
+}
+
+bool is_sharded(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / sharded::kManifest, ec);
+}
+
+// One checkpoint's weights; throws tandem::Error saying what is wrong
 // (the caller names the file).
 CheckpointWeights read_one(const std::string& path) {
+  if (is_sharded(path)) return read_sharded(path);
   const std::string bytes = internal::verified_archive(path);
   torch::serialize::InputArchive archive;
   CheckpointWeights weights;
@@ -56,7 +87,7 @@ CheckpointWeights read_one(const std::string& path) {
 
 CheckpointWeights read_checkpoint_weights(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
+  if (!fs::is_directory(path, ec) || is_sharded(path)) {
     try {
       return read_one(path);
     } catch (const tandem::Error& e) {
@@ -65,17 +96,18 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
   }
   // A --checkpoint-dir: its checkpoints newest first, the first that reads.
   std::vector<std::pair<int64_t, std::string>> found;
-  static const std::regex name(R"(checkpoint-(\d+)\.pt)");
+  static const std::regex name(R"(checkpoint-(\d+)(\.pt)?)");
   for (const auto& entry : fs::directory_iterator(path, ec)) {
     std::smatch m;
     const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, name) && m[1].length() <= 18) {
+    if (std::regex_match(file, m, name) && m[1].length() <= 18 &&
+        (m[2].matched || is_sharded(entry.path().string()))) {
       found.emplace_back(std::stoll(m[1].str()), entry.path().string());
     }
   }
   TANDEM_CHECK(!ec, path, ": cannot read the folder: ", ec.message());
-  TANDEM_CHECK(!found.empty(), path, ": no checkpoint in this folder (expected checkpoint-<step>.pt files, as "
-               "tandem train --checkpoint-dir writes them)");
+  TANDEM_CHECK(!found.empty(), path, ": no checkpoint in this folder (expected checkpoint-<step>.pt files or "
+               "checkpoint-<step> folders, as tandem train --checkpoint-dir writes them)");
   std::sort(found.rbegin(), found.rend());
   std::string damaged;
   for (const auto& [step, file] : found) {

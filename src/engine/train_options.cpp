@@ -120,6 +120,8 @@ void check_train_options(const TrainOptions& o) {
                      "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK_USAGE(o.checkpoint_format == "auto" || o.checkpoint_format == "file" || o.checkpoint_format == "sharded",
+                     "--checkpoint-format: expected auto, file or sharded, got ", o.checkpoint_format);
   TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
                      o.checkpoint_every);

@@ -142,6 +142,11 @@ TrainResult Trainer::run() {
       position.scale_growth_tracker = scaler_->growth_tracker();
     }
     if (!checkpointer) return;
+    if (sharded_checkpoints()) {  // Note [sharded checkpoints]: each rank what it owns, no gathering
+      result.last_checkpoint = checkpointer->save_sharded(position, owned_state(optimizer), optimizer, fingerprint(),
+                                                          weights_metadata(), job_group_.get(), device_);
+      return;
+    }
     if (mesh_ && fsdp_sgd) {  // Note [fsdp x pipeline checkpoints]
       auto whole = whole_model_sgd(*fsdp_sgd, /*with_momentum=*/true);
       parallel::FullyShardedDataParallel::FullParams full(*fsdp_, /*write_back=*/false);
@@ -443,6 +448,11 @@ TrainResult Trainer::run() {
   result.steps = position.step;
   result.seconds = run_clock.seconds();
   return result;
+}
+
+bool Trainer::sharded_checkpoints() const {
+  const auto& format = options_.checkpoint_format;
+  return format == "sharded" || (format == "auto" && job_group_ && job_group_->size() > 1);
 }
 
 }  // namespace tandem::engine

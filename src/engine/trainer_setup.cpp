@@ -347,11 +347,11 @@ std::string Trainer::job_settings() const {
   return without_fields(fingerprint(), {"data"}) +
          format(" data_content=%08x/%08x", data_.train->content_digest(), data_.test ? data_.test->content_digest() : 0u) +
          format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
-                "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d",
+                "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d checkpoint_format=%s",
                 static_cast<long long>(data_.test ? data_.test->size() : 0), o.strategy.c_str(),
                 static_cast<long long>(o.grad_accum), static_cast<long long>(o.max_steps), o.shard_optimizer,
                 o.skip_bad_images, !o.checkpoint_dir.empty(), static_cast<long long>(o.checkpoint_every),
-                o.resume) +
+                o.resume, o.checkpoint_format.c_str()) +
          (o.strategy == "fsdp" ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +

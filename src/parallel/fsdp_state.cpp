@@ -2,6 +2,8 @@
 // shaped like the shards gathered into the parameters' shapes and back.
 #include "tandem/parallel/fsdp.h"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "tandem/util/check.h"
@@ -70,6 +72,23 @@ std::vector<torch::Tensor> FullyShardedDataParallel::shard_like_parameters(
     shards.push_back(flat.narrow(0, rank_ * unit->layout.shard, unit->layout.shard).clone());
   }
   return shards;
+}
+
+std::vector<std::vector<FullyShardedDataParallel::ShardSpan>> FullyShardedDataParallel::shard_spans() const {
+  std::vector<std::vector<ShardSpan>> spans;
+  for (const auto& unit : units_) {
+    if (unit->empty()) continue;
+    const int64_t lo = rank_ * unit->layout.shard, hi = lo + unit->layout.shard;
+    auto& mine = spans.emplace_back();
+    for (size_t k = 0; k < unit->parameters.size(); ++k) {
+      const int64_t begin = unit->layout.offsets[k];
+      const int64_t end = begin + c10::multiply_integers(unit->shapes[k]);
+      const int64_t from = std::max(begin, lo), to = std::min(end, hi);
+      if (from >= to) continue;
+      mine.push_back({unit->parameters[k], from - begin, to - from, from - lo, unit->shapes[k], unit->strides[k]});
+    }
+  }
+  return spans;
 }
 
 }  // namespace tandem::parallel

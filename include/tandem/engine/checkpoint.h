@@ -4,9 +4,10 @@
 // position in training (epoch, batch within the epoch, optimizer step), the
 // running sums of the epoch in progress, the model's parameters and buffers,
 // the optimizer state, the default CPU generator's state, and a fingerprint of
-// the flags that must not change on resume, followed by a checksum trailer.
-// Files are written atomically; the newest `keep` are kept. See
-// docs/CHECKPOINTS.md.
+// the flags that must not change on resume, followed by a checksum trailer;
+// or the directory DIR/checkpoint-<step> of a sharded checkpoint, written by
+// every rank (sharded_checkpoint.h). Either is written atomically; the
+// newest `keep` are kept. See docs/CHECKPOINTS.md.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "tandem/dist/process_group.h"
+#include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -82,6 +85,15 @@ class Checkpointer {
                    torch::optim::Optimizer& optimizer, const std::string& fingerprint,
                    const std::map<std::string, std::string>& weights_metadata = {}) const;
 
+  // Writes the sharded checkpoint DIR/checkpoint-<position.step> (Note
+  // [sharded checkpoints] in sharded_checkpoint.h) and prunes older ones:
+  // every rank of `group` (null: one process) calls it together (a collective), with the pieces
+  // it owns; rank 0's header also records `optimizer`'s options (SGD's).
+  // Returns the directory's path on every rank.
+  std::string save_sharded(const TrainPosition& position, const std::vector<StatePiece>& mine,
+                           torch::optim::Optimizer& optimizer, const std::string& fingerprint,
+                           const std::map<std::string, std::string>& weights_metadata,
+                           dist::ProcessGroup* group, const torch::Device& device) const;
   // Creates the directory if need be and checks that a file can be made
   // there (then removes it), so that a run learns at its start, not at its
   // first save, that its checkpoints cannot be written. Throws naming the
@@ -112,7 +124,9 @@ class Checkpointer {
                                               const std::string& fingerprint,
                                               std::vector<std::string>* warnings) const;
 
-  // Restores model, optimizer and generator from `path`. Throws
+  // Restores model, optimizer and generator from `path`, a checkpoint file
+  // or a sharded checkpoint's directory (its tensors assembled whole, then
+  // loaded as a file's are). Throws
   // DamagedCheckpoint if its checksum fails (nothing is loaded then), and
   // tandem::Error naming the file if it is unreadable or was written with
   // other flags (fingerprints that differ beyond options.may_change).
@@ -120,6 +134,15 @@ class Checkpointer {
                      torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
 
  private:
+  TrainPosition load_archive(const std::string& bytes, const std::string& path, torch::nn::Module& model,
+                             torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
+  TrainPosition load_sharded(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                             const std::string& fingerprint) const;
+  void prune(int64_t step) const;  // keeps the newest `keep` up to `step`
+  // The position and fingerprint as a checkpoint's archive holds them.
+  static std::vector<std::pair<std::string, c10::IValue>> header_fields(const TrainPosition& p,
+                                                                       const std::string& fingerprint);
+
   CheckpointOptions options_;
   std::shared_ptr<const int> lock_;  // the lock file's descriptor, closed with the last copy
 };

@@ -77,6 +77,9 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // also save every N steps (0: at epoch ends only)
+  // auto (sharded when the job has several ranks), file (rank 0 writes one
+  // file), sharded (every rank writes its pieces: Note [sharded checkpoints])
+  std::string checkpoint_format = "auto";
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string metrics_out;      // JSON lines, one per epoch
   std::string tensorboard;      // folder of TensorBoard event files (engine/tensorboard.h); rank 0

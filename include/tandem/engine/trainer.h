@@ -164,6 +164,11 @@ class Trainer {
   // shards' slices of `whole`'s momentum.
   std::unique_ptr<optim::Sgd> whole_model_sgd(parallel::FsdpSgd& sharded, bool with_momentum);
   void keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded);
+  // The pieces of the model and optimizer state this rank writes into a
+  // sharded checkpoint (trainer_shards.cpp); no collective.
+  std::vector<StatePiece> owned_state(torch::optim::Optimizer& optimizer) const;
+  // Whether checkpoints are sharded: --checkpoint-format, auto resolved.
+  bool sharded_checkpoints() const;
   // What one epoch's steps add up for its report.
   struct StepCounters {
     std::vector<double> stage_idle;  // --strategy pipeline: per stage, summed over steps

@@ -189,6 +189,19 @@ class FullyShardedDataParallel {
   // model->parameters() order) cut into this rank's shards.
   std::vector<torch::Tensor> shard_like_parameters(const std::vector<torch::Tensor>& full) const;
 
+  // Where this rank's shards lie in the model's parameters, without a
+  // collective (a checkpoint written by each rank: engine/sharded_checkpoint.h):
+  // per entry of parameters(), the spans of it that are parts of
+  // parameters (padding is none), each a run of `numel` elements starting
+  // at `shard_offset` in the shard and at `offset` in the parameter's
+  // memory order (its strides: the model's, which may be channels-last).
+  struct ShardSpan {
+    size_t parameter = 0;  // into model_parameters()
+    int64_t offset = 0, numel = 0, shard_offset = 0;
+    std::vector<int64_t> shape, strides;  // the parameter's (it holds no elements at rest)
+  };
+  std::vector<std::vector<ShardSpan>> shard_spans() const;
+
   // Units over layer_names(): Note [fsdp layers].
   const std::vector<FsdpUnitPlan>& units() const { return plans_; }
   const std::vector<std::string>& layer_names() const { return layer_names_; }

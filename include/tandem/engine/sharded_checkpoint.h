@@ -1,0 +1,84 @@
+// tandem/engine/sharded_checkpoint.h: a checkpoint written by every rank,
+// each with only what it owns (PyTorch's distributed checkpoint, in idea).
+//
+// Note [sharded checkpoints]: a job of several ranks holds its state in
+// pieces: FSDP's shards, ZeRO-1's momentum, a pipeline's stages. Gathering
+// it all on rank 0 to write one file costs that rank the whole model's
+// memory and the job a collective per tensor. Instead each rank writes the
+// pieces it owns (a tensor replicated over data-parallel ranks is written
+// by the first of them), in parallel, into DIR/checkpoint-<step>/:
+//   rank-<r>.pt    a sealed archive (Note [checkpoint trailer]): its
+//                  pieces, 1-D runs of a named tensor's elements in that
+//                  tensor's memory order, and an index of them; rank 0's
+//                  also the position, fingerprint, optimizer options and
+//                  the CPU generator's state
+//   manifest.json  written by rank 0 once every rank's file is: for every
+//                  tensor, its dtype, shape, strides and where its pieces
+//                  are (file, key, offset, elements)
+// The directory is written as checkpoint-<step>.tmp-<pid> and renamed when
+// whole, so a checkpoint either is complete or is not one. Reading
+// assembles every tensor whole (each element from exactly one piece) on
+// every rank, whatever layout wrote it; the reader's own layout then keeps
+// its part, as with a one-file checkpoint. So any layout resumes any other.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace tandem::engine {
+
+// A run of a named tensor's elements that one rank owns: `data` (1-D)
+// holds the elements offset .. offset + numel of the tensor `name` (shape
+// `shape`, strides `strides`: their order in memory), whose place among
+// the checkpoint's tensors is `order` (the model's own order, then the
+// optimizer's). Names: "model.<parameter or buffer>", "optimizer.<parameter>.momentum_buffer".
+struct StatePiece {
+  std::string name;
+  int64_t order = 0;
+  std::vector<int64_t> shape, strides;
+  int64_t offset = 0;
+  torch::Tensor data;
+};
+
+// A sharded checkpoint read back: every tensor whole (contiguous, on the
+// CPU), in the checkpoint's order, and rank 0's header.
+struct AssembledCheckpoint {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, c10::IValue> header;  // "epoch", "fingerprint", "lr", ...
+  torch::Tensor cpu_rng;
+};
+
+namespace sharded {
+
+// The manifest's name in a checkpoint directory.
+inline constexpr const char* kManifest = "manifest.json";
+// rank-<r>.pt
+std::string rank_file(int64_t rank);
+
+// Writes this rank's file into `dir` (atomically) and returns its index:
+// the JSON text of its pieces, for rank 0's manifest. `header` (rank 0
+// only) holds the position and settings; `with_rng` adds the CPU
+// generator's state.
+std::string write_rank_file(const std::string& dir, int64_t rank, const std::vector<StatePiece>& pieces,
+                            const std::map<std::string, c10::IValue>& header, bool with_rng);
+
+// Rank 0: the manifest of `step` from every rank's index, in rank order,
+// written into `dir`. Throws tandem::Error when the pieces do not cover a
+// tensor exactly once or disagree on its dtype, shape or strides.
+void write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& indexes);
+
+// Reads the checkpoint directory `dir`. Throws DamagedCheckpoint for a
+// file missing, cut short or altered, and tandem::Error naming the file for
+// a manifest or index that does not describe its pieces.
+AssembledCheckpoint read(const std::string& dir);
+
+// The step a checkpoint directory's manifest names, or -1 when it has none
+// that parses.
+int64_t manifest_step(const std::string& dir);
+
+}  // namespace sharded
+}  // namespace tandem::engine

@@ -1,0 +1,102 @@
+// Reading a sharded checkpoint in the Checkpointer (checkpoint.h; Note
+// [sharded checkpoints]): its whole model and optimizer state, assembled,
+// load as a one-file checkpoint's do, through the same checks. Writing one
+// is in checkpoint_sharded_save.cpp.
+#include <filesystem>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+#include "checkpoint_archive.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The header keys that hold SGD's options (rank 0's file), not the position.
+const std::vector<std::string> kSgdKeys = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+
+// Writes `module`'s parameters and buffers from `tensors` (by their names
+// in the model, under "model.") into `archive` in the layout Module::save
+// gives them, so that the archive loads as a one-file checkpoint's model.
+// A name the checkpoint lacks is left out (the load then names it).
+void write_module(const torch::nn::Module& module, const std::string& prefix,
+                  const std::map<std::string, torch::Tensor>& tensors, torch::serialize::OutputArchive& archive) {
+  auto write = [&](const std::string& key, bool buffer) {
+    auto found = tensors.find("model." + prefix + key);
+    if (found != tensors.end()) archive.write(key, found->second, buffer);
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) write(p.key(), false);
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) write(b.key(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::OutputArchive child_archive;
+    write_module(*child.value(), prefix + child.key() + ".", tensors, child_archive);
+    archive.write(child.key(), child_archive);
+  }
+}
+
+}  // namespace
+
+TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Module& model,
+                                         torch::optim::Optimizer& optimizer, const std::string& fingerprint) const {
+  AssembledCheckpoint c;
+  try {
+    c = sharded::read(dir);
+  } catch (const DamagedCheckpoint& e) {
+    throw DamagedCheckpoint("cannot resume from " + dir + ": " + e.what());
+  } catch (const tandem::Error& e) {
+    TANDEM_FAIL("cannot resume from ", dir, ": ", e.what());
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    TANDEM_FAIL("cannot resume from ", dir, ": not a readable tandem checkpoint (", what.substr(0, what.find('\n')),
+                ")");
+  }
+  // The same checkpoint as one file's archive: the header, the model in
+  // Module::save's layout, SGD's state over the model's parameters.
+  const std::map<std::string, torch::Tensor> tensors(c.tensors.begin(), c.tensors.end());
+  torch::serialize::OutputArchive archive;
+  for (const auto& [key, value] : c.header) {
+    if (std::find(kSgdKeys.begin(), kSgdKeys.end(), key) == kSgdKeys.end()) archive.write(key, value);
+  }
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  write_module(model, "", tensors, model_archive);
+  torch::optim::SGDOptions options(0.0);
+  try {
+    options.lr(c.header.at("lr").toDouble())
+        .momentum(c.header.at("momentum").toDouble())
+        .dampening(c.header.at("dampening").toDouble())
+        .weight_decay(c.header.at("weight_decay").toDouble())
+        .nesterov(c.header.at("nesterov").toBool());
+  } catch (const std::exception&) {
+    TANDEM_FAIL("cannot resume from ", dir, ": not a readable tandem checkpoint (", sharded::rank_file(0),
+                " holds no SGD options)");
+  }
+  std::vector<torch::Tensor> parameters;
+  for (const auto& named : model.named_parameters()) parameters.push_back(named.value());
+  torch::optim::SGD whole(parameters, options);
+  for (const auto& named : model.named_parameters()) {
+    auto found = tensors.find("optimizer." + named.key() + ".momentum_buffer");
+    if (found == tensors.end()) continue;
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(found->second);
+    whole.state()[named.value().unsafeGetTensorImpl()] = std::move(state);
+  }
+  whole.save(optimizer_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("cpu_rng", c.cpu_rng, /*is_buffer=*/true);
+  std::ostringstream zip;
+  archive.save_to(zip);
+  return load_archive(zip.str(), dir, model, optimizer, fingerprint);
+}
+
+}  // namespace tandem::engine

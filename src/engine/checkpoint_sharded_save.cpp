@@ -1,0 +1,68 @@
+// Writing a sharded checkpoint (Checkpointer::save_sharded in
+// checkpoint.h; Note [sharded checkpoints]): every rank its pieces, in
+// parallel, then rank 0 the manifest and the rename that makes it whole.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include <torch/optim/sgd.h>
+
+#include "tandem/dist/collectives.h"
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::engine {
+
+namespace fs = std::filesystem;
+
+std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector<StatePiece>& mine,
+                                       torch::optim::Optimizer& optimizer, const std::string& fingerprint,
+                                       const std::map<std::string, std::string>& weights_metadata,
+                                       dist::ProcessGroup* group, const torch::Device& device) const {
+  const int64_t rank = group ? group->rank() : 0;
+  const std::string name = format("checkpoint-%08lld", static_cast<long long>(p.step));
+  const fs::path final_path = fs::path(options_.dir) / name;
+  // Rank 0 makes the directory, named for its process until it is whole
+  // (remove_stale_temporaries knows the form); every rank learns its name.
+  std::string tmp_name;
+  if (rank == 0) {
+    tmp_name = name + ".tmp-" + std::to_string(::getpid());
+    std::error_code ec;
+    fs::remove_all(fs::path(options_.dir) / tmp_name, ec);
+    fs::create_directories(fs::path(options_.dir) / tmp_name, ec);
+    TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create ", tmp_name, ": ", ec.message());
+  }
+  if (group) tmp_name = dist::all_gather_text(tmp_name, *group, device)[0];
+  const std::string tmp = (fs::path(options_.dir) / tmp_name).string();
+  std::map<std::string, c10::IValue> header;
+  if (rank == 0) {
+    for (const auto& [key, value] : header_fields(p, fingerprint)) header[key] = value;
+    auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&optimizer.param_groups().at(0).options());
+    TANDEM_CHECK(sgd, "sharded checkpoint: the optimizer is not SGD");
+    header["lr"] = sgd->lr();
+    header["momentum"] = sgd->momentum();
+    header["dampening"] = sgd->dampening();
+    header["weight_decay"] = sgd->weight_decay();
+    header["nesterov"] = sgd->nesterov();
+    if (!weights_metadata.empty()) header["weights_metadata"] = nlohmann::json(weights_metadata).dump();
+  }
+  const auto index = sharded::write_rank_file(tmp, rank, mine, header, /*with_rng=*/rank == 0);
+  // Every rank's file is written once every rank has its index.
+  const auto indexes = group ? dist::all_gather_text(index, *group, device) : std::vector<std::string>{index};
+  if (rank == 0) {
+    sharded::write_manifest(tmp, p.step, indexes);
+    std::error_code ec;
+    fs::remove_all(final_path, ec);  // a checkpoint of this step from before a restart
+    fs::rename(tmp, final_path, ec);
+    TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot rename ", tmp_name, " to ", name, ": ",
+                 ec.message());
+    prune(p.step);
+  }
+  return final_path.string();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,120 @@
+// What each rank owns of the run's state, for a sharded checkpoint
+// (Trainer::owned_state; Note [sharded checkpoints] in
+// engine/sharded_checkpoint.h): a tensor replicated over the data-parallel
+// ranks is written by the first of them, a sharded one by every owner of a
+// part, and a pipeline rank writes only its own stage's pieces.
+#include <unordered_map>
+
+#include <c10/util/accumulate.h>
+
+#include "tandem/engine/trainer.h"
+#include "tandem/optim/zero.h"
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+namespace {
+
+struct Named {
+  std::string name;
+  int64_t order = 0;
+};
+using NameOf = std::unordered_map<const c10::TensorImpl*, Named>;
+
+// Every parameter and buffer of `module` by its name in the model, numbered
+// in the order Module::save writes them (a one-file checkpoint's order).
+void number_tensors(const torch::nn::Module& module, const std::string& prefix, NameOf& names, int64_t& order) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+    names[p.value().unsafeGetTensorImpl()] = {"model." + prefix + p.key(), order++};
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+    names[b.value().unsafeGetTensorImpl()] = {"model." + prefix + b.key(), order++};
+  }
+  for (const auto& child : module.named_children()) {
+    if (child.value()->is_serializable()) number_tensors(*child.value(), prefix + child.key() + ".", names, order);
+  }
+}
+
+std::vector<int64_t> packed_strides(c10::IntArrayRef shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+StatePiece whole(const Named& named, const torch::Tensor& t) {
+  auto data = t.detach().contiguous().reshape({-1});
+  return {named.name, named.order, t.sizes().vec(), packed_strides(t.sizes()), 0, data};
+}
+
+torch::Tensor momentum_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+  if (found == optimizer.state().end()) return {};
+  auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get());
+  TANDEM_CHECK(sgd, "sharded checkpoint: the optimizer state is not SGD's");
+  return sgd->momentum_buffer();
+}
+
+}  // namespace
+
+std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
+  NameOf names;
+  int64_t order = 0;
+  number_tensors(*model_, "", names, order);
+  NameOf momentum_names;  // after the model's tensors, in the parameters' order
+  for (const auto& p : model_->named_parameters()) {
+    momentum_names[p.value().unsafeGetTensorImpl()] = {"optimizer." + p.key() + ".momentum_buffer", order++};
+  }
+  auto name_of = [](const NameOf& map, const torch::Tensor& t) -> const Named& {
+    auto found = map.find(t.unsafeGetTensorImpl());
+    TANDEM_CHECK(found != map.end(), "sharded checkpoint: a tensor that is not the model's");
+    return found->second;
+  };
+  // The modules this rank runs: its own pipeline pieces, or the whole model.
+  std::vector<const torch::nn::Module*> mine;
+  if (stages_) {
+    for (const auto& piece : own_pieces_) mine.push_back(piece.get());
+  } else {
+    mine.push_back(model_.get());
+  }
+  const bool first_replica = !group_ || group_->rank() == 0;  // of the dp slice through this rank
+  std::vector<StatePiece> pieces;
+  if (first_replica) {
+    for (auto* module : mine) {
+      for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));
+    }
+  }
+  if (fsdp_) {  // every rank its shards' spans of the parameters, and of their momentum
+    const auto spans = fsdp_->shard_spans();
+    const auto& shards = fsdp_->parameters();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const auto momentum = momentum_of(optimizer, shards[i]);
+      for (const auto& span : spans[i]) {
+        const auto& p = fsdp_->model_parameters()[span.parameter];
+        pieces.push_back({name_of(names, p).name, name_of(names, p).order, span.shape, span.strides, span.offset,
+                          shards[i].detach().narrow(0, span.shard_offset, span.numel)});
+        if (!momentum.defined()) continue;
+        const auto& m = name_of(momentum_names, p);
+        pieces.push_back({m.name, m.order, span.shape, span.strides, span.offset,
+                          momentum.narrow(0, span.shard_offset, span.numel)});
+      }
+    }
+    return pieces;
+  }
+  // Replicated weights from the first replica; momentum from its owner
+  // under --shard-optimizer (Note [sharded optimizer state]).
+  const auto* zero = dynamic_cast<const optim::ZeroSgd*>(&optimizer);
+  for (auto* module : mine) {
+    for (const auto& p : module->parameters()) {
+      if (first_replica) pieces.push_back(whole(name_of(names, p), p));
+      const bool owns_momentum = zero ? zero->owner(p) == zero->rank() : first_replica;
+      const auto momentum = owns_momentum ? momentum_of(optimizer, p) : torch::Tensor();
+      if (momentum.defined()) pieces.push_back(whole(name_of(momentum_names, p), momentum));
+    }
+  }
+  return pieces;
+}
+
+}  // namespace tandem::engine

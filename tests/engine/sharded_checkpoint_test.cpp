@@ -1,0 +1,173 @@
+// Sharded checkpoints (Note [sharded checkpoints] in
+// engine/sharded_checkpoint.h): pieces in any memory order assemble into
+// the whole tensors, a manifest that does not describe its pieces is
+// refused, and the Checkpointer's sharded checkpoint loads as its one-file
+// checkpoint does.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/engine/checkpoint.h"
+#include "tandem/engine/sharded_checkpoint.h"
+#include "testing.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+// A channels-last 4-D tensor cut into three runs of its memory order over
+// two files, and a vector whole in the second: read back whole.
+TEST(ShardedCheckpointTest, PiecesInAnyMemoryOrderAssembleWhole) {
+  TempDir dir;
+  auto conv = torch::randn({2, 3, 4, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  auto bias = torch::randn({7}, torch::kFloat64);
+  // The channels-last tensor's memory, in order.
+  auto memory = conv.permute({0, 2, 3, 1}).reshape({-1});
+  const std::vector<int64_t> shape = conv.sizes().vec(), strides = conv.strides().vec();
+  std::vector<StatePiece> first = {{"model.conv", 0, shape, strides, 0, memory.narrow(0, 0, 50)},
+                                   {"model.conv", 0, shape, strides, 90, memory.narrow(0, 90, 30)}};
+  std::vector<StatePiece> second = {{"model.conv", 0, shape, strides, 50, memory.narrow(0, 50, 40)},
+                                    {"model.bias", 1, {7}, {1}, 0, bias}};
+  std::vector<std::string> indexes = {
+      sharded::write_rank_file(dir.path(), 0, first, {{"step", c10::IValue(int64_t(3))}}, true),
+      sharded::write_rank_file(dir.path(), 1, second, {}, false)};
+  sharded::write_manifest(dir.path(), 3, indexes);
+  EXPECT_EQ(sharded::manifest_step(dir.path()), 3);
+  auto read = sharded::read(dir.path());
+  ASSERT_EQ(read.tensors.size(), 2u);
+  EXPECT_EQ(read.tensors[0].first, "model.conv");
+  EXPECT_TRUE(torch::equal(read.tensors[0].second, conv.contiguous()));
+  EXPECT_TRUE(read.tensors[0].second.is_contiguous());
+  EXPECT_EQ(read.tensors[1].first, "model.bias");
+  EXPECT_TRUE(torch::equal(read.tensors[1].second, bias));
+  EXPECT_EQ(read.header.at("step").toInt(), 3);
+  EXPECT_TRUE(read.cpu_rng.defined());
+
+  // Control: pieces that overlap, or leave a gap, are no checkpoint.
+  second[0].offset = 49;
+  indexes[1] = sharded::write_rank_file(dir.path(), 1, second, {}, false);
+  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), 3, indexes); }),
+            "sharded checkpoint: model.conv: its pieces overlap at element 49");
+  second[0].offset = 51;
+  indexes[1] = sharded::write_rank_file(dir.path(), 1, second, {}, false);
+  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), 3, indexes); }),
+            "sharded checkpoint: model.conv: its pieces leave a gap at element 50");
+}
+
+// A manifest edited to disagree with the files it lists, or naming a file
+// outside the checkpoint, is refused naming what is wrong; a rank file
+// missing or altered is damaged (so --resume falls back to the one before).
+TEST(ShardedCheckpointTest, AManifestThatDoesNotDescribeItsPiecesIsRefused) {
+  TempDir dir;
+  auto w = torch::randn({4, 4});
+  std::vector<std::string> indexes = {
+      sharded::write_rank_file(dir.path(), 0, {{"model.w", 0, {4, 4}, {4, 1}, 0, w.reshape({-1}).narrow(0, 0, 8)}},
+                               {}, true),
+      sharded::write_rank_file(dir.path(), 1, {{"model.w", 0, {4, 4}, {4, 1}, 8, w.reshape({-1}).narrow(0, 8, 8)}},
+                               {}, false)};
+  sharded::write_manifest(dir.path(), 1, indexes);
+  const std::string manifest_path = dir.file(sharded::kManifest);
+  const auto good = nlohmann::json::parse(testing::read_text(manifest_path));
+  ASSERT_NO_THROW(sharded::read(dir.path()));
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto m = good;
+    edit(m);
+    std::ofstream(manifest_path) << m.dump();
+    return testing::error_of([&] { sharded::read(dir.path()); });
+  };
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"][1]["offset"] = 7; }),
+            "manifest.json: model.w: piece p0 of rank-1.pt is not what the manifest says ({\"dtype\":\"Float\","
+            "\"key\":\"p0\",\"name\":\"model.w\",\"numel\":8,\"offset\":8,\"order\":0,\"shape\":[4,4],"
+            "\"strides\":[4,1]})");
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["strides"] = {1, 1}; }),
+            "manifest.json: model.w: strides [1, 1] are not a dense order of its elements");
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["strides"] = {4611686018427387904LL, 1}; }),
+            "manifest.json: model.w: \"strides\" holds 4611686018427387904, not a size");
+  EXPECT_EQ(with([](auto& m) { m["files"][1]["file"] = "../rank-1.pt"; }),
+            "manifest.json: a file named '../rank-1.pt'; expected rank-<r>.pt");
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"].erase(1); }),
+            "manifest.json: model.w: its pieces hold 8 of its 16 elements");
+  std::ofstream(manifest_path) << good.dump();
+  fs::remove(dir.file("rank-1.pt"));
+  try {
+    sharded::read(dir.path());
+    ADD_FAILURE() << "read without rank-1.pt";
+  } catch (const DamagedCheckpoint& e) {
+    EXPECT_NE(std::string(e.what()).find("rank-1.pt: "), std::string::npos) << e.what();
+  }
+}
+
+// The Checkpointer's sharded checkpoint of one process loads as its
+// one-file checkpoint does: the same weights, momentum and position; a
+// directory without its manifest (a write cut short) is none, and one left
+// by a dead process's write is removed at the start.
+TEST(ShardedCheckpointTest, TheCheckpointersShardedCheckpointLoadsAsItsFileDoes) {
+  TempDir dir;
+  torch::manual_seed(3);
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  model->forward(torch::ones({1, 3})).sum().backward();
+  sgd.step();
+  std::vector<StatePiece> pieces;
+  int64_t order = 0;
+  for (const auto& p : model->named_parameters()) {
+    auto flat = p.value().detach().reshape({-1});
+    pieces.push_back({"model." + p.key(), order++, p.value().sizes().vec(), p.value().strides().vec(), 0, flat});
+  }
+  for (const auto& p : model->named_parameters()) {
+    auto* state = static_cast<torch::optim::SGDParamState*>(sgd.state().at(p.value().unsafeGetTensorImpl()).get());
+    pieces.push_back({"optimizer." + p.key() + ".momentum_buffer", order++, p.value().sizes().vec(),
+                      p.value().strides().vec(), 0, state->momentum_buffer().reshape({-1})});
+  }
+  Checkpointer checkpointer({dir.path()});
+  TrainPosition at;
+  at.step = 5;
+  at.epoch = 1;
+  at.epoch_loss_sum = 0.1 + 0.2;
+  const auto path = checkpointer.save_sharded(at, pieces, sgd, "model=linear", {{"model", "linear"}}, nullptr,
+                                              torch::kCPU);
+  EXPECT_EQ(path, dir.file("checkpoint-00000005"));
+  EXPECT_EQ(checkpointer.latest(), path);
+  TrainPosition later = at;
+  later.step = 6;  // kept beside the sharded one (an earlier step would prune it)
+  const auto file = checkpointer.save(later, *model, sgd, "model=linear");
+
+  auto load = [&](const std::string& from) {
+    torch::manual_seed(4);
+    torch::nn::Linear other(3, 2);
+    torch::optim::SGD other_sgd(other->parameters(), torch::optim::SGDOptions(0.5));
+    auto position = checkpointer.load(from, *other, other_sgd, "model=linear");
+    return std::make_tuple(position, other, std::make_shared<torch::optim::SGD>(std::move(other_sgd)));
+  };
+  auto [position, loaded, loaded_sgd] = load(path);
+  EXPECT_EQ(position.step, 5);
+  EXPECT_EQ(position.epoch, 1);
+  EXPECT_EQ(position.epoch_loss_sum, 0.1 + 0.2);
+  for (const auto& p : model->named_parameters()) {
+    EXPECT_TRUE(torch::equal(loaded->named_parameters()[p.key()], p.value())) << p.key();
+  }
+  auto [file_position, from_file, file_sgd] = load(file);
+  (void)file_position;
+  (void)from_file;
+  EXPECT_EQ(static_cast<torch::optim::SGDOptions&>(loaded_sgd->param_groups()[0].options()).momentum(), 0.9);
+  for (size_t i = 0; i < 2; ++i) {
+    auto momentum = [](torch::optim::SGD& s, size_t k) {
+      const auto& p = s.param_groups()[0].params()[k];
+      return static_cast<torch::optim::SGDParamState*>(s.state().at(p.unsafeGetTensorImpl()).get())->momentum_buffer();
+    };
+    EXPECT_TRUE(torch::equal(momentum(*loaded_sgd, i), momentum(*file_sgd, i)));
+  }
+  // Without its manifest a directory is no checkpoint; a dead writer's is removed.
+  fs::create_directory(dir.file("checkpoint-00000009"));
+  fs::create_directory(dir.file("checkpoint-00000008.tmp-999999999"));
+  EXPECT_EQ(checkpointer.latest(), file);
+  EXPECT_EQ(checkpointer.remove_stale_temporaries(), std::vector<std::string>{"checkpoint-00000008.tmp-999999999"});
+}
+
+}  // namespace
+}  // namespace tandem::engine
