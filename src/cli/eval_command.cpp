@@ -13,7 +13,10 @@
 #include "tandem/engine/safetensors.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
-#include "tandem/engine/trainer.h"
+#include "tandem/engine/run_setup.h"
+#include "tandem/engine/evaluate.h"
+#include "tandem/optim/amp.h"
+#include "tandem/util/check.h"
 
 namespace tandem::cli {
 namespace {
@@ -67,34 +70,49 @@ int eval_command(const std::vector<std::string>& args) {
     throw UsageError("--data " + options.data + ": an image folder has no test split; give the images to "
                      "evaluate on as --val-data imagefolder:DIR");
   }
-  options.progress = "off";
-  // The trainer's set-up builds the model exactly as training did (its
-  // classes and input size from the data), joins the ranks if there are
-  // any, and evaluates as it does after every epoch.
-  engine::Trainer trainer(options, nullptr);
-  trainer.check_weights_metadata(file.metadata, weights);  // the model and classes it was trained for
-  if (auto it = file.metadata.find("eval_transform"); trainer.rank() == 0 && it != file.metadata.end() &&
-                                                      !from.augment_or_size_given &&
-                                                      it->second != trainer.data().eval_transform) {
+  // The model as training built it (its classes and input size from the
+  // data), from the factory: no optimizer, strategy or checkpoints. Under
+  // a launcher the ranks evaluate shares of the data and sum them.
+  engine::check_train_options(options);
+  auto device = engine::parse_device(options.device);
+  const auto group = engine::join_job(options, device);
+  const int64_t rank = group ? group->rank() : 0;
+  const auto data = engine::open_run_data(options);
+  TANDEM_CHECK(data.test, "no evaluation data for ", options.data, " (give --val-data)");
+  engine::check_weights_metadata(options, data, file.metadata, weights);  // the model and classes it was trained for
+  if (auto it = file.metadata.find("eval_transform"); rank == 0 && it != file.metadata.end() &&
+                                                      !from.augment_or_size_given && it->second != data.eval_transform) {
     std::fprintf(stderr, "tandem: warning: %s: evaluated with %s, but its run evaluated with %s (its metadata)\n",
-                 printable(weights).c_str(), printable(trainer.data().eval_transform).c_str(),
-                 printable(it->second).c_str());
+                 printable(weights).c_str(), printable(data.eval_transform).c_str(), printable(it->second).c_str());
   }
-  if (trainer.rank() == 0 && file.metadata.count("normalize_mean") == 0) {
+  if (rank == 0 && file.metadata.count("normalize_mean") == 0) {
     // Exports before 2026-11-27, or another program's file (Note [normalisation in exports]).
     std::fprintf(stderr,
                  "tandem: warning: %s: its metadata does not say how the inputs were normalised in training; "
                  "they are normalised as --data %s's are, which is right only if the weights were trained on it\n",
                  weights.c_str(), options.data.c_str());
   }
-  trainer.load_weights(file, weights);
-  auto result = trainer.evaluate();
-  trainer.report_warnings(stderr);  // images --skip-bad-images left out, every rank its own
+  const auto info = data.train->info();
+  auto model = engine::build_model(options, info, engine::model_options_for(options, info), device);
+  engine::load_run_weights(options, data, file, weights, *model);
+  if (options.channels_last) models::to_channels_last(*model);
+  if (options.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
+  const auto amp = optim::parse_amp(options.amp);
+  engine::Forward forward;
+  if (amp || options.channels_last) {
+    forward = [&](const torch::Tensor& x) {
+      optim::AutocastGuard autocast(device.type(), amp);
+      const bool nhwc = options.channels_last && x.dim() == 4;
+      return model->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
+    };
+  }
+  auto result = engine::evaluate(model, *data.test, options.batch_size, device, options.workers, group.get(), forward);
+  engine::report_data_warnings(data, stderr);  // images --skip-bad-images left out, every rank its own
   // Weights that give no finite loss are no result (Note [diverged]).
   if (!std::isfinite(result.loss)) {
     std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& p : trainer.model()->named_parameters()) named.emplace_back(p.key(), p.value());
-    for (const auto& b : trainer.model()->named_buffers()) named.emplace_back(b.key(), b.value());
+    for (const auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
+    for (const auto& b : model->named_buffers()) named.emplace_back(b.key(), b.value());
     auto [largest, where] = engine::largest_magnitude(named);
     throw Error(format("%s: these weights give a test loss of %s on %s (their largest value in magnitude: %g, in "
                        "'%s'): the weights of a run that diverged?",
@@ -102,7 +120,7 @@ int eval_command(const std::vector<std::string>& args) {
                        options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), largest,
                        where.c_str()));
   }
-  if (trainer.rank() == 0) {
+  if (rank == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld image%s)\n",
                 options.model.c_str(), weights.c_str(),
                 options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,

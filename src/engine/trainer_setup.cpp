@@ -12,13 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
-#include "tandem/dist/rendezvous.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/run_setup.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
@@ -33,10 +32,6 @@
 
 namespace tandem::engine {
 
-torch::Device parse_device(const std::string& text) {
-  return parallel::parse_one_device(text, "--device", text, "cpu, cuda or cuda:N");
-}
-
 Trainer::Trainer(TrainOptions options, std::FILE* log)
     : options_(std::move(options)), log_(log), warnings_log_(log), device_(parse_device(options_.device)) {
   const auto& o = options_;
@@ -44,21 +39,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   auto profile_options = parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
   const bool pipeline = pipelined(o);
-  if (auto rendezvous = dist::rendezvous_from_env()) {
-    dist::GroupOptions g;
-    g.backend = o.dist_backend;
-    g.device = o.device;
-    g.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000));
-    // One GPU per local rank: a plain --device cuda means cuda:LOCAL_RANK.
-    if (device_.is_cuda() && !device_.has_index()) {
-      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                                rendezvous->local_rank % torch::cuda::device_count()));
-    }
-    if (device_.is_cuda()) {  // NCCL and the caching allocator use the current device
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device_);
-      g.device = device_.str();
-    }
-    group_ = std::make_shared<dist::ProcessGroup>(*rendezvous, g);
+  if ((group_ = join_job(o, device_))) {
     job_group_ = group_;
     rank_ = group_->rank();
     world_ = group_->size();
@@ -86,26 +67,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // --profile-out: its folder is checked now, before the data are opened.
   profiler_ = std::make_unique<StepProfiler>(profile_options, rank_);
 
-  data::DataOptions data_options;
-  data_options.augment = o.augment;
-  data_options.image_size = o.image_size;
-  data_options.seed = o.seed;
-  data_options.skip_bad_images = o.skip_bad_images;
-  data_ = data::open_data(o.data, data_options);
-  if (!o.val_data.empty()) {
-    // What the spec alone shows is refused before the data are read.
-    data::check_same_label_kind(o.data, data_.train->info(), o.val_data, "--val-data ");
-    data_.test = data::open_eval_data(o.val_data, data_options, &data_);
-  }
-  auto info = data_.train->info();
-  auto test_info = data_.test ? data_.test->info() : info;
-  TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&
-                   info.width == test_info.width,
-               "--val-data ", o.val_data, ": images are ", test_info.channels, "x",
-               test_info.height, "x", test_info.width, " after transforms, but ",
-               info.channels, "x", info.height, "x", info.width, " in --data ", o.data);
-
-  data::check_same_classes(o.data, info, o.val_data.empty() ? o.data : o.val_data, test_info, "--val-data ");
+  data_ = open_run_data(o);
+  const auto info = data_.train->info();
   check_same_settings();  // before the first collective that would assume them (Note [same settings])
   if (layout_.replicated_stages()) {
     // The pp slice through this rank runs the pipeline, the dp slice
@@ -115,12 +78,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     group_ = mesh_->group(dist::MeshDim::kData);
   }
   torch::manual_seed(o.seed);
-  models::ModelOptions model_options;
-  model_options.in_channels = info.channels;
-  model_options.num_classes = info.num_classes;  // the training data's (check_same_classes)
-  model_options.image_size = info.height;
-  model_options.width_mult = o.width_mult;
-  model_options.stem = o.stem;
+  auto model_options = model_options_for(o, info);
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
     auto group = group_;
     model_options.norm_layer = [group](int64_t channels) {
@@ -128,18 +86,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
           parallel::SyncBatchNorm(parallel::SyncBatchNormOptions{channels}, group));
     };
   }
-  // What the factory refuses (a convnet's images smaller than 4 x 4) is
-  // the command line's mistake, in its flags' words.
-  try {
-    model_ = models::make_model(o.model, model_options);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(detail::str_cat("--model ", o.model, ": ", e.what(), " (the images are ", info.height, " x ",
-                                     info.width, o.image_size > 0 ? ", from --image-size" : "; --image-size resizes them",
-                                     ")"));
-  }
-  model_->to(device_, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  model_ = build_model(o, info, model_options, device_);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).
   if (!o.init_weights.empty()) {
@@ -413,14 +360,22 @@ std::string Trainer::fingerprint() const {
                            : std::string());
 }
 
-void Trainer::report_warnings(std::FILE* to) const {
-  for (const auto* dataset : {data_.train.get(), data_.test.get()}) {
-    if (dataset == nullptr) continue;
-    for (const auto& line : dataset->drain_warnings()) {
-      if (to) std::fprintf(to, "tandem: warning: %s\n", printable(line).c_str());
-    }
-  }
-  if (to) std::fflush(to);
+void Trainer::report_warnings(std::FILE* to) const { report_data_warnings(data_, to); }
+
+std::map<std::string, std::string> Trainer::weights_metadata() const {
+  return engine::weights_metadata(options_, data_);
+}
+
+std::map<std::string, std::string> Trainer::shape_settings() const { return engine::shape_settings(options_, data_); }
+
+void Trainer::check_weights_metadata(const std::map<std::string, std::string>& metadata,
+                                     const std::string& path) const {
+  engine::check_weights_metadata(options_, data_, metadata, path);
+}
+
+void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
+                           const std::vector<std::string>& except) {
+  load_run_weights(options_, data_, file, path, *model_, except);
 }
 
 }  // namespace tandem::engine

@@ -22,9 +22,11 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/evaluate.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/profile.h"
+#include "tandem/engine/run_setup.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
@@ -47,26 +49,6 @@ struct TrainResult {
   int64_t graph_eager_steps = 0;     // --cuda-graph: steps run eagerly (warm-up, odd-sized batches)
 };
 
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = 0.0;
-  int64_t count = 0;
-};
-
-// Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no
-// grad), with `workers` loader threads. With a group, each rank evaluates the
-// samples r, r + W, ... and the sums are all-reduced: every rank returns the
-// result over the whole data set. `forward`, when given, runs the model
-// instead of model->forward (e.g. a pipeline's stages on their devices);
-// every rank then calls it equally often, on empty batches once its own
-// samples are done, so a forward with collectives in it (FSDP's) keeps the
-// ranks in step. A `forward` that returns an undefined tensor has its output
-// on another rank (a pipeline stage before the last): that batch counts
-// nothing here.
-using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
-EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
-                    const torch::Device& device, int64_t workers = 0,
-                    dist::ProcessGroup* group = nullptr, const Forward& forward = {});
 
 class Trainer {
  public:
@@ -223,8 +205,5 @@ class Trainer {
   int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
 };
 
-// Parses "cpu", "cuda", "cuda:N"; throws tandem::Error naming --device if the
-// text is bad or CUDA is asked for but absent.
-torch::Device parse_device(const std::string& text);
 
 }  // namespace tandem::engine

@@ -1,5 +1,5 @@
-// The trainer's weights files: what an export's metadata records, and
-// loading weights checked against it (trainer.h).
+// A run's weights files: what an export's metadata records, and loading
+// weights checked against it (run_setup.h).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -10,7 +10,7 @@
 
 #include "tandem/data/source.h"
 #include "tandem/engine/safetensors.h"
-#include "tandem/engine/trainer.h"
+#include "tandem/engine/run_setup.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
@@ -19,45 +19,45 @@
 
 namespace tandem::engine {
 
-std::map<std::string, std::string> Trainer::weights_metadata() const {
-  const auto info = data_.train->info();
+std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const data::DataSplits& splits) {
+  const auto info = splits.train->info();
   std::map<std::string, std::string> metadata{{"format", "pt"},
                                               {"producer", "tandem"},
-                                              {"model", options_.model},
+                                              {"model", o.model},
                                               {"num_classes", std::to_string(info.num_classes)}};
   if (!info.class_names.empty()) {
     metadata["classes"] = nlohmann::json(info.class_names).dump();
   } else {
-    metadata["labels"] = data::data_format(options_.data);
+    metadata["labels"] = data::data_format(o.data);
   }
-  for (const auto& [key, value] : shape_settings()) metadata[key] = value;
-  metadata["normalize_mean"] = nlohmann::json(data_.mean).dump();
-  metadata["normalize_std"] = nlohmann::json(data_.std).dump();
+  for (const auto& [key, value] : shape_settings(o, splits)) metadata[key] = value;
+  metadata["normalize_mean"] = nlohmann::json(splits.mean).dump();
+  metadata["normalize_std"] = nlohmann::json(splits.std).dump();
   // What `tandem eval` needs to evaluate as training did (Note [eval from
   // the weights] in src/cli/eval_command.cpp).
-  metadata["data"] = data::absolute_spec(options_.data);
-  metadata["augment"] = options_.augment.empty() ? data_.default_augment : options_.augment;
-  metadata["eval_transform"] = data_.eval_transform;
+  metadata["data"] = data::absolute_spec(o.data);
+  metadata["augment"] = o.augment.empty() ? splits.default_augment : o.augment;
+  metadata["eval_transform"] = splits.eval_transform;
   return metadata;
 }
 
-std::map<std::string, std::string> Trainer::shape_settings() const {
-  const auto info = data_.train->info();
+std::map<std::string, std::string> shape_settings(const TrainOptions& o, const data::DataSplits& splits) {
+  const auto info = splits.train->info();
   std::map<std::string, std::string> settings{{"image_size", std::to_string(info.height)}};
-  if (options_.model == "mobilenetv2") settings["width_mult"] = format("%g", options_.width_mult);
-  if (options_.model.rfind("resnet", 0) == 0) {
+  if (o.model == "mobilenetv2") settings["width_mult"] = format("%g", o.width_mult);
+  if (o.model.rfind("resnet", 0) == 0) {
     models::ModelOptions model_options;
     model_options.image_size = info.height;
-    model_options.stem = options_.stem;
+    model_options.stem = o.stem;
     settings["stem"] = models::resolved_stem(model_options);
   }
   return settings;
 }
 
-void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
-                           const std::vector<std::string>& except) {
+void load_run_weights(const TrainOptions& o, const data::DataSplits& splits, const SafetensorsFile& file,
+                      const std::string& path, torch::nn::Module& model, const std::vector<std::string>& except) {
   try {
-    engine::load_weights(file, path, *model_, except);
+    engine::load_weights(file, path, model, except);
   } catch (const UsageError&) {
     throw;  // a name in `except` that the model lacks: not the settings' doing
   } catch (const Error& e) {
@@ -71,7 +71,7 @@ void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
       return detail::str_cat("--width-mult ", value);
     };
     std::string hint;
-    for (const auto& [key, value] : shape_settings()) {
+    for (const auto& [key, value] : shape_settings(o, splits)) {
       auto it = file.metadata.find(key);
       if (it == file.metadata.end() || it->second == value) continue;
       const char* flag = key == "image_size" ? "--image-size" : key == "stem" ? "--stem" : "--width-mult";
@@ -83,16 +83,16 @@ void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
   }
 }
 
-void Trainer::check_weights_metadata(const std::map<std::string, std::string>& metadata,
-                                     const std::string& path) const {
-  const auto info = data_.train->info();
+void check_weights_metadata(const TrainOptions& o, const data::DataSplits& splits,
+                            const std::map<std::string, std::string>& metadata, const std::string& path) {
+  const auto info = splits.train->info();
   auto field = [&](const char* key) -> const std::string* {
     auto it = metadata.find(key);
     return it == metadata.end() ? nullptr : &it->second;
   };
   if (const auto* model = field("model")) {
-    TANDEM_CHECK(*model == options_.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
-                 options_.model);
+    TANDEM_CHECK(*model == o.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
+                 o.model);
   }
   if (const auto* classes = field("classes")) {
     auto parsed = nlohmann::json::parse(*classes, nullptr, /*allow_exceptions=*/false);
@@ -100,25 +100,25 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
                  path, ": its metadata's classes are not a list of names: ", *classes);
     const auto names = parsed.get<std::vector<std::string>>();
     TANDEM_CHECK(!info.class_names.empty(), path, ": trained on class folders (", data::class_list(names),
-                 "), but --data ", options_.data, " numbers its labels (", data::data_format(options_.data),
+                 "), but --data ", o.data, " numbers its labels (", data::data_format(o.data),
                  " data): nothing says which number is which class");
     TANDEM_CHECK(names == info.class_names, path, ": trained on the classes ", data::class_list(names),
-                 ", but --data ", options_.data, " has the class folders ", data::class_list(info.class_names),
+                 ", but --data ", o.data, " has the class folders ", data::class_list(info.class_names),
                  "; labels are class folder indices, so both need the same class folders");
   }
   if (const auto* labels = field("labels")) {
     TANDEM_CHECK(info.class_names.empty(), path, ": trained on numbered labels (", *labels, " data), but --data ",
-                 options_.data, " names its classes by folder (", data::class_list(info.class_names),
+                 o.data, " names its classes by folder (", data::class_list(info.class_names),
                  "): nothing says which folder is which number");
-    TANDEM_CHECK(*labels == data::data_format(options_.data), path, ": trained on ", *labels, " labels, but --data ",
-                 options_.data, " is ", data::data_format(options_.data), " data: the same numbers name other classes");
+    TANDEM_CHECK(*labels == data::data_format(o.data), path, ": trained on ", *labels, " labels, but --data ",
+                 o.data, " is ", data::data_format(o.data), " data: the same numbers name other classes");
   }
   if (const auto* count = field("num_classes")) {
     const auto parsed = parse_int(*count);
     TANDEM_CHECK(parsed && *parsed >= 1, path, ": its metadata's num_classes '", printable(*count),
                  "' is not a number of classes");
     TANDEM_CHECK(*parsed == info.num_classes, path, ": trained for ", *count, " classes, but --data ",
-                 options_.data, " has ", info.num_classes);
+                 o.data, " has ", info.num_classes);
   }
   // Note [normalisation in exports]: the inputs are normalised with --data's
   // statistics (IDX: its training images' own mean and standard deviation),
@@ -160,10 +160,10 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
       for (double v : values) text += (text.empty() ? "" : ", ") + format("%.8g", v);
       return "[" + text + "]";
     };
-    TANDEM_CHECK(near(trained_mean, data_.mean) && near(trained_std, data_.std), path,
+    TANDEM_CHECK(near(trained_mean, splits.mean) && near(trained_std, splits.std), path,
                  ": trained on inputs normalised with mean ", listed(trained_mean), " and std ", listed(trained_std),
-                 " (its metadata), but --data ", options_.data, " normalises with mean ", listed(data_.mean),
-                 " and std ", listed(data_.std),
+                 " (its metadata), but --data ", o.data, " normalises with mean ", listed(splits.mean),
+                 " and std ", listed(splits.std),
                  "; give as --data the data set the weights were trained on (images to evaluate on go in --val-data)");
   }
 }

@@ -1,0 +1,72 @@
+// A model's loss and accuracy on a data set (evaluate.h).
+#include "tandem/engine/evaluate.h"
+
+#include "tandem/data/device_prefetcher.h"
+#include "tandem/data/loader.h"
+#include "tandem/data/sampler.h"
+#include "tandem/models/registry.h"
+#include "tandem/util/arith.h"
+#include "trainer_internal.h"
+
+namespace tandem::engine {
+
+EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
+                    const torch::Device& device, int64_t workers, dist::ProcessGroup* group,
+                    const Forward& forward) {
+  torch::NoGradGuard no_grad;
+  bool was_training = model->is_training();
+  model->eval();
+  std::shared_ptr<const data::Sampler> sampler;
+  if (group != nullptr && group->size() > 1) {
+    std::vector<int64_t> mine;  // r, r + W, ...: every sample once over the ranks
+    for (int64_t i = group->rank(); i < dataset.size(); i += group->size()) mine.push_back(i);
+    sampler = std::make_shared<data::SubsetSampler>(std::move(mine));
+  } else {
+    sampler = std::make_shared<data::SequentialSampler>(dataset.size());
+  }
+  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](auto*) {}), sampler,
+                          internal::loader_options(batch_size, workers, device));
+  data::DevicePrefetcher batches(loader.epoch(0), data::PrefetchOptions{device, models::parameter_dtype(*model)});
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  int64_t count = 0;
+  // Every rank calls `forward` as often as the rank with the most batches
+  // (rank 0, whose share is the largest): a forward with collectives in it
+  // (FSDP's all-gathers) must not leave a rank waiting for one more call.
+  int64_t calls = 0;
+  const int64_t ranks = group != nullptr ? group->size() : 1;
+  const int64_t most = ceil_div(dataset.size(), ranks);
+  const int64_t batches_of_the_most = ceil_div(most, batch_size);
+  auto empty_input = [&] {
+    const auto info = dataset.info();
+    return torch::zeros({0, info.channels, info.height, info.width},
+                        torch::TensorOptions().dtype(models::parameter_dtype(*model)).device(device));
+  };
+  while (auto batch = batches.next()) {
+    ++calls;
+    if (batch->size() == 0) {  // every image of it was unreadable
+      if (forward) forward(empty_input());
+      continue;
+    }
+    const auto& inputs = batch->inputs;
+    const auto& targets = batch->targets;
+    auto logits = forward ? forward(inputs) : model->forward(inputs);
+    if (!logits.defined()) continue;  // the output is another rank's (a pipeline's last stage)
+    loss_sum += torch::nn::functional::cross_entropy(
+        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    correct += logits.argmax(1).eq(targets).sum();
+    count += batch->size();
+  }
+  for (; forward && calls < batches_of_the_most; ++calls) forward(empty_input());
+  model->train(was_training);
+  // Summed over the ranks on the device (NCCL takes CUDA tensors only).
+  auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
+                            torch::full({}, static_cast<double>(count), loss_sum.options())});
+  if (group != nullptr && group->size() > 1) group->all_reduce(sums).wait();
+  sums = sums.cpu();
+  double loss = sums[0].item<double>(), hits = sums[1].item<double>(), total = sums[2].item<double>();
+  if (total == 0) return {};
+  return {loss / total, hits / total, static_cast<int64_t>(total)};
+}
+
+}  // namespace tandem::engine
