@@ -50,6 +50,9 @@ int export_command(const std::vector<std::string>& args) {
   engine::check_output_file("--out", out);
   engine::check_replaceable_file("--out", out);
   auto weights = engine::read_checkpoint_weights(checkpoint);
+  for (const auto& line : weights.passed_over) {  // newer checkpoints that were damaged: said, not skipped silently
+    std::fprintf(stderr, "tandem: warning: passed over %s\n", printable(line).c_str());
+  }
   auto metadata = weights.metadata;
   metadata["format"] = "pt";
   metadata["producer"] = "tandem";

@@ -167,8 +167,15 @@ void Checkpointer::prune(int64_t step) const {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->first <= step && kept < static_cast<size_t>(options_.keep)) {
       ++kept;
+    } else if (fs::is_directory(it->second, ec)) {
+      // Renamed first: a folder half removed (its manifest gone first) is
+      // then a temporary that the next start clears, not a stray.
+      auto doomed = it->second;
+      doomed += ".tmp-" + std::to_string(::getpid());
+      fs::rename(it->second, doomed, ec);
+      fs::remove_all(ec ? it->second : doomed, ec);
     } else {
-      fs::remove_all(it->second, ec);
+      fs::remove(it->second, ec);
     }
   }
 }

@@ -110,11 +110,16 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
                "checkpoint-<step> folders, as tandem train --checkpoint-dir writes them)");
   std::sort(found.rbegin(), found.rend());
   std::string damaged;
+  std::vector<std::string> passed_over;
   for (const auto& [step, file] : found) {
     try {
-      return read_one(file);
+      auto weights = read_one(file);
+      TANDEM_CHECK(weights.step == step, "its name says step ", step, ", but it holds step ", weights.step);
+      weights.passed_over = passed_over;
+      return weights;
     } catch (const tandem::Error& e) {
       damaged += (damaged.empty() ? "" : "; ") + file + ": " + e.what();
+      passed_over.push_back(file + ": " + e.what());
     }
   }
   TANDEM_FAIL(path, ": every checkpoint in it is damaged (", damaged, ")");

@@ -53,12 +53,6 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
     c = sharded::read(dir);
   } catch (const DamagedCheckpoint& e) {
     throw DamagedCheckpoint("cannot resume from " + dir + ": " + e.what());
-  } catch (const tandem::Error& e) {
-    TANDEM_FAIL("cannot resume from ", dir, ": ", e.what());
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    TANDEM_FAIL("cannot resume from ", dir, ": not a readable tandem checkpoint (", what.substr(0, what.find('\n')),
-                ")");
   }
   // The same checkpoint as one file's archive: the header, the model in
   // Module::save's layout, SGD's state over the model's parameters.

@@ -3,6 +3,7 @@
 // parallel, then rank 0 the manifest and the rename that makes it whole.
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -28,15 +29,19 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
   const fs::path final_path = fs::path(options_.dir) / name;
   // Rank 0 makes the directory, named for its process until it is whole
   // (remove_stale_temporaries knows the form); every rank learns its name.
-  std::string tmp_name;
+  // Its id: the folder's name and the time, drawn by rank 0 for this write.
+  std::string tmp_name, id;
   if (rank == 0) {
     tmp_name = name + ".tmp-" + std::to_string(::getpid());
     std::error_code ec;
     fs::remove_all(fs::path(options_.dir) / tmp_name, ec);
     fs::create_directories(fs::path(options_.dir) / tmp_name, ec);
     TANDEM_CHECK(!ec, "--checkpoint-dir ", options_.dir, ": cannot create ", tmp_name, ": ", ec.message());
+    id = tmp_name + "@" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
   }
-  if (group) tmp_name = dist::all_gather_text(tmp_name, *group, device)[0];
+  if (group) id = dist::all_gather_text(id, *group, device)[0];
+  tmp_name = id.substr(0, id.find('@'));
+  const sharded::Identity identity{id, group ? group->size() : 1, p.step};
   const std::string tmp = (fs::path(options_.dir) / tmp_name).string();
   std::map<std::string, c10::IValue> header;
   if (rank == 0) {
@@ -50,11 +55,11 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
     header["nesterov"] = sgd->nesterov();
     if (!weights_metadata.empty()) header["weights_metadata"] = nlohmann::json(weights_metadata).dump();
   }
-  const auto index = sharded::write_rank_file(tmp, rank, mine, header, /*with_rng=*/rank == 0);
+  const auto index = sharded::write_rank_file(tmp, rank, identity, mine, header, /*with_rng=*/rank == 0);
   // Every rank's file is written once every rank has its index.
   const auto indexes = group ? dist::all_gather_text(index, *group, device) : std::vector<std::string>{index};
   if (rank == 0) {
-    sharded::write_manifest(tmp, p.step, indexes);
+    sharded::write_manifest(tmp, identity, indexes);
     std::error_code ec;
     fs::remove_all(final_path, ec);  // a checkpoint of this step from before a restart
     fs::rename(tmp, final_path, ec);

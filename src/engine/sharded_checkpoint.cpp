@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -26,12 +27,12 @@ using json = nlohmann::json;
 constexpr const char* kFormat = "tandem sharded checkpoint";
 constexpr int64_t kVersion = 1;
 
-torch::ScalarType parse_dtype(const std::string& name) {
+torch::ScalarType parse_dtype(const std::string& name, const std::string& where) {
   for (int i = 0; i < static_cast<int>(torch::ScalarType::NumOptions); ++i) {
     const auto type = static_cast<torch::ScalarType>(i);
     if (name == c10::toString(type)) return type;
   }
-  TANDEM_FAIL("an unknown dtype '", name, "'");
+  TANDEM_FAIL(where, ": an unknown dtype '", printable(name), "'");
 }
 
 // A field of `object` of JSON type `kind`, or an error naming `where`.
@@ -40,7 +41,8 @@ const json& field(const json& object, const char* key, json::value_t kind, const
   const json& value = object.at(key);
   const bool number = kind == json::value_t::number_integer &&
                       (value.type() == json::value_t::number_unsigned || value.type() == json::value_t::number_integer);
-  TANDEM_CHECK(number || value.type() == kind, where, ": \"", key, "\" is ", value.type_name());
+  TANDEM_CHECK(number || value.type() == kind, where, ": \"", key, "\" is ", value.type_name(), ", expected ",
+               kind == json::value_t::number_integer ? "an integer" : json(kind).type_name());
   return value;
 }
 int64_t integer(const json& object, const char* key, const std::string& where) {
@@ -92,9 +94,14 @@ struct TensorEntry {
 
 std::string rank_file(int64_t rank) { return "rank-" + std::to_string(rank) + ".pt"; }
 
-std::string write_rank_file(const std::string& dir, int64_t rank, const std::vector<StatePiece>& pieces,
-                            const std::map<std::string, c10::IValue>& header, bool with_rng) {
+std::string write_rank_file(const std::string& dir, int64_t rank, const Identity& identity,
+                            const std::vector<StatePiece>& pieces, const std::map<std::string, c10::IValue>& header,
+                            bool with_rng) {
   torch::serialize::OutputArchive archive;
+  archive.write("checkpoint_id", c10::IValue(identity.id));
+  archive.write("rank", c10::IValue(rank));
+  archive.write("ranks", c10::IValue(identity.ranks));
+  archive.write("step", c10::IValue(identity.step));
   json index = json::array();
   for (size_t i = 0; i < pieces.size(); ++i) {
     const auto& p = pieces[i];
@@ -117,7 +124,7 @@ std::string write_rank_file(const std::string& dir, int64_t rank, const std::vec
   return json{{"file", name}, {"bytes", bytes.size()}, {"pieces", index}}.dump();
 }
 
-void write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& indexes) {
+void write_manifest(const std::string& dir, const Identity& identity, const std::vector<std::string>& indexes) {
   json files = json::array();
   std::map<std::string, TensorEntry> tensors;
   for (const auto& text : indexes) {
@@ -154,7 +161,9 @@ void write_manifest(const std::string& dir, int64_t step, const std::vector<std:
     list.push_back({{"name", name}, {"dtype", t->dtype}, {"shape", t->shape}, {"strides", t->strides},
                     {"pieces", t->pieces}});
   }
-  const json manifest{{"format", kFormat}, {"version", kVersion}, {"step", step}, {"files", files}, {"tensors", list}};
+  const json manifest{{"format", kFormat},        {"version", kVersion},         {"id", identity.id},
+                      {"ranks", identity.ranks}, {"step", identity.step}, {"files", files},
+                      {"tensors", list}};
   const std::string text = manifest.dump(1) + "\n";
   write_atomically((fs::path(dir) / kManifest).string(),
                    [&](const std::string& tmp) { internal::write_file(tmp, text); });
@@ -169,64 +178,89 @@ int64_t manifest_step(const std::string& dir) {
   }
 }
 
-AssembledCheckpoint read(const std::string& dir) {
-  const std::string manifest_path = (fs::path(dir) / kManifest).string();
+namespace {
+
+// A rank file's own record of itself and its pieces (sealed with it).
+struct RankFile {
+  std::map<std::string, json> index;  // by key
+  std::map<std::string, torch::Tensor> data;
+  std::set<std::string> used;  // keys the manifest refers to
+};
+
+AssembledCheckpoint read_checked(const std::string& dir) {
+  const std::string where = kManifest;
   json manifest;
   try {
-    manifest = json::parse(read_regular_file(manifest_path, "a checkpoint manifest"));
-  } catch (const std::exception& e) {
-    throw DamagedCheckpoint(std::string("damaged: ") + kManifest + ": " + e.what());
+    manifest = json::parse(read_regular_file((fs::path(dir) / kManifest).string(), "a checkpoint manifest"));
+  } catch (const json::exception& e) {
+    TANDEM_FAIL(where, ": not valid JSON (", e.what(), ")");
   }
-  const std::string where = kManifest;
   TANDEM_CHECK(manifest.is_object() && manifest.value("format", "") == kFormat, where, ": not a manifest of a ", kFormat);
   TANDEM_CHECK(integer(manifest, "version", where) == kVersion, where, ": version ", manifest.at("version").dump(),
                ", expected ", kVersion);
-  // Every file's pieces, by key, as its own (sealed) index describes them.
-  struct Piece {
-    json meta;
-    torch::Tensor data;
-  };
-  std::map<std::string, std::map<std::string, Piece>> files;
+  const std::string id = field(manifest, "id", json::value_t::string, where).get<std::string>();
+  const int64_t ranks = integer(manifest, "ranks", where), step = integer(manifest, "step", where);
+  const auto& listed = field(manifest, "files", json::value_t::array, where);
+  TANDEM_CHECK(ranks >= 1 && static_cast<int64_t>(listed.size()) == ranks, where, ": ", listed.size(),
+               " files for a job of ", ranks, " ranks");
   AssembledCheckpoint out;
-  static const std::regex file_name(R"(rank-\d{1,9}\.pt)");
-  for (const auto& f : field(manifest, "files", json::value_t::array, where)) {
-    const std::string name = field(f, "file", json::value_t::string, where).get<std::string>();
-    TANDEM_CHECK(std::regex_match(name, file_name), where, ": a file named '", printable(name),
-                 "'; expected rank-<r>.pt");
-    TANDEM_CHECK(!files.count(name), where, ": ", name, " is listed twice");
+  std::map<std::string, RankFile> files;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const std::string name = rank_file(r);
+    TANDEM_CHECK(field(listed[static_cast<size_t>(r)], "file", json::value_t::string, where) == name, where,
+                 ": file ", r, " is ", listed[static_cast<size_t>(r)].at("file").dump(), ", expected ", name);
     std::string bytes;
     try {
       bytes = internal::verified_archive((fs::path(dir) / name).string());
-    } catch (const tandem::Error& e) {  // "damaged: rank-1.pt: what", without the path twice
+    } catch (const tandem::Error& e) {  // "rank-1.pt: what", without the path twice
       std::string what = e.what();
       const std::string path = (fs::path(dir) / name).string() + ": ";
       if (what.rfind(path, 0) == 0) what = what.substr(path.size());
       if (what.rfind("damaged: ", 0) == 0) what = what.substr(9);
-      throw DamagedCheckpoint("damaged: " + name + ": " + what);
+      TANDEM_FAIL(name, ": ", what);
     }
     torch::serialize::InputArchive archive;
     internal::load_checked_archive(bytes, archive);
-    c10::IValue text;
-    archive.read("index", text);
-    auto& pieces = files[name];
-    for (const auto& meta : json::parse(text.toStringRef())) {
-      Piece piece{meta, {}};
-      archive.read(meta.at("key").get<std::string>(), piece.data, /*is_buffer=*/true);
-      pieces[meta.at("key").get<std::string>()] = std::move(piece);
-    }
-    if (name == rank_file(0)) {
-      for (const auto& key : archive.keys()) {
-        if (key.rfind("h_", 0) != 0) continue;
-        archive.read(key, out.header[key.substr(2)]);
+    auto& file = files[name];
+    json index;
+    try {
+      c10::IValue value;
+      archive.read("checkpoint_id", value);
+      TANDEM_CHECK(value.toStringRef() == id, name, " is a file of another checkpoint (", value.toStringRef(),
+                   ", this one's: ", id, ")");
+      for (const auto& [key, expected] : std::vector<std::pair<const char*, int64_t>>{{"rank", r}, {"ranks", ranks},
+                                                                                      {"step", step}}) {
+        archive.read(key, value);
+        TANDEM_CHECK(value.toInt() == expected, name, " records ", key, " ", value.toInt(), ", the manifest ", expected);
       }
-      archive.read("cpu_rng", out.cpu_rng, /*is_buffer=*/true);
+      archive.read("index", value);
+      index = json::parse(value.toStringRef());
+      for (const auto& meta : index) {
+        const std::string key = meta.at("key").get<std::string>();
+        TANDEM_CHECK(!file.index.count(key), name, ": piece ", key, " twice in its index");
+        archive.read(key, file.data[key], /*is_buffer=*/true);
+        file.index[key] = meta;
+      }
+      if (r == 0) {
+        for (const auto& key : archive.keys()) {
+          if (key.rfind("h_", 0) == 0) archive.read(key, out.header[key.substr(2)]);
+        }
+        archive.read("cpu_rng", out.cpu_rng, /*is_buffer=*/true);
+        TANDEM_CHECK(out.header.count("step") && out.header.at("step").toInt() == step, name,
+                     " holds another step than the manifest's ", step);
+      }
+    } catch (const tandem::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      TANDEM_FAIL(name, ": not a rank's file of a ", kFormat, " (", what.substr(0, what.find('\n')), ")");
     }
   }
-  TANDEM_CHECK(files.count(rank_file(0)), where, ": no ", rank_file(0), " (the position and settings)");
   for (const auto& t : field(manifest, "tensors", json::value_t::array, where)) {
     const std::string name = field(t, "name", json::value_t::string, where).get<std::string>();
     const std::string about = where + ": " + name;
-    const auto dtype = parse_dtype(field(t, "dtype", json::value_t::string, about).get<std::string>());
+    const std::string dtype_name = field(t, "dtype", json::value_t::string, about).get<std::string>();
+    const auto dtype = parse_dtype(dtype_name, about);
     const auto shape = integers(t, "shape", about), strides = integers(t, "strides", about);
     TANDEM_CHECK(shape.size() == strides.size(), about, ": ", shape.size(), " sizes but ", strides.size(), " strides");
     const int64_t total = elements(shape, about);
@@ -237,32 +271,58 @@ AssembledCheckpoint read(const std::string& dir) {
       const std::string key = field(p, "key", json::value_t::string, about).get<std::string>();
       const int64_t offset = integer(p, "offset", about), numel = integer(p, "numel", about);
       auto in = files.find(file);
-      TANDEM_CHECK(in != files.end() && in->second.count(key), about, ": a piece ", key, " of ", file,
-                   ", which the manifest's files do not hold");
-      const auto& piece = in->second.at(key);
-      TANDEM_CHECK(piece.meta.value("name", "") == name && piece.meta.value("offset", int64_t(-1)) == offset &&
-                       piece.data.dim() == 1 && piece.data.numel() == numel && piece.data.scalar_type() == dtype &&
-                       offset <= total && numel <= total - offset,
-                   about, ": piece ", key, " of ", file, " is not what the manifest says (", piece.meta.dump(), ")");
+      TANDEM_CHECK(in != files.end() && in->second.index.count(key), about, ": a piece ", key, " of ", file,
+                   ", which the files do not hold");
+      TANDEM_CHECK(in->second.used.insert(key).second, about, ": piece ", key, " of ", file, " is listed twice");
+      const auto& meta = in->second.index.at(key);
+      const auto& piece = in->second.data.at(key);
+      // The manifest's description of the tensor and the piece must be the file's own (sealed) one.
+      TANDEM_CHECK(meta.value("name", "") == name && meta.value("dtype", "") == dtype_name &&
+                       meta.value("shape", json()) == json(shape) && meta.value("strides", json()) == json(strides) &&
+                       meta.value("offset", int64_t(-1)) == offset && piece.dim() == 1 && piece.numel() == numel &&
+                       piece.scalar_type() == dtype && offset <= total && numel <= total - offset,
+                   about, ": piece ", key, " of ", file, " is not what the manifest says (", meta.dump(), ")");
       spans.emplace_back(offset, numel);
-      data.push_back(&piece.data);
+      data.push_back(&piece);
     }
     check_cover(spans, total, about);  // before allocating what the manifest claims
-    auto flat = torch::empty({total}, torch::TensorOptions().dtype(dtype));
-    for (size_t i = 0; i < spans.size(); ++i) flat.narrow(0, spans[i].first, spans[i].second).copy_(*data[i]);
     int64_t reach = total > 0 ? 1 : 0;
     bool overflow = false;
     for (size_t d = 0; d < shape.size() && total > 0 && !overflow; ++d) {
       int64_t span = 0;
       overflow = __builtin_mul_overflow(shape[d] - 1, strides[d], &span) || __builtin_add_overflow(reach, span, &reach);
     }
-    TANDEM_CHECK(!overflow && reach <= total, about, ": strides ", c10::IntArrayRef(strides), " reach past its ", total, " elements");
+    TANDEM_CHECK(!overflow && reach <= total, about, ": strides ", c10::IntArrayRef(strides), " reach past its ", total,
+                 " elements");
+    auto flat = torch::empty({total}, torch::TensorOptions().dtype(dtype));
+    for (size_t i = 0; i < spans.size(); ++i) flat.narrow(0, spans[i].first, spans[i].second).copy_(*data[i]);
     auto whole = flat.as_strided(shape, strides);
     TANDEM_CHECK(total == 0 || whole.is_non_overlapping_and_dense(), about, ": strides ", c10::IntArrayRef(strides),
                  " are not a dense order of its elements");
     out.tensors.emplace_back(name, whole.contiguous());
   }
+  // Every piece a file holds is in the manifest: none left out (a tensor, or momentum, silently missing).
+  for (const auto& [name, file] : files) {
+    for (const auto& [key, meta] : file.index) {
+      TANDEM_CHECK(file.used.count(key), where, ": leaves out piece ", key, " of ", name, " (",
+                   meta.value("name", ""), ")");
+    }
+  }
   return out;
+}
+
+}  // namespace
+
+AssembledCheckpoint read(const std::string& dir) {
+  try {
+    return read_checked(dir);
+  } catch (const tandem::Error& e) {  // no whole checkpoint: --resume tries the one before
+    throw DamagedCheckpoint(std::string("damaged: ") + e.what());
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw DamagedCheckpoint("damaged: not a readable " + std::string(kFormat) + " (" +
+                            what.substr(0, what.find('\n')) + ")");
+  }
 }
 
 }  // namespace tandem::engine::sharded

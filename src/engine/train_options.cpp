@@ -122,6 +122,8 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   TANDEM_CHECK_USAGE(o.checkpoint_format == "auto" || o.checkpoint_format == "file" || o.checkpoint_format == "sharded",
                      "--checkpoint-format: expected auto, file or sharded, got ", o.checkpoint_format);
+  TANDEM_CHECK_USAGE(o.checkpoint_format == "auto" || !o.checkpoint_dir.empty(), "--checkpoint-format ",
+                     o.checkpoint_format, " needs --checkpoint-dir (where the checkpoints go)");
   TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
                      o.checkpoint_every);

@@ -1,6 +1,6 @@
 // The trainer's set-up: options checked, the process group joined, data
 // opened, the model built and wrapped for its strategy (trainer.h); the
-// weights files are trainer_weights.cpp's.
+// weights files are run_weights.cpp's.
 #include "tandem/engine/trainer.h"
 
 #include <algorithm>

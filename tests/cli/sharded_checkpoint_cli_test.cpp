@@ -95,32 +95,42 @@ TEST_F(ShardedCheckpointCliTest, EachRankWritesOnlyWhatItOwns) {
   EXPECT_TRUE(std::filesystem::is_regular_file(data_.file("file/checkpoint-00000004.pt")));
 }
 
-// A sharded checkpoint with a rank's file gone, or altered on disk, is
-// damaged: --resume says so and goes on from the one before it.
-TEST_F(ShardedCheckpointCliTest, ACheckpointMissingARanksFileFallsBackToThePreviousOne) {
+// A sharded checkpoint with a rank's file gone, altered on disk, or taken
+// from another checkpoint is damaged: --resume says so and goes on from the
+// one before it, and tandem export says it passed it over.
+TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePreviousOne) {
   const std::string common = "train --data idx:" + data_.path() + " --model mlp --batch-size 32 --progress lines "
                              "--nproc-per-node 2 --strategy fsdp --checkpoint-every 2";
   const std::string written = data_.file("written");
   auto first = run_tandem(common + " --max-steps 4 --checkpoint-dir " + written);
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  for (const std::string how : {"removed", "altered"}) {
+  for (const std::string how : {"removed", "altered", "foreign"}) {
     const std::string dir = data_.file(how);
     std::filesystem::copy(written, dir, std::filesystem::copy_options::recursive);
     const std::string newest = dir + "/checkpoint-00000004", rank1 = newest + "/rank-1.pt";
     if (how == "removed") {
       std::filesystem::remove(rank1);
+    } else if (how == "foreign") {
+      std::filesystem::copy_file(dir + "/checkpoint-00000002/rank-1.pt", rank1,
+                                 std::filesystem::copy_options::overwrite_existing);
     } else {
       std::fstream file(rank1, std::ios::in | std::ios::out | std::ios::binary);
       file.seekp(100);
       file.put('\x7f');
     }
+    auto exported = run_tandem("export --checkpoint " + dir + " --out " + data_.file(how + ".safetensors"));
+    EXPECT_EQ(exported.exit_code, 0) << exported.output;
+    EXPECT_NE(exported.output.find("warning: passed over " + newest + ": damaged: rank-1.pt"), std::string::npos)
+        << exported.output;
+    EXPECT_NE(exported.output.find("(step 2, "), std::string::npos) << exported.output;
     auto resumed = run_tandem(common + " --max-steps 6 --resume --checkpoint-dir " + dir);
     ASSERT_EQ(resumed.exit_code, 0) << how << "\n" << resumed.output;
     EXPECT_NE(resumed.output.find("warning: cannot resume from " + newest + ": damaged"), std::string::npos)
         << how << "\n" << resumed.output;
-    EXPECT_NE(resumed.output.find(how == "removed" ? ": damaged: rank-1.pt: no such file"
-                                                   : ": damaged: rank-1.pt: its CRC-32 does not match"),
-              std::string::npos) << resumed.output;
+    const std::string why = how == "removed"   ? ": damaged: rank-1.pt: no such file"
+                            : how == "altered" ? ": damaged: rank-1.pt: its CRC-32 does not match"
+                                               : ": damaged: rank-1.pt is a file of another checkpoint";
+    EXPECT_NE(resumed.output.find(why), std::string::npos) << resumed.output;
     EXPECT_NE(resumed.output.find("resumed from " + dir + "/checkpoint-00000002 (epoch 1, step 2)"),
               std::string::npos) << how << "\n" << resumed.output;
   }

@@ -33,10 +33,11 @@ TEST(ShardedCheckpointTest, PiecesInAnyMemoryOrderAssembleWhole) {
                                    {"model.conv", 0, shape, strides, 90, memory.narrow(0, 90, 30)}};
   std::vector<StatePiece> second = {{"model.conv", 0, shape, strides, 50, memory.narrow(0, 50, 40)},
                                     {"model.bias", 1, {7}, {1}, 0, bias}};
+  const sharded::Identity identity{"test@1", 2, 3};
   std::vector<std::string> indexes = {
-      sharded::write_rank_file(dir.path(), 0, first, {{"step", c10::IValue(int64_t(3))}}, true),
-      sharded::write_rank_file(dir.path(), 1, second, {}, false)};
-  sharded::write_manifest(dir.path(), 3, indexes);
+      sharded::write_rank_file(dir.path(), 0, identity, first, {{"step", c10::IValue(int64_t(3))}}, true),
+      sharded::write_rank_file(dir.path(), 1, identity, second, {}, false)};
+  sharded::write_manifest(dir.path(), identity, indexes);
   EXPECT_EQ(sharded::manifest_step(dir.path()), 3);
   auto read = sharded::read(dir.path());
   ASSERT_EQ(read.tensors.size(), 2u);
@@ -50,56 +51,88 @@ TEST(ShardedCheckpointTest, PiecesInAnyMemoryOrderAssembleWhole) {
 
   // Control: pieces that overlap, or leave a gap, are no checkpoint.
   second[0].offset = 49;
-  indexes[1] = sharded::write_rank_file(dir.path(), 1, second, {}, false);
-  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), 3, indexes); }),
+  indexes[1] = sharded::write_rank_file(dir.path(), 1, identity, second, {}, false);
+  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), identity, indexes); }),
             "sharded checkpoint: model.conv: its pieces overlap at element 49");
   second[0].offset = 51;
-  indexes[1] = sharded::write_rank_file(dir.path(), 1, second, {}, false);
-  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), 3, indexes); }),
+  indexes[1] = sharded::write_rank_file(dir.path(), 1, identity, second, {}, false);
+  EXPECT_EQ(testing::error_of([&] { sharded::write_manifest(dir.path(), identity, indexes); }),
             "sharded checkpoint: model.conv: its pieces leave a gap at element 50");
 }
 
-// A manifest edited to disagree with the files it lists, or naming a file
-// outside the checkpoint, is refused naming what is wrong; a rank file
-// missing or altered is damaged (so --resume falls back to the one before).
-TEST(ShardedCheckpointTest, AManifestThatDoesNotDescribeItsPiecesIsRefused) {
+// Anything that is not one whole checkpoint is damaged (so --resume falls
+// back to the one before), saying what: a manifest edited to disagree with
+// the files' own sealed indexes, or to leave a piece out (momentum silently
+// missing), or naming a file outside the checkpoint; a rank file missing,
+// swapped with another rank's, or of another checkpoint.
+TEST(ShardedCheckpointTest, AnythingButOneWholeCheckpointIsDamaged) {
   TempDir dir;
-  auto w = torch::randn({4, 4});
-  std::vector<std::string> indexes = {
-      sharded::write_rank_file(dir.path(), 0, {{"model.w", 0, {4, 4}, {4, 1}, 0, w.reshape({-1}).narrow(0, 0, 8)}},
-                               {}, true),
-      sharded::write_rank_file(dir.path(), 1, {{"model.w", 0, {4, 4}, {4, 1}, 8, w.reshape({-1}).narrow(0, 8, 8)}},
-                               {}, false)};
-  sharded::write_manifest(dir.path(), 1, indexes);
+  auto w = torch::randn({4, 4}), m = torch::randn({4});
+  auto write = [&](const std::string& to, const std::string& id) {
+    const sharded::Identity identity{id, 2, 1};
+    std::vector<std::string> indexes = {
+        sharded::write_rank_file(to, 0, identity, {{"model.w", 0, {4, 4}, {4, 1}, 0, w.reshape({-1}).narrow(0, 0, 8)}},
+                                 {{"step", c10::IValue(int64_t(1))}}, true),
+        sharded::write_rank_file(to, 1, identity,
+                                 {{"model.w", 0, {4, 4}, {4, 1}, 8, w.reshape({-1}).narrow(0, 8, 8)},
+                                  {"optimizer.w.momentum_buffer", 1, {4}, {1}, 0, m}},
+                                 {}, false)};
+    sharded::write_manifest(to, identity, indexes);
+  };
+  write(dir.path(), "one@1");
   const std::string manifest_path = dir.file(sharded::kManifest);
   const auto good = nlohmann::json::parse(testing::read_text(manifest_path));
   ASSERT_NO_THROW(sharded::read(dir.path()));
+  auto damage = [&](const std::function<void()>& act) {
+    act();
+    try {
+      sharded::read(dir.path());
+      return std::string("<read>");
+    } catch (const DamagedCheckpoint& e) {
+      return std::string(e.what());
+    }
+  };
   auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
-    auto m = good;
-    edit(m);
-    std::ofstream(manifest_path) << m.dump();
-    return testing::error_of([&] { sharded::read(dir.path()); });
+    return damage([&] {
+      auto edited = good;
+      edit(edited);
+      std::ofstream(manifest_path) << edited.dump();
+    });
   };
   EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"][1]["offset"] = 7; }),
-            "manifest.json: model.w: piece p0 of rank-1.pt is not what the manifest says ({\"dtype\":\"Float\","
+            "damaged: manifest.json: model.w: piece p0 of rank-1.pt is not what the manifest says ({\"dtype\":\"Float\","
             "\"key\":\"p0\",\"name\":\"model.w\",\"numel\":8,\"offset\":8,\"order\":0,\"shape\":[4,4],"
             "\"strides\":[4,1]})");
-  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["strides"] = {1, 1}; }),
-            "manifest.json: model.w: strides [1, 1] are not a dense order of its elements");
+  EXPECT_NE(with([](auto& m) { m["tensors"][0]["strides"] = {1, 4}; }).find("piece p0 of rank-0.pt is not what"),
+            std::string::npos);
   EXPECT_EQ(with([](auto& m) { m["tensors"][0]["strides"] = {4611686018427387904LL, 1}; }),
-            "manifest.json: model.w: \"strides\" holds 4611686018427387904, not a size");
+            "damaged: manifest.json: model.w: \"strides\" holds 4611686018427387904, not a size");
   EXPECT_EQ(with([](auto& m) { m["files"][1]["file"] = "../rank-1.pt"; }),
-            "manifest.json: a file named '../rank-1.pt'; expected rank-<r>.pt");
+            "damaged: manifest.json: file 1 is \"../rank-1.pt\", expected rank-1.pt");
   EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"].erase(1); }),
-            "manifest.json: model.w: its pieces hold 8 of its 16 elements");
+            "damaged: manifest.json: model.w: its pieces hold 8 of its 16 elements");
+  EXPECT_EQ(with([](auto& m) { m["tensors"].erase(1); }),
+            "damaged: manifest.json: leaves out piece p1 of rank-1.pt (optimizer.w.momentum_buffer)");
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["dtype"] = "Float8"; }),
+            "damaged: manifest.json: model.w: an unknown dtype 'Float8'");
+  EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"][0]["numel"] = 8.5; }),
+            "damaged: manifest.json: model.w: \"numel\" is number, expected an integer");
+  EXPECT_NE(damage([&] { std::ofstream(manifest_path) << "{"; }).find("damaged: manifest.json: not valid JSON ("),
+            std::string::npos);
   std::ofstream(manifest_path) << good.dump();
-  fs::remove(dir.file("rank-1.pt"));
-  try {
-    sharded::read(dir.path());
-    ADD_FAILURE() << "read without rank-1.pt";
-  } catch (const DamagedCheckpoint& e) {
-    EXPECT_NE(std::string(e.what()).find("rank-1.pt: "), std::string::npos) << e.what();
-  }
+  ASSERT_NO_THROW(sharded::read(dir.path()));
+  // Files swapped, or one from another checkpoint of the same shape.
+  fs::rename(dir.file("rank-0.pt"), dir.file("swap"));
+  fs::rename(dir.file("rank-1.pt"), dir.file("rank-0.pt"));
+  fs::rename(dir.file("swap"), dir.file("rank-1.pt"));
+  EXPECT_EQ(damage([] {}), "damaged: rank-0.pt records rank 1, the manifest 0");
+  TempDir other;
+  write(other.path(), "two@2");
+  fs::copy_file(other.file("rank-0.pt"), dir.file("rank-0.pt"), fs::copy_options::overwrite_existing);
+  EXPECT_EQ(damage([] {}), "damaged: rank-0.pt is a file of another checkpoint (two@2, this one's: one@1)");
+  EXPECT_NE(damage([&] { fs::remove(dir.file("rank-1.pt")); }).find("damaged: rank-0.pt"), std::string::npos);
+  write(dir.path(), "one@1");
+  EXPECT_EQ(damage([&] { fs::remove(dir.file("rank-1.pt")); }).rfind("damaged: rank-1.pt: ", 0), 0u);
 }
 
 // The Checkpointer's sharded checkpoint of one process loads as its

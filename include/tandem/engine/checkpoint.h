@@ -156,6 +156,9 @@ struct CheckpointWeights {
   std::map<std::string, std::string> metadata;
   int64_t step = 0;
   std::string fingerprint;
+  // A --checkpoint-dir: its newer checkpoints passed over as damaged, each
+  // "PATH: what is wrong", for the caller to say.
+  std::vector<std::string> passed_over;
 };
 
 // Reads `path`, a checkpoint file, or a --checkpoint-dir (its newest

@@ -59,21 +59,33 @@ inline constexpr const char* kManifest = "manifest.json";
 // rank-<r>.pt
 std::string rank_file(int64_t rank);
 
+// What every file of one checkpoint records of it: an id rank 0 draws for
+// each checkpoint written, the job's ranks and the step. A file of another
+// checkpoint (copied in, or left by an earlier write) does not match.
+struct Identity {
+  std::string id;
+  int64_t ranks = 1;
+  int64_t step = 0;
+};
+
 // Writes this rank's file into `dir` (atomically) and returns its index:
 // the JSON text of its pieces, for rank 0's manifest. `header` (rank 0
 // only) holds the position and settings; `with_rng` adds the CPU
 // generator's state.
-std::string write_rank_file(const std::string& dir, int64_t rank, const std::vector<StatePiece>& pieces,
-                            const std::map<std::string, c10::IValue>& header, bool with_rng);
+std::string write_rank_file(const std::string& dir, int64_t rank, const Identity& identity,
+                            const std::vector<StatePiece>& pieces, const std::map<std::string, c10::IValue>& header,
+                            bool with_rng);
 
-// Rank 0: the manifest of `step` from every rank's index, in rank order,
-// written into `dir`. Throws tandem::Error when the pieces do not cover a
-// tensor exactly once or disagree on its dtype, shape or strides.
-void write_manifest(const std::string& dir, int64_t step, const std::vector<std::string>& indexes);
+// Rank 0: the manifest from every rank's index, in rank order, written
+// into `dir`. Throws tandem::Error when the pieces do not cover a tensor
+// exactly once or disagree on its dtype, shape or strides.
+void write_manifest(const std::string& dir, const Identity& identity, const std::vector<std::string>& indexes);
 
-// Reads the checkpoint directory `dir`. Throws DamagedCheckpoint for a
-// file missing, cut short or altered, and tandem::Error naming the file for
-// a manifest or index that does not describe its pieces.
+// Reads the checkpoint directory `dir`. Throws DamagedCheckpoint, saying
+// what is wrong, for anything that is not one whole checkpoint: a file
+// missing, cut short, altered or of another checkpoint; a manifest that
+// does not describe exactly the pieces the files' own sealed indexes hold
+// (so an edited manifest either changes nothing or is refused).
 AssembledCheckpoint read(const std::string& dir);
 
 // The step a checkpoint directory's manifest names, or -1 when it has none
