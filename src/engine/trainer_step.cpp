@@ -171,13 +171,16 @@ EvalResult Trainer::evaluate() {
   if (rank_pipeline_) {
     // Every stage passes every batch on; the last stage's result is the
     // job's (the others' forward returns no output, and they count nothing).
-    forward = [this](const torch::Tensor& x) {
-      std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;  // the stage's units, per batch
-      if (fsdp_ && !fsdp_->detached()) gathered.emplace(*fsdp_, /*write_back=*/false);
-      return rank_pipeline_->forward(x);
-    };
+    // Under a mesh each replica pipeline takes its dp rank's share of the
+    // test set, and the last stages' sums add up over their dp slice. FSDP x
+    // pipeline: the stage's units gathered once for the whole evaluation,
+    // as for a training step.
+    forward = [this](const torch::Tensor& x) { return rank_pipeline_->forward(x); };
+    std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;
+    if (fsdp_ && !fsdp_->detached()) gathered.emplace(*fsdp_, /*write_back=*/false);
     auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
-                                   nullptr, forward);
+                                   mesh_ ? group_.get() : nullptr, forward);
+    gathered.reset();
     const auto wire = stages_->wire_device();
     auto values = torch::tensor({result.loss, result.accuracy, static_cast<double>(result.count)},
                                 torch::kFloat64).to(wire);

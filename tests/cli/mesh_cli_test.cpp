@@ -106,7 +106,9 @@ TEST(MeshCliTest, FsdpTimesPipelineCheckpointsResumeAnywhere) {
 }
 
 // Evaluation and the epoch's figures come once, for the whole model: the
-// same losses and accuracies as one process, and the job's 4 ranks. Rank
+// same losses and accuracies as one process (each replica pipeline
+// evaluating its dp rank's share of the 65 test images, 33 and 32), and the
+// job's 4 ranks. Rank
 // 0's traffic per step is the analytic figure (bench/mesh_traffic.py): over
 // dp, DDP's all-reduce of stage 0's gradients (fc1: 200960 float64) and two
 // int32 used-flags; over pp, 4 micro-batches of 4 rows of fc1's 256 float64
@@ -137,6 +139,11 @@ TEST(MeshCliTest, MetricsAreOneProcesss) {
   EXPECT_EQ(comm["pp"]["recv"].get<double>(), 4 * (80 + 4 * 256 * 8)) << comm.dump();
   EXPECT_EQ(comm["pp"]["broadcast"].get<double>(), 8) << comm.dump();
   EXPECT_FALSE(one.contains("comm_bytes_per_step"));
+  // FSDP x pipeline evaluates its shares with each stage gathered once: the same figures.
+  auto [fsdp, fsdp_output] = train(kMesh + " --pipeline-split relu1 --strategy fsdp --fsdp-min-unit-params 0");
+  ASSERT_FALSE(fsdp.is_null()) << fsdp_output;
+  EXPECT_NEAR(fsdp["test_loss"].get<double>(), one["test_loss"].get<double>(), 1e-12);
+  EXPECT_EQ(fsdp["test_acc"].get<double>(), one["test_acc"].get<double>());
   EXPECT_NE(output.find("device mesh pp=2,dp=2,tp=1 over 4 ranks: 2 pipeline(s) of 2 stages"), std::string::npos)
       << output;
   EXPECT_NE(output.find("4 x cpu (pipeline, a stage each, mesh pp=2,dp=2,tp=1) | 32           | 16"),
