@@ -94,7 +94,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "with --nproc-per-node N on CPUs: start the workers without first measuring what one needs "
                    "(this process opens the data and takes one step) and refusing a job the machine's memory "
                    "cannot hold");
-  flags.add_choice("strategy", &o.strategy, {"auto", "none", "ddp", "allreduce", "fsdp", "dp", "pipeline"},
+  flags.add_enum("strategy", &o.strategy, engine::strategy_names(),
                    "how to use several devices; auto: ddp when there are several ranks "
                    "(bucketed all-reduce overlapping backward); allreduce: every gradient "
                    "all-reduced after backward, as a hand-written data-parallel loop does; fsdp: fully sharded data parallel "
@@ -231,7 +231,7 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
   const auto layout = engine::parallel_layout(o, world);
   const bool stages = layout.pipeline && o.devices.empty();
   const std::string mesh = layout.data_ranks() > 1 ? ", mesh " + layout.mesh.str() : std::string();
-  std::string devices = o.strategy == "dp" ? o.devices + " (one process)"
+  std::string devices = o.strategy == engine::Strategy::kDp ? o.devices + " (one process)"
                         : stages ? format("%lld x %s (pipeline, a stage each%s)", static_cast<long long>(world),
                                           o.device.c_str(), mesh.c_str())
                         : layout.pipeline ? o.devices + " (pipeline, one process)"

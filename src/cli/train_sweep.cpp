@@ -85,15 +85,15 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
                        " runs the job once per process count");
     }
   }
-  if (o.strategy == "none" || o.strategy == "dp") {
-    throw UsageError("--strategy " + o.strategy + " runs in one process; " + sweep +
+  if (o.strategy == engine::Strategy::kNone || o.strategy == engine::Strategy::kDp) {
+    throw UsageError("--strategy " + engine::strategy_name(o.strategy) + " runs in one process; " + sweep +
                      " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
   }
   if (!o.mesh.empty()) {
     throw UsageError("--mesh " + o.mesh + " lays out one number of ranks; " + sweep +
                      " runs the job once per process count (leave out --mesh)");
   }
-  if (o.strategy == "pipeline") {
+  if (o.strategy == engine::Strategy::kPipeline) {
     throw UsageError(sweep + " measures data-parallel scaling (auto, ddp, allreduce or fsdp); a "
                      "pipeline over processes takes one count, --nproc-per-node N, a stage per process");
   }

@@ -8,7 +8,7 @@ namespace tandem::engine {
 using dist::MeshDim;
 
 bool pipelined(const TrainOptions& o) {
-  if (o.strategy == "pipeline") return true;
+  if (o.strategy == Strategy::kPipeline) return true;
   return !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[MeshDim::kPipeline] > 1;
 }
 
@@ -22,18 +22,18 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
     layout.mesh = dist::parse_mesh(o.mesh, ranks);
     TANDEM_CHECK_USAGE(layout.mesh[MeshDim::kTensor] == 1, flag, ": tp (tensor parallelism) is not available "
                        "yet; lay the ranks out over pp and dp");
-    TANDEM_CHECK_USAGE(o.strategy != "none" && o.strategy != "dp", flag, ": --strategy ", o.strategy,
+    TANDEM_CHECK_USAGE(o.strategy != Strategy::kNone && o.strategy != Strategy::kDp, flag, ": --strategy ", o.strategy,
                        " runs in one process; a mesh lays out the processes of a job");
     TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": with ", flag,
                        " every rank runs its stage on its own --device; leave out --devices");
-    TANDEM_CHECK_USAGE(o.strategy != "pipeline" || layout.pipeline_ranks() > 1 || ranks == 1, flag,
+    TANDEM_CHECK_USAGE(o.strategy != Strategy::kPipeline || layout.pipeline_ranks() > 1 || ranks == 1, flag,
                        ": --strategy pipeline needs pp > 1 (e.g. --mesh pp=", ranks, ")");
   }
-  if (o.strategy == "allreduce") {
+  if (o.strategy == Strategy::kAllReduce) {
     layout.data = DataParallelism::kAllReduce;
-  } else if (o.strategy == "fsdp") {
+  } else if (o.strategy == Strategy::kFsdp) {
     layout.data = DataParallelism::kFsdp;
-  } else if (o.strategy == "none" || o.strategy == "dp") {
+  } else if (o.strategy == Strategy::kNone || o.strategy == Strategy::kDp) {
     layout.data = DataParallelism::kNone;
   }
   return layout;

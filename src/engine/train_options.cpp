@@ -24,6 +24,24 @@
 #include "tandem/util/parse.h"
 
 namespace tandem::engine {
+
+const std::vector<std::pair<std::string, Strategy>>& strategy_names() {
+  static const std::vector<std::pair<std::string, Strategy>> names = {
+      {"auto", Strategy::kAuto}, {"none", Strategy::kNone}, {"ddp", Strategy::kDdp},
+      {"allreduce", Strategy::kAllReduce}, {"fsdp", Strategy::kFsdp}, {"dp", Strategy::kDp},
+      {"pipeline", Strategy::kPipeline}};
+  return names;
+}
+
+const std::string& strategy_name(Strategy s) {
+  for (const auto& [name, value] : strategy_names()) {
+    if (value == s) return name;
+  }
+  static const std::string unknown = "?";
+  return unknown;
+}
+
+std::ostream& operator<<(std::ostream& out, Strategy s) { return out << strategy_name(s); }
 namespace {
 
 // The model's top-level layer names as the command line alone determines
@@ -161,14 +179,9 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "off",
                      "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
-  TANDEM_CHECK_USAGE(o.strategy == "auto" || o.strategy == "none" || o.strategy == "ddp" ||
-                         o.strategy == "allreduce" || o.strategy == "fsdp" || o.strategy == "dp" ||
-                         o.strategy == "pipeline",
-                     "--strategy: expected auto, none, ddp, allreduce, fsdp, dp or pipeline, got '", o.strategy,
-                     "'");
-  const bool fsdp = o.strategy == "fsdp";
+  const bool fsdp = o.strategy == Strategy::kFsdp;
   const bool pipeline = pipelined(o);  // --strategy pipeline or a --mesh with pp > 1
-  const bool dp = o.strategy == "dp";
+  const bool dp = o.strategy == Strategy::kDp;
   TANDEM_CHECK_USAGE(dp || pipeline || o.devices.empty(), "--devices goes with --strategy dp or pipeline");
   TANDEM_CHECK_USAGE(dp || !o.dp_trace, "--dp-trace goes with --strategy dp");
   TANDEM_CHECK_USAGE(!dp || !o.devices.empty(), "--strategy ", o.strategy,
@@ -198,7 +211,7 @@ void check_train_options(const TrainOptions& o) {
                      "each unit's gradients in one reduce-scatter");
   // They were accepted and ignored with allreduce (weights bit for bit
   // those of plain allreduce, exit 0).
-  TANDEM_CHECK_USAGE(o.strategy == "auto" || o.strategy == "ddp" ||
+  TANDEM_CHECK_USAGE(o.strategy == Strategy::kAuto || o.strategy == Strategy::kDdp ||
                          (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
                      "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over "
                      "several processes); --strategy ", o.strategy, " has none");
@@ -226,8 +239,8 @@ void check_train_options(const TrainOptions& o) {
   // statistics, as data-parallel ranks do.
   const bool replicated = pipeline && !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[dist::MeshDim::kData] > 1;
   const std::string what = pipeline ? "a pipeline without dp ranks (--mesh pp=P,dp=D replicates its stages)"
-                                    : "--strategy " + o.strategy;
-  TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && (!pipeline || replicated) && o.strategy != "none"),
+                                    : "--strategy " + strategy_name(o.strategy);
+  TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && (!pipeline || replicated) && o.strategy != Strategy::kNone),
                      "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy "
                      "auto, ddp or allreduce); it does not work with ", what);
   TANDEM_CHECK_USAGE(!o.sync_bn || (!dp && (!pipeline || replicated)),
@@ -299,7 +312,7 @@ int64_t resolved_virtual_stages(const TrainOptions& o) {
 void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   const auto layout = parallel_layout(o, ranks);
   const bool pipeline = layout.pipeline;
-  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != "dp", "--strategy ", o.strategy,
+  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != Strategy::kDp, "--strategy ", o.strategy,
                      " runs in one process over --devices, not over a job of ", ranks,
                      " processes; for several processes use --strategy ddp");
   if (pipeline && ranks > 1) {
@@ -310,7 +323,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
     TANDEM_CHECK_USAGE(!pipeline || !o.devices.empty(), "--strategy pipeline needs --devices (e.g. cpu,cpu "
                        "or cuda:0,cuda:1), or several ranks (--nproc-per-node N: one stage per rank)");
   }
-  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != "none", "--strategy none runs one process, not a job of ",
+  TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != Strategy::kNone, "--strategy none runs one process, not a job of ",
                      ranks, " processes; a job of several ranks needs a data-parallel strategy");
   TANDEM_CHECK_USAGE(ranks == 1 || !o.cuda_graph, "--cuda-graph captures the step of one process on one "
                      "device; it does not work in a job of ", ranks, " processes");

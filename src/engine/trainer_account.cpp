@@ -48,7 +48,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
                  static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
                  fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
     }
-  } else if (o.strategy == "fsdp") {
+  } else if (o.strategy == Strategy::kFsdp) {
     warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
   if (!group_ && !stages_) {
@@ -56,7 +56,9 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     // ranks have none (a sweep found them accepted without a word).
     const TrainOptions defaults;
     std::vector<std::string> idle;
-    if (o.strategy == "ddp" || o.strategy == "allreduce") idle.push_back("--strategy " + o.strategy);
+    if (o.strategy == Strategy::kDdp || o.strategy == Strategy::kAllReduce) {
+      idle.push_back("--strategy " + strategy_name(o.strategy));
+    }
     if (o.shard_optimizer) idle.push_back("--shard-optimizer");
     if (o.sync_bn) idle.push_back("--sync-bn");
     if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + o.ddp_comm_hook);
@@ -97,7 +99,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
   } else if (o.checkpoint_activations > 0 && fsdp_) {
     say("activation checkpointing: every FSDP unit but the last keeps only its input and recomputes "
         "its forward in backward (the unit is gathered for its backward anyway)");
-  } else if (o.checkpoint_activations > 0 && o.strategy == "fsdp") {
+  } else if (o.checkpoint_activations > 0 && o.strategy == Strategy::kFsdp) {
     warn("activation checkpointing: --strategy fsdp recomputes its units, and one process has none: off");
   } else if (o.checkpoint_activations > 0) {
     std::string sizes;

@@ -114,7 +114,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
                  ": ", o.model, " has ", layers, " top-level layers to cut into segments");
     // A pipeline's stages recompute themselves (make_pipeline).
     // A pipeline's stages and FSDP's units recompute themselves.
-    if (!pipeline && o.strategy != "fsdp") {
+    if (!pipeline && o.strategy != Strategy::kFsdp) {
       model_->checkpoint_segments(models::plan_segments(layers, o.checkpoint_activations));
     }
   }
@@ -132,7 +132,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
                                                   mesh_ ? job_group_ : stages_ ? stages_ : group_);
   }
-  if (o.strategy == "dp") {
+  if (o.strategy == Strategy::kDp) {
     parallel::DataParallelOptions dp_options;
     dp_options.devices = parallel::parse_devices(o.devices);
     dp_options.output_device = device_;
@@ -164,12 +164,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     } else {
       dist::broadcast_module(*replica_, *group_);  // every replica starts from dp rank 0's weights
     }
-  } else if (group_ && o.strategy == "fsdp") {
+  } else if (group_ && o.strategy == Strategy::kFsdp) {
     // Note [fully sharded parameters]: from here on the model's parameters
     // hold no elements outside forward, backward and FullParams.
     fsdp_options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
     fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
-  } else if (group_ && world_ > 1 && o.strategy != "allreduce") {
+  } else if (group_ && world_ > 1 && o.strategy != Strategy::kAllReduce) {
     ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options());
   } else if (group_) {
     dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
@@ -295,11 +295,11 @@ std::string Trainer::job_settings() const {
          format(" data_content=%08x/%08x", data_.train->content_digest(), data_.test ? data_.test->content_digest() : 0u) +
          format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
                 "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d checkpoint_format=%s",
-                static_cast<long long>(data_.test ? data_.test->size() : 0), o.strategy.c_str(),
+                static_cast<long long>(data_.test ? data_.test->size() : 0), strategy_name(o.strategy).c_str(),
                 static_cast<long long>(o.grad_accum), static_cast<long long>(o.max_steps), o.shard_optimizer,
                 o.skip_bad_images, !o.checkpoint_dir.empty(), static_cast<long long>(o.checkpoint_every),
                 o.resume, o.checkpoint_format.c_str()) +
-         (o.strategy == "fsdp" ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
+         (o.strategy == Strategy::kFsdp ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +
          format(" mesh=%s", layout_.mesh.str().c_str()) +

@@ -270,7 +270,7 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   refused(with([](auto& c) { c.width_mult = 2; }), "--width-mult 2 applies to --model mobilenetv2 only, not convnet");
   refused(with([](auto& c) { c.stem = "cifar"; }), "--stem cifar applies to the resnet models only, not convnet");
   refused(with([](auto& c) {
-            c.strategy = "pipeline";
+            c.strategy = Strategy::kPipeline;
             c.devices = "cpu,cpu";
             c.micro_batches = 65;
           }),
@@ -288,7 +288,7 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   EXPECT_NO_THROW(check_train_ranks(with([](auto& c) { c.batch_per_process = 5; }), 3));
   EXPECT_EQ(testing::error_of([&] {
               check_train_ranks(with([](auto& c) {
-                                  c.strategy = "pipeline";
+                                  c.strategy = Strategy::kPipeline;
                                   c.micro_batches = 65;
                                 }), 2);
             }),

@@ -175,14 +175,14 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   Trainer whole(o, nullptr);
   auto whole_result = whole.run();
   for (int64_t k : {2, 3, 64}) {
-    for (const char* strategy : {"auto", "dp"}) {
+    for (Strategy strategy : {Strategy::kAuto, Strategy::kDp}) {
       auto chunked_options = o;
       chunked_options.grad_accum = k;
       chunked_options.strategy = strategy;
-      if (chunked_options.strategy == "dp") chunked_options.devices = "cpu,cpu";
+      if (chunked_options.strategy == Strategy::kDp) chunked_options.devices = "cpu,cpu";
       Trainer chunked(chunked_options, nullptr);
       auto result = chunked.run();
-      std::string what = "--grad-accum " + std::to_string(k) + " --strategy " + strategy;
+      std::string what = "--grad-accum " + std::to_string(k) + " --strategy " + strategy_name(strategy);
       EXPECT_LT(worst_relative_difference(state_of(whole), state_of(chunked)), 1e-12) << what;
       EXPECT_NEAR(result.epochs[0].train_loss, whole_result.epochs[0].train_loss, 1e-12) << what;
       EXPECT_EQ(result.epochs[0].train_acc, whole_result.epochs[0].train_acc) << what;
@@ -202,7 +202,7 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   bad.grad_accum = 0;
   refused(bad, "--grad-accum: expected a positive integer, got 0");
   bad.grad_accum = 2;
-  bad.strategy = "pipeline";
+  bad.strategy = Strategy::kPipeline;
   bad.devices = "cpu,cpu";
   refused(bad, "--grad-accum does not go with --strategy pipeline");
 }
@@ -216,17 +216,17 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   o.epochs = 1;
   o.max_steps = 4;
   o.dtype = "float64";
-  for (const char* strategy : {"auto", "dp"}) {
+  for (Strategy strategy : {Strategy::kAuto, Strategy::kDp}) {
     for (int64_t accum : {1, 2}) {
       auto plain_options = o;
       plain_options.strategy = strategy;
-      if (plain_options.strategy == "dp") plain_options.devices = "cpu,cpu";
+      if (plain_options.strategy == Strategy::kDp) plain_options.devices = "cpu,cpu";
       plain_options.grad_accum = accum;
       auto checkpointed_options = plain_options;
       checkpointed_options.checkpoint_activations = 3;
       Trainer plain(plain_options, nullptr), checkpointed(checkpointed_options, nullptr);
       auto a = plain.run(), b = checkpointed.run();
-      SCOPED_TRACE(std::string("--strategy ") + strategy + " --grad-accum " + std::to_string(accum));
+      SCOPED_TRACE(std::string("--strategy ") + strategy_name(strategy) + " --grad-accum " + std::to_string(accum));
       expect_equal_states(state_of(plain), state_of(checkpointed));
       EXPECT_EQ(a.epochs.back().train_loss, b.epochs.back().train_loss);
     }
@@ -252,14 +252,14 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   bad.sync_bn = true;
   refused(bad, "--checkpoint-activations does not go with --sync-bn");
   bad.sync_bn = false;
-  bad.strategy = "pipeline";
+  bad.strategy = Strategy::kPipeline;
   bad.devices = "cpu,cpu";
   refused(bad, "--checkpoint-activations 2: with --strategy pipeline every stage is recomputed whole "
                "(GPipe's re-materialization); give --checkpoint-activations 1");
   // A pipeline's stages recompute themselves: the same run, with each schedule.
   for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
     auto plain_options = o;
-    plain_options.strategy = "pipeline";
+    plain_options.strategy = Strategy::kPipeline;
     plain_options.devices = "cpu,cpu";
     plain_options.schedule = schedule;
     auto recomputing = plain_options;
@@ -287,14 +287,14 @@ TEST_F(TrainerTest, AShardedOptimizerInOneProcessIsThePlainOneAndNeedsDataParall
   sharded.run();
   expect_equal_states(state_of(plain), state_of(sharded));
 
-  for (const char* strategy : {"dp", "pipeline", "none"}) {
+  for (Strategy strategy : {Strategy::kDp, Strategy::kPipeline, Strategy::kNone}) {
     auto bad = sharded_options;
     bad.strategy = strategy;
-    if (bad.strategy != "none") bad.devices = "cpu,cpu";
+    if (bad.strategy != Strategy::kNone) bad.devices = "cpu,cpu";
     refused(bad, "--shard-optimizer shards the optimizer state over data-parallel ranks (--strategy auto, "
                  "ddp or allreduce); it does not work with " +
-                     std::string(bad.strategy == "pipeline" ? "a pipeline without dp ranks" : "--strategy ") +
-                     (bad.strategy == "pipeline" ? "" : strategy));
+                     std::string(bad.strategy == Strategy::kPipeline ? "a pipeline without dp ranks" : "--strategy ") +
+                     (bad.strategy == Strategy::kPipeline ? "" : strategy_name(strategy)));
   }
 }
 
@@ -306,11 +306,11 @@ TEST_F(TrainerTest, SyncBnNeedsDataParallelRanks) {
   auto o = small_run(data_.path());
   o.sync_bn = true;
   o.devices = "cpu,cpu";
-  o.strategy = "dp";
+  o.strategy = Strategy::kDp;
   refused(o, "--sync-bn normalises BatchNorm over data-parallel ranks (--strategy auto, ddp, allreduce or "
              "fsdp); it does not work with --strategy dp, where each replica normalises its own share of "
              "the batch, as PyTorch's DataParallel does: leave out --sync-bn");
-  o.strategy = "pipeline";
+  o.strategy = Strategy::kPipeline;
   refused(o, "it does not work with a pipeline without dp ranks (--mesh pp=P,dp=D replicates its stages), "
              "where each micro-batch is normalised on its own: leave out --sync-bn");
 }
@@ -325,7 +325,7 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
   Trainer plain(o, nullptr);
   plain.run();
   auto fsdp = o;
-  fsdp.strategy = "fsdp";
+  fsdp.strategy = Strategy::kFsdp;
   Trainer one(fsdp, nullptr);
   one.run();
   expect_equal_states(state_of(plain), state_of(one));
@@ -346,10 +346,10 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
       {false, [](TrainOptions& b) { b.fsdp_min_unit_params = 0; },
        "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
       // DDP's tuning with a strategy that has no buckets (allreduce ignored them)
-      {false, [](TrainOptions& b) { b.strategy = "allreduce"; b.ddp_comm_hook = "fp16"; },
+      {false, [](TrainOptions& b) { b.strategy = Strategy::kAllReduce; b.ddp_comm_hook = "fp16"; },
        "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over several processes); "
        "--strategy allreduce has none"},
-      {false, [](TrainOptions& b) { b.strategy = "none"; b.bucket_cap_mb = 5; },
+      {false, [](TrainOptions& b) { b.strategy = Strategy::kNone; b.bucket_cap_mb = 5; },
        "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over several processes); "
        "--strategy none has none"},
   };

@@ -194,8 +194,8 @@ TEST_F(TrainerTest, AClippedStepMovesTheWeightsByTheLearningRateTimesTheLimit) {
       {"float32", [](TrainOptions&) {}, 1e-4},
       {"--amp fp16", [](TrainOptions& c) { c.amp = "fp16"; }, 1e-3},
       {"--grad-accum 4", [](TrainOptions& c) { c.grad_accum = 4; }, 1e-4},
-      {"--strategy dp", [](TrainOptions& c) { c.strategy = "dp"; c.devices = "cpu,cpu"; }, 1e-4},
-      {"--strategy pipeline", [](TrainOptions& c) { c.strategy = "pipeline"; c.devices = "cpu,cpu"; }, 1e-4},
+      {"--strategy dp", [](TrainOptions& c) { c.strategy = Strategy::kDp; c.devices = "cpu,cpu"; }, 1e-4},
+      {"--strategy pipeline", [](TrainOptions& c) { c.strategy = Strategy::kPipeline; c.devices = "cpu,cpu"; }, 1e-4},
   };
   for (const auto& c : cases) {
     auto options = o;
@@ -244,11 +244,11 @@ TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOnTheGpu) {
   fp16.amp = "fp16";
   refused(fp16, "--cuda-graph does not work with --amp fp16");
   auto dp = o;
-  dp.strategy = "dp";
+  dp.strategy = Strategy::kDp;
   dp.devices = "cuda:0,cuda:0";
   refused(dp, "--cuda-graph captures the step of one process on one device");
   auto fsdp = o;
-  fsdp.strategy = "fsdp";  // its gathers and reductions are collectives on the host's schedule
+  fsdp.strategy = Strategy::kFsdp;  // its gathers and reductions are collectives on the host's schedule
   refused(fsdp, "--cuda-graph captures the step of one process on one device; it does not work "
                 "with --strategy fsdp");
 

@@ -36,6 +36,27 @@ class FlagSet {
                   const std::string& help);
   void add_choice(const std::string& name, std::string* target,
                   const std::vector<std::string>& choices, const std::string& help);
+  // A choice parsed into an enum: `names` maps each word to its value.
+  template <typename E>
+  void add_enum(const std::string& name, E* target, const std::vector<std::pair<std::string, E>>& names,
+                const std::string& help) {
+    std::string metavar, current;
+    for (const auto& [word, value] : names) {
+      metavar += (metavar.empty() ? "" : "|") + word;
+      if (value == *target) current = word;
+    }
+    Flag flag{name, metavar, help, current};
+    flag.set = [target, names, name, metavar](const std::string& value) {
+      for (const auto& [word, e] : names) {
+        if (word == value) {
+          *target = e;
+          return;
+        }
+      }
+      throw UsageError("--" + name + ": expected one of " + metavar + ", got '" + value + "'");
+    };
+    add(std::move(flag));
+  }
   // A switch: present means true; takes no value.
   void add_switch(const std::string& name, bool* target, const std::string& help);
   // A heading in --help before the flags added next.

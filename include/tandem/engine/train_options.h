@@ -5,9 +5,22 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tandem::engine {
+
+// --strategy, parsed once where the flags are: auto (ddp with several
+// ranks), none, ddp, allreduce (seed 004's hand-written loop), fsdp, dp
+// (DataParallel in one process), pipeline.
+enum class Strategy { kAuto, kNone, kDdp, kAllReduce, kFsdp, kDp, kPipeline };
+// Each strategy's name on the command line, in --help's order.
+const std::vector<std::pair<std::string, Strategy>>& strategy_names();
+// The name of `s` ("fsdp"); also as `out << s`, as messages print it.
+const std::string& strategy_name(Strategy s);
+std::ostream& operator<<(std::ostream& out, Strategy s);
 
 struct TrainOptions {
   // Data
@@ -47,7 +60,7 @@ struct TrainOptions {
   int64_t checkpoint_activations = 0;  // segments recomputed in backward (models/activation_checkpoint.h); 0: off
 
   // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
-  std::string strategy = "auto";      // auto (ddp with several ranks) | none | ddp | allreduce | fsdp | dp | pipeline
+  Strategy strategy = Strategy::kAuto;  // --strategy (kStrategyNames)
   std::string mesh;                   // the ranks as pp x dp, e.g. "dp=2,pp=2" (engine/parallel_layout.h);
                                       // empty: from --strategy
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
