@@ -22,24 +22,16 @@ namespace fs = std::filesystem;
 // A sharded checkpoint's weights (Note [sharded checkpoints]), assembled.
 CheckpointWeights read_sharded(const std::string& dir) {
   CheckpointWeights weights;
-  try {
-    auto c = sharded::read(dir);
-    weights.fingerprint = c.header.at("fingerprint").toStringRef();
-    weights.step = c.header.at("step").toInt();
-    for (auto& [name, tensor] : c.tensors) {
-      if (name.rfind("model.", 0) == 0) weights.tensors.emplace_back(name.substr(6), tensor);
-    }
-    auto metadata = c.header.find("weights_metadata");
-    if (metadata != c.header.end()) {
-      weights.metadata = nlohmann::json::parse(metadata->second.toStringRef()).get<std::map<std::string, std::string>>();
-    }
-  } catch (const tandem::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    TANDEM_FAIL("not a readable tandem checkpoint (", what.substr(0, what.find('\n')), ")");
+  auto c = sharded::read(dir);
+  weights.fingerprint = c.header.at("fingerprint").toStringRef();
+  weights.step = c.header.at("step").toInt();
+  for (auto& [name, tensor] : c.tensors) {
+    if (name.rfind("model.", 0) == 0) weights.tensors.emplace_back(name.substr(6), tensor);
   }
-  TANDEM_CHECK(!weights.tensors.empty(), "not a tandem checkpoint: its model holds no tensors");
+  auto metadata = c.header.find("weights_metadata");
+  if (metadata != c.header.end()) {
+    weights.metadata = nlohmann::json::parse(metadata->second.toStringRef()).get<std::map<std::string, std::string>>();
+  }
   return weights;
 }
 
@@ -48,14 +40,12 @@ bool is_sharded(const std::string& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / sharded::kManifest, ec);
 }
 
-// One checkpoint's weights; throws tandem::Error saying what is wrong
-// (the caller names the file).
-CheckpointWeights read_one(const std::string& path) {
-  if (is_sharded(path)) return read_sharded(path);
+// One checkpoint file's weights.
+CheckpointWeights read_file(const std::string& path) {
   const std::string bytes = internal::verified_archive(path);
   torch::serialize::InputArchive archive;
   CheckpointWeights weights;
-  try {
+  {
     internal::load_checked_archive(bytes, archive);
     c10::IValue value;
     archive.read("format_version", value);
@@ -73,6 +63,16 @@ CheckpointWeights read_one(const std::string& path) {
     if (archive.try_read("weights_metadata", value)) {  // absent from checkpoints written before it
       weights.metadata = nlohmann::json::parse(value.toStringRef()).get<std::map<std::string, std::string>>();
     }
+  }
+  return weights;
+}
+
+// One checkpoint's weights, a file or a sharded checkpoint's folder; throws
+// tandem::Error saying what is wrong (the caller names the path).
+CheckpointWeights read_one(const std::string& path) {
+  CheckpointWeights weights;
+  try {
+    weights = is_sharded(path) ? read_sharded(path) : read_file(path);
   } catch (const tandem::Error&) {
     throw;
   } catch (const std::exception& e) {

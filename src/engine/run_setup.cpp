@@ -35,12 +35,17 @@ std::shared_ptr<dist::ProcessGroup> join_job(const TrainOptions& o, torch::Devic
   return std::make_shared<dist::ProcessGroup>(*rendezvous, g);
 }
 
-data::DataSplits open_run_data(const TrainOptions& o) {
+data::DataOptions data_options_for(const TrainOptions& o) {
   data::DataOptions data_options;
   data_options.augment = o.augment;
   data_options.image_size = o.image_size;
   data_options.seed = o.seed;
   data_options.skip_bad_images = o.skip_bad_images;
+  return data_options;
+}
+
+data::DataSplits open_run_data(const TrainOptions& o) {
+  const auto data_options = data_options_for(o);
   auto splits = data::open_data(o.data, data_options);
   if (!o.val_data.empty()) {
     // What the spec alone shows is refused before the data are read.

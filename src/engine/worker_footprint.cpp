@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "tandem/data/source.h"
+#include "tandem/engine/run_setup.h"
 #include "tandem/engine/counting_allocator.h"
 #include "tandem/engine/parallel_layout.h"
 
@@ -66,11 +67,7 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
   const int64_t ranks = layout.pipeline ? layout.data_ranks() : workers;
   f.worker_batch = o.batch_per_process > 0 ? o.batch_per_process : std::max<int64_t>(1, o.batch_size / ranks);
   {
-    data::DataOptions data_options;
-    data_options.augment = o.augment;
-    data_options.image_size = o.image_size;
-    data_options.seed = o.seed;
-    data_options.skip_bad_images = o.skip_bad_images;
+    const auto data_options = data_options_for(o);
     auto splits = data::open_data(o.data, data_options);
     if (!o.val_data.empty()) splits.test = data::open_eval_data(o.val_data, data_options, &splits);
     f.data_bytes = std::max<int64_t>(0, status_bytes("RssAnon") - f.base_bytes);

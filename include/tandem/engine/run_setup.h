@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "tandem/data/dataset.h"
+#include "tandem/data/source.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
@@ -29,6 +30,10 @@ torch::Device parse_device(const std::string& text);
 // mpirun), with --dist-backend and --dist-timeout; null when it names none.
 // A plain --device cuda becomes cuda:LOCAL_RANK, made the current device.
 std::shared_ptr<dist::ProcessGroup> join_job(const TrainOptions& o, torch::Device& device);
+
+// The data's options from the flags (--augment, --image-size, --seed,
+// --skip-bad-images).
+data::DataOptions data_options_for(const TrainOptions& o);
 
 // --data (and --val-data as the evaluation split), checked to agree in
 // image shape and classes.
