@@ -255,6 +255,11 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
   o.device = "tpu";
   EXPECT_THROW(Trainer(o, nullptr), Error);
   o = small_run(data_.path());
+  o.checkpoint_format = "sharded";  // with nowhere to write
+  refused(o, "--checkpoint-format sharded needs --checkpoint-dir (where the checkpoints go)");
+  o.checkpoint_format = "zip";
+  refused(o, "--checkpoint-format: expected auto, file or sharded, got zip");
+  o = small_run(data_.path());
   o.resume = true;
   EXPECT_THROW(Trainer(o, nullptr), Error);
   // Values that used to run, ignored or wrong (a black-box sweep's finds).
