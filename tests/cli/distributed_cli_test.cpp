@@ -420,7 +420,7 @@ TEST(DistributedCliTest, RestartedWorkersResumeAndEndWithTheSameWeights) {
   pid_t victim = 0;
   for (int i = 0; i < 3000 && victim == 0; ++i) {  // once the first checkpoint exists
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (run("ls " + dir.file("restarted") + " 2>/dev/null | grep -c '^checkpoint-' || true").output == "0\n") continue;
+    if (testing::finished_checkpoints(dir.file("restarted")) == 0) continue;
     victim = worker_pid(dir.file("restarted "), 1);
   }
   ASSERT_GT(victim, 0) << testing::read_text(dir.file("out"));

@@ -99,7 +99,7 @@ TEST_F(TorchrunCliTest, AKilledWorkerIsRestartedAndTheJobEndsWithTheSameWeights)
   pid_t victim = 0;
   for (int i = 0; i < 3000 && victim == 0; ++i) {  // once the first checkpoint exists
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (run("ls " + checkpoints + " 2>/dev/null | grep -c '^checkpoint-' || true").output == "0\n") continue;
+    if (testing::finished_checkpoints(checkpoints) == 0) continue;
     victim = testing::worker_pid(checkpoints, 1);
   }
   ASSERT_GT(victim, 0) << testing::read_text(out.file("out"));

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -166,6 +167,16 @@ int worker_pid(const std::string& marker, int rank) {
     if (environ.find(wanted) != std::string::npos) return std::atoi(pid.c_str());
   }
   return 0;
+}
+
+int finished_checkpoints(const std::string& dir) {
+  static const std::regex finished("checkpoint-[0-9]+(\\.pt)?");
+  int count = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (std::regex_match(it->path().filename().string(), finished)) ++count;
+  }
+  return count;
 }
 
 ::testing::AssertionResult tandem_fails(const std::string& args, int exit_code, const std::string& message) {

@@ -90,6 +90,10 @@ CommandResult run_tandem(const std::string& args);
 // and whose environment has RANK=rank; 0 if there is none (yet).
 int worker_pid(const std::string& marker, int rank);
 
+// How many finished checkpoints `dir` holds: checkpoint-<step>.pt files and
+// checkpoint-<step> folders, not the .tmp-<pid> ones still being written.
+int finished_checkpoints(const std::string& dir);
+
 // Whether `tandem ARGS` exits with `exit_code` (kAnyFailure: any non-zero
 // code) and prints `message`; else a failure showing the code and output.
 // EXPECT_TRUE(tandem_fails("train --flag x", 2, "--flag")) keeps the
