@@ -66,11 +66,8 @@ TrainResult Trainer::run() {
   // [sharded optimizer state]); the weights are plain SGD's.
   std::unique_ptr<optim::Sgd> sgd;
   optim::ZeroSgd* zero = nullptr;
-  parallel::FsdpSgd* fsdp_sgd = nullptr;  // --strategy fsdp: SGD over the shards
-  if (fsdp_) {
-    auto sharded = std::make_unique<parallel::FsdpSgd>(*fsdp_, sgd_options);
-    fsdp_sgd = sharded.get();
-    sgd = std::move(sharded);
+  if ((sgd = plan_->make_optimizer(sgd_options))) {
+    // The plan's own: FSDP's SGD over the shards.
   } else if (o.shard_optimizer) {
     // A pipeline's other stages' parameters keep their places (a checkpoint
     // holds the whole model) but are stepped by their own ranks.
@@ -85,6 +82,7 @@ TrainResult Trainer::run() {
     sgd = std::make_unique<optim::Sgd>(model_->parameters(), sgd_options);
   }
   optim::Sgd& optimizer = *sgd;
+  auto* fsdp_sgd = dynamic_cast<parallel::FsdpSgd*>(sgd.get());  // its checkpoints gather the shards
   optim::CosineSchedule schedule(
       {o.lr, o.min_lr, o.epochs * steps_per_epoch,
        static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
@@ -110,12 +108,7 @@ TrainResult Trainer::run() {
   // Note [diverged]: this rank's weights and buffers, checked at every sync;
   // what the run starts from, for the advice should it diverge.
   auto weights_and_buffers = [this] {
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    if (fsdp_) {
-      for (const auto& shard : fsdp_->parameters()) named.emplace_back("a parameter shard of this rank", shard);
-    } else {
-      for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-    }
+    auto named = plan_->named_parameters();
     for (const auto& b : model_->named_buffers()) named.emplace_back(b.key(), b.value());
     return named;
   };
@@ -149,7 +142,7 @@ TrainResult Trainer::run() {
     }
     if (mesh_ && fsdp_sgd) {  // Note [fsdp x pipeline checkpoints]
       auto whole = whole_model_sgd(*fsdp_sgd, /*with_momentum=*/true);
-      parallel::FullyShardedDataParallel::FullParams full(*fsdp_, /*write_back=*/false);
+      Held full = plan_->whole_model(/*write_back=*/false);
       gather_stages(*whole);
       if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
       return;
@@ -160,8 +153,7 @@ TrainResult Trainer::run() {
     gather_stages(optimizer);  // a pipeline over ranks: every stage's weights and momentum
     if (fsdp_sgd) fsdp_sgd->consolidate_state();
     {
-      std::optional<parallel::FullyShardedDataParallel::FullParams> full;  // the whole model on every rank
-      if (fsdp_) full.emplace(*fsdp_, /*write_back=*/false);
+      Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
       if (rank_ == 0) result.last_checkpoint = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
     }
     if (zero) zero->shard_state();
@@ -426,7 +418,7 @@ TrainResult Trainer::run() {
   }
   // FSDP ends here: every rank's model holds the whole trained weights
   // again (for the export below, and for evaluate() or model() after run()).
-  if (fsdp_) fsdp_->detach_model();
+  plan_->finish();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
   // weights (a collective, so before the rank 0 test below).
   if (stages_ && !o.export_weights.empty()) gather_stages(optimizer);

@@ -22,33 +22,12 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
   }
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
-               static_cast<long long>(world_), ddp_ ? "ddp" : fsdp_ ? "fsdp" : "allreduce",
+               static_cast<long long>(world_), plan_->name().c_str(),
                group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
                static_cast<long long>(o.batch_size)));
   }
-  if (fsdp_) {
-    int64_t largest = 0, shards = 0;
-    for (const auto& unit : fsdp_->units()) largest = std::max(largest, unit.numel);
-    for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
-    const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
-    if (mesh_) {  // Note [fsdp under a pipeline]
-      int64_t stage = 0;  // the parameters hold no elements at rest: the units count them
-      for (const auto& unit : fsdp_->units()) stage += unit.numel;
-      say(format("fully sharded over each stage's dp ranks (FSDP under a pipeline: the stage gathered once a "
-                 "step, over all its micro-batches; %lld unit(s) of up to %lld parameters); between steps each "
-                 "rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of its stage's "
-                 "%.2f",
-                 static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest), shards * mib,
-                 stage * mib));
-    } else {
-      say(format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
-                 "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
-                 o.fsdp_sharding == "full" ? "ZeRO-3: parameters gathered again for backward"
-                                           : "ZeRO-2: parameters kept from forward to backward",
-                 static_cast<long long>(fsdp_->units().size()), static_cast<long long>(largest),
-                 fsdp_->describe_units().c_str(), shards * mib, parameter_count_ * mib));
-    }
-  } else if (o.strategy == Strategy::kFsdp) {
+  for (const auto& line : plan_->describe()) say(line);
+  if (o.strategy == Strategy::kFsdp && !plan_->sharded()) {
     warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
   if (!group_ && !stages_) {
@@ -82,12 +61,6 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     warn(format("--batch-size %lld is more than the %lld training images: each step takes all of them",
                 static_cast<long long>(o.batch_size), static_cast<long long>(data_.train->size())));
   }
-  if (dp_) {
-    std::string names;
-    for (const auto& d : dp_->devices()) names += (names.empty() ? "" : ",") + d.str();
-    say(format("DataParallel over %s in one process: the batch of %lld scattered, outputs gathered on %s",
-               names.c_str(), static_cast<long long>(o.batch_size), device_.str().c_str()));
-  }
   if (o.grad_accum > 1) {
     say(format("gradient accumulation: each rank's batch of %lld in %lld chunks, one optimizer step",
                static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
@@ -96,7 +69,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
   if (o.checkpoint_activations > 0 && pipeline_) {
     say("activation checkpointing: every stage keeps only its micro-batches' inputs and recomputes "
         "its forward before their backward (GPipe's re-materialization)");
-  } else if (o.checkpoint_activations > 0 && fsdp_) {
+  } else if (o.checkpoint_activations > 0 && plan_->sharded()) {
     say("activation checkpointing: every FSDP unit but the last keeps only its input and recomputes "
         "its forward in backward (the unit is gathered for its backward anyway)");
   } else if (o.checkpoint_activations > 0 && o.strategy == Strategy::kFsdp) {

@@ -66,8 +66,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
     {
       // FSDP: the whole model is loaded on every rank, then each keeps its
       // shards (write-back); the optimizer keeps its slices (FsdpSgd::load).
-      std::optional<parallel::FullyShardedDataParallel::FullParams> full;
-      if (fsdp_) full.emplace(*fsdp_, /*write_back=*/true);
+      Held full = plan_->whole_model(/*write_back=*/true);
       auto* sharded = mesh_ ? dynamic_cast<parallel::FsdpSgd*>(&optimizer) : nullptr;
       if (sharded) {  // Note [fsdp x pipeline checkpoints]
         auto whole = whole_model_sgd(*sharded, /*with_momentum=*/false);

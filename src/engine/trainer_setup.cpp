@@ -22,7 +22,7 @@
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
-#include "tandem/parallel/comm_hook.h"
+#include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
 #include "tandem/util/file.h"
@@ -132,58 +132,21 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
                                                   mesh_ ? job_group_ : stages_ ? stages_ : group_);
   }
-  if (o.strategy == Strategy::kDp) {
-    parallel::DataParallelOptions dp_options;
-    dp_options.devices = parallel::parse_devices(o.devices);
-    dp_options.output_device = device_;
-    dp_options.trace = o.dp_trace;
-    dp_ = parallel::DataParallel(model_, dp_options);
-  }
   if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
   parameter_count_ = models::count_parameters(*model_);
-  replica_ = model_.ptr();
-  parallel::FsdpOptions fsdp_options;
-  fsdp_options.min_unit_numel = o.fsdp_min_unit_params;
-  fsdp_options.reshard_after_forward = o.fsdp_sharding == "full";
-  if (mesh_) {
-    // Note [replicated stages]: DDP or FSDP over this rank's pieces, their
-    // gradients reduced once the pipeline's last backward is done (step()).
-    auto pieces = std::make_shared<torch::nn::Module>("PipelinePieces");
-    models::Sequence stage;
-    for (size_t k = 0; k < own_pieces_.size(); ++k) {
-      pieces->register_module("piece" + std::to_string(k), own_pieces_[k]);
-      stage->push_back("piece" + std::to_string(k), own_pieces_[k]);
-    }
-    replica_ = pieces;
-    if (layout_.data == DataParallelism::kDdp) {
-      ddp_ = std::make_unique<parallel::DistributedDataParallel>(replica_, group_, ddp_options());
-    } else if (layout_.data == DataParallelism::kFsdp) {
-      // Note [fsdp under a pipeline]: the stage's units are gathered once a
-      // step; the pipeline's stages recompute themselves.
-      fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(stage, group_, fsdp_options);
-    } else {
-      dist::broadcast_module(*replica_, *group_);  // every replica starts from dp rank 0's weights
-    }
-  } else if (group_ && o.strategy == Strategy::kFsdp) {
-    // Note [fully sharded parameters]: from here on the model's parameters
-    // hold no elements outside forward, backward and FullParams.
-    fsdp_options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
-    fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(model_, group_, fsdp_options);
-  } else if (group_ && world_ > 1 && o.strategy != Strategy::kAllReduce) {
-    ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_.ptr(), group_, ddp_options());
-  } else if (group_) {
-    dist::broadcast_module(*model_, *group_);  // every rank starts from rank 0's weights
-  }
-}
-
-parallel::DdpOptions Trainer::ddp_options() const {
-  const auto& o = options_;
-  parallel::DdpOptions ddp;
-  ddp.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
-  ddp.buckets.first_bucket_bytes = std::min(ddp.buckets.first_bucket_bytes, ddp.buckets.bucket_bytes);
-  ddp.buckets.last_bucket_bytes = std::min(ddp.buckets.last_bucket_bytes, ddp.buckets.bucket_bytes);
-  ddp.comm_hook = parallel::make_comm_hook(o.ddp_comm_hook);
-  return ddp;
+  // The dp dimension's plan, over the model or, under a mesh, over this
+  // rank's pipeline pieces (Note [replicated stages]): their gradients are
+  // then reduced once the pipeline's last backward is done (step()).
+  DataPlanSetup plan;
+  plan.options = &o;
+  plan.layout = layout_;
+  plan.model = model_;
+  if (mesh_) plan.pieces = own_pieces_;
+  plan.group = group_;
+  plan.data_ranks = world_;
+  plan.device = device_;
+  plan.parameter_count = parameter_count_;
+  plan_ = make_data_plan(plan);
 }
 
 // --strategy pipeline: cut the model into one stage per device (or

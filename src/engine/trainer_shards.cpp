@@ -86,13 +86,13 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
       for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));
     }
   }
-  if (fsdp_) {  // every rank its shards' spans of the parameters, and of their momentum
-    const auto spans = fsdp_->shard_spans();
-    const auto& shards = fsdp_->parameters();
+  if (auto* fsdp = plan_->fully_sharded()) {  // every rank its shards' spans of the parameters, and of their momentum
+    const auto spans = fsdp->shard_spans();
+    const auto& shards = fsdp->parameters();
     for (size_t i = 0; i < spans.size(); ++i) {
       const auto momentum = momentum_of(optimizer, shards[i]);
       for (const auto& span : spans[i]) {
-        const auto& p = fsdp_->model_parameters()[span.parameter];
+        const auto& p = fsdp->model_parameters()[span.parameter];
         pieces.push_back({name_of(names, p).name, name_of(names, p).order, span.shape, span.strides, span.offset,
                           shards[i].detach().narrow(0, span.shard_offset, span.numel)});
         if (!momentum.defined()) continue;

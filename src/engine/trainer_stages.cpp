@@ -102,7 +102,7 @@ std::unique_ptr<optim::Sgd> Trainer::whole_model_sgd(parallel::FsdpSgd& sharded,
   whole->param_groups()[0].set_options(sharded.param_groups()[0].options().clone());
   if (!with_momentum) return whole;
   sharded.consolidate_state();  // over the dp ranks
-  const auto& params = fsdp_->model_parameters();
+  const auto& params = plan_->fully_sharded()->model_parameters();
   const auto& momentum = sharded.full_momentum();
   for (size_t i = 0; i < momentum.size(); ++i) {
     auto state = std::make_unique<torch::optim::SGDParamState>();
@@ -116,7 +116,7 @@ void Trainer::keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded
   sharded.param_groups()[0].set_options(whole.param_groups()[0].options().clone());
   std::vector<torch::Tensor> momentum;
   const auto& state = whole.state();
-  for (const auto& p : fsdp_->model_parameters()) {
+  for (const auto& p : plan_->fully_sharded()->model_parameters()) {
     auto found = state.find(p.unsafeGetTensorImpl());
     if (found == state.end()) continue;
     momentum.push_back(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer());

@@ -23,24 +23,7 @@ namespace tandem::engine {
 StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targets,
                           torch::optim::Optimizer& optimizer, StepCounters& counters) {
   RECORD_USER_SCOPE("tandem::step");  // the phases, for --profile-out (engine/profile.h)
-  if (ddp_) {
-    // Note [gradients are bucket views]: on CPU, letting backward's fresh
-    // gradient be copied into the bucket once measured faster than zeroing
-    // the bucket and accumulating into it (bench/ddp.sh, bench/results/ddp.md);
-    // on CUDA the in-place form saves the memory.
-    if (device_.is_cuda()) {
-      ddp_->zero_grad();
-    } else {
-      optimizer.zero_grad();
-    }
-    ddp_->before_forward();  // BatchNorm statistics from rank 0
-  } else if (fsdp_) {
-    optimizer.zero_grad();  // the shards' (FSDP broadcasts the buffers in its first forward)
-    if (mesh_) dist::broadcast_buffers(*replica_, *group_);  // its stage runs without FSDP's forward
-  } else {
-    optimizer.zero_grad();  // to none (under --cuda-graph: the captured backward assigns them)
-    if (group_) dist::broadcast_buffers(*replica_, *group_);
-  }
+  plan_->begin_step(optimizer);  // gradients cleared, BatchNorm statistics from dp rank 0
   StepOutputs out;
   if (pipeline_ || rank_pipeline_) {  // forward and backward, micro-batch by micro-batch
     RECORD_USER_SCOPE("tandem::pipeline");
@@ -61,12 +44,10 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       // Note [replicated stages]: the micro-batches' gradients accumulate;
       // DDP reduces their sum in after_backward(), FSDP just after the step
       // with the stage gathered over it (Note [fsdp under a pipeline]).
-      std::optional<parallel::DistributedDataParallel::NoSync> accumulate_only;
-      if (ddp_) accumulate_only.emplace(*ddp_);
-      std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;
-      if (fsdp_) gathered.emplace(*fsdp_, /*write_back=*/false);
+      Held micro_batches = plan_->begin_micro_batches();
       auto micro = rank_pipeline_->train_step(inputs, targets, micro_loss, scale);
-      if (fsdp_) fsdp_->reduce_accumulated_gradients();
+      plan_->end_micro_batches();
+      micro_batches.reset();
       out.logits = micro.output;  // on the last stage only
       out.loss = micro.loss;      // on every stage (broadcast from the last)
       counters.stage_idle[stages_->rank()] += micro.idle_share().at(0);
@@ -95,14 +76,13 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     auto input_chunks = inputs.tensor_split(chunks), target_chunks = targets.tensor_split(chunks);
     std::vector<torch::Tensor> logits;
     for (int64_t k = 0; k < chunks; ++k) {
-      std::optional<parallel::DistributedDataParallel::NoSync> accumulate_only;
-      if (ddp_ && k + 1 < chunks) accumulate_only.emplace(*ddp_);
+      Held accumulate_only = k + 1 < chunks ? plan_->accumulate_only() : nullptr;
       torch::Tensor loss;
       {
         RECORD_USER_SCOPE("tandem::forward");
         optim::AutocastGuard autocast(device_.type(), amp_);  // forward and loss only
         const auto& x = input_chunks[k];
-        logits.push_back(dp_ ? dp_->forward(x) : fsdp_ ? fsdp_->forward(x) : model_->forward(x));
+        logits.push_back(plan_->forward(x));
         loss = torch::nn::functional::cross_entropy(logits.back(), target_chunks[k], loss_options_);
         if (chunks > 1) loss = loss * (static_cast<double>(x.size(0)) / static_cast<double>(rows));
       }
@@ -117,27 +97,16 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   }
   {
     RECORD_USER_SCOPE("tandem::reduce");
-    if (ddp_) {
-      ddp_->after_backward();  // buckets were all-reduced during backward
-    } else if (fsdp_) {
-      fsdp_->after_backward();  // units were reduce-scattered during backward
-    } else if (group_) {
-      dist::average_gradients(*replica_, *group_);  // seed 004's all-reduce after backward
-    }
+    plan_->after_backward();  // the gradients averaged over the dp ranks
   }
   {
     RECORD_USER_SCOPE("tandem::optimizer");
     if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
       if (scaler_) scaler_->unscale(optimizer);
-      if (fsdp_) {  // each rank holds a shard of every gradient: the norm over all of them
-        // Under a mesh the shards of every stage: the job's ranks hold them once each.
-        optim::clip_grad_norm(fsdp_->parameters(), options_.clip_grad_norm,
-                              mesh_ ? job_group_.get() : &fsdp_->group());
-      } else if (stages_) {  // each stage holds its pieces' gradients: likewise
-        optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm, stages_.get());
-      } else {
-        optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
-      }
+      // The norm is summed over the ranks that hold disjoint pieces: the dp
+      // ranks' shards, a pipeline's stages, or under a mesh both (the job).
+      dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
+      optim::clip_grad_norm(plan_->parameters(), options_.clip_grad_norm, holders);
     }
     if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
       if (!scaler_->step(optimizer)) ++counters.skipped_steps;
@@ -160,12 +129,12 @@ EvalResult Trainer::evaluate() {
       optim::AutocastGuard cuda(torch::kCUDA, amp_);
       return pipeline_->forward(x);
     };
-  } else if (amp_ || options_.channels_last || (fsdp_ && !fsdp_->detached())) {
+  } else {
     forward = [this](const torch::Tensor& x) {
       optim::AutocastGuard autocast(device_.type(), amp_);
       bool nhwc = options_.channels_last && x.dim() == 4;
       auto input = nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
-      return fsdp_ && !fsdp_->detached() ? fsdp_->forward(input) : model_->forward(input);
+      return plan_->evaluation_forward(input);
     };
   }
   if (rank_pipeline_) {
@@ -176,8 +145,7 @@ EvalResult Trainer::evaluate() {
     // pipeline: the stage's units gathered once for the whole evaluation,
     // as for a training step.
     forward = [this](const torch::Tensor& x) { return rank_pipeline_->forward(x); };
-    std::optional<parallel::FullyShardedDataParallel::FullParams> gathered;
-    if (fsdp_ && !fsdp_->detached()) gathered.emplace(*fsdp_, /*write_back=*/false);
+    Held gathered = plan_->whole_model(/*write_back=*/false);
     auto result = engine::evaluate(model_, *data_.test, options_.batch_size, device_, options_.workers,
                                    mesh_ ? group_.get() : nullptr, forward);
     gathered.reset();

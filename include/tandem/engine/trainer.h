@@ -3,8 +3,8 @@
 // One flat story, in run(): open the data, build the model and optimizer,
 // resume if asked, then for each epoch train (schedule, forward, loss,
 // backward, step), evaluate, record, checkpoint; finally export the weights.
-// The strategies (DDP, seed 004's all-reduce, DataParallel, pipeline) plug in
-// around the step.
+// The data-parallel dimension is a DataPlan (engine/data_plan.h) asked at
+// each phase of the step; the pipeline dimension runs the micro-batches.
 #pragma once
 
 #include <cstdio>
@@ -22,6 +22,7 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/data_plan.h"
 #include "tandem/engine/evaluate.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
@@ -32,8 +33,6 @@
 #include "tandem/models/sequence.h"
 #include "tandem/optim/grad_scaler.h"
 #include "tandem/optim/zero.h"
-#include "tandem/parallel/data_parallel.h"
-#include "tandem/parallel/ddp.h"
 #include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/fsdp_sgd.h"
 #include "tandem/parallel/pipeline.h"
@@ -130,7 +129,6 @@ class Trainer {
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
   // no effect, something skipped or removed.
   void warn(const std::string& line) const;
-  parallel::DdpOptions ddp_options() const;  // --bucket-cap-mb, --ddp-comm-hook
   void make_pipeline(const data::DatasetInfo& info);
   void make_rank_pipeline(const data::DatasetInfo& info);
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
@@ -180,13 +178,9 @@ class Trainer {
   // Note [replicated stages]: pp x dp over ranks; group_ is then the dp
   // slice and stages_ the pp slice through this rank.
   std::shared_ptr<dist::DeviceMesh> mesh_;
-  // What the dp dimension replicates, averages and broadcasts: the model,
-  // or this rank's pipeline pieces.
-  std::shared_ptr<torch::nn::Module> replica_;
-  std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // --strategy ddp (the default)
-  // --strategy fsdp; detached at the end of run(), so the model holds its weights again.
-  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
-  parallel::DataParallel dp_{nullptr};                      // --strategy dp
+  // The dp dimension (engine/data_plan.h): one process, all-reduce, DDP,
+  // FSDP or DataParallel, over the model or this rank's pipeline pieces.
+  std::unique_ptr<DataPlan> plan_;
   std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline (one process)
   // --strategy pipeline over ranks (Note [pipeline over ranks]): the ranks'
   // group, this rank's stage and the modules of the other ranks' pieces.

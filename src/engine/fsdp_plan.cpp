@@ -1,0 +1,113 @@
+// --strategy fsdp over ranks: parallel::FullyShardedDataParallel as a data
+// plan (engine/data_plan.h), over the whole model or, under a mesh, over
+// this rank's pipeline stage (Note [fsdp under a pipeline]).
+#include <algorithm>
+
+#include "data_plans.h"
+#include "tandem/dist/collectives.h"
+#include "tandem/models/registry.h"
+#include "tandem/parallel/fsdp.h"
+#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/util/table.h"
+
+namespace tandem::engine::internal {
+namespace {
+
+class FsdpPlan : public DataPlan {
+ public:
+  FsdpPlan(const DataPlanSetup& setup, models::Sequence sharded, parallel::FsdpOptions options)
+      : DataPlan(setup.model),
+        replica_(replica_of(setup)),
+        group_(setup.group),
+        under_pipeline_(!setup.pieces.empty()),
+        full_sharding_(options.reshard_after_forward),
+        parameter_count_(setup.parameter_count),
+        fsdp_(std::make_unique<parallel::FullyShardedDataParallel>(std::move(sharded), setup.group, options)) {}
+  std::string name() const override { return "fsdp"; }
+
+  std::vector<std::string> describe() const override {
+    int64_t largest = 0, shards = 0, whole = 0;
+    for (const auto& unit : fsdp_->units()) {
+      largest = std::max(largest, unit.numel);
+      whole += unit.numel;  // the parameters hold no elements at rest: the units count them
+    }
+    for (const auto& shard : fsdp_->parameters()) shards += shard.numel();
+    const double mib = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) / (1 << 20);
+    const auto units = static_cast<long long>(fsdp_->units().size());
+    if (under_pipeline_) {  // Note [fsdp under a pipeline]
+      return {format("fully sharded over each stage's dp ranks (FSDP under a pipeline: the stage gathered once a "
+                     "step, over all its micro-batches; %lld unit(s) of up to %lld parameters); between steps each "
+                     "rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of its stage's "
+                     "%.2f",
+                     units, static_cast<long long>(largest), shards * mib, whole * mib)};
+    }
+    return {format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
+                   "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
+                   full_sharding_ ? "ZeRO-3: parameters gathered again for backward"
+                                  : "ZeRO-2: parameters kept from forward to backward",
+                   units, static_cast<long long>(largest), fsdp_->describe_units().c_str(), shards * mib,
+                   parameter_count_ * mib)};
+  }
+
+  void begin_step(torch::optim::Optimizer& optimizer) override {
+    optimizer.zero_grad();  // the shards' (FSDP broadcasts the buffers in its first forward)
+    if (under_pipeline_) dist::broadcast_buffers(*replica_, *group_);  // its stage runs without FSDP's forward
+  }
+  torch::Tensor forward(const torch::Tensor& x) override { return fsdp_->forward(x); }
+  torch::Tensor evaluation_forward(const torch::Tensor& x) override {
+    return fsdp_->detached() ? model_->forward(x) : fsdp_->forward(x);
+  }
+  // Note [fsdp under a pipeline]: the stage gathered once for all the
+  // micro-batches, their summed gradients reduce-scattered after them.
+  Held begin_micro_batches() override { return whole_model(/*write_back=*/false); }
+  void end_micro_batches() override { fsdp_->reduce_accumulated_gradients(); }
+  void after_backward() override { fsdp_->after_backward(); }  // units were reduce-scattered during backward
+
+  std::vector<torch::Tensor> parameters() const override { return fsdp_->parameters(); }
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& shard : fsdp_->parameters()) named.emplace_back("a parameter shard of this rank", shard);
+    return named;
+  }
+  bool sharded() const override { return true; }
+  std::unique_ptr<optim::Sgd> make_optimizer(const torch::optim::SGDOptions& options) override {
+    return std::make_unique<parallel::FsdpSgd>(*fsdp_, options);
+  }
+  Held whole_model(bool write_back) override {
+    if (fsdp_->detached()) return nullptr;
+    return std::make_shared<parallel::FullyShardedDataParallel::FullParams>(*fsdp_, write_back);
+  }
+  void finish() override {
+    if (!fsdp_->detached()) fsdp_->detach_model();
+  }
+  parallel::FullyShardedDataParallel* fully_sharded() override { return fsdp_.get(); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> replica_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  bool under_pipeline_, full_sharding_;
+  int64_t parameter_count_;
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataPlan> make_fsdp_plan(const DataPlanSetup& setup) {
+  const auto& o = *setup.options;
+  parallel::FsdpOptions options;
+  options.min_unit_numel = o.fsdp_min_unit_params;
+  options.reshard_after_forward = o.fsdp_sharding == "full";
+  if (setup.pieces.empty()) {
+    // Note [fully sharded parameters]: from here on the model's parameters
+    // hold no elements outside forward, backward and FullParams.
+    options.checkpoint_activations = o.checkpoint_activations > 0;  // --checkpoint-activations 1
+    return std::make_unique<FsdpPlan>(setup, setup.model, options);
+  }
+  // Note [fsdp under a pipeline]: this rank's pieces as one stage; the
+  // pipeline's stages recompute themselves.
+  models::Sequence stage;
+  for (size_t k = 0; k < setup.pieces.size(); ++k) stage->push_back("piece" + std::to_string(k), setup.pieces[k]);
+  return std::make_unique<FsdpPlan>(setup, stage, options);
+}
+
+}  // namespace tandem::engine::internal
