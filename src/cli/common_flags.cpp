@@ -42,7 +42,7 @@ void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {
   flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3, models::kMaxWidthMult);
   flags.add_choice("stem", &o.stem, {"auto", "imagenet", "cifar"},
                    "resnet stem; auto picks cifar for images up to 64 px");
-  flags.add_choice("dtype", &o.dtype, {"float32", "float64"},
+  flags.add_enum("dtype", &o.dtype, engine::dtype_names(),
                    "parameter and compute precision (float64 for exact comparisons)");
   flags.add_switch("channels-last", &o.channels_last,
                    "keep 4-D weights and inputs in NHWC memory order (channels last: faster "

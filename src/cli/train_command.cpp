@@ -115,7 +115,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "--strategy dp: print each replica's input and output shapes and device");
   flags.add_int("micro-batches", "M", &o.micro_batches,
                 "--strategy pipeline: micro-batches each batch is cut into", 1);
-  flags.add_choice("schedule", &o.schedule, {"gpipe", "1f1b", "interleaved"},
+  flags.add_enum("schedule", &o.schedule, engine::schedule_names(),
                    "--strategy pipeline: gpipe (all forwards, then all backwards), 1f1b "
                    "(at most one micro-batch per later stage in flight; same bubble, less memory) "
                    "or interleaved (1F1B over --virtual-stages chunks per device, Megatron-LM's "
@@ -151,7 +151,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "fp16 / bf16 on the wire (half the bytes, rounded)");
   flags.add_double("bucket-cap-mb", "MB", &o.bucket_cap_mb,
                    "DDP gradient bucket size in MiB (between a first and a last bucket of 1 MiB)", 1e-3, 1e6);
-  flags.add_choice("dist-backend", &o.dist_backend, {"auto", "gloo", "nccl"},
+  flags.add_enum("dist-backend", &o.dist_backend, engine::dist_backend_names(),
                    "collective backend; auto: nccl on CUDA, gloo on CPU");
   flags.add_double("dist-timeout", "SECONDS", &o.dist_timeout,
                    "longest wait of any collective before the job fails", 1e-3, 604800);

@@ -20,7 +20,7 @@ std::shared_ptr<dist::ProcessGroup> join_job(const TrainOptions& o, torch::Devic
   auto rendezvous = dist::rendezvous_from_env();
   if (!rendezvous) return nullptr;
   dist::GroupOptions g;
-  g.backend = o.dist_backend;
+  g.backend = option_name(o.dist_backend);
   g.device = o.device;
   g.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000));
   // One GPU per local rank: a plain --device cuda means cuda:LOCAL_RANK.
@@ -85,7 +85,7 @@ models::Sequence build_model(const TrainOptions& o, const data::DatasetInfo& inf
                                      info.width, o.image_size > 0 ? ", from --image-size" : "; --image-size resizes them",
                                      ")"));
   }
-  model->to(device, o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  model->to(device, o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);
   return model;
 }
 

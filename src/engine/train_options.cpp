@@ -25,23 +25,53 @@
 
 namespace tandem::engine {
 
-const std::vector<std::pair<std::string, Strategy>>& strategy_names() {
-  static const std::vector<std::pair<std::string, Strategy>> names = {
+const EnumNames<Strategy>& strategy_names() {
+  static const EnumNames<Strategy> names = {
       {"auto", Strategy::kAuto}, {"none", Strategy::kNone}, {"ddp", Strategy::kDdp},
       {"allreduce", Strategy::kAllReduce}, {"fsdp", Strategy::kFsdp}, {"dp", Strategy::kDp},
       {"pipeline", Strategy::kPipeline}};
   return names;
 }
 
-const std::string& strategy_name(Strategy s) {
-  for (const auto& [name, value] : strategy_names()) {
-    if (value == s) return name;
+const EnumNames<Dtype>& dtype_names() {
+  static const EnumNames<Dtype> names = {{"float32", Dtype::kFloat32}, {"float64", Dtype::kFloat64}};
+  return names;
+}
+
+const EnumNames<Schedule>& schedule_names() {
+  static const EnumNames<Schedule> names = {
+      {"gpipe", Schedule::kGpipe}, {"1f1b", Schedule::k1F1B}, {"interleaved", Schedule::kInterleaved}};
+  return names;
+}
+
+const EnumNames<DistBackend>& dist_backend_names() {
+  static const EnumNames<DistBackend> names = {
+      {"auto", DistBackend::kAuto}, {"gloo", DistBackend::kGloo}, {"nccl", DistBackend::kNccl}};
+  return names;
+}
+
+namespace {
+
+template <class E>
+const std::string& name_in(const EnumNames<E>& names, E value) {
+  for (const auto& [name, e] : names) {
+    if (e == value) return name;
   }
   static const std::string unknown = "?";
   return unknown;
 }
 
+}  // namespace
+
+const std::string& strategy_name(Strategy s) { return name_in(strategy_names(), s); }
+const std::string& option_name(Dtype d) { return name_in(dtype_names(), d); }
+const std::string& option_name(Schedule s) { return name_in(schedule_names(), s); }
+const std::string& option_name(DistBackend b) { return name_in(dist_backend_names(), b); }
+
 std::ostream& operator<<(std::ostream& out, Strategy s) { return out << strategy_name(s); }
+std::ostream& operator<<(std::ostream& out, Dtype d) { return out << option_name(d); }
+std::ostream& operator<<(std::ostream& out, Schedule s) { return out << option_name(s); }
+std::ostream& operator<<(std::ostream& out, DistBackend b) { return out << option_name(b); }
 namespace {
 
 // The model's top-level layer names as the command line alone determines
@@ -110,12 +140,10 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
   TANDEM_CHECK_USAGE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, ": expected 0 to --lr (", o.lr,
                      "), where the cosine schedule ends; --lr is its peak");
-  TANDEM_CHECK_USAGE(o.dtype == "float32" || o.dtype == "float64", "--dtype: expected float32 or float64, got '",
-                     o.dtype, "'");
   {
     // The optimizer computes in the parameters' dtype: a rate libtorch cannot
     // convert to it fails inside SGD with a message that names no flag.
-    const bool doubles = o.dtype == "float64";
+    const bool doubles = o.dtype == Dtype::kFloat64;
     const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
     for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
                                       {"--weight-decay", o.weight_decay},
@@ -196,7 +224,7 @@ void check_train_options(const TrainOptions& o) {
                      "--pipeline-balance go with --strategy pipeline");
   TANDEM_CHECK_USAGE(o.virtual_stages >= 0, "--virtual-stages: expected a positive integer, got ",
                      o.virtual_stages);
-  TANDEM_CHECK_USAGE(o.virtual_stages <= 1 || o.schedule == "interleaved", "--virtual-stages ",
+  TANDEM_CHECK_USAGE(o.virtual_stages <= 1 || o.schedule == Schedule::kInterleaved, "--virtual-stages ",
                      o.virtual_stages, ": more than one chunk per device needs --schedule interleaved, not ",
                      o.schedule);
   TANDEM_CHECK_USAGE(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
@@ -275,7 +303,7 @@ void check_train_options(const TrainOptions& o) {
                      "--cuda-graph captures the step of one process on one device; it does not work with "
                      "--strategy ", o.strategy);
   const auto amp = as_usage_error([&] { return optim::parse_amp(o.amp); });
-  TANDEM_CHECK_USAGE(!amp || o.dtype == "float32", "--amp ", o.amp, " needs --dtype float32 (autocast "
+  TANDEM_CHECK_USAGE(!amp || o.dtype == Dtype::kFloat32, "--amp ", o.amp, " needs --dtype float32 (autocast "
                      "lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
                      "state has nothing to be sharded over; leave out --shard-optimizer");
@@ -306,7 +334,7 @@ void check_train_options(const TrainOptions& o) {
 }
 
 int64_t resolved_virtual_stages(const TrainOptions& o) {
-  return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == "interleaved" ? 2 : 1;
+  return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == Schedule::kInterleaved ? 2 : 1;
 }
 
 void check_train_ranks(const TrainOptions& o, int64_t ranks) {

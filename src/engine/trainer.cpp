@@ -371,7 +371,7 @@ TrainResult Trainer::run() {
         // Interleaved with p not dividing m: no closed form; the schedule's
         // own bubble, simulated with backwards twice as long as forwards.
         const double textbook =
-            parallel::simulate(parallel::make_pipeline_schedule(o.schedule, p, o.micro_batches, v), 1.0, 2.0)
+            parallel::simulate(parallel::make_pipeline_schedule(option_name(o.schedule), p, o.micro_batches, v), 1.0, 2.0)
                 .mean_idle_share();
         say(format("pipeline: stage idle share %s (mean over %lld steps; the schedule's, simulated = %.2f)",
                    shares.c_str(), static_cast<long long>(counters.pipeline_steps), textbook));

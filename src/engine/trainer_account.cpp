@@ -42,7 +42,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     if (o.sync_bn) idle.push_back("--sync-bn");
     if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + o.ddp_comm_hook);
     if (o.bucket_cap_mb != defaults.bucket_cap_mb) idle.push_back(format("--bucket-cap-mb %g", o.bucket_cap_mb));
-    if (o.dist_backend != defaults.dist_backend) idle.push_back("--dist-backend " + o.dist_backend);
+    if (o.dist_backend != defaults.dist_backend) idle.push_back("--dist-backend " + option_name(o.dist_backend));
     if (o.dist_timeout != defaults.dist_timeout) idle.push_back(format("--dist-timeout %g", o.dist_timeout));
     if (!idle.empty()) {
       std::string flags;
@@ -107,7 +107,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
                "%lld micro-batches, %s schedule%s",
                static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
-               static_cast<long long>(o.micro_batches), o.schedule.c_str(),
+               static_cast<long long>(o.micro_batches), option_name(o.schedule).c_str(),
                chunks_note("rank", stages_->size()).c_str()));
   }
   if (pipeline_) {
@@ -115,7 +115,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
     say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule%s",
                names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
-               o.schedule.c_str(),
+               option_name(o.schedule).c_str(),
                chunks_note("device", static_cast<int64_t>(pipeline_->devices().size())).c_str()));
   }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",

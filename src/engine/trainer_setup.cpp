@@ -158,7 +158,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   const int64_t chunks = virtual_stages();
   auto [sizes, how] = pipeline_cut(info, static_cast<int64_t>(devices.size()), devices[0], true, "");
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
-  parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
+  parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
   pipeline_ = std::make_unique<parallel::Pipeline>(model_, sizes, devices, pipeline_options);
@@ -229,7 +229,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
       others_pieces_.push_back(cut[k]);
     }
   }
-  parallel::PipelineOptions pipeline_options{o.micro_batches, o.schedule, amp_};
+  parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
   own_pieces_ = mine;
@@ -267,7 +267,7 @@ std::string Trainer::job_settings() const {
                                : std::string()) +
          format(" mesh=%s", layout_.mesh.str().c_str()) +
          (layout_.pipeline
-              ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", o.schedule.c_str(),
+              ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", option_name(o.schedule).c_str(),
                        static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
                        o.pipeline_balance.c_str())
               : format(" ddp_comm_hook=%s bucket_cap_mb=%g", o.ddp_comm_hook.c_str(), o.bucket_cap_mb));
@@ -309,7 +309,7 @@ std::string Trainer::fingerprint() const {
   const int64_t image_size = o.image_size == data_.default_image_size ? 0 : o.image_size;
   return format("model=%s dtype=%s amp=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), o.dtype.c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), augment.c_str(),
+                o.model.c_str(), option_name(o.dtype).c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), augment.c_str(),
                 static_cast<long long>(image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),

@@ -90,7 +90,7 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
     m.stem = o.stem;
     torch::manual_seed(o.seed);
     auto model = models::make_model(o.model, m);
-    model->to(o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+    model->to(o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
     f.probe_batch = std::min({f.worker_batch, kProbeBatch, splits.train->size()});
     std::vector<int64_t> indices(static_cast<size_t>(f.probe_batch));

@@ -169,7 +169,7 @@ double worst_relative_difference(const std::vector<std::pair<std::string, torch:
 TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   auto o = small_run(data_.path());
   o.model = "mlp";
-  o.dtype = "float64";
+  o.dtype = Dtype::kFloat64;
   o.epochs = 1;
   o.max_steps = 6;
   Trainer whole(o, nullptr);
@@ -215,7 +215,7 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   auto o = small_run(data_.path());
   o.epochs = 1;
   o.max_steps = 4;
-  o.dtype = "float64";
+  o.dtype = Dtype::kFloat64;
   for (Strategy strategy : {Strategy::kAuto, Strategy::kDp}) {
     for (int64_t accum : {1, 2}) {
       auto plain_options = o;
@@ -233,7 +233,7 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   }
   {  // under bf16 autocast (float32 parameters): the recomputation autocasts as the forward did
     auto plain_options = o;
-    plain_options.dtype = "float32";
+    plain_options.dtype = Dtype::kFloat32;
     plain_options.amp = "bf16";
     auto checkpointed_options = plain_options;
     checkpointed_options.checkpoint_activations = 3;
@@ -257,11 +257,11 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   refused(bad, "--checkpoint-activations 2: with --strategy pipeline every stage is recomputed whole "
                "(GPipe's re-materialization); give --checkpoint-activations 1");
   // A pipeline's stages recompute themselves: the same run, with each schedule.
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+  for (const auto& [schedule, kind] : schedule_names()) {
     auto plain_options = o;
     plain_options.strategy = Strategy::kPipeline;
     plain_options.devices = "cpu,cpu";
-    plain_options.schedule = schedule;
+    plain_options.schedule = kind;
     auto recomputing = plain_options;
     recomputing.checkpoint_activations = 1;
     Trainer plain(plain_options, nullptr), recomputed(recomputing, nullptr);

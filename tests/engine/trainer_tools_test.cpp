@@ -190,7 +190,7 @@ TEST_F(TrainerTest, AClippedStepMovesTheWeightsByTheLearningRateTimesTheLimit) {
     double tolerance;
   };
   std::vector<Case> cases = {
-      {"float64", [](TrainOptions& c) { c.dtype = "float64"; }, 1e-5},
+      {"float64", [](TrainOptions& c) { c.dtype = Dtype::kFloat64; }, 1e-5},
       {"float32", [](TrainOptions&) {}, 1e-4},
       {"--amp fp16", [](TrainOptions& c) { c.amp = "fp16"; }, 1e-3},
       {"--grad-accum 4", [](TrainOptions& c) { c.grad_accum = 4; }, 1e-4},

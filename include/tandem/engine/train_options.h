@@ -12,15 +12,40 @@
 
 namespace tandem::engine {
 
+// The flags with a fixed set of values are enums, parsed once where the
+// flags are (cli::FlagSet::add_enum); each has its names on the command
+// line, in --help's order, its name back (option_name; also `out << e`, as
+// messages print it), and nothing else compares their words.
+template <class E>
+using EnumNames = std::vector<std::pair<std::string, E>>;
+
+// --dtype: the parameters' and the compute's floating-point type.
+enum class Dtype { kFloat32, kFloat64 };
+const EnumNames<Dtype>& dtype_names();
+// --schedule: the pipeline's order of forwards and backwards
+// (parallel/pipeline_schedule.h).
+enum class Schedule { kGpipe, k1F1B, kInterleaved };
+const EnumNames<Schedule>& schedule_names();
+// --dist-backend: auto (NCCL on CUDA, Gloo on the CPU), gloo, nccl.
+enum class DistBackend { kAuto, kGloo, kNccl };
+const EnumNames<DistBackend>& dist_backend_names();
+
 // --strategy, parsed once where the flags are: auto (ddp with several
 // ranks), none, ddp, allreduce (seed 004's hand-written loop), fsdp, dp
 // (DataParallel in one process), pipeline.
 enum class Strategy { kAuto, kNone, kDdp, kAllReduce, kFsdp, kDp, kPipeline };
 // Each strategy's name on the command line, in --help's order.
-const std::vector<std::pair<std::string, Strategy>>& strategy_names();
+const EnumNames<Strategy>& strategy_names();
 // The name of `s` ("fsdp"); also as `out << s`, as messages print it.
 const std::string& strategy_name(Strategy s);
 std::ostream& operator<<(std::ostream& out, Strategy s);
+
+const std::string& option_name(Dtype d);
+const std::string& option_name(Schedule s);
+const std::string& option_name(DistBackend b);
+std::ostream& operator<<(std::ostream& out, Dtype d);
+std::ostream& operator<<(std::ostream& out, Schedule s);
+std::ostream& operator<<(std::ostream& out, DistBackend b);
 
 struct TrainOptions {
   // Data
@@ -37,7 +62,7 @@ struct TrainOptions {
   std::string stem = "auto";
   std::string init_weights;  // safetensors file to start from (engine/safetensors.h load_weights)
   std::string init_weights_except;  // comma-separated names it leaves at random, e.g. "fc"
-  std::string dtype = "float32";  // parameters and compute: float32 | float64
+  Dtype dtype = Dtype::kFloat32;  // parameters and compute
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
   bool cudnn_benchmark = false;   // let cuDNN time its convolution algorithms (CUDA only)
@@ -66,7 +91,7 @@ struct TrainOptions {
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
   int64_t micro_batches = 4;          // --strategy pipeline: micro-batches per batch
-  std::string schedule = "1f1b";      // --strategy pipeline: gpipe | 1f1b | interleaved
+  Schedule schedule = Schedule::k1F1B;  // --strategy pipeline
   int64_t virtual_stages = 0;         // --schedule interleaved: chunks per device (0: 2 if interleaved, else 1)
   std::string pipeline_split;         // --strategy pipeline: layer names that begin stages 2..S
   std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
@@ -76,7 +101,7 @@ struct TrainOptions {
   int64_t fsdp_min_unit_params = int64_t(1) << 17;  // --strategy fsdp: the smallest unit (plan_units)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
-  std::string dist_backend = "auto";  // auto | gloo | nccl
+  DistBackend dist_backend = DistBackend::kAuto;
   double dist_timeout = 300;          // seconds any collective may wait
   std::string nproc_per_node = "0";   // CLI: N > 0 or auto launches local workers of itself; a
                                       // list (1,2,4) runs it once per count (a scaling sweep)
