@@ -136,7 +136,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   parameter_count_ = models::count_parameters(*model_);
   // The dp dimension's plan, over the model or, under a mesh, over this
   // rank's pipeline pieces (Note [replicated stages]): their gradients are
-  // then reduced once the pipeline's last backward is done (step()).
+  // then reduced over the pipeline's last backwards (step()).
   DataPlanSetup plan;
   plan.options = &o;
   plan.layout = layout_;
@@ -232,6 +232,9 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
+  // Note [reducing during the last backward]: the dp dimension may start
+  // reducing a chunk's gradients before the step's last backward.
+  pipeline_options.before_last_backward = [this](int64_t chunk) { plan_->before_last_backward(chunk); };
   own_pieces_ = mine;
   rank_pipeline_ = std::make_unique<parallel::DistributedPipeline>(mine, device_, stages_, pipeline_options);
 }

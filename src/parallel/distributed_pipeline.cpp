@@ -225,6 +225,7 @@ PipelineStep DistributedPipeline::train_step(const torch::Tensor& input,
   job.origin = std::chrono::steady_clock::now();
   job.autocast = options_.autocast;
   job.recompute = options_.recompute;
+  job.before_last_backward = &options_.before_last_backward;
   auto cut = [&](const torch::Tensor& t, const char* what) {
     TANDEM_CHECK(t.defined() && t.dim() >= 1, "pipeline stage ", s, ": expected the batch's ",
                  what);

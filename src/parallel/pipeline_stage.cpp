@@ -60,7 +60,17 @@ StageOutcome run_stage(StageJob& job) {
     outcome.trace.end.push_back(since(Clock::now()));
   };
   outcome.outputs.resize(job.last() ? job.targets.size() : 0);
-  for (const auto& action : *job.actions) {
+  // Where each chunk's last backward is in the stage's actions.
+  const bool hooked = job.before_last_backward && *job.before_last_backward;
+  std::vector<size_t> last_backward(static_cast<size_t>(chunks), job.actions->size());
+  for (size_t a = 0; a < job.actions->size(); ++a) {
+    const auto& action = (*job.actions)[a];
+    if (action.op == PipelineOp::kBackward && action.chunk >= 0 && action.chunk < chunks) {
+      last_backward[static_cast<size_t>(action.chunk)] = a;
+    }
+  }
+  for (size_t a = 0; a < job.actions->size(); ++a) {
+    const auto& action = (*job.actions)[a];
     const int64_t i = action.micro_batch, c = action.chunk;
     TANDEM_CHECK(c >= 0 && c < chunks, "pipeline: an action of chunk ", c, " on a stage of ",
                  chunks, " chunk(s)");
@@ -108,6 +118,7 @@ StageOutcome run_stage(StageJob& job) {
                    " before its forward");
       torch::Tensor grad;
       if (!last) grad = job.links->recv_gradient(piece, i);
+      if (hooked && a == last_backward[static_cast<size_t>(c)]) (*job.before_last_backward)(c);
       auto begin = Clock::now();
       auto& f = found->second;
       if (f.result.requires_grad()) {

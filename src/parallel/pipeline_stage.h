@@ -44,6 +44,7 @@ struct StageJob {
   bool last() const { return stage + 1 == stages; }
   std::optional<torch::ScalarType> autocast;  // forward and loss under autocast
   bool recompute = false;                     // PipelineOptions::recompute
+  const std::function<void(int64_t)>* before_last_backward = nullptr;  // PipelineOptions'; may be null or empty
   StageLinks* links = nullptr;
   std::chrono::steady_clock::time_point origin;  // the step's start
 };

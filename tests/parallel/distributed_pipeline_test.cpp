@@ -121,6 +121,55 @@ TEST(DistributedPipelineTest, InterleavedEqualsNoPipeline) {
   }
 }
 
+// Note [reducing during the last backward]: before_last_backward(c) comes
+// once per chunk, when all of c's backwards but the last have run (its
+// gradients then lack exactly one micro-batch), under every schedule.
+TEST(DistributedPipelineTest, EachChunksLastBackwardIsAnnouncedBeforeItRuns) {
+  const int world = 2;
+  const int64_t m = 4;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+    const int64_t chunks = schedule == "interleaved" ? 2 : 1;
+    torch::manual_seed(23);
+    models::Sequence net;  // a parameter in every piece
+    for (int k = 0; k < 4; ++k) net->push_back("fc" + std::to_string(k), torch::nn::Linear(6, 6));
+    auto x = torch::randn({8, 6});
+    auto y = torch::randint(6, {8}, torch::kInt64);
+    const std::vector<int64_t> sizes = chunks == 2 ? std::vector<int64_t>{1, 1, 1, 1} : std::vector<int64_t>{2, 2};
+    std::vector<models::Sequence> copies;
+    for (int r = 0; r < world; ++r) copies.push_back(copy_of(net));
+    std::vector<std::vector<int>> backwards(world, std::vector<int>(chunks)), announced(world, std::vector<int>(chunks));
+    std::vector<std::vector<int>> backwards_when_announced(world, std::vector<int>(chunks, -1));
+    testing::expect_no_errors(testing::run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      const auto r = group->rank();
+      auto pieces = split_sequence(copies[r], sizes);
+      std::vector<models::Sequence> mine;
+      for (size_t k = r; k < pieces.size(); k += world) mine.push_back(pieces[k]);
+      for (int64_t c = 0; c < chunks; ++c) {
+        mine[c]->parameters().front().register_hook([&backwards, r, c](torch::Tensor g) {
+          ++backwards[r][c];
+          return g;
+        });
+      }
+      PipelineOptions options{m, schedule};
+      options.virtual_stages = chunks;
+      options.before_last_backward = [&, r](int64_t c) {
+        ++announced[r][c];
+        backwards_when_announced[r][c] = backwards[r][c];
+      };
+      DistributedPipeline pipe(mine, torch::kCPU, group, options);
+      pipe.train_step(r == 0 ? x : torch::Tensor(), r == world - 1 ? y : torch::Tensor(), cross_entropy);
+    }));
+    for (int r = 0; r < world; ++r) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        SCOPED_TRACE(schedule + " rank " + std::to_string(r) + " chunk " + std::to_string(c));
+        EXPECT_EQ(announced[r][c], 1);
+        EXPECT_EQ(backwards_when_announced[r][c], m - 1);
+        EXPECT_EQ(backwards[r][c], m);
+      }
+    }
+  }
+}
+
 TEST(DistributedPipelineTest, ChunksMustMatchTheVirtualStages) {
   auto net = small_convnet();
   auto errors = testing::run_ranks(1, [&](std::shared_ptr<dist::ProcessGroup> group) {

@@ -63,8 +63,11 @@ class DataPlan {
   // gradients only accumulate (null: nothing to hold).
   virtual Held accumulate_only() { return nullptr; }
   // A pipeline's micro-batches run between these two, and the plan reduces
-  // their summed gradients after (Note [replicated stages]).
+  // their summed gradients after (Note [replicated stages]); in between,
+  // the pipeline says when this rank's chunk (its k-th piece) starts its
+  // last backward, after which its gradients are final.
   virtual Held begin_micro_batches() { return accumulate_only(); }
+  virtual void before_last_backward(int64_t /*chunk*/) {}
   virtual void end_micro_batches() {}
   // After the step's backward(s): the gradients averaged over the dp ranks.
   virtual void after_backward() = 0;

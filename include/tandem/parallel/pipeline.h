@@ -92,6 +92,12 @@ struct PipelineOptions {
   // just before its backward (models::checkpoint_activations; the same
   // gradients, for one more forward per micro-batch and stage).
   bool recompute = false;
+  // DistributedPipeline: called on this stage with chunk c just before the
+  // last backward of c in the step, after which c's gradients are final.
+  // Note [reducing during the last backward]: DDP over the stage's
+  // replicas stops accumulating there, so that its buckets are reduced
+  // while that backward and the rest of the step run.
+  std::function<void(int64_t chunk)> before_last_backward;
 };
 
 // One micro-batch's loss: the mean over its rows (e.g. cross-entropy).
