@@ -12,8 +12,10 @@ namespace tandem::engine {
 
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers, dist::ProcessGroup* group,
-                    const Forward& forward) {
+                    const Forward& forward, const Task* task) {
   torch::NoGradGuard no_grad;
+  static const auto classification = classification_task();
+  if (task == nullptr) task = classification.get();
   bool was_training = model->is_training();
   model->eval();
   std::shared_ptr<const data::Sampler> sampler;
@@ -52,9 +54,8 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     const auto& targets = batch->targets;
     auto logits = forward ? forward(inputs) : model->forward(inputs);
     if (!logits.defined()) continue;  // the output is another rank's (a pipeline's last stage)
-    loss_sum += torch::nn::functional::cross_entropy(
-        logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    correct += logits.argmax(1).eq(targets).sum();
+    loss_sum += task->summed_loss(logits, targets);
+    correct += task->hits(logits, targets);
     count += batch->size();
   }
   for (; forward && calls < batches_of_the_most; ++calls) forward(empty_input());

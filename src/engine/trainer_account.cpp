@@ -6,6 +6,7 @@
 
 #include "tandem/models/registry.h"
 #include "tandem/optim/zero.h"
+#include "tandem/parallel/data_parallel.h"
 #include "tandem/util/table.h"
 
 namespace tandem::engine {
@@ -66,7 +67,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
                static_cast<long long>(o.batch_size / world_), static_cast<long long>(o.grad_accum)));
   }
   if (o.clip_grad_norm > 0) say(format("gradients clipped to a global 2-norm of %g", o.clip_grad_norm));
-  if (o.checkpoint_activations > 0 && pipeline_) {
+  if (o.checkpoint_activations > 0 && layout_.pipeline) {
     say("activation checkpointing: every stage keeps only its micro-batches' inputs and recomputes "
         "its forward before their backward (GPipe's re-materialization)");
   } else if (o.checkpoint_activations > 0 && plan_->sharded()) {
@@ -103,20 +104,21 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
                   static_cast<long long>(virtual_stages()), holder, holder, holder[0], holder[0], holder[0],
                   static_cast<long long>(holders));
   };
-  if (rank_pipeline_) {
+  if (layout_.pipeline && stages_) {
     say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
                "%lld micro-batches, %s schedule%s",
                static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
                static_cast<long long>(o.micro_batches), option_name(o.schedule).c_str(),
                chunks_note("rank", stages_->size()).c_str()));
   }
-  if (pipeline_) {
+  if (layout_.pipeline && !stages_) {
+    const auto devices = parallel::parse_devices(o.devices);
     std::string names;
-    for (const auto& d : pipeline_->devices()) names += (names.empty() ? "" : ",") + d.str();
+    for (const auto& d : devices) names += (names.empty() ? "" : ",") + d.str();
     say(format("pipeline over %s in one process: stages %s; %lld micro-batches, %s schedule%s",
                names.c_str(), pipeline_split_.c_str(), static_cast<long long>(o.micro_batches),
                option_name(o.schedule).c_str(),
-               chunks_note("device", static_cast<int64_t>(pipeline_->devices().size())).c_str()));
+               chunks_note("device", static_cast<int64_t>(devices.size())).c_str()));
   }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(parameter_count_),

@@ -1,6 +1,7 @@
-// Where a run starts (Trainer::open_checkpoints): --checkpoint-dir opened,
-// and --resume, or a launcher's restart, resumed from its newest good
-// checkpoint, whatever the layout that wrote it.
+// A run's checkpoints: where it starts (Trainer::open_checkpoints:
+// --checkpoint-dir opened, and --resume, or a launcher's restart, resumed
+// from its newest good checkpoint, whatever the layout that wrote it), and
+// each checkpoint it writes (Trainer::save).
 #include "tandem/engine/trainer.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/table.h"
+#include "trainer_run.h"
 
 namespace tandem::engine {
 
@@ -129,6 +131,40 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
     }
   }
   return r;
+}
+
+void Trainer::save(RunState& run) {
+  auto& position = run.position();
+  auto& checkpointer = run.start.checkpointer;
+  auto& optimizer = *run.optimizer;
+  if (scaler_) {
+    position.loss_scale = scaler_->get_scale();
+    position.scale_growth_tracker = scaler_->growth_tracker();
+  }
+  if (!checkpointer) return;
+  auto& written = run.result.last_checkpoint;
+  if (sharded_checkpoints()) {  // Note [sharded checkpoints]: each rank what it owns, no gathering
+    written = checkpointer->save_sharded(position, owned_state(optimizer), optimizer, fingerprint(),
+                                         weights_metadata(), job_group_.get(), device_);
+    return;
+  }
+  if (mesh_ && run.fsdp_sgd) {  // Note [fsdp x pipeline checkpoints]
+    auto whole = whole_model_sgd(*run.fsdp_sgd, /*with_momentum=*/true);
+    Held full = plan_->whole_model(/*write_back=*/false);
+    gather_stages(*whole);
+    if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
+    return;
+  }
+  // A checkpoint holds the whole optimizer state: every rank gathers the
+  // sharded momentum before rank 0 writes it (a collective).
+  if (run.zero) run.zero->consolidate_state();
+  gather_stages(optimizer);  // a pipeline over ranks: every stage's weights and momentum
+  if (run.fsdp_sgd) run.fsdp_sgd->consolidate_state();
+  {
+    Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
+    if (rank_ == 0) written = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
+  }
+  if (run.zero) run.zero->shard_state();
 }
 
 }  // namespace tandem::engine

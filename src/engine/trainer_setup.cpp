@@ -123,7 +123,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // host (Note [what a captured step may do] in engine/cuda_graph.h).
   TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
                "libtorch without CUDA");
-  loss_options_ = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
+  task_ = classification_task(o.label_smoothing);  // the CNNs' task (engine/task.h)
   amp_ = optim::parse_amp(o.amp);
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
@@ -132,7 +132,16 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
                                                   mesh_ ? job_group_ : stages_ ? stages_ : group_);
   }
-  if (pipeline) stages_ ? make_rank_pipeline(info) : make_pipeline(info);
+  if (pipeline) {
+    stages_ ? make_rank_pipeline(info) : make_pipeline(info);
+  } else {
+    WholeModelSettings whole;
+    whole.grad_accum = o.grad_accum;
+    whole.unequal_batches = o.skip_bad_images;
+    whole.group = group_;
+    whole.data_ranks = world_;
+    stage_plan_ = make_whole_model_plan(model_, device_, step_settings(), whole);
+  }
   parameter_count_ = models::count_parameters(*model_);
   // The dp dimension's plan, over the model or, under a mesh, over this
   // rank's pipeline pieces (Note [replicated stages]): their gradients are
@@ -161,7 +170,7 @@ void Trainer::make_pipeline(const data::DatasetInfo& info) {
   parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
-  pipeline_ = std::make_unique<parallel::Pipeline>(model_, sizes, devices, pipeline_options);
+  stage_plan_ = make_local_pipeline_plan(model_, sizes, devices, pipeline_options, step_settings());
   device_ = devices.back();  // outputs, targets and the loss live on the last stage
 }
 
@@ -232,11 +241,8 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
-  // Note [reducing during the last backward]: the dp dimension may start
-  // reducing a chunk's gradients before the step's last backward.
-  pipeline_options.before_last_backward = [this](int64_t chunk) { plan_->before_last_backward(chunk); };
   own_pieces_ = mine;
-  rank_pipeline_ = std::make_unique<parallel::DistributedPipeline>(mine, device_, stages_, pipeline_options);
+  stage_plan_ = make_rank_pipeline_plan(model_, mine, device_, stages_, pipeline_options, step_settings());
 }
 
 // Note [same settings]: `tandem launch` and --nproc-per-node give every

@@ -9,6 +9,7 @@
 
 #include "tandem/data/dataset.h"
 #include "tandem/dist/process_group.h"
+#include "tandem/engine/task.h"
 #include "tandem/models/sequence.h"
 
 namespace tandem::engine {
@@ -19,8 +20,8 @@ struct EvalResult {
   int64_t count = 0;
 };
 
-// Mean cross-entropy and accuracy of `model` over `dataset` (eval mode, no
-// grad), with `workers` loader threads. With a group, each rank evaluates the
+// Mean loss and accuracy of `model` over `dataset` by `task` (eval mode, no
+// grad; null: classification), with `workers` loader threads. With a group, each rank evaluates the
 // samples r, r + W, ... and the sums are all-reduced: every rank returns the
 // result over the whole data set. `forward`, when given, runs the model
 // instead of model->forward (e.g. a pipeline's stages on their devices);
@@ -32,6 +33,7 @@ struct EvalResult {
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers = 0,
-                    dist::ProcessGroup* group = nullptr, const Forward& forward = {});
+                    dist::ProcessGroup* group = nullptr, const Forward& forward = {},
+                    const Task* task = nullptr);
 
 }  // namespace tandem::engine

@@ -3,8 +3,9 @@
 // One flat story, in run(): open the data, build the model and optimizer,
 // resume if asked, then for each epoch train (schedule, forward, loss,
 // backward, step), evaluate, record, checkpoint; finally export the weights.
-// The data-parallel dimension is a DataPlan (engine/data_plan.h) asked at
-// each phase of the step; the pipeline dimension runs the micro-batches.
+// A step composes two parts (Note [stage plans]): the data-parallel
+// dimension's DataPlan (engine/data_plan.h) and the pipeline dimension's
+// StagePlan (engine/stage_plan.h), each asked at its phases.
 #pragma once
 
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/data_plan.h"
+#include "tandem/engine/stage_plan.h"
 #include "tandem/engine/evaluate.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
@@ -129,8 +131,10 @@ class Trainer {
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
   // no effect, something skipped or removed.
   void warn(const std::string& line) const;
+  // The stage plan: the pipeline's cut and devices, or the whole model.
   void make_pipeline(const data::DatasetInfo& info);
   void make_rank_pipeline(const data::DatasetInfo& info);
+  StepSettings step_settings() const;  // the task, autocast, the fp16 scaler
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
                                                             const torch::Device& on, bool measure,
                                                             const std::string& where);
@@ -155,6 +159,26 @@ class Trainer {
     int64_t pipeline_steps = 0;
     int64_t skipped_steps = 0;  // --amp fp16: steps skipped for inf/NaN gradients
   };
+  // run()'s phases (trainer.cpp, trainer_epoch.cpp, trainer_resume.cpp):
+  // the set-up, one epoch (its steps, evaluation, record and checkpoint),
+  // the end. Their state is src/engine/trainer_run.h's.
+  struct RunState;
+  struct EpochState;
+  std::unique_ptr<RunState> prepare_run();
+  void train_epoch(RunState& run);
+  // Folds the device-side sums into the position; over all ranks, so every
+  // rank calls it at the same steps (a collective). A loss that is no longer
+  // finite ends the run on every rank (Note [diverged]).
+  void sync_sums(RunState& run, EpochState& epoch);
+  EpochMetrics end_epoch(RunState& run, EpochState& epoch);
+  void report_pipeline_idle(StepCounters& counters) const;
+  // A checkpoint of the position (each rank its pieces, or the whole on rank 0).
+  void save(RunState& run);
+  TrainResult finish_run(RunState& run);
+  // This rank's weights and buffers, checked at every sync (Note [diverged]).
+  std::vector<std::pair<std::string, torch::Tensor>> weights_and_buffers() const;
+  // Ends the run: `what` diverged at `when` (Note [diverged]).
+  [[noreturn]] void diverged(RunState& run, const std::string& what, const std::string& when, double lr) const;
   // One training step as the strategy says: zero the gradients, forward and
   // loss (autocast), backward (in --grad-accum chunks), reduce over the
   // ranks, clip (--clip-grad-norm), optimizer step (with the loss scaler).
@@ -181,18 +205,19 @@ class Trainer {
   // The dp dimension (engine/data_plan.h): one process, all-reduce, DDP,
   // FSDP or DataParallel, over the model or this rank's pipeline pieces.
   std::unique_ptr<DataPlan> plan_;
-  std::unique_ptr<parallel::Pipeline> pipeline_;            // --strategy pipeline (one process)
+  // The pp dimension (engine/stage_plan.h): the whole model, a pipeline in
+  // this process, or this rank's stage of a pipeline over ranks.
+  std::unique_ptr<StagePlan> stage_plan_;
   // --strategy pipeline over ranks (Note [pipeline over ranks]): the ranks'
   // group, this rank's stage and the modules of the other ranks' pieces.
   std::shared_ptr<dist::ProcessGroup> stages_;
-  std::unique_ptr<parallel::DistributedPipeline> rank_pipeline_;
   std::vector<models::Sequence> others_pieces_;
   std::vector<models::Sequence> own_pieces_;  // this rank's, in the model's order
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
   std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
-  torch::nn::functional::CrossEntropyFuncOptions loss_options_;
+  std::shared_ptr<const Task> task_;  // what the model is trained to do
   int64_t rank_ = 0, world_ = 1;  // world_: data-parallel ranks (1 for a pipeline over ranks)
   int64_t data_rank_ = 0;         // this rank's place among world_ (the sampler's rank)
   int64_t job_world_ = 1;         // the job's processes

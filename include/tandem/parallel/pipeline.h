@@ -97,7 +97,7 @@ struct PipelineOptions {
   // Note [reducing during the last backward]: DDP over the stage's
   // replicas stops accumulating there, so that its buckets are reduced
   // while that backward and the rest of the step run.
-  std::function<void(int64_t chunk)> before_last_backward;
+  std::function<void(int64_t chunk)> before_last_backward = {};
 };
 
 // One micro-batch's loss: the mean over its rows (e.g. cross-entropy).

@@ -1,0 +1,34 @@
+// tandem/engine/task.h: what a model is trained to do, as the engine sees
+// it: the loss of its outputs against the targets, in training and in
+// evaluation, and what counts as a hit. The Trainer, its stage plans and
+// evaluate() ask the task; none of them names cross-entropy or argmax.
+//
+//   classification   outputs [N, classes], targets [N] class indices:
+//                    cross-entropy (--label-smoothing in training only),
+//                    a hit when the largest output is the target's
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace tandem::engine {
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  // Training: the mean loss over the rows (what backward starts from).
+  virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
+  // Evaluation: the loss summed over the rows, as a 0-dim tensor.
+  virtual torch::Tensor summed_loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
+  // The rows predicted right, as a 0-dim integer tensor.
+  virtual torch::Tensor hits(const torch::Tensor& output, const torch::Tensor& target) const = 0;
+};
+
+// Image classification (the CNNs); `label_smoothing` in [0, 1) applies to
+// the training loss, never to the reported test loss.
+std::shared_ptr<const Task> classification_task(double label_smoothing = 0.0);
+
+}  // namespace tandem::engine
