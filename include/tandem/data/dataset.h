@@ -73,7 +73,7 @@ struct DataSplits {
   // with: the preset's fixed statistics (cifar10, cifar100, imagefolder), or
   // for IDX the training images' own, which normalise its test split and any
   // --val-data IDX set too. Exports record them (Note [normalisation in
-  // exports] in src/engine/trainer_setup.cpp).
+  // exports] in src/engine/run_weights.cpp).
   std::vector<double> mean, std;
   // What the evaluation split's samples go through, in torchvision's words
   // (Transform::describe): exports record it, and `tandem eval` checks it.
