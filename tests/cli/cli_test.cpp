@@ -73,6 +73,13 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
                              "params",
             "--pipeline-balance params chooses the stages when --pipeline-split does not; give one or the other"},
            {"train" + data + " --checkpoint-activations 100", "--checkpoint-activations 100: convnet has 12"},
+           // The flags parsed into enums name every value they take.
+           {"train --schedule zig", "--schedule: expected one of gpipe|1f1b|interleaved, got 'zig'"},
+           {"train --dtype half", "--dtype: expected one of float32|float64, got 'half'"},
+           {"eval --weights w.safetensors --dtype half", "--dtype: expected one of float32|float64, got 'half'"},
+           {"train --dist-backend mpi", "--dist-backend: expected one of auto|gloo|nccl, got 'mpi'"},
+           {"train --strategy zero", "--strategy: expected one of auto|none|ddp|allreduce|fsdp|dp|pipeline, "
+                                     "got 'zero'"},
            {"train --max-restarts 1", "--max-restarts goes with --nproc-per-node N"},
            {"train --nproc-per-node 1,2 --max-restarts 1", "--max-restarts belongs to a single run"},
        }) {
