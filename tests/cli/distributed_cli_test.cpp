@@ -373,7 +373,8 @@ TEST(DistributedCliTest, AKilledRankEndsTheJob) {
 
 // Note [first failure]: rank 0 fails on its own (the disk holding the
 // checkpoints fills up: a 5 MiB tmpfs holds one convnet checkpoint, not
-// two), and rank 1 fails after it, its all_reduce cut off. Rank 1 often
+// two; one-file checkpoints, so that rank 0 alone writes), and rank 1
+// fails after it, its all_reduce cut off. Rank 1 often
 // exits first (rank 0 is still unwinding); the launcher used to name it in
 // about one job of five. It must name rank 0 and why, every time.
 TEST(DistributedCliTest, TheRankWhoseOwnErrorEndedTheJobIsNamed) {
@@ -386,7 +387,7 @@ TEST(DistributedCliTest, TheRankWhoseOwnErrorEndedTheJobIsNamed) {
     run("rm -rf " + dir.file("ckpt") + "/*");
     auto r = run_tandem("train --nproc-per-node 2 --data idx:" + dir.path() +
                         " --model convnet --epochs 2 --batch-size 32 --progress lines --checkpoint-every 5"
-                        " --checkpoint-dir " + dir.file("ckpt"));
+                        " --checkpoint-format file --checkpoint-dir " + dir.file("ckpt"));
     EXPECT_EQ(r.exit_code, 1) << r.output;
     auto last = r.output.rfind("tandem launch: ");
     ASSERT_NE(last, std::string::npos) << r.output;
