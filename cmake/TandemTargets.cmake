@@ -41,9 +41,20 @@ endfunction()
 # layer) running the executable's tests that FILTER (a --gtest_filter)
 # selects in one process: `ctest -L quick`, the tier for the
 # edit-build-test loop, touches every layer in a couple of minutes.
+# Every test runs with OMP_WAIT_POLICY=PASSIVE (Note [idle OpenMP threads
+# sleep]).
 # COST N: CTest's cost of each of the layer's tests, so that `ctest -j` on a
 # fresh build starts the long ones (the CLI's jobs, the install) first
 # instead of leaving them to the end, one core idle.
+# Note [idle OpenMP threads sleep]: `ctest -j N` runs N tests at once, and
+# each tandem process's OpenMP team is as large as the machine. libgomp's
+# threads spin between parallel regions (active wait), so two tests on two
+# cores take each other's cycles for spinning: one epoch prefix of
+# Fashion-MNIST took 7.5 s alone and 30 s beside another, 13 s with passive
+# waits. One process alone is as fast either way. A job launched with
+# --nproc-per-node gets cores / N threads per rank and does not oversubscribe.
+set(TANDEM_TEST_ENV "OMP_WAIT_POLICY=PASSIVE")
+
 function(tandem_test layer)
   cmake_parse_arguments(T "" "QUICK;COST" "SOURCES;DEPS;LABELS" ${ARGN})
   set(cost 0)
@@ -59,9 +70,10 @@ function(tandem_test layer)
     TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   tandem_torch_pch(${exe})
   gtest_discover_tests(${exe} DISCOVERY_TIMEOUT 120
-    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900 COST ${cost})
+    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900 COST ${cost} ENVIRONMENT "${TANDEM_TEST_ENV}")
   if(T_QUICK)
     add_test(NAME ${layer}.quick COMMAND ${exe} --gtest_filter=${T_QUICK})
-    set_tests_properties(${layer}.quick PROPERTIES LABELS "quick;${layer}" TIMEOUT 300)
+    set_tests_properties(${layer}.quick PROPERTIES LABELS "quick;${layer}" TIMEOUT 300
+                         ENVIRONMENT "${TANDEM_TEST_ENV}")
   endif()
 endfunction()

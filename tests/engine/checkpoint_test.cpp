@@ -148,7 +148,8 @@ TEST(CheckpointTest, AStorageLongerThanItsRecordIsRefused) {
   SavedLinear saved(dir);
   ASSERT_NO_THROW(saved.checkpointer.load(saved.path, *saved.model, saved.sgd, "model=linear"));
   // The weight (and its momentum) are 6 floats, the bias (and its) 2.
-  for (const auto& [elements, size] : std::vector<std::pair<int, size_t>>{{6, 24}, {2, 8}}) {
+  for (const auto& [elements, record_size] : std::vector<std::pair<int, size_t>>{{6, 24}, {2, 8}}) {
+    const size_t size = record_size;  // a variable the lambda can capture (C++17)
     const std::string cut = dir.file("cut-" + std::to_string(size) + ".pt");
     std::ofstream(cut, std::ios::binary) << rewritten_checkpoint(saved.path, [&](const std::string& record, std::string& bytes) {
       if (record.rfind("data/", 0) == 0 && bytes.size() == size) bytes.resize(4);

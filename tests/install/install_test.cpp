@@ -81,8 +81,8 @@ TEST(InstallTest, TheExamplesBuildAgainstTheInstallAndTrainAsTheirReferences) {
   // packages where they were unpacked), never this build tree.
   std::string configure = std::string("CMAKE_PREFIX_PATH='") + prefix + ":" + TANDEM_PREFIX_PATH + "' '" +
                           TANDEM_CMAKE + "' -S '" + TANDEM_SOURCE_DIR + "/examples' -B " + build + " -G '" +
-                          TANDEM_GENERATOR + "' '-DTorch_DIR=" + TANDEM_TORCH_DIR + "' '-DCMAKE_CXX_FLAGS=" +
-                          TANDEM_CXX_FLAGS + "'";
+                          TANDEM_GENERATOR + "' '-DTorch_DIR=" + TANDEM_TORCH_DIR + "' '-DCMAKE_CXX_COMPILER=" +
+                          TANDEM_CXX_COMPILER + "' '-DCMAKE_CXX_FLAGS=" + TANDEM_CXX_FLAGS + "'";
   if (std::string(TANDEM_CUDA_COMPILER).size() > 0) {
     configure += std::string(" '-DCMAKE_CUDA_COMPILER=") + TANDEM_CUDA_COMPILER + "'";
   }

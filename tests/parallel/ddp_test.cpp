@@ -163,7 +163,8 @@ TEST(DdpTest, Fp16HookOnOneGpuTrainsCloseToTheReference) {
 // says: each rank's gradient divided by the world size and rounded to the
 // compressed type, summed in it, cast back.
 TEST(DdpTest, CompressionHooksReduceInTheirDtype) {
-  for (auto [name, dtype] : {std::pair{"fp16", torch::kHalf}, std::pair{"bf16", torch::kBFloat16}}) {
+  for (auto [hook, dtype] : {std::pair{"fp16", torch::kHalf}, std::pair{"bf16", torch::kBFloat16}}) {
+    const std::string name = hook;  // a variable the rank lambdas can capture (C++17)
     SCOPED_TRACE(name);
     const int world = 2;
     auto inputs = torch::randn({world, 4, 6});
