@@ -1,6 +1,7 @@
 // tandem/data/dataset.h: the dataset interface every format implements.
 //
-// A dataset is a random-access collection of labelled images. The loader asks
+// A dataset is a random-access collection of labelled images (or of token
+// windows, data/tokens.h). The loader asks
 // for whole batches by index so that in-memory formats (IDX, CIFAR) can gather
 // with one index_select, while per-file formats (ImageFolder) decode sample by
 // sample. Contract: get_batch() is const and may be called from several
@@ -18,8 +19,8 @@
 namespace tandem::data {
 
 struct Batch {
-  torch::Tensor inputs;   // [B, C, H, W] float32
-  torch::Tensor targets;  // [B] int64 class indices
+  torch::Tensor inputs;   // [B, C, H, W] float32; token data: [B, T] int64 token ids
+  torch::Tensor targets;  // [B] int64 class indices; token data: [B, T] the next tokens
   int64_t size() const { return targets.defined() ? targets.size(0) : 0; }
 };
 
@@ -27,10 +28,11 @@ struct DatasetInfo {
   int64_t channels = 0;
   int64_t height = 0;
   int64_t width = 0;
-  int64_t num_classes = 0;
+  int64_t num_classes = 0;  // token data: the vocabulary
   // The name of each class index where the data names them (an ImageFolder's
   // class folders), else empty.
   std::vector<std::string> class_names;
+  int64_t seq_len = 0;  // token data: the tokens of a sample (0: images)
 };
 
 class Dataset {
