@@ -1,0 +1,180 @@
+#include "tandem/models/gpt2.h"
+
+#include <cmath>
+#include <map>
+
+#include <torch/torch.h>
+
+#include "tandem/util/check.h"
+
+namespace tandem::models {
+
+namespace {
+
+const std::map<std::string, Gpt2Config>& presets() {
+  static const std::map<std::string, Gpt2Config> all = [] {
+    auto make = [](int64_t positions, int64_t width, int64_t layers, int64_t heads) {
+      Gpt2Config c;
+      c.n_positions = positions;
+      c.n_embd = width;
+      c.n_layer = layers;
+      c.n_head = heads;
+      return c;
+    };
+    return std::map<std::string, Gpt2Config>{
+        {"gpt2-tiny", make(256, 128, 4, 4)},      {"gpt2", make(1024, 768, 12, 12)},
+        {"gpt2-medium", make(1024, 1024, 24, 16)}, {"gpt2-large", make(1024, 1280, 36, 20)},
+        {"gpt2-xl", make(1024, 1600, 48, 25)},
+    };
+  }();
+  return all;
+}
+
+void init_normal(torch::Tensor& t, double std) {
+  torch::NoGradGuard no_grad;
+  t.normal_(0.0, std);
+}
+
+torch::nn::LayerNorm layer_norm(const Gpt2Config& c) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_eps));
+}
+
+}  // namespace
+
+Gpt2Config Gpt2Config::preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    TANDEM_CHECK_USAGE(false, "unknown GPT-2 size '", name, "' (known: ", known, ")");
+  }
+  return it->second;
+}
+
+std::vector<std::string> Gpt2Config::preset_names() {
+  return {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+}
+
+void Gpt2Config::check() const {
+  TANDEM_CHECK(vocab_size > 0 && n_positions > 0 && n_embd > 0 && n_layer > 0 && n_head > 0,
+               "GPT-2: sizes must be positive (vocabulary ", vocab_size, ", positions ", n_positions, ", width ",
+               n_embd, ", layers ", n_layer, ", heads ", n_head, ")");
+  TANDEM_CHECK(n_embd % n_head == 0, "GPT-2: ", n_head, " heads do not divide the width ", n_embd);
+  TANDEM_CHECK(dropout >= 0 && dropout < 1, "GPT-2: dropout must be in [0, 1), got ", dropout);
+}
+
+Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
+
+void Conv1DImpl::reset() {
+  weight = register_parameter("weight", torch::empty({in_, out_}));
+  bias = register_parameter("bias", torch::zeros({out_}));
+  init_normal(weight, 0.02);
+}
+
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = out_;
+  return torch::addmm(bias, x.reshape({-1, in_}), weight).view(sizes);
+}
+
+Gpt2EmbeddingImpl::Gpt2EmbeddingImpl(Gpt2Config config) : config_(config) { reset(); }
+
+void Gpt2EmbeddingImpl::reset() {
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.n_positions, config_.n_embd));
+  init_normal(wte->weight, 0.02);
+  init_normal(wpe->weight, 0.02);
+}
+
+torch::Tensor Gpt2EmbeddingImpl::forward(torch::Tensor tokens) {
+  TANDEM_CHECK(tokens.dim() == 2, "GPT-2: expected tokens [batch, sequence], got ", tokens.sizes());
+  const int64_t t = tokens.size(1);
+  TANDEM_CHECK(t <= config_.n_positions, "GPT-2: a sequence of ", t, " tokens is longer than the model's ",
+               config_.n_positions, " positions");
+  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
+  auto x = wte->forward(tokens) + wpe->forward(positions);
+  return torch::dropout(x, config_.dropout, is_training());
+}
+
+Gpt2AttentionImpl::Gpt2AttentionImpl(Gpt2Config config) : config_(config) { reset(); }
+
+void Gpt2AttentionImpl::reset() {
+  c_attn = register_module("c_attn", Conv1D(config_.n_embd, 3 * config_.n_embd));
+  c_proj = register_module("c_proj", Conv1D(config_.n_embd, config_.n_embd));
+  init_normal(c_proj->weight, 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
+}
+
+torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd, h = config_.n_head;
+  auto qkv = c_attn->forward(x).split(c, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, c / h}).transpose(1, 2); };
+  const double p = is_training() ? config_.dropout : 0.0;
+  auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*attn_mask=*/{}, p,
+                                            /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({b, t, c});
+  return torch::dropout(c_proj->forward(y), config_.dropout, is_training());
+}
+
+Gpt2MlpImpl::Gpt2MlpImpl(Gpt2Config config) : config_(config) { reset(); }
+
+void Gpt2MlpImpl::reset() {
+  c_fc = register_module("c_fc", Conv1D(config_.n_embd, 4 * config_.n_embd));
+  c_proj = register_module("c_proj", Conv1D(4 * config_.n_embd, config_.n_embd));
+  init_normal(c_proj->weight, 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
+}
+
+torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
+  auto y = c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));
+  return torch::dropout(y, config_.dropout, is_training());
+}
+
+Gpt2BlockImpl::Gpt2BlockImpl(Gpt2Config config) : config_(config) { reset(); }
+
+void Gpt2BlockImpl::reset() {
+  ln_1 = register_module("ln_1", layer_norm(config_));
+  attn = register_module("attn", Gpt2Attention(config_));
+  ln_2 = register_module("ln_2", layer_norm(config_));
+  mlp = register_module("mlp", Gpt2Mlp(config_));
+}
+
+torch::Tensor Gpt2BlockImpl::forward(torch::Tensor x) {
+  x = x + attn->forward(ln_1->forward(x));
+  return x + mlp->forward(ln_2->forward(x));
+}
+
+Gpt2HeadImpl::Gpt2HeadImpl(Gpt2Config config) : config_(config) { reset(); }
+
+void Gpt2HeadImpl::reset() { ln_f = register_module("ln_f", layer_norm(config_)); }
+
+torch::Tensor Gpt2HeadImpl::forward(torch::Tensor x) {
+  TANDEM_CHECK(tied_.defined(), "GPT-2: the head is not bound to a token embedding (Gpt2HeadImpl::tie)");
+  return torch::linear(ln_f->forward(x), tied_);
+}
+
+Sequence gpt2(const Gpt2Config& config) {
+  config.check();
+  Sequence model;
+  Gpt2Embedding embed(config);
+  model->push_back("embed", embed);
+  for (int64_t i = 0; i < config.n_layer; ++i) model->push_back("h" + std::to_string(i), Gpt2Block(config));
+  Gpt2Head head(config);
+  head->tie(embed->wte->weight);
+  model->push_back("head", head);
+  return model;
+}
+
+std::string gpt2_hf_name(const std::string& name) {
+  if (name.rfind("embed.", 0) == 0) return "transformer." + name.substr(6);
+  if (name.rfind("head.", 0) == 0) return "transformer." + name.substr(5);
+  if (name.size() > 1 && name[0] == 'h') {
+    const auto dot = name.find('.');
+    if (dot != std::string::npos && dot > 1 &&
+        name.find_first_not_of("0123456789", 1) == dot) {
+      return "transformer.h." + name.substr(1, dot - 1) + name.substr(dot);
+    }
+  }
+  TANDEM_CHECK(false, "GPT-2: '", name, "' is not a tensor of the model");
+  return {};
+}
+
+}  // namespace tandem::models
