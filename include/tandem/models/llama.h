@@ -1,0 +1,153 @@
+// tandem/models/llama.h: LLaMA (Touvron et al. 2023; Llama 3) as Hugging
+// Face transformers' LlamaForCausalLM computes it.
+//
+//   auto model = models::llama(models::LlamaConfig::preset("llama-tiny"));
+//   auto logits = model->forward(tokens);  // [B, T] int64 -> [B, T, vocab]
+//
+// A Sequence of the pipeline's units: "embed" (the token embedding), "l0" ..
+// "l<L-1>" (decoder layers: RMSNorm, attention with rotary positions and
+// grouped-query heads through scaled_dot_product_attention, RMSNorm, a
+// SwiGLU MLP; no biases), "head" (the last RMSNorm and the output
+// projection: its own weight, or tied to the embedding as Llama 3.2 1B
+// does, Note [tied embedding] in models/gpt2.h). Every tensor maps to
+// transformers' name by llama_hf_name.
+//
+// Note [rotary positions in float32]: the rotary angles are computed as
+// transformers computes them, in float32 whatever the model's dtype
+// (inverse frequencies base^(-2i/d), Llama 3's long-context scaling where
+// configured, angle = position * frequency, cos and sin), then cast to
+// the activations' dtype; a float64 model is exact to the bit given those
+// angles. RMSNorm normalises in float32 for half and bfloat16 inputs, as
+// transformers does, and in the input's own precision when wider (float64:
+// transformers would round it to float32).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn.h>
+
+#include "tandem/models/sequence.h"
+
+namespace tandem::models {
+
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_layers = 32;
+  int64_t num_heads = 32;
+  int64_t num_kv_heads = 32;  // grouped-query attention: fewer key/value heads
+  int64_t max_positions = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  // Llama 3's rotary scaling ("llama3" in transformers); factor 0: none.
+  double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
+  int64_t rope_original_max_positions = 8192;
+  bool tie_embeddings = false;
+
+  // llama-tiny (4 layers, width 128, 4 heads over 2 key/value heads,
+  // untied: tests and CPU demos) and llama-3.2-1b (Meta's Llama 3.2 1B:
+  // 16 layers, width 2048, 32 heads over 8, tied, Llama 3 rotary scaling).
+  static LlamaConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  // Throws tandem::Error for sizes that do not fit (heads not dividing the
+  // width, key/value heads not dividing the heads, non-positive sizes).
+  void check() const;
+};
+
+// x / sqrt(mean(x^2) + eps) * weight (transformers' LlamaRMSNorm).
+class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
+ public:
+  RmsNormImpl(int64_t size, double eps);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  int64_t size_;
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+ public:
+  explicit LlamaAttentionImpl(LlamaConfig config);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  LlamaConfig config_;
+  torch::Tensor inv_freq_;  // float32, Note [rotary positions in float32]
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
+ public:
+  explicit LlamaMlpImpl(LlamaConfig config);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaMlp);
+
+class LlamaLayerImpl : public torch::nn::Cloneable<LlamaLayerImpl> {
+ public:
+  explicit LlamaLayerImpl(LlamaConfig config);
+  void reset() override;
+  torch::Tensor forward(torch::Tensor x);
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaLayer);
+
+class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
+ public:
+  explicit LlamaEmbeddingImpl(LlamaConfig config);
+  void reset() override;
+  torch::Tensor forward(torch::Tensor tokens);
+  torch::nn::Embedding embed_tokens{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaEmbedding);
+
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+ public:
+  explicit LlamaHeadImpl(LlamaConfig config);
+  void reset() override;
+  // With tie_embeddings (Note [tied embedding]): the output weight.
+  void tie(torch::Tensor embedding_weight) { tied_ = std::move(embedding_weight); }
+  const torch::Tensor& tied() const { return tied_; }
+  torch::Tensor forward(torch::Tensor x);
+  RmsNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tied
+
+ private:
+  LlamaConfig config_;
+  torch::Tensor tied_;
+};
+TORCH_MODULE(LlamaHead);
+
+// The model, initialised as transformers initialises LLaMA: linear and
+// embedding weights N(0, 0.02), RMSNorm weights 1.
+Sequence llama(const LlamaConfig& config);
+
+// transformers' name of a tensor of llama(): embed.embed_tokens.weight ->
+// model.embed_tokens.weight, l3.self_attn.q_proj.weight ->
+// model.layers.3.self_attn.q_proj.weight, head.norm.weight ->
+// model.norm.weight, head.lm_head.weight -> lm_head.weight.
+std::string llama_hf_name(const std::string& name);
+
+}  // namespace tandem::models
