@@ -1,0 +1,35 @@
+// tandem/engine/hf_format.h: the language models' weights in Hugging Face
+// transformers' form, both ways.
+//
+//   engine::write_hf_folder("out/", model, config);       // config.json + model.safetensors
+//   engine::load_hf_weights("gpt2/model.safetensors", model, config);
+//
+// write_hf_folder writes what AutoModelForCausalLM.from_pretrained(DIR)
+// loads as it is: config.json in transformers' form (GPT2LMHeadModel or
+// LlamaForCausalLM, the model's sizes, dropout, norms, rotary settings, the
+// tie) and model.safetensors under transformers' names (the tied head left
+// out, as transformers saves it), float32 unless the model is in another
+// dtype. load_hf_weights reads a model.safetensors (or the folder holding
+// one) that transformers wrote: names with or without the "transformer." /
+// "model." prefix (the Hub's original GPT-2 files have none), GPT-2's
+// causal-mask buffers ("attn.bias", "attn.masked_bias") ignored, a tied
+// "lm_head.weight" ignored. Strict otherwise: a tensor the model lacks or
+// lacks in the file, or of another shape, is an error naming the file and
+// the tensor, and nothing is copied.
+#pragma once
+
+#include <string>
+
+#include "tandem/models/gpt2.h"
+#include "tandem/models/llama.h"
+#include "tandem/models/sequence.h"
+
+namespace tandem::engine {
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& config);
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& config);
+
+void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config);
+void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
+
+}  // namespace tandem::engine

@@ -1,0 +1,148 @@
+#include "tandem/engine/hf_format.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include <torch/torch.h>
+
+#include "tandem/engine/atomic_file.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/models/registry.h"
+#include "tandem/util/check.h"
+
+namespace tandem::engine {
+
+namespace {
+
+using json = nlohmann::json;
+using NameMap = std::function<std::string(const std::string&)>;
+
+std::string dtype_word(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat64: return "float64";
+    case torch::kFloat16: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return "float32";
+  }
+}
+
+void write_folder(const std::string& dir, models::Sequence& model, json config, const NameMap& hf_name) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  TANDEM_CHECK(!ec && std::filesystem::is_directory(dir), dir, ": cannot make the folder: ", ec.message());
+  NamedTensors tensors;
+  for (const auto& p : model->named_parameters()) tensors.emplace_back(hf_name(p.key()), p.value().detach());
+  config["dtype"] = dtype_word(models::parameter_dtype(*model));
+  config["transformers_version"] = "5.24.0";  // the version its form follows
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  const std::string text = config.dump(2) + "\n";
+  write_atomically(dir + "/config.json", [&](const std::string& tmp) {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    TANDEM_CHECK(out.good(), tmp, ": cannot write the model's config.json");
+  });
+}
+
+// Strict load under transformers' names (the header's rules).
+void load(const std::string& path, models::Sequence& model, const NameMap& hf_name, const std::string& prefix,
+          bool tied) {
+  std::string file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) file = path + "/model.safetensors";
+  auto read = read_safetensors(file);
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [name, t] : read.tensors) {
+    std::string n = name;
+    if (n.rfind(prefix, 0) != 0 && n != "lm_head.weight") n = prefix + n;  // the Hub's unprefixed GPT-2
+    by_name[n] = t;
+  }
+  auto ends_with = [](const std::string& n, const std::string& tail) {
+    return n.size() >= tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  auto ignorable = [&](const std::string& n) {  // GPT-2's causal-mask buffers, a tied head
+    return ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias") || (tied && n == "lm_head.weight");
+  };
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  std::set<std::string> used;
+  for (const auto& p : model->named_parameters()) {
+    const std::string n = hf_name(p.key());
+    auto it = by_name.find(n);
+    TANDEM_CHECK(it != by_name.end(), file, ": no tensor ", n, " (the model's ", p.key(), ")");
+    TANDEM_CHECK(it->second.sizes() == p.value().sizes(), file, ": ", n, " is ", it->second.sizes(),
+                 ", the model's ", p.key(), " is ", p.value().sizes());
+    copies.emplace_back(p.value(), it->second);
+    used.insert(n);
+  }
+  for (const auto& [n, t] : by_name) {
+    TANDEM_CHECK(used.count(n) > 0 || ignorable(n), file, ": ", n, " is not a tensor of the model");
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [to, from] : copies) to.copy_(from);
+}
+
+}  // namespace
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c) {
+  json config = {{"architectures", {"GPT2LMHeadModel"}},
+                 {"model_type", "gpt2"},
+                 {"vocab_size", c.vocab_size},
+                 {"n_positions", c.n_positions},
+                 {"n_embd", c.n_embd},
+                 {"n_layer", c.n_layer},
+                 {"n_head", c.n_head},
+                 {"n_inner", nullptr},
+                 {"activation_function", "gelu_new"},
+                 {"resid_pdrop", c.dropout},
+                 {"embd_pdrop", c.dropout},
+                 {"attn_pdrop", c.dropout},
+                 {"layer_norm_epsilon", c.layer_norm_eps},
+                 {"initializer_range", 0.02},
+                 {"scale_attn_weights", true},
+                 {"tie_word_embeddings", true}};
+  write_folder(dir, model, std::move(config), models::gpt2_hf_name);
+}
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c) {
+  json rope = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_factor != 0) {
+    rope = {{"rope_type", "llama3"},
+            {"rope_theta", c.rope_theta},
+            {"factor", c.rope_factor},
+            {"low_freq_factor", c.rope_low_freq_factor},
+            {"high_freq_factor", c.rope_high_freq_factor},
+            {"original_max_position_embeddings", c.rope_original_max_positions}};
+  }
+  json config = {{"architectures", {"LlamaForCausalLM"}},
+                 {"model_type", "llama"},
+                 {"vocab_size", c.vocab_size},
+                 {"hidden_size", c.hidden_size},
+                 {"intermediate_size", c.intermediate_size},
+                 {"num_hidden_layers", c.num_layers},
+                 {"num_attention_heads", c.num_heads},
+                 {"num_key_value_heads", c.num_kv_heads},
+                 {"head_dim", c.head_dim()},
+                 {"max_position_embeddings", c.max_positions},
+                 {"rms_norm_eps", c.rms_norm_eps},
+                 {"rope_parameters", rope},
+                 {"hidden_act", "silu"},
+                 {"attention_bias", false},
+                 {"mlp_bias", false},
+                 {"initializer_range", 0.02},
+                 {"tie_word_embeddings", c.tie_embeddings}};
+  write_folder(dir, model, std::move(config), models::llama_hf_name);
+}
+
+void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& /*config*/) {
+  load(path, model, models::gpt2_hf_name, "transformer.", /*tied=*/true);
+}
+
+void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config) {
+  load(path, model, models::llama_hf_name, "model.", config.tie_embeddings);
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,174 @@
+// The language models' weights in transformers' form, both ways: tandem's
+// write_hf_folder loads with AutoModelForCausalLM.from_pretrained as it is
+// (nothing downloaded: HF_HUB_OFFLINE), and a folder transformers'
+// save_pretrained wrote loads into tandem; either way the logits of the
+// two implementations agree (float64: 1e-10; transformers' LlamaRMSNorm
+// kept in float64 as in tests/models/llama_test.cpp).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "tandem/engine/hf_format.h"
+#include "tandem/engine/safetensors.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::engine {
+namespace {
+
+using testing::TempDir;
+
+const char* kScript = R"(
+import sys, torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+import transformers.models.llama.modeling_llama as modeling
+
+def rms_norm(self, h):  # as in tests/models/llama_test.cpp: float64 kept float64
+    dtype = h.dtype
+    h = h.to(torch.promote_types(dtype, torch.float32))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * h.to(dtype)
+modeling.LlamaRMSNorm.forward = rms_norm
+mode, folder, io = sys.argv[1], sys.argv[2], sys.argv[3]
+tokens = load_file(io)["tokens"]
+if mode == "load":
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.dtype == torch.float64, model.dtype
+else:
+    torch.manual_seed(2)
+    if mode == "save-gpt2":
+        config = GPT2Config(vocab_size=61, n_positions=16, n_embd=12, n_layer=2, n_head=3)
+        model = GPT2LMHeadModel(config)
+    else:
+        config = LlamaConfig(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                             rms_norm_eps=1e-5, tie_word_embeddings=False)
+        model = LlamaForCausalLM(config)
+    model = model.to(torch.float64)
+    model.save_pretrained(folder)
+model.eval()
+with torch.no_grad():
+    save_file({"logits": model(input_ids=tokens).logits.contiguous()}, io + ".out")
+print(type(model).__name__)
+)";
+
+torch::Tensor their_logits(const std::string& mode, const std::string& folder, const torch::Tensor& tokens,
+                           const TempDir& dir) {
+  std::ofstream(dir.file("script.py")) << kScript;
+  write_safetensors(dir.file("io.safetensors"), {{"tokens", tokens}});
+  auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("script.py") + " " + mode +
+                        " " + folder + " " + dir.file("io.safetensors") + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return {};
+  return read_safetensors(dir.file("io.safetensors.out")).tensors.at(0).second;
+}
+
+models::Gpt2Config gpt2_config() {
+  models::Gpt2Config c;
+  c.vocab_size = 61;
+  c.n_positions = 16;
+  c.n_embd = 12;
+  c.n_layer = 2;
+  c.n_head = 3;
+  return c;
+}
+
+models::LlamaConfig llama_config(bool tied_and_scaled) {
+  models::LlamaConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 16;
+  c.rms_norm_eps = 1e-5;
+  c.tie_embeddings = tied_and_scaled;
+  if (tied_and_scaled) {
+    c.rope_theta = 500000;
+    c.rope_factor = 8;
+    c.rope_original_max_positions = 8;
+  }
+  return c;
+}
+
+double largest_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined() || a.sizes() != b.sizes()) return 1e9;
+  return (a - b).abs().max().item<double>();
+}
+
+TEST(HfFormatTest, AnExportedGpt2LoadsInTransformersAsItIs) {
+  TempDir dir;
+  torch::manual_seed(4);
+  auto model = models::gpt2(gpt2_config());
+  model->to(torch::kFloat64);
+  model->eval();
+  write_hf_folder(dir.file("export"), model, gpt2_config());
+  auto tokens = torch::randint(0, 61, {2, 9}, torch::kInt64);
+  auto theirs = their_logits("load", dir.file("export"), tokens, dir);
+  EXPECT_LE(largest_difference(model->forward(tokens), theirs), 1e-10);
+}
+
+TEST(HfFormatTest, AnExportedLlamaLoadsInTransformersAsItIs) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied, Llama 3 rotary scaling" : "untied");
+    TempDir dir;
+    torch::manual_seed(4);
+    auto model = models::llama(llama_config(tied));
+    model->to(torch::kFloat64);
+    write_hf_folder(dir.file("export"), model, llama_config(tied));
+    auto tokens = torch::randint(0, 61, {2, 9}, torch::kInt64);
+    auto theirs = their_logits("load", dir.file("export"), tokens, dir);
+    EXPECT_LE(largest_difference(model->forward(tokens), theirs), 1e-10);
+  }
+}
+
+TEST(HfFormatTest, WhatTransformersSavedLoadsIntoTandem) {
+  TempDir dir;
+  auto tokens = torch::randint(0, 61, {2, 9}, torch::kInt64);
+  auto gpt2 = models::gpt2(gpt2_config());
+  gpt2->to(torch::kFloat64);
+  auto theirs = their_logits("save-gpt2", dir.file("gpt2"), tokens, dir);
+  load_hf_weights(dir.file("gpt2"), gpt2, gpt2_config());
+  EXPECT_LE(largest_difference(gpt2->forward(tokens), theirs), 1e-10);
+  auto llama = models::llama(llama_config(false));
+  llama->to(torch::kFloat64);
+  theirs = their_logits("save-llama", dir.file("llama"), tokens, dir);
+  load_hf_weights(dir.file("llama") + "/model.safetensors", llama, llama_config(false));
+  EXPECT_LE(largest_difference(llama->forward(tokens), theirs), 1e-10);
+  // The control: the model as it was before the load gives other logits.
+  auto fresh = models::llama(llama_config(false));
+  fresh->to(torch::kFloat64);
+  EXPECT_GT(largest_difference(fresh->forward(tokens), theirs), 1e-3);
+}
+
+TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
+  TempDir dir;
+  auto small = models::gpt2(gpt2_config());
+  write_hf_folder(dir.file("small"), small, gpt2_config());
+  auto wider = gpt2_config();
+  wider.n_embd = 24;
+  auto other = models::gpt2(wider);
+  auto before = other->named_parameters()["embed.wte.weight"].clone();
+  try {
+    load_hf_weights(dir.file("small"), other, wider);
+    FAIL() << "a model of another width loaded";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors: transformer.wte.weight is [61, 12], the model's "
+                                         "embed.wte.weight is [61, 24]"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(before, other->named_parameters()["embed.wte.weight"]));  // nothing copied
+  auto llama = models::llama(llama_config(false));
+  try {
+    load_hf_weights(dir.file("small"), llama, llama_config(false));
+    FAIL() << "GPT-2 weights loaded into LLaMA";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tensor model.embed_tokens.weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine
