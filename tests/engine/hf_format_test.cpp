@@ -3,7 +3,7 @@
 // (nothing downloaded: HF_HUB_OFFLINE), and a folder transformers'
 // save_pretrained wrote loads into tandem; either way the logits of the
 // two implementations agree (float64: 1e-10; transformers' LlamaRMSNorm
-// kept in float64 as in tests/models/llama_test.cpp).
+// kept in float64: tests/testing/transformers_peer.py).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -23,14 +23,9 @@ const char* kScript = R"(
 import sys, torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-import transformers.models.llama.modeling_llama as modeling
-
-def rms_norm(self, h):  # as in tests/models/llama_test.cpp: float64 kept float64
-    dtype = h.dtype
-    h = h.to(torch.promote_types(dtype, torch.float32))
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-    return self.weight * h.to(dtype)
-modeling.LlamaRMSNorm.forward = rms_norm
+sys.path.insert(0, sys.argv.pop(1))  # tests/testing
+import transformers_peer
+transformers_peer.keep_float64_rms_norm()
 mode, folder, io = sys.argv[1], sys.argv[2], sys.argv[3]
 tokens = load_file(io)["tokens"]
 if mode == "load":
@@ -58,7 +53,8 @@ torch::Tensor their_logits(const std::string& mode, const std::string& folder, c
                            const TempDir& dir) {
   std::ofstream(dir.file("script.py")) << kScript;
   write_safetensors(dir.file("io.safetensors"), {{"tokens", tokens}});
-  auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("script.py") + " " + mode +
+  auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("script.py") +
+                        " " TANDEM_SOURCE_DIR "/tests/testing " + mode +
                         " " + folder + " " + dir.file("io.safetensors") + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {};

@@ -5,7 +5,7 @@
 // float64 and 1e-5 in float32. transformers' RMSNorm rounds float64 inputs
 // to float32; the reference runs it in the input's precision when that is
 // wider, as tandem's does (Note [rotary positions in float32]): the one
-// change made to it.
+// change made to it (tests/testing/transformers_peer.py).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -44,15 +44,10 @@ LlamaConfig small_config(bool tied_and_scaled) {
 const char* kReference = R"(
 import json, sys, torch, torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-import transformers.models.llama.modeling_llama as modeling
+sys.path.insert(0, sys.argv.pop(1))  # tests/testing
+import transformers_peer
+transformers_peer.keep_float64_rms_norm()
 from transformers import LlamaConfig, LlamaForCausalLM
-
-def rms_norm(self, h):  # transformers' LlamaRMSNorm, float64 kept float64
-    dtype = h.dtype
-    h = h.to(torch.promote_types(dtype, torch.float32))
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-    return self.weight * h.to(dtype)
-modeling.LlamaRMSNorm.forward = rms_norm
 
 c = json.loads(sys.argv[1])
 inputs, out = load_file(sys.argv[2]), sys.argv[3]
@@ -102,7 +97,8 @@ Compared compare_with_transformers(const LlamaConfig& config, torch::ScalarType 
                             {"rope_factor", config.rope_factor}, {"original", config.rope_original_max_positions},
                             {"tied", config.tie_embeddings}};
   std::ofstream(dir.file("reference.py")) << kReference;
-  auto r = testing::run(std::string(TANDEM_PYTHON) + " " + dir.file("reference.py") + " '" + c.dump() + "' " +
+  auto r = testing::run(std::string(TANDEM_PYTHON) + " " + dir.file("reference.py") + " " TANDEM_SOURCE_DIR
+                        "/tests/testing '" + c.dump() + "' " +
                         dir.file("in.safetensors") + " " + dir.file("out.safetensors"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {};
