@@ -157,9 +157,8 @@ Sequence gpt2(const Gpt2Config& config) {
   Gpt2Embedding embed(config);
   model->push_back("embed", embed);
   for (int64_t i = 0; i < config.n_layer; ++i) model->push_back("h" + std::to_string(i), Gpt2Block(config));
-  Gpt2Head head(config);
-  head->tie(embed->wte->weight);
-  model->push_back("head", head);
+  model->push_back("head", Gpt2Head(config));
+  model->tie(model->size() - 1, "embed.wte.weight");  // Note [tied embedding]
   return model;
 }
 

@@ -209,9 +209,8 @@ Sequence llama(const LlamaConfig& config) {
   LlamaEmbedding embed(config);
   model->push_back("embed", embed);
   for (int64_t i = 0; i < config.num_layers; ++i) model->push_back("l" + std::to_string(i), LlamaLayer(config));
-  LlamaHead head(config);
-  if (config.tie_embeddings) head->tie(embed->embed_tokens->weight);
-  model->push_back("head", head);
+  model->push_back("head", LlamaHead(config));
+  if (config.tie_embeddings) model->tie(model->size() - 1, "embed.embed_tokens.weight");
   return model;
 }
 

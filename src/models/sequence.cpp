@@ -96,7 +96,21 @@ std::shared_ptr<torch::nn::Module> SequenceImpl::clone(
   }
   copy->train(is_training());
   copy->segments_ = segments_;
+  for (const auto& t : ties_) copy->tie(t.user, t.owner);  // the copy's head, the copy's embedding
   return copy;
+}
+
+void SequenceImpl::tie(size_t user, const std::string& owner) {
+  TANDEM_CHECK(user < modules_.size(), "Sequence::tie: no child ", user);
+  auto* bound = dynamic_cast<TiedWeightUser*>(modules_[user].ptr().get());
+  TANDEM_CHECK(bound != nullptr, "Sequence::tie: child ", names_[user], " takes no tied weight");
+  auto* weight = named_parameters().find(owner);
+  TANDEM_CHECK(weight != nullptr, "Sequence::tie: no parameter ", owner);
+  bound->tie(*weight);
+  for (const auto& t : ties_) {
+    if (t.user == user) return;
+  }
+  ties_.push_back({user, owner});
 }
 
 void SequenceImpl::pretty_print(std::ostream& stream) const { stream << "tandem::Sequence"; }

@@ -10,6 +10,7 @@
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/registry.h"
+#include "tandem/parallel/data_parallel.h"
 #include "testing.h"
 
 namespace tandem::models {
@@ -119,6 +120,33 @@ TEST(Gpt2Test, AnUntiedGradientFailsTheBound) {
   auto c = compare_with_transformers(torch::kFloat64, /*untie_gradient=*/true);
   EXPECT_LE(c.logits, 1e-10);
   EXPECT_GT(c.grads, 1e-3);
+}
+
+// Note [tied embedding]: a clone's head multiplies by the clone's own
+// embedding, so DataParallel's replicas (clones) give one device's
+// gradients: the tied tensor's included, with both of its uses.
+TEST(Gpt2Test, ClonesAndDataParallelReplicasKeepTheTie) {
+  torch::manual_seed(7);
+  auto model = gpt2(small_config());
+  model->to(torch::kFloat64);
+  auto copy = std::dynamic_pointer_cast<SequenceImpl>(model->clone());
+  auto* head = copy->at(copy->size() - 1).get<Gpt2Head>().get();
+  EXPECT_TRUE(head->tied().is_same(copy->named_parameters()["embed.wte.weight"]));
+  EXPECT_FALSE(head->tied().is_same(model->named_parameters()["embed.wte.weight"]));
+
+  auto tokens = torch::randint(0, 61, {4, 10}, torch::kInt64);
+  auto targets = torch::randint(0, 61, {4, 10}, torch::kInt64);
+  auto loss_of = [&](const torch::Tensor& logits) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, 61}), targets.reshape({-1}));
+  };
+  loss_of(copy->forward(tokens)).backward();
+  parallel::DataParallel dp(model, parallel::DataParallelOptions{{torch::kCPU, torch::kCPU}});
+  loss_of(dp->forward(tokens)).backward();
+  auto want = copy->named_parameters();
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_LE((p.value().grad() - want[p.key()].grad()).abs().max().item<double>(), 1e-12) << p.key();
+  }
 }
 
 TEST(Gpt2Test, PresetsHaveGpt2sParameterCounts) {

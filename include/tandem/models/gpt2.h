@@ -15,10 +15,12 @@
 // Note [tied embedding]: the head multiplies by embed.wte.weight itself;
 // it registers no parameter of its own, so named_parameters() lists the
 // tensor once and its gradient is the sum of both uses, as in transformers
-// and nanoGPT. gpt2() binds the head to the embedding (Gpt2HeadImpl::tie);
-// a copy of the model (clone, a replica, a pipeline stage on another
-// device or rank) must bind its head to its own copy of the embedding.
-// Until the parallel plans do that, the model runs in one process.
+// and nanoGPT. gpt2() records the tie in the Sequence (Sequence::tie), so
+// that a clone (DataParallel's replicas) binds its head to its own copy of
+// the embedding. A pipeline that puts the embedding and the head on
+// different stages needs a copy on the last stage and the two gradients
+// summed, as Megatron does: not done yet, so the model's parallel forms
+// stop at one process and DataParallel.
 #pragma once
 
 #include <cstdint>
@@ -114,12 +116,12 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
 };
 TORCH_MODULE(Gpt2Block);
 
-class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl> {
+class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public TiedWeightUser {
  public:
   explicit Gpt2HeadImpl(Gpt2Config config);
   void reset() override;
   // Note [tied embedding]: the logits' weight, [vocab, n_embd].
-  void tie(torch::Tensor embedding_weight) { tied_ = std::move(embedding_weight); }
+  void tie(torch::Tensor embedding_weight) override { tied_ = std::move(embedding_weight); }
   const torch::Tensor& tied() const { return tied_; }
   // [B, T, n_embd] -> [B, T, vocab]
   torch::Tensor forward(torch::Tensor x);

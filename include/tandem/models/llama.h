@@ -123,12 +123,12 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
 };
 TORCH_MODULE(LlamaEmbedding);
 
-class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public TiedWeightUser {
  public:
   explicit LlamaHeadImpl(LlamaConfig config);
   void reset() override;
   // With tie_embeddings (Note [tied embedding]): the output weight.
-  void tie(torch::Tensor embedding_weight) { tied_ = std::move(embedding_weight); }
+  void tie(torch::Tensor embedding_weight) override { tied_ = std::move(embedding_weight); }
   const torch::Tensor& tied() const { return tied_; }
   torch::Tensor forward(torch::Tensor x);
   RmsNorm norm{nullptr};

@@ -15,6 +15,16 @@
 
 namespace tandem::models {
 
+// A module whose forward multiplies by another module's parameter (a
+// language model's head by its token embedding: Note [tied embedding] in
+// models/gpt2.h). Sequence::tie binds it, and binds each copy's to the
+// copy's own parameter.
+class TiedWeightUser {
+ public:
+  virtual ~TiedWeightUser() = default;
+  virtual void tie(torch::Tensor weight) = 0;
+};
+
 class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
  public:
   SequenceImpl() = default;
@@ -53,6 +63,17 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
   void checkpoint_segments(std::vector<int64_t> sizes);
   const std::vector<int64_t>& checkpointed_segments() const { return segments_; }
 
+  // Binds child `user` (a TiedWeightUser) to this Sequence's parameter
+  // named `owner` ("embed.wte.weight"), now and in every clone(). Throws
+  // tandem::Error when the child cannot be bound or there is no such
+  // parameter.
+  void tie(size_t user, const std::string& owner);
+  struct Tie {
+    size_t user;
+    std::string owner;
+  };
+  const std::vector<Tie>& ties() const { return ties_; }
+
   size_t size() const { return modules_.size(); }
   const std::string& name(size_t index) const { return names_.at(index); }
   torch::nn::AnyModule& at(size_t index) { return modules_.at(index); }
@@ -67,6 +88,7 @@ class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {
   std::vector<std::string> names_;
   std::vector<torch::nn::AnyModule> modules_;
   std::vector<int64_t> segments_;
+  std::vector<Tie> ties_;
 };
 TORCH_MODULE(Sequence);
 
