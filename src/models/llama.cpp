@@ -135,7 +135,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto v = v_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
   // Note [rotary positions in float32]
   auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
-  auto freqs = positions.unsqueeze(-1) * inv_freq_.to(x.device());
+  if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());  // once, not every step
+  auto freqs = positions.unsqueeze(-1) * inv_freq_;
   auto angles = torch::cat({freqs, freqs}, -1);
   auto cos = angles.cos().to(x.scalar_type()).unsqueeze(0).unsqueeze(0);  // [1, 1, T, D]
   auto sin = angles.sin().to(x.scalar_type()).unsqueeze(0).unsqueeze(0);

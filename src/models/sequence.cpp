@@ -104,7 +104,8 @@ void SequenceImpl::tie(size_t user, const std::string& owner) {
   TANDEM_CHECK(user < modules_.size(), "Sequence::tie: no child ", user);
   auto* bound = dynamic_cast<TiedWeightUser*>(modules_[user].ptr().get());
   TANDEM_CHECK(bound != nullptr, "Sequence::tie: child ", names_[user], " takes no tied weight");
-  auto* weight = named_parameters().find(owner);
+  const auto parameters = named_parameters();  // find() points into it: kept alive
+  const auto* weight = parameters.find(owner);
   TANDEM_CHECK(weight != nullptr, "Sequence::tie: no parameter ", owner);
   bound->tie(*weight);
   for (const auto& t : ties_) {
