@@ -32,6 +32,12 @@ void add_data_flags(FlagSet& flags, engine::TrainOptions& o) {
   flags.add_switch("skip-bad-images", &o.skip_bad_images,
                    "leave unreadable images out of their batch (with a warning) instead of "
                    "stopping");
+  flags.add_int("seq-len", "T", &o.seq_len,
+                "token data: tokens a sample's inputs hold, each sample a window of T + 1 (0: the model's "
+                "context, at most 1024)", 0);
+  flags.add_int("vocab-size", "V", &o.vocab_size,
+                "token data: the vocabulary, which nanoGPT's .bin files do not record (0: the files'; text is "
+                "bytes, 256)", 0);
 }
 
 void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {

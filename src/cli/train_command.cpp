@@ -57,13 +57,22 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "instead of --batch-size: each data-parallel rank's batch, the global one being N times "
                 "the number of processes (the dp size of --mesh; as a DDP script's per-process batch; 0: "
                 "use --batch-size)", 0);
-  flags.add_double("lr", "X", &o.lr, "peak learning rate (SGD)", 0, 1e300,
+  flags.add_enum("optimizer", &o.optimizer, engine::optimizer_names(),
+                 "auto: adamw for the language models, sgd for the image models; sgd (momentum, "
+                 "--nesterov, L2 --weight-decay) or adamw (--beta1, --beta2, --adam-eps, decoupled "
+                 "--weight-decay of the matrices and embeddings only)");
+  flags.add_double("lr", "X", &o.lr,
+                   format("peak learning rate (shown: SGD's; AdamW's default is %g)", engine::kAdamWLr), 0, 1e300,
                    "a positive number up to 1e+300");  // 0 itself: check_train_options
   flags.add_double("min-lr", "X", &o.min_lr, "learning rate at the end of the cosine schedule", 0);
   flags.add_double("warmup-epochs", "X", &o.warmup_epochs, "linear warmup from 0 to --lr, in epochs (fractions allowed)", 0);
   flags.add_double("momentum", "X", &o.momentum, "SGD momentum", 0);
   flags.add_switch("nesterov", &o.nesterov, "use Nesterov momentum");
-  flags.add_double("weight-decay", "X", &o.weight_decay, "L2 weight decay", 0);
+  flags.add_double("weight-decay", "X", &o.weight_decay,
+                   format("weight decay (shown: SGD's; AdamW's default is %g)", engine::kAdamWWeightDecay), 0);
+  flags.add_double("beta1", "X", &o.beta1, "AdamW's first-moment decay", 0);
+  flags.add_double("beta2", "X", &o.beta2, "AdamW's second-moment decay (0.95: GPT-3's, nanoGPT's, llm.c's)", 0);
+  flags.add_double("adam-eps", "X", &o.adam_eps, "AdamW's epsilon", 0);
   flags.add_double("label-smoothing", "X", &o.label_smoothing, "cross-entropy label smoothing", 0);
   flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
   flags.add_int("grad-accum", "K", &o.grad_accum,
@@ -158,6 +167,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
 
   flags.section("run");
   flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
+  flags.add_double("peak-tflops", "X", &o.peak_tflops,
+                   "a device's peak TFLOPS, for a language model's MFU (0: known for H100 and H200, bf16 "
+                   "dense; otherwise no MFU)", 0);
   flags.add_uint("seed", "N", &o.seed,
                  "seed for initialisation, shuffling and augmentation; as in PyTorch, the first two (libtorch's CPU generator) use only its low 32 bits");
   flags.add_string("checkpoint-dir", "DIR", &o.checkpoint_dir,
@@ -245,7 +257,45 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
               n == 1 ? "" : "s");
 }
 
+// A language model's epochs: losses in nats per token, perplexity, bits
+// per byte for text, tokens a second and MFU where the peak is known.
+void print_language_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
+  const bool text = r.epochs.back().text;
+  const bool mfu = std::any_of(r.epochs.begin(), r.epochs.end(), [](const auto& m) { return m.mfu > 0; });
+  std::vector<std::string> header{"epoch", "train loss", "test loss", "test ppl"};
+  if (text) header.push_back("test bits/byte");
+  header.insert(header.end(), {"test acc", "time (s)", "tok/s"});
+  if (mfu) header.push_back("MFU");
+  Table table(header);
+  for (const auto& m : r.epochs) {
+    std::vector<std::string> row{std::to_string(m.epoch) + (m.partial ? "*" : ""), format("%.4f", m.train_loss),
+                                 m.evaluated ? format("%.4f", m.test_loss) : "-",
+                                 m.evaluated ? format("%.2f", engine::perplexity(m.test_loss)) : "-"};
+    if (text) row.push_back(m.evaluated ? format("%.3f", engine::bits_per_byte(m.test_loss)) : "-");
+    row.insert(row.end(), {m.evaluated ? format("%.2f%%", 100 * m.test_acc) : "-", format("%.1f", m.epoch_seconds),
+                           format("%.0f", m.tokens_per_second)});
+    if (mfu) row.push_back(format("%.1f%%", 100 * m.mfu));
+    table.add_row(row);
+  }
+  std::printf("\n%s", table.render().c_str());
+  if (r.epochs.back().partial) std::printf("* stopped by --max-steps\n");
+  const auto& last = r.epochs.back();
+  std::string result = "not evaluated";
+  if (last.evaluated) {
+    result = format("test loss %.4f nats/token (perplexity %.2f", last.test_loss, engine::perplexity(last.test_loss)) +
+             (text ? format(", %.3f bits per byte)", engine::bits_per_byte(last.test_loss)) : std::string(")"));
+  }
+  std::printf("\n%s on %s, batch %lld x %lld tokens, device %s: %s after %lld steps, %.1f s\n", o.model.c_str(),
+              o.data.c_str(), static_cast<long long>(o.batch_size), static_cast<long long>(engine::resolved_seq_len(o)),
+              o.device.c_str(), result.c_str(), static_cast<long long>(r.steps), r.seconds);
+  std::fflush(stdout);
+}
+
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
+  if (!r.epochs.empty() && r.epochs.back().tokens_per_second > 0) {
+    print_language_summary(o, r);
+    return;
+  }
   Table table({"epoch", "train loss", "train acc", "test loss", "test acc", "time (s)", "img/s"});
   for (const auto& m : r.epochs) {
     table.add_row({std::to_string(m.epoch) + (m.partial ? "*" : ""), format("%.4f", m.train_loss),
@@ -276,6 +326,16 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 }  // namespace
 
 namespace internal {
+
+// AdamW's own --lr and --weight-decay where the command line gives none
+// (the table's defaults are SGD's).
+void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags) {
+  const auto names = models::model_names();
+  if (std::find(names.begin(), names.end(), o.model) == names.end()) return;  // check_train_options names it
+  if (engine::resolved_optimizer(o) != engine::Optimizer::kAdamW) return;
+  if (!flags.given("lr")) o.lr = engine::kAdamWLr;
+  if (!flags.given("weight-decay")) o.weight_decay = engine::kAdamWWeightDecay;
+}
 
 // This program's path, for re-running it as workers.
 std::string self_executable() {
@@ -313,6 +373,7 @@ int train_command(const std::vector<std::string>& args) {
   if (flags.given("batch-size") && flags.given("batch-per-process")) {
     throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
   }
+  internal::apply_optimizer_defaults(options, flags);
   const bool worker = env::get("RANK").has_value();
   // Under another launcher (tandem launch, torchrun, Slurm's srun setting
   // RANK) this process is one worker already: --nproc-per-node would be

@@ -26,7 +26,9 @@ Batch DevicePrefetcher::to_device(Batch batch) const {
   if (batch.size() == 0) return batch;
   // Moved first, converted there: libtorch converts a host-to-device copy's
   // dtype on the host, synchronously.
-  auto inputs = batch.inputs.to(options_.device, /*non_blocking=*/true).to(options_.input_dtype);
+  // Token ids stay integers whatever --dtype is.
+  auto inputs = batch.inputs.to(options_.device, /*non_blocking=*/true);
+  if (inputs.is_floating_point()) inputs = inputs.to(options_.input_dtype);
   if (options_.channels_last && inputs.dim() == 4) inputs = inputs.contiguous(torch::MemoryFormat::ChannelsLast);
   return {inputs, batch.targets.to(options_.device, /*non_blocking=*/true)};
 }

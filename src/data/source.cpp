@@ -6,6 +6,7 @@
 #include "tandem/data/cifar.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/image_folder.h"
+#include "tandem/data/tokens.h"
 #include "tandem/util/file.h"
 #include "tandem/util/check.h"
 
@@ -32,10 +33,12 @@ Spec parse_spec(const std::string& spec) {
   auto colon = spec.find(':');
   Spec s{spec.substr(0, colon), colon == std::string::npos ? "" : spec.substr(colon + 1)};
   bool known = s.kind == "idx" || s.kind == "cifar10" || s.kind == "cifar100" ||
-               s.kind == "imagefolder";
+               s.kind == "imagefolder" || s.kind == "text" || s.kind == "tokens";
   TANDEM_CHECK_USAGE(known, "unknown data spec '", spec,
-               "': expected fashion-mnist, idx:DIR, cifar10:DIR, cifar100:DIR or imagefolder:DIR");
-  TANDEM_CHECK_USAGE(!s.path.empty(), "data spec '", spec, "': expected ", s.kind, ":DIR");
+               "': expected fashion-mnist, idx:DIR, cifar10:DIR, cifar100:DIR, imagefolder:DIR, text:FILE or "
+               "tokens:PATH");
+  TANDEM_CHECK_USAGE(!s.path.empty(), "data spec '", spec, "': expected ", s.kind,
+                     s.kind == "text" ? ":FILE" : s.kind == "tokens" ? ":PATH" : ":DIR");
   return s;
 }
 
@@ -130,10 +133,23 @@ AugmentOptions image_folder_augment(const DataOptions& o) {
   return augment_options(o, "imagenet", 224, kImageNetMean, kImageNetStd);
 }
 
+TokenOptions token_options(const DataOptions& o) {
+  TokenOptions t;
+  t.seq_len = o.seq_len;
+  t.vocab_size = o.vocab_size;
+  return t;
+}
+
 }  // namespace
+
+bool is_token_spec(const std::string& spec) {
+  const auto kind = parse_spec(spec).kind;
+  return kind == "text" || kind == "tokens";
+}
 
 DataSplits open_data(const std::string& spec, const DataOptions& options) {
   auto s = parse_spec(spec);
+  if (s.kind == "text" || s.kind == "tokens") return open_tokens(s.kind, s.path, token_options(options));
   if (s.kind == "idx") return open_idx_spec(s.path, options);
   if (s.kind == "cifar10") return open_cifar_spec(s.path, CifarKind::kCifar10, options);
   if (s.kind == "cifar100") return open_cifar_spec(s.path, CifarKind::kCifar100, options);
@@ -147,6 +163,7 @@ DataSplits open_data(const std::string& spec, const DataOptions& options) {
 std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const DataOptions& options,
                                               const DataSplits* training) {
   auto s = parse_spec(spec);
+  if (s.kind == "text" || s.kind == "tokens") return open_token_eval(s.kind, s.path, token_options(options));
   if (s.kind == "idx" && training != nullptr && training->std.size() == 1) return open_idx_eval(s.path, *training, options);
   if (s.kind != "imagefolder") return open_data(spec, options).test;
   return transformed(std::make_shared<ImageFolderSource>(s.path),
@@ -158,9 +175,21 @@ std::string data_format(const std::string& spec) { return parse_spec(spec).kind;
 std::string absolute_spec(const std::string& spec) {
   const auto s = parse_spec(spec);
   if (spec == "fashion-mnist") return spec;
-  std::error_code ec;
-  const auto path = std::filesystem::absolute(s.path, ec).lexically_normal().string();
-  return s.kind + ":" + (ec ? s.path : path);
+  auto absolute = [](const std::string& path) {
+    std::error_code ec;
+    const auto made = std::filesystem::absolute(path, ec).lexically_normal().string();
+    return ec ? path : made;
+  };
+  if (s.kind != "text") return s.kind + ":" + absolute(s.path);
+  std::string paths;  // text:A,B names several files
+  size_t start = 0;
+  while (true) {
+    const size_t comma = s.path.find(',', start);
+    paths += (start ? "," : "") + absolute(s.path.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return s.kind + ":" + paths;
 }
 
 void check_data_folder(const std::string& kind, const std::string& dir) {
@@ -171,6 +200,10 @@ void check_data_folder(const std::string& kind, const std::string& dir) {
 
 void check_spec_folder(const std::string& spec) {
   const auto s = parse_spec(spec);
+  if (s.kind == "text" || s.kind == "tokens") {
+    token_spec_files(s.kind, s.path);
+    return;
+  }
   check_data_folder(s.kind, s.path);  // the reader's own words (fashion-mnist as idx:DIR)
 }
 
@@ -219,7 +252,10 @@ std::vector<std::string> data_spec_help() {
           "idx:DIR           MNIST-layout IDX files in DIR (plain or .gz)",
           "cifar10:DIR       CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin)",
           "cifar100:DIR      CIFAR-100 binary (train.bin, test.bin), fine labels",
-          "imagefolder:DIR   DIR/<class>/<image>, JPEG or PNG (evaluate with --val-data)"};
+          "imagefolder:DIR   DIR/<class>/<image>, JPEG or PNG (evaluate with --val-data)",
+          "text:FILE         UTF-8 bytes as tokens (also text:A,B or text:DIR), the last tenth held out",
+          "tokens:PATH       llm.c token shards or nanoGPT .bin files (a file, folder or glob; *_val_*",
+          "                  and val.bin are the validation split)"};
 }
 
 }  // namespace tandem::data

@@ -31,7 +31,7 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   data::DevicePrefetcher batches(loader.epoch(0), data::PrefetchOptions{device, models::parameter_dtype(*model)});
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  int64_t count = 0;
+  int64_t count = 0, predictions = 0;  // samples; the task's predictions (rows, or tokens)
   // Every rank calls `forward` as often as the rank with the most batches
   // (rank 0, whose share is the largest): a forward with collectives in it
   // (FSDP's all-gathers) must not leave a rank waiting for one more call.
@@ -41,6 +41,9 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   const int64_t batches_of_the_most = ceil_div(most, batch_size);
   auto empty_input = [&] {
     const auto info = dataset.info();
+    if (info.seq_len > 0) {  // token ids
+      return torch::zeros({0, info.seq_len}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+    }
     return torch::zeros({0, info.channels, info.height, info.width},
                         torch::TensorOptions().dtype(models::parameter_dtype(*model)).device(device));
   };
@@ -57,17 +60,20 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
     loss_sum += task->summed_loss(logits, targets);
     correct += task->hits(logits, targets);
     count += batch->size();
+    predictions += targets.numel();
   }
   for (; forward && calls < batches_of_the_most; ++calls) forward(empty_input());
   model->train(was_training);
   // Summed over the ranks on the device (NCCL takes CUDA tensors only).
   auto sums = torch::stack({loss_sum, correct.to(torch::kFloat64),
-                            torch::full({}, static_cast<double>(count), loss_sum.options())});
+                            torch::full({}, static_cast<double>(count), loss_sum.options()),
+                            torch::full({}, static_cast<double>(predictions), loss_sum.options())});
   if (group != nullptr && group->size() > 1) group->all_reduce(sums).wait();
   sums = sums.cpu();
   double loss = sums[0].item<double>(), hits = sums[1].item<double>(), total = sums[2].item<double>();
+  const double predicted = sums[3].item<double>();
   if (total == 0) return {};
-  return {loss / total, hits / total, static_cast<int64_t>(total)};
+  return {loss / predicted, hits / predicted, static_cast<int64_t>(total)};
 }
 
 }  // namespace tandem::engine

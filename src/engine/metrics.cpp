@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -35,8 +36,22 @@ std::string to_json_line(const EpochMetrics& m) {
   j["world_size"] = m.world_size;
   j["partial"] = m.partial;
   if (!m.comm_bytes_per_step.empty()) j["comm_bytes_per_step"] = m.comm_bytes_per_step;
+  if (m.tokens_per_second > 0) {
+    j["tokens_per_second"] = m.tokens_per_second;
+    if (m.mfu > 0) j["mfu"] = m.mfu;
+    j["text"] = m.text;
+    j["train_perplexity"] = perplexity(m.train_loss);
+    if (m.evaluated) j["test_perplexity"] = perplexity(m.test_loss);
+    if (m.text) {
+      j["train_bits_per_byte"] = bits_per_byte(m.train_loss);
+      if (m.evaluated) j["test_bits_per_byte"] = bits_per_byte(m.test_loss);
+    }
+  }
   return j.dump();
 }
+
+double perplexity(double loss_nats) { return std::exp(loss_nats); }
+double bits_per_byte(double loss_nats_per_byte) { return loss_nats_per_byte / std::log(2.0); }
 
 std::vector<EpochMetrics> read_metrics(const std::string& path) {
   std::istringstream in(read_regular_file(path, "a metrics file"));
@@ -64,6 +79,11 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
       m.partial = j.at("partial").get<bool>();
       if (j.contains("comm_bytes_per_step")) {
         m.comm_bytes_per_step = j.at("comm_bytes_per_step").get<std::map<std::string, std::map<std::string, double>>>();
+      }
+      if (j.contains("tokens_per_second")) {
+        m.tokens_per_second = j.at("tokens_per_second").get<double>();
+        m.mfu = j.value("mfu", 0.0);
+        m.text = j.value("text", false);
       }
       records.push_back(m);
     } catch (const nlohmann::json::exception& e) {

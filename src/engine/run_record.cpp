@@ -49,6 +49,12 @@ void RunRecorder::epoch(const EpochMetrics& m) {
   scalars.emplace_back("epoch/lr", m.lr);
   scalars.emplace_back("epoch/world_size", static_cast<double>(m.world_size));
   scalars.emplace_back("epoch/partial", m.partial ? 1.0 : 0.0);
+  if (m.tokens_per_second > 0) {
+    scalars.emplace_back("epoch/tokens_per_second", m.tokens_per_second);
+    if (m.mfu > 0) scalars.emplace_back("epoch/mfu", m.mfu);
+    if (m.evaluated) scalars.emplace_back("epoch/test_perplexity", perplexity(m.test_loss));
+    if (m.text && m.evaluated) scalars.emplace_back("epoch/test_bits_per_byte", bits_per_byte(m.test_loss));
+  }
   tensorboard_.write(m.step, scalars);
 }
 

@@ -41,19 +41,30 @@ data::DataOptions data_options_for(const TrainOptions& o) {
   data_options.image_size = o.image_size;
   data_options.seed = o.seed;
   data_options.skip_bad_images = o.skip_bad_images;
+  data_options.seq_len = resolved_seq_len(o);
+  data_options.vocab_size = o.vocab_size;
   return data_options;
 }
 
 data::DataSplits open_run_data(const TrainOptions& o) {
   const auto data_options = data_options_for(o);
   auto splits = data::open_data(o.data, data_options);
+  const bool tokens = data::is_token_spec(o.data);
   if (!o.val_data.empty()) {
     // What the spec alone shows is refused before the data are read.
-    data::check_same_label_kind(o.data, splits.train->info(), o.val_data, "--val-data ");
+    if (!tokens) data::check_same_label_kind(o.data, splits.train->info(), o.val_data, "--val-data ");
     splits.test = data::open_eval_data(o.val_data, data_options, &splits);
   }
   auto info = splits.train->info();
   auto test_info = splits.test ? splits.test->info() : info;
+  if (tokens) {
+    // The model's vocabulary is the training data's: an evaluation token
+    // beyond it has no logit.
+    TANDEM_CHECK(test_info.num_classes <= info.num_classes, "--val-data ", o.val_data, ": tokens of a vocabulary of ",
+                 test_info.num_classes, ", but the model's is --data ", o.data, "'s ", info.num_classes,
+                 " (--vocab-size sets one for both)");
+    return splits;
+  }
   TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&
                    info.width == test_info.width,
                "--val-data ", o.val_data, ": images are ", test_info.channels, "x", test_info.height, "x",
@@ -70,6 +81,8 @@ models::ModelOptions model_options_for(const TrainOptions& o, const data::Datase
   options.image_size = info.height;
   options.width_mult = o.width_mult;
   options.stem = o.stem;
+  options.vocab_size = info.seq_len > 0 ? info.num_classes : 0;
+  options.seq_len = info.seq_len;
   return options;
 }
 
@@ -81,6 +94,7 @@ models::Sequence build_model(const TrainOptions& o, const data::DatasetInfo& inf
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
+    if (info.seq_len > 0) throw UsageError(detail::str_cat("--model ", o.model, ": ", e.what()));
     throw UsageError(detail::str_cat("--model ", o.model, ": ", e.what(), " (the images are ", info.height, " x ",
                                      info.width, o.image_size > 0 ? ", from --image-size" : "; --image-size resizes them",
                                      ")"));

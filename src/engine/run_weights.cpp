@@ -21,10 +21,17 @@ namespace tandem::engine {
 
 std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const data::DataSplits& splits) {
   const auto info = splits.train->info();
-  std::map<std::string, std::string> metadata{{"format", "pt"},
-                                              {"producer", "tandem"},
-                                              {"model", o.model},
-                                              {"num_classes", std::to_string(info.num_classes)}};
+  std::map<std::string, std::string> metadata{{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}};
+  if (info.seq_len > 0) {
+    // A language model: its vocabulary shapes it; the data's kind and the
+    // sequence length say how it was trained.
+    for (const auto& [key, value] : shape_settings(o, splits)) metadata[key] = value;
+    metadata["tokens"] = data::data_format(o.data);
+    metadata["seq_len"] = std::to_string(info.seq_len);
+    metadata["data"] = data::absolute_spec(o.data);
+    return metadata;
+  }
+  metadata["num_classes"] = std::to_string(info.num_classes);
   if (!info.class_names.empty()) {
     metadata["classes"] = nlohmann::json(info.class_names).dump();
   } else {
@@ -43,6 +50,7 @@ std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const
 
 std::map<std::string, std::string> shape_settings(const TrainOptions& o, const data::DataSplits& splits) {
   const auto info = splits.train->info();
+  if (info.seq_len > 0) return {{"vocab_size", std::to_string(info.num_classes)}};
   std::map<std::string, std::string> settings{{"image_size", std::to_string(info.height)}};
   if (o.model == "mobilenetv2") settings["width_mult"] = format("%g", o.width_mult);
   if (o.model.rfind("resnet", 0) == 0) {
@@ -68,13 +76,17 @@ void load_run_weights(const TrainOptions& o, const data::DataSplits& splits, con
     auto described = [](const std::string& key, const std::string& value) {
       if (key == "image_size") return detail::str_cat(value, " x ", value, " images");
       if (key == "stem") return detail::str_cat("the ", value, " stem");
+      if (key == "vocab_size") return detail::str_cat("a vocabulary of ", value, " tokens");
       return detail::str_cat("--width-mult ", value);
     };
     std::string hint;
     for (const auto& [key, value] : shape_settings(o, splits)) {
       auto it = file.metadata.find(key);
       if (it == file.metadata.end() || it->second == value) continue;
-      const char* flag = key == "image_size" ? "--image-size" : key == "stem" ? "--stem" : "--width-mult";
+      const char* flag = key == "image_size" ? "--image-size"
+                         : key == "stem"       ? "--stem"
+                         : key == "vocab_size" ? "--vocab-size"
+                                               : "--width-mult";
       hint += detail::str_cat("; ", flag, ": the weights were made for ", described(key, it->second),
                               " (their metadata), this run's model for ", described(key, value));
     }
@@ -93,6 +105,10 @@ void check_weights_metadata(const TrainOptions& o, const data::DataSplits& split
   if (const auto* model = field("model")) {
     TANDEM_CHECK(*model == o.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
                  o.model);
+  }
+  if (const auto* vocab = field("vocab_size")) {
+    TANDEM_CHECK(*vocab == std::to_string(info.num_classes), path, ": a model of a vocabulary of ", printable(*vocab),
+                 " tokens (its metadata), but --data ", o.data, " has ", info.num_classes, " (--vocab-size sets it)");
   }
   if (const auto* classes = field("classes")) {
     auto parsed = nlohmann::json::parse(*classes, nullptr, /*allow_exceptions=*/false);

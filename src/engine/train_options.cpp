@@ -22,6 +22,7 @@
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
+#include "train_options_checks.h"
 
 namespace tandem::engine {
 
@@ -50,6 +51,12 @@ const EnumNames<DistBackend>& dist_backend_names() {
   return names;
 }
 
+const EnumNames<Optimizer>& optimizer_names() {
+  static const EnumNames<Optimizer> names = {
+      {"auto", Optimizer::kAuto}, {"sgd", Optimizer::kSgd}, {"adamw", Optimizer::kAdamW}};
+  return names;
+}
+
 namespace {
 
 template <class E>
@@ -64,11 +71,13 @@ const std::string& name_in(const EnumNames<E>& names, E value) {
 }  // namespace
 
 const std::string& strategy_name(Strategy s) { return name_in(strategy_names(), s); }
+const std::string& option_name(Optimizer o) { return name_in(optimizer_names(), o); }
 const std::string& option_name(Dtype d) { return name_in(dtype_names(), d); }
 const std::string& option_name(Schedule s) { return name_in(schedule_names(), s); }
 const std::string& option_name(DistBackend b) { return name_in(dist_backend_names(), b); }
 
 std::ostream& operator<<(std::ostream& out, Strategy s) { return out << strategy_name(s); }
+std::ostream& operator<<(std::ostream& out, Optimizer o) { return out << option_name(o); }
 std::ostream& operator<<(std::ostream& out, Dtype d) { return out << option_name(d); }
 std::ostream& operator<<(std::ostream& out, Schedule s) { return out << option_name(s); }
 std::ostream& operator<<(std::ostream& out, DistBackend b) { return out << option_name(b); }
@@ -84,6 +93,11 @@ std::optional<std::vector<std::string>> layers_before_data(const TrainOptions& o
   const bool wanted = o.image_size > 0 || o.checkpoint_activations > 0 || !o.pipeline_split.empty() ||
                       pipelined(o);
   if (!wanted) return std::nullopt;
+  // A language model's layers follow from its preset alone (built, the
+  // larger ones would take gigabytes for a list of names).
+  if (auto traits = models::model_traits(o.model); traits.kind == models::ModelKind::kLanguageModel) {
+    return traits.layer_names;
+  }
   const std::string format = data::data_format(o.data);
   int64_t size = o.image_size;
   if (size == 0) {
@@ -152,6 +166,8 @@ void check_train_options(const TrainOptions& o) {
                          doubles ? "float64" : "float32", " (", largest, "), the parameters' dtype");
     }
   }
+  internal::check_model_and_data(o);
+  internal::check_optimizer(o);
   TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
                      " applies to --model mobilenetv2 only, not ", o.model);
   TANDEM_CHECK_USAGE(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
@@ -353,6 +369,19 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   }
   TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != Strategy::kNone, "--strategy none runs one process, not a job of ",
                      ranks, " processes; a job of several ranks needs a data-parallel strategy");
+  TANDEM_CHECK_USAGE(!(pipeline && ranks > 1 && resolved_optimizer(o) == Optimizer::kAdamW),
+                     "--optimizer adamw does not work with a pipeline over ranks yet (its checkpoints gather SGD's "
+                     "momentum only); use --strategy pipeline --devices LIST in one process, or --optimizer sgd");
+  // Note [tied embedding]: the Trainer refuses these too (for a model
+  // registered without its traits saying so); named here before the workers.
+  const bool tied = models::model_traits(o.model).tied_embedding;
+  TANDEM_CHECK_USAGE(!tied || o.strategy != Strategy::kFsdp, "--strategy fsdp: ", o.model, "'s output layer is tied "
+                     "to its token embedding, which FSDP's units would shard apart; not supported yet (use "
+                     "--strategy ddp, or llama-tiny, whose head is its own)");
+  TANDEM_CHECK_USAGE(!tied || !pipeline || ranks == 1, "pipeline: ", o.model, "'s output layer is tied to its token "
+                     "embedding, and its first and last stages would run on other ranks, each with its own copy; not "
+                     "supported yet (a pipeline over --devices of one device, or a model with an untied head such as "
+                     "llama-tiny)");
   TANDEM_CHECK_USAGE(ranks == 1 || !o.cuda_graph, "--cuda-graph captures the step of one process on one "
                      "device; it does not work in a job of ", ranks, " processes");
   // A pipeline's ranks are its stages and their replicas: the replicas share

@@ -9,6 +9,7 @@
 
 #include "tandem/engine/atomic_file.h"
 #include "tandem/engine/safetensors.h"
+#include "tandem/optim/adamw.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
@@ -48,7 +49,16 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   // (Note [sharded optimizer state]; the weights are plain SGD's), or SGD.
   const auto sgd_options =
       torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay);
-  if ((run->optimizer = plan_->make_optimizer(sgd_options))) {
+  if (resolved_optimizer(o) == Optimizer::kAdamW) {
+    // nanoGPT's groups: matrices and embeddings decayed, vectors not
+    // (check_train_options keeps AdamW to the unsharded strategies).
+    const auto adamw_options = torch::optim::AdamWOptions(o.lr)
+                                   .betas({o.beta1, o.beta2})
+                                   .eps(o.adam_eps)
+                                   .weight_decay(o.weight_decay);
+    run->optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), adamw_options),
+                                                    adamw_options);
+  } else if ((run->optimizer = plan_->make_optimizer(sgd_options))) {
     run->fsdp_sgd = dynamic_cast<parallel::FsdpSgd*>(run->optimizer.get());  // its checkpoints gather the shards
   } else if (o.shard_optimizer) {
     // A pipeline's other stages' parameters keep their places (a checkpoint
@@ -96,7 +106,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   // replayed (engine/cuda_graph.h); the learning rate is read from a tensor.
   if (o.cuda_graph) {
     auto& optimizer = *run->optimizer;
-    auto graph_options = capture_options_for(optimizer);
+    auto graph_options = capture_options_for(dynamic_cast<optim::Sgd&>(optimizer));  // SGD only: check_optimizer
     // The counters stay untouched: --cuda-graph means no pipeline and no scaler.
     run->graphed = std::make_unique<CudaGraphStep>(device_, [this, &optimizer](const torch::Tensor& x,
                                                                                 const torch::Tensor& y) {
@@ -175,6 +185,9 @@ void Trainer::diverged(RunState& run, const std::string& what, const std::string
 
 bool Trainer::sharded_checkpoints() const {
   const auto& format = options_.checkpoint_format;
+  // Sharded checkpoints hold SGD's momentum only, so far: AdamW's state goes
+  // in one file (check_train_options refuses --checkpoint-format sharded).
+  if (resolved_optimizer(options_) == Optimizer::kAdamW) return false;
   return format == "sharded" || (format == "auto" && job_group_ && job_group_->size() > 1);
 }
 

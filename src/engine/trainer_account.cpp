@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "tandem/engine/device_peak.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/data_parallel.h"
@@ -120,10 +121,36 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
                option_name(o.schedule).c_str(),
                chunks_note("device", static_cast<int64_t>(devices.size())).c_str()));
   }
+  if (tokens_per_sample_ > 0) {
+    const double peak = peak_flops();
+    say(format("language model: windows of %lld tokens, %lld tokens a step; %s optimizer; %s",
+               static_cast<long long>(tokens_per_sample_), static_cast<long long>(o.batch_size * tokens_per_sample_),
+               option_name(resolved_optimizer(o)).c_str(),
+               peak > 0 ? format("MFU against %.4g TFLOPS over the job's devices", peak / 1e12).c_str()
+                        : "no MFU (the device's peak is unknown: --peak-tflops X gives it)"));
+  }
   say(format("training %s (%lld parameters) on %s, %lld steps/epoch, device %s",
              o.model.c_str(), static_cast<long long>(parameter_count_),
              data_.train->describe().c_str(), static_cast<long long>(steps_per_epoch),
              device_.str().c_str()));
+}
+
+// Note [peak for MFU]: MFU is the model's FLOPs a second (6 per weight and
+// token, plus attention's) over the peak of every device the job runs on.
+// The peak is --peak-tflops for each device, or on CUDA the dense bf16
+// tensor-core peak of the ones whose figure is published (H100 and H200
+// SXM: 989 TFLOPS), as nanoGPT and llm.c count MFU whatever the dtype; on
+// other devices, and on the CPU, there is no MFU unless the flag gives it.
+double Trainer::peak_flops() const {
+  const auto& o = options_;
+  double per_device = o.peak_tflops * 1e12;
+  if (per_device == 0 && device_.is_cuda()) per_device = known_peak_flops(device_);
+  if (per_device == 0) return 0;
+  int64_t devices = job_world_;  // processes, a device each
+  if (o.strategy == Strategy::kDp || (layout_.pipeline && !o.devices.empty())) {
+    devices = static_cast<int64_t>(parallel::parse_devices(o.devices).size());
+  }
+  return per_device * static_cast<double>(devices);
 }
 
 }  // namespace tandem::engine

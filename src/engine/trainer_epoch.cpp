@@ -7,6 +7,7 @@
 #include <ATen/record_function.h>
 
 #include "tandem/data/device_prefetcher.h"
+#include "tandem/data/source.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/parallel/pipeline_schedule.h"
@@ -26,7 +27,7 @@ void Trainer::train_epoch(RunState& run) {
   if (log_ && o.progress != "off") {
     epoch.progress.emplace(ProgressOptions{
         format("epoch %lld/%lld", static_cast<long long>(position.epoch + 1), static_cast<long long>(o.epochs)),
-        run.steps_per_epoch, "img", o.progress == "bar" || (o.progress == "auto" && is_terminal(log_)), 10.0, log_});
+        run.steps_per_epoch, tokens_per_sample_ > 0 ? "seq" : "img", o.progress == "bar" || (o.progress == "auto" && is_terminal(log_)), 10.0, log_});
   }
   epoch.counters.stage_idle.assign(static_cast<size_t>(stage_plan_->stages()), 0.0);
   epoch.loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
@@ -61,10 +62,14 @@ void Trainer::train_epoch(RunState& run) {
     auto out = run.graphed ? run.graphed->run(inputs, targets) : step(inputs, targets, optimizer, epoch.counters);
     run.traffic->end();
 
-    epoch.loss_sum += out.loss.detach().to(epoch.loss_sum.device(), torch::kFloat64) * batch->size();
+    // Counted in the task's predictions: a sample's row, or each token of a
+    // window (every window holds --seq-len), so that the sums give the loss
+    // and accuracy per prediction.
+    const int64_t predictions = targets.numel();
+    epoch.loss_sum += out.loss.detach().to(epoch.loss_sum.device(), torch::kFloat64) * predictions;
     // Not on a pipeline's first stages: the outputs are the last stage's.
     if (out.logits.defined()) epoch.correct += task_->hits(out.logits.detach(), targets);
-    epoch.seen += batch->size();  // this rank's; summed over the ranks in sync_sums
+    epoch.seen += predictions;  // this rank's; summed over the ranks in sync_sums
     ++position.batch_in_epoch;
     ++position.step;
     if (auto trace = profiler.after_step(position.step); !trace.empty()) say("trace written to " + trace);
@@ -129,7 +134,8 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
   sums = sums.cpu();
   double loss = sums[0].item<double>(), hits = sums[1].item<double>();
-  const auto images = static_cast<int64_t>(std::llround(sums[2].item<double>()));
+  const auto predictions = static_cast<int64_t>(std::llround(sums[2].item<double>()));
+  const int64_t images = predictions / std::max<int64_t>(1, tokens_per_sample_);  // samples
   const auto bad_tensors = static_cast<int64_t>(std::llround(sums[3].item<double>()));
   const std::string when = format("between steps %lld and %lld (epoch %lld)", static_cast<long long>(epoch.synced_step),
                                   static_cast<long long>(position.step), static_cast<long long>(position.epoch + 1));
@@ -145,8 +151,8 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
                     first.empty() ? "" : (" ('" + first + "' on this rank)").c_str()),
              when, epoch.lr);
   }
-  if (images > 0) {
-    divergence.last_loss = loss / static_cast<double>(images);
+  if (predictions > 0) {
+    divergence.last_loss = loss / static_cast<double>(predictions);
     if (std::isnan(divergence.first_loss)) divergence.first_loss = divergence.last_loss;
     if (position.step > epoch.synced_step) {
       const double seconds = epoch.interval.seconds();
@@ -159,7 +165,7 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   epoch.synced_step = position.step;
   position.epoch_loss_sum += loss;
   position.epoch_correct += static_cast<int64_t>(std::llround(hits));
-  position.epoch_seen += images;
+  position.epoch_seen += predictions;
   epoch.images += images;
   epoch.seen = 0;
   epoch.loss_sum.zero_();
@@ -196,6 +202,12 @@ EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
   report_pipeline_idle(epoch.counters);
   m.epoch_seconds = epoch.train_seconds;
   m.images_per_second = epoch.train_seconds > 0 ? epoch.images / epoch.train_seconds : 0.0;
+  if (tokens_per_sample_ > 0) {
+    m.tokens_per_second = m.images_per_second * double(tokens_per_sample_);
+    const double peak = peak_flops();
+    if (peak > 0 && flops_per_token_ > 0) m.mfu = m.tokens_per_second * flops_per_token_ / peak;
+    m.text = data::data_format(options_.data) == "text";
+  }
   m.lr = epoch.lr;
   m.world_size = job_world_;  // processes in the job
   m.comm_bytes_per_step = run.traffic->per_step();

@@ -27,7 +27,7 @@ struct Trainer::RunState {
   TrainResult result;
   std::unique_ptr<data::DataLoader> loader;
   int64_t steps_per_epoch = 0;
-  std::unique_ptr<optim::Sgd> optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  // optim::Sgd or optim::AdamW (--optimizer)
   optim::ZeroSgd* zero = nullptr;         // --shard-optimizer: the optimizer, sharded
   parallel::FsdpSgd* fsdp_sgd = nullptr;  // FSDP: the optimizer, over the shards
   std::unique_ptr<optim::CosineSchedule> schedule;
@@ -48,7 +48,7 @@ struct Trainer::EpochState {
   StepCounters counters;
   double lr = 0.0;
   torch::Tensor loss_sum, correct;  // on the device, since the last sync_sums
-  int64_t seen = 0;                 // this rank's images since the last sync_sums
+  int64_t seen = 0;                 // this rank's predictions (images, or tokens) since the last sync_sums
   int64_t synced_step = 0;          // the step of the last sync_sums, whose sums were finite
   Stopwatch interval;               // since the last sync_sums
   double train_seconds = 0.0;       // the epoch's steps, without its evaluation

@@ -87,6 +87,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     };
   }
   model_ = build_model(o, info, model_options, device_);
+  check_tied_weights(pipeline);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).
   if (!o.init_weights.empty()) {
@@ -123,7 +124,13 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // host (Note [what a captured step may do] in engine/cuda_graph.h).
   TANDEM_CHECK(!o.cuda_graph || cuda_graphs_built(), "--cuda-graph: this tandem was built against a "
                "libtorch without CUDA");
-  task_ = classification_task(o.label_smoothing);  // the CNNs' task (engine/task.h)
+  // What the model is trained for (engine/task.h): its predictions are
+  // rows of images, or every token of a window.
+  tokens_per_sample_ = info.seq_len;
+  task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
+  if (info.seq_len > 0) {
+    if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
+  }
   amp_ = optim::parse_amp(o.amp);
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
@@ -156,6 +163,29 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
+}
+
+// Note [tied embedding] (models/gpt2.h): the head reads the embedding's
+// tensor. That holds within one process and device (one replica, DDP's,
+// DataParallel's copies); FSDP's units and pipeline stages on other ranks
+// or devices would each hold their own copy, trained apart. Refused until
+// the tie is carried across them (Megatron's shared embedding).
+void Trainer::check_tied_weights(bool pipeline) const {
+  const auto& o = options_;
+  if (model_->ties().empty()) return;
+  TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--strategy fsdp: ", o.model, "'s output layer is tied to its "
+                     "token embedding, which FSDP's units would shard apart; not supported yet (use --strategy ddp, "
+                     "or llama-tiny, whose head is its own)");
+  if (!pipeline) return;
+  bool one_device = stages_ == nullptr;
+  if (one_device) {
+    const auto devices = parallel::parse_devices(o.devices);
+    for (const auto& d : devices) one_device = one_device && d == devices.front();
+  }
+  TANDEM_CHECK_USAGE(one_device, "pipeline: ", o.model, "'s output layer is tied to its token embedding, and its "
+                     "first and last stages would run on ", stages_ ? "other ranks" : "other devices",
+                     ", each with its own copy; not supported yet (a pipeline over --devices of one device, or a "
+                     "model with an untied head such as llama-tiny)");
 }
 
 // --strategy pipeline: cut the model into one stage per device (or
@@ -203,8 +233,10 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
   const std::string measured = "balanced by measured time" + where;
   if (!measure) return {std::vector<int64_t>(stages * chunks, 0), measured};
   auto rows = std::max<int64_t>(1, o.batch_size / o.micro_batches);
-  auto sample = torch::full({rows, info.channels, info.height, info.width}, 0.5,
-                            torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(on));
+  auto sample = info.seq_len > 0  // token ids
+                    ? torch::zeros({rows, info.seq_len}, torch::TensorOptions().dtype(torch::kInt64).device(on))
+                    : torch::full({rows, info.channels, info.height, info.width}, 0.5,
+                                  torch::TensorOptions().dtype(models::parameter_dtype(*model_)).device(on));
   return {parallel::balance_interleaved(parallel::measured_costs(model_, sample), stages, chunks), measured};
 }
 
@@ -325,6 +357,14 @@ std::string Trainer::fingerprint() const {
                 static_cast<long long>(world_)) +
          // Only when set, so that checkpoints from before the flag still resume.
          (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string()) +
+         // Language models: what the windows are and how the weights move.
+         (data_.train->info().seq_len > 0
+              ? format(" seq_len=%lld vocab=%lld", static_cast<long long>(data_.train->info().seq_len),
+                       static_cast<long long>(data_.train->info().num_classes))
+              : std::string()) +
+         (resolved_optimizer(o) == Optimizer::kAdamW
+              ? format(" optimizer=adamw beta1=%g beta2=%g eps=%g", o.beta1, o.beta2, o.adam_eps)
+              : std::string()) +
          // Compared by run() itself when the checkpoint has it (older ones do not).
          format(" samples=%lld", static_cast<long long>(data_.train->size())) +
          // May change on resume; run() says what that does to BatchNorm.

@@ -13,6 +13,7 @@
 
 #include "tandem/data/source.h"
 #include "tandem/engine/run_setup.h"
+#include "tandem/engine/task.h"
 #include "tandem/engine/counting_allocator.h"
 #include "tandem/engine/parallel_layout.h"
 
@@ -82,24 +83,26 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
       c10::Allocator* base;
       ~Restore() { c10::SetCPUAllocator(base, /*priority=*/100); }
     } restore{base_allocator};
-    models::ModelOptions m;
-    m.in_channels = info.channels;
-    m.num_classes = info.num_classes;
-    m.image_size = info.height;
-    m.width_mult = o.width_mult;
-    m.stem = o.stem;
     torch::manual_seed(o.seed);
-    auto model = models::make_model(o.model, m);
+    auto model = models::make_model(o.model, model_options_for(o, info));
     model->to(o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+    // The optimizer's state as the run's: SGD's momentum, or AdamW's two moments.
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    if (resolved_optimizer(o) == Optimizer::kAdamW) {
+      optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(o.lr));
+    } else {
+      optimizer = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+    }
+    auto& sgd = *optimizer;
+    const auto task = info.seq_len > 0 ? language_model_task() : classification_task();
     f.probe_batch = std::min({f.worker_batch, kProbeBatch, splits.train->size()});
     std::vector<int64_t> indices(static_cast<size_t>(f.probe_batch));
     std::iota(indices.begin(), indices.end(), 0);
     auto inputs = splits.train->get_batch(indices, 0);
-    auto x = inputs.inputs.to(models::parameter_dtype(*model));
+    auto x = inputs.inputs.is_floating_point() ? inputs.inputs.to(models::parameter_dtype(*model)) : inputs.inputs;
     auto step = [&] {
       sgd.zero_grad();
-      torch::nn::functional::cross_entropy(model->forward(x), inputs.targets).backward();
+      task->loss(model->forward(x), inputs.targets).backward();
       sgd.step();
     };
     model->train();

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "tandem/models/convnet.h"
+#include "language_models.h"
 #include "tandem/models/mobilenetv2.h"
 #include "tandem/models/resnet.h"
 #include "tandem/util/check.h"
@@ -23,12 +24,21 @@ std::string resolved_stem(const ModelOptions& o) {
 }
 namespace {
 
+struct Entry {
+  ModelFactory factory;
+  ModelTraits traits;
+};
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ModelFactory> factories{
-      {"convnet", convnet},   {"mlp", mlp},                 {"resnet18", resnet18},       {"resnet34", resnet34},
-      {"resnet50", resnet50}, {"mobilenetv2", mobilenetv2},
-  };
+  std::map<std::string, Entry> factories = [] {
+    std::map<std::string, Entry> built_in{
+        {"convnet", {convnet, {}}},   {"mlp", {mlp, {}}},  {"resnet18", {resnet18, {}}}, {"resnet34", {resnet34, {}}},
+        {"resnet50", {resnet50, {}}}, {"mobilenetv2", {mobilenetv2, {}}},
+    };
+    for (auto& [name, model] : language_models()) built_in.emplace(name, Entry{model.first, model.second});
+    return built_in;
+  }();
 };
 
 Registry& registry() {
@@ -42,24 +52,30 @@ std::string joined_names() {
   return out;
 }
 
-}  // namespace
-
-void register_model(const std::string& name, ModelFactory factory) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  bool inserted = registry().factories.emplace(name, std::move(factory)).second;
-  TANDEM_CHECK(inserted, "model '", name, "' is already registered");
-}
-
-Sequence make_model(const std::string& name, const ModelOptions& options) {
-  ModelFactory factory;
+Entry find(const std::string& name) {
+  Entry entry;
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
     auto it = registry().factories.find(name);
-    if (it != registry().factories.end()) factory = it->second;
+    if (it != registry().factories.end()) entry = it->second;
   }
-  TANDEM_CHECK_USAGE(factory, "unknown model '", name, "' (known: ", joined_names(), ")");
-  return factory(options);
+  TANDEM_CHECK_USAGE(entry.factory, "unknown model '", name, "' (known: ", joined_names(), ")");
+  return entry;
 }
+
+}  // namespace
+
+void register_model(const std::string& name, ModelFactory factory, ModelTraits traits) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  bool inserted = registry().factories.emplace(name, Entry{std::move(factory), std::move(traits)}).second;
+  TANDEM_CHECK(inserted, "model '", name, "' is already registered");
+}
+
+Sequence make_model(const std::string& name, const ModelOptions& options) { return find(name).factory(options); }
+
+ModelTraits model_traits(const std::string& name) { return find(name).traits; }
+
+bool is_language_model(const std::string& name) { return model_traits(name).kind == ModelKind::kLanguageModel; }
 
 std::vector<std::string> model_names() {
   std::lock_guard<std::mutex> lock(registry().mutex);

@@ -58,7 +58,8 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
   testing::write_synthetic_idx(dir.path(), 64, 16);
   const std::string data = " --data idx:" + dir.path() + " --max-steps 1 --progress off";
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
-           {"train --model foo", "--model: expected one of convnet, mlp, mobilenetv2, resnet18, resnet34, "
+           {"train --model foo", "--model: expected one of convnet, gpt2, gpt2-large, gpt2-medium, gpt2-tiny, "
+                                 "gpt2-xl, llama-3.2-1b, llama-tiny, mlp, mobilenetv2, resnet18, resnet34, "
                                  "resnet50, got 'foo'"},
            {"train --data bogus:x", "unknown data spec 'bogus:x'"},
            {"train --augment light", "--augment: expected one of none, cifar, imagenet, heavy, got 'light'"},

@@ -56,7 +56,7 @@ const Case kUsageErrors[] = {
      "pipeline: the model has 12 layers, fewer than the 100 stages (2 devices x --virtual-stages 50)"},
     {"--strategy pipeline --devices cpu,cpu --micro-batches 1000", "--micro-batches 1000: more than the 256 samples"},
     // Names nothing answers to.
-    {"--model resnet99", "--model: expected one of convnet, mlp"},
+    {"--model resnet99", "--model: expected one of convnet, gpt2"},
     {"--augment fancy", "--augment: expected one of none, cifar, imagenet, heavy, got 'fancy'"},
     {"--amp fp8", "--amp: expected one of off|bf16|fp16, got 'fp8'"},
     {"--strategy warp", "--strategy: expected one of auto|none|ddp|allreduce|fsdp|dp|pipeline, got 'warp'"},

@@ -3,6 +3,7 @@
 // and step count): a default that breaks one model (the measured pipeline
 // balance broke every ResNet) fails here, whichever model is added next.
 #include <cmath>
+#include <fstream>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -42,14 +43,53 @@ const std::string& data_dir() {
   return dir->path();
 }
 
+// One text file for the language models: 4,000 bytes of prose.
+std::string text_file() {
+  static testing::TempDir* dir = [] {
+    auto* d = new testing::TempDir();
+    std::string text;
+    while (text.size() < 4000) text += "The quick brown fox jumps over the lazy dog. Pack my box with jugs. ";
+    std::ofstream(d->file("t.txt")) << text;
+    return d;
+  }();
+  return dir->file("t.txt");
+}
+
+// The image models, and the language models small enough to train here
+// (the larger presets are counted in tests/models).
+std::vector<std::string> trained_models() {
+  std::vector<std::string> names;
+  for (const auto& name : models::model_names()) {
+    if (!models::is_language_model(name) || name == "gpt2-tiny" || name == "llama-tiny") names.push_back(name);
+  }
+  return names;
+}
+
+// What a language model is refused under, for now (AdamW's state is not
+// sharded yet, and GPT-2's tied embedding is not carried across FSDP units
+// or pipeline ranks): the message each gives.
+std::string refusal(const std::string& model, const std::string& strategy) {
+  if (!models::is_language_model(model)) return "";
+  if (strategy == "Fsdp") return "does not work with --strategy fsdp yet";
+  if (strategy == "PipelineOverRanks") return "does not work with a pipeline over ranks yet";
+  return "";
+}
+
 class RegistryCliTest : public ::testing::TestWithParam<std::tuple<std::string, Strategy>> {};
 
 TEST_P(RegistryCliTest, TrainsWithDefaultFlags) {
   const auto& [model, strategy] = GetParam();
   testing::TempDir out;
   const std::string metrics = out.file("m.jsonl");
-  auto r = testing::run_tandem("train --model " + model + " " + strategy.flags + " --data idx:" + data_dir() +
+  const std::string data = models::is_language_model(model) ? " --data text:" + text_file() + " --seq-len 16"
+                                                            : " --data idx:" + data_dir();
+  auto r = testing::run_tandem("train --model " + model + " " + strategy.flags + data +
                                " --batch-size 8 --max-steps 2 --epochs 1 --progress off --metrics-out " + metrics);
+  if (const auto refused = refusal(model, strategy.name); !refused.empty()) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(refused), std::string::npos) << r.output;
+    return;
+  }
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto m = testing::last_metrics(metrics);
   ASSERT_FALSE(m.is_null()) << r.output;
@@ -67,7 +107,7 @@ std::string test_name(const ::testing::TestParamInfo<RegistryCliTest::ParamType>
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryModelEveryStrategy, RegistryCliTest,
-                         ::testing::Combine(::testing::ValuesIn(models::model_names()),
+                         ::testing::Combine(::testing::ValuesIn(trained_models()),
                                             ::testing::ValuesIn(kStrategies)),
                          test_name);
 

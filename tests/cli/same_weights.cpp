@@ -88,7 +88,8 @@ CommandResult resume_after_ten_steps(const TempDir& dir, const std::string& mode
 // then resumed each way of `hows`, ends where 20 uninterrupted steps of
 // `run` do (float64: to rounding). `label` names `run` in the report.
 void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& model, const std::string& run,
-                                     const std::vector<std::string>& hows, const std::string& label) {
+                                     const std::vector<std::string>& hows, const std::string& label,
+                                     double tolerance) {
   train_and_export(dir, model + run, "whole.safetensors");
   std::vector<std::pair<std::string, std::string>> resumed;
   for (const auto& how : hows) {
@@ -100,7 +101,7 @@ void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& mode
     EXPECT_NE(r.output.find("step 10)"), std::string::npos) << r.output;
     resumed.emplace_back(name, label + ", then " + how);
   }
-  expect_close_weights(dir, "whole.safetensors", resumed, 1e-12, "first-half.safetensors");
+  expect_close_weights(dir, "whole.safetensors", resumed, tolerance, "first-half.safetensors");
 }
 
 }  // namespace tandem::testing

@@ -55,8 +55,10 @@ CommandResult resume_after_ten_steps(const TempDir& dir, const std::string& mode
 
 // `run` (with `model`) stopped at step 10, its checkpoints every 4 steps,
 // then resumed each way of `hows`, ends where 20 uninterrupted steps of
-// `run` do (float64: to rounding). `label` names `run` in the report.
+// `run` do (float64: to rounding, `tolerance`). `label` names `run` in the
+// report.
 void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& model, const std::string& run,
-                                     const std::vector<std::string>& hows, const std::string& label);
+                                     const std::vector<std::string>& hows, const std::string& label,
+                                     double tolerance = 1e-12);
 
 }  // namespace tandem::testing

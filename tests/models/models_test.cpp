@@ -115,7 +115,8 @@ TEST(ModelsTest, RegistryNamesUnknownModelsAndTakesNewOnes) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
-                 "unknown model 'resnet9000' (known: convnet, mlp, mobilenetv2, resnet18, resnet34, resnet50)");
+                 "unknown model 'resnet9000' (known: convnet, gpt2, gpt2-large, gpt2-medium, gpt2-tiny, gpt2-xl, "
+                 "llama-3.2-1b, llama-tiny, mlp, mobilenetv2, resnet18, resnet34, resnet50)");
   }
   register_model("tiny", [](const ModelOptions& o) {
     Sequence s;
@@ -125,6 +126,53 @@ TEST(ModelsTest, RegistryNamesUnknownModelsAndTakesNewOnes) {
   });
   EXPECT_EQ(count_parameters(*make_model("tiny", {1, 10, 4})), 16 * 10 + 10);
   EXPECT_THROW(register_model("tiny", nullptr), Error);
+}
+
+}  // namespace
+}  // namespace tandem::models
+
+namespace tandem::models {
+namespace {
+
+// The language models of the registry: the data's vocabulary and the
+// sequence length in, [B, T, vocab] out; their traits say what the built
+// model is (layer names, tie, context), and the FLOPs per token are 6 per
+// multiplying weight (all but the position table and an untied
+// embedding's own lookups) plus attention's 12 x layers x width x T.
+TEST(ModelsTest, LanguageModelsTakeTheDataVocabularyAndTheirTraitsAreTheModel) {
+  torch::NoGradGuard no_grad;
+  ModelOptions o;
+  o.vocab_size = 300;
+  o.seq_len = 16;
+  for (const std::string name : {"gpt2-tiny", "llama-tiny"}) {
+    auto traits = model_traits(name);
+    ASSERT_EQ(traits.kind, ModelKind::kLanguageModel) << name;
+    auto model = make_model(name, o);
+    auto out = model->forward(torch::randint(300, {2, 16}, torch::kInt64));
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 16, 300})) << name;
+    std::vector<std::string> layers;
+    for (size_t i = 0; i < model->size(); ++i) layers.push_back(model->name(i));
+    EXPECT_EQ(layers, traits.layer_names) << name;
+    EXPECT_EQ(traits.tied_embedding, !model->ties().empty()) << name;
+    double looked_up = 0;  // parameters that are only looked up
+    for (const auto& p : model->named_parameters()) {
+      // GPT-2's position table; an untied token embedding (its head has
+      // its own weight); the tied one multiplies in the head.
+      const bool in_embed = p.key().rfind("embed.", 0) == 0;
+      if (in_embed && (p.key() == "embed.wpe.weight" || !traits.tied_embedding)) {
+        looked_up += static_cast<double>(p.value().numel());
+      }
+    }
+    const double weights = static_cast<double>(count_parameters(*model)) - looked_up;
+    EXPECT_DOUBLE_EQ(traits.flops_per_token(o), 6 * weights + 12.0 * 4 * 128 * 16) << name;
+  }
+  EXPECT_TRUE(model_traits("llama-3.2-1b").tied_embedding);
+  EXPECT_FALSE(model_traits("convnet").kind == ModelKind::kLanguageModel);
+  o.seq_len = 257;
+  EXPECT_THROW(make_model("gpt2-tiny", o), UsageError);  // 256 positions
+  o.seq_len = 16;
+  o.vocab_size = 0;
+  EXPECT_THROW(make_model("llama-tiny", o), UsageError);  // no vocabulary
 }
 
 }  // namespace

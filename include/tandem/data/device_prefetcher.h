@@ -29,7 +29,7 @@ namespace tandem::data {
 
 struct PrefetchOptions {
   torch::Device device = torch::kCPU;
-  torch::ScalarType input_dtype = torch::kFloat32;  // the targets keep theirs (int64)
+  torch::ScalarType input_dtype = torch::kFloat32;  // floating inputs only: targets and token ids keep theirs (int64)
   bool channels_last = false;                       // 4-D inputs in NHWC memory order
 };
 

@@ -6,6 +6,8 @@
 //   cifar100:DIR      CIFAR-100 binary (train.bin, test.bin), fine labels
 //   imagefolder:DIR   DIR/<class>/<image> (JPEG, PNG); training only, evaluation
 //                     data comes from --val-data imagefolder:DIR2
+//   text:FILE|A,B|DIR UTF-8 bytes as tokens, for language models (data/tokens.h)
+//   tokens:PATH       llm.c's or nanoGPT's token files (data/tokens.h)
 //
 // See docs/DATA.md.
 #pragma once
@@ -27,7 +29,13 @@ struct DataOptions {
   int64_t image_size = 0;        // --image-size; 0: the format's default
   uint64_t seed = 0;             // seeds the random transforms, with (epoch, index)
   bool skip_bad_images = false;  // leave unreadable images out (with a warning)
+  int64_t seq_len = 0;           // token data: tokens a sample's inputs hold (required there)
+  int64_t vocab_size = 0;        // token data: --vocab-size (0: the files')
 };
+
+// Whether `spec` is token data (text:... or tokens:...), for a language
+// model; the others are images.
+bool is_token_spec(const std::string& spec);
 
 // Opens both splits of `spec`: the training split with the preset's training
 // transforms, the evaluation split with its evaluation transforms. `test` is
@@ -44,7 +52,7 @@ std::shared_ptr<const Dataset> open_eval_data(const std::string& spec, const Dat
                                               const DataSplits* training = nullptr);
 
 // The format a spec names: "idx" (also for fashion-mnist), "cifar10",
-// "cifar100" or "imagefolder". Throws tandem::Error for an unknown one.
+// "cifar100", "imagefolder", "text" or "tokens". Throws tandem::Error for an unknown one.
 std::string data_format(const std::string& spec);
 
 // `spec` with its folder made absolute ("idx:data" run in /home/me:
@@ -52,7 +60,8 @@ std::string data_format(const std::string& spec);
 std::string absolute_spec(const std::string& spec);
 
 // Throws tandem::Error, as the readers would, when the folder `spec` names
-// is missing or not a folder ("idx:/x: no such directory"): for a launcher
+// is missing or not a folder (for token data: a file it names is missing,
+// or its folder or glob names none) ("idx:/x: no such directory"): for a launcher
 // to name it once before its workers start, each of which would.
 void check_spec_folder(const std::string& spec);
 

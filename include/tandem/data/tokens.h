@@ -117,4 +117,15 @@ struct TokenOptions {
 // has and how many --seq-len needs.
 DataSplits open_tokens(const std::string& kind, const std::string& path, const TokenOptions& options);
 
+// Evaluation data of text:... or tokens:... given on its own (--val-data):
+// a text spec's held-out tail; every file a tokens spec names, validation
+// shards or not, as one stream.
+std::shared_ptr<const Dataset> open_token_eval(const std::string& kind, const std::string& path,
+                                               const TokenOptions& options);
+
+// The files text:PATH or tokens:PATH names, in the order they are read;
+// throws tandem::Error naming the spec when a file is missing or a glob or
+// folder names none (a launcher's check before its workers start).
+std::vector<std::string> token_spec_files(const std::string& kind, const std::string& path);
+
 }  // namespace tandem::data

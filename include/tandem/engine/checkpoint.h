@@ -31,8 +31,8 @@ struct TrainPosition {
   int64_t batch_in_epoch = 0;   // batches of `epoch` already trained
   int64_t step = 0;             // optimizer steps taken in all
   double epoch_loss_sum = 0.0;  // sums over the batches of `epoch` so far
-  int64_t epoch_correct = 0;
-  int64_t epoch_seen = 0;
+  int64_t epoch_correct = 0;    // predictions right: samples, or a language model's tokens
+  int64_t epoch_seen = 0;       // predictions made
   double loss_scale = 0.0;           // --amp fp16: the gradient scaler's state (0: none)
   int64_t scale_growth_tracker = 0;
   std::string fingerprint;  // load(): the fingerprint the checkpoint was written with

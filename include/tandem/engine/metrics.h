@@ -24,7 +24,16 @@ struct EpochMetrics {
   // Rank 0's bytes per training step by layout dimension ("dp", "pp") and
   // collective (engine/step_traffic.h); empty in one process.
   std::map<std::string, std::map<std::string, double>> comm_bytes_per_step;
+  // Language models (absent for images; the losses are nats per token):
+  double tokens_per_second = 0.0;  // 0: not a language model
+  double mfu = 0.0;                // model FLOPs utilisation, 0..1 (0: the device's peak unknown)
+  bool text = false;               // text data: a token is a byte, so bits per byte = loss / ln 2
 };
+
+// A language model's figures derived from the loss in nats per token:
+// perplexity e^loss, and for text (a byte a token) bits per byte.
+double perplexity(double loss_nats);
+double bits_per_byte(double loss_nats_per_byte);
 
 // One JSON object on one line (no trailing newline).
 std::string to_json_line(const EpochMetrics& metrics);

@@ -6,6 +6,12 @@
 //   classification   outputs [N, classes], targets [N] class indices:
 //                    cross-entropy (--label-smoothing in training only),
 //                    a hit when the largest output is the target's
+//   language model   outputs [B, T, vocab], targets [B, T] next tokens:
+//                    cross-entropy over every position, a hit per token
+//                    predicted right; losses per token (nats)
+//
+// Losses and hits count predictions: a row's for classification, each
+// token's for a language model. A batch holds targets.numel() of them.
 #pragma once
 
 #include <memory>
@@ -19,16 +25,19 @@ class Task {
  public:
   virtual ~Task() = default;
   virtual std::string name() const = 0;
-  // Training: the mean loss over the rows (what backward starts from).
+  // Training: the mean loss over the predictions (what backward starts from).
   virtual torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
-  // Evaluation: the loss summed over the rows, as a 0-dim tensor.
+  // Evaluation: the loss summed over the predictions, as a 0-dim tensor.
   virtual torch::Tensor summed_loss(const torch::Tensor& output, const torch::Tensor& target) const = 0;
-  // The rows predicted right, as a 0-dim integer tensor.
+  // The predictions that were right, as a 0-dim integer tensor.
   virtual torch::Tensor hits(const torch::Tensor& output, const torch::Tensor& target) const = 0;
 };
 
 // Image classification (the CNNs); `label_smoothing` in [0, 1) applies to
 // the training loss, never to the reported test loss.
 std::shared_ptr<const Task> classification_task(double label_smoothing = 0.0);
+
+// Next-token prediction (GPT-2, LLaMA); `label_smoothing` as above.
+std::shared_ptr<const Task> language_model_task(double label_smoothing = 0.0);
 
 }  // namespace tandem::engine

@@ -40,12 +40,24 @@ const EnumNames<Strategy>& strategy_names();
 const std::string& strategy_name(Strategy s);
 std::ostream& operator<<(std::ostream& out, Strategy s);
 
+// --optimizer: auto (adamw for language models, sgd for image
+// classifiers), sgd (optim/sgd.h), adamw (optim/adamw.h).
+enum class Optimizer { kAuto, kSgd, kAdamW };
+const EnumNames<Optimizer>& optimizer_names();
+
+const std::string& option_name(Optimizer o);
 const std::string& option_name(Dtype d);
 const std::string& option_name(Schedule s);
 const std::string& option_name(DistBackend b);
+std::ostream& operator<<(std::ostream& out, Optimizer o);
 std::ostream& operator<<(std::ostream& out, Dtype d);
 std::ostream& operator<<(std::ostream& out, Schedule s);
 std::ostream& operator<<(std::ostream& out, DistBackend b);
+
+// The defaults the CLI gives --lr and --weight-decay when the optimizer is
+// AdamW and they are not given (nanoGPT's GPT-2 settings).
+inline constexpr double kAdamWLr = 6e-4;
+inline constexpr double kAdamWWeightDecay = 0.1;
 
 struct TrainOptions {
   // Data
@@ -55,6 +67,8 @@ struct TrainOptions {
   std::string augment;                 // transform preset (data/augment.h); empty: the data's default
   int64_t image_size = 0;              // images resized/cropped to this (0: the data's default)
   bool skip_bad_images = false;        // leave unreadable images out, with a warning
+  int64_t seq_len = 0;     // token data: tokens a sample's inputs hold (0: the model's context, at most 1024)
+  int64_t vocab_size = 0;  // token data: the vocabulary where the files do not say it (0: the files')
 
   // Model
   std::string model = "convnet";
@@ -72,12 +86,16 @@ struct TrainOptions {
   int64_t epochs = 5;
   int64_t batch_size = 256;  // global batch
   int64_t batch_per_process = 0;  // > 0: the global batch is this times the world size instead
-  double lr = 0.1;           // peak learning rate
+  Optimizer optimizer = Optimizer::kAuto;
+  double lr = 0.1;           // peak learning rate (the CLI's default with adamw: kAdamWLr)
   double min_lr = 0.0;
   double warmup_epochs = 0.2;  // a short linear warmup: steadier first epochs at lr 0.1
   double momentum = 0.9;
   bool nesterov = false;
-  double weight_decay = 5e-4;
+  double weight_decay = 5e-4;  // SGD's L2 term; AdamW's decoupled decay of matrices (CLI default: kAdamWWeightDecay)
+  double beta1 = 0.9, beta2 = 0.95;  // AdamW's moment decays (GPT-3's, nanoGPT's and llm.c's)
+  double adam_eps = 1e-8;
+  double peak_tflops = 0;  // the device's peak for MFU (0: known for H100 and H200, else no MFU)
   double label_smoothing = 0.0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
   int64_t grad_accum = 1;       // chunks each rank's batch is passed in before one step
@@ -131,6 +149,13 @@ struct TrainOptions {
 }  // namespace tandem::engine
 
 namespace tandem::engine {
+
+// --optimizer with auto resolved by the model's kind.
+Optimizer resolved_optimizer(const TrainOptions& options);
+
+// --seq-len with its default resolved: 0 for an image model; for a language
+// model the given length, or the model's context, at most 1024.
+int64_t resolved_seq_len(const TrainOptions& options);
 
 // --virtual-stages with its default resolved: the model pieces each
 // pipeline stage runs (2 under --schedule interleaved, else 1).

@@ -112,6 +112,9 @@ class Trainer {
   // Gathers every rank's job_settings() and throws tandem::UsageError,
   // naming the fields, on every rank when any differs from rank 0's.
   void check_same_settings() const;
+  // Refuses a model with a tied embedding under a strategy that would keep
+  // the tie's two ends apart (Note [tied embedding] in models/gpt2.h).
+  void check_tied_weights(bool pipeline) const;
   // Where the run starts: --checkpoint-dir opened (rank 0 checks, locks and
   // cleans it), and with --resume (or when a launcher restarted this
   // worker) the newest good checkpoint loaded into the model, `optimizer`,
@@ -171,6 +174,9 @@ class Trainer {
   // finite ends the run on every rank (Note [diverged]).
   void sync_sums(RunState& run, EpochState& epoch);
   EpochMetrics end_epoch(RunState& run, EpochState& epoch);
+  // The peak FLOPs a second of the job's devices, 0 when unknown (Note
+  // [peak for MFU] in src/engine/trainer_account.cpp).
+  double peak_flops() const;
   void report_pipeline_idle(StepCounters& counters) const;
   // A checkpoint of the position (each rank its pieces, or the whole on rank 0).
   void save(RunState& run);
@@ -222,6 +228,8 @@ class Trainer {
   int64_t data_rank_ = 0;         // this rank's place among world_ (the sampler's rank)
   int64_t job_world_ = 1;         // the job's processes
   int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
+  int64_t tokens_per_sample_ = 0;  // a language model's --seq-len: predictions per sample (0: images, one)
+  double flops_per_token_ = 0;     // a language model's, for MFU (models::ModelTraits)
 };
 
 

@@ -31,6 +31,9 @@ struct ModelOptions {
   // pool) or "auto" (cifar when image_size <= 64).
   std::string stem = "auto";
   NormFactory norm_layer;  // empty: BatchNorm2d
+  // Language models (ModelKind::kLanguageModel in models/registry.h):
+  int64_t vocab_size = 0;  // taken from the data set (its tokens' vocabulary)
+  int64_t seq_len = 0;     // --seq-len: the longest sequence trained on, at most the model's context
 };
 
 // The ResNet stem `o` builds: "cifar" or "imagenet" ("auto" resolved by

@@ -1,7 +1,10 @@
 // tandem/models/registry.h: model names -> factories, for the CLI.
 //
-// Built in: convnet, resnet18, resnet34, resnet50, mobilenetv2. Users add their
-// own with register_model() before parsing flags.
+// Built in: the image classifiers convnet, mlp, resnet18, resnet34,
+// resnet50, mobilenetv2, and the language models gpt2-tiny, gpt2,
+// gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-3.2-1b
+// (models/language_models.cpp). Users add their own with register_model()
+// before parsing flags.
 #pragma once
 
 #include <functional>
@@ -15,8 +18,35 @@ namespace tandem::models {
 
 using ModelFactory = std::function<Sequence(const ModelOptions&)>;
 
+// What a model is trained on and for: images to classes ([N, C, H, W] float
+// -> [N, classes]) or tokens to next tokens ([B, T] int64 -> [B, T, vocab]).
+enum class ModelKind { kImageClassifier, kLanguageModel };
+
+// What the trainer needs to know of a model before it builds one.
+struct ModelTraits {
+  ModelKind kind = ModelKind::kImageClassifier;
+  // Language models: the longest sequence the model takes (its positions).
+  int64_t context_length = 0;
+  // Language models: the floating-point operations of one token's forward
+  // and backward at options.seq_len, for MFU: 6 per weight that multiplies
+  // (the embedding lookups do not) plus 12 * layers * width * seq_len for
+  // attention's two products (PaLM's appendix B, as nanoGPT counts).
+  std::function<double(const ModelOptions&)> flops_per_token;
+  // Language models: the top-level layers' names, known without building
+  // the model (flags that name layers are checked before the data are read).
+  std::vector<std::string> layer_names;
+  // The output layer reads the token embedding's tensor (Note [tied
+  // embedding] in models/gpt2.h), so that the strategies that would keep
+  // the two apart are refused before any worker starts.
+  bool tied_embedding = false;
+};
+
 // Throws tandem::Error if the name is taken.
-void register_model(const std::string& name, ModelFactory factory);
+void register_model(const std::string& name, ModelFactory factory, ModelTraits traits = {});
+
+// Throws tandem::Error naming the known models when `name` is unknown.
+ModelTraits model_traits(const std::string& name);
+bool is_language_model(const std::string& name);
 
 // Throws tandem::Error naming the known models when `name` is unknown.
 Sequence make_model(const std::string& name, const ModelOptions& options);

@@ -1,0 +1,84 @@
+// The checks of TrainOptions that concern the model's kind and the
+// optimizer (train_options_checks.h): a language model's token data and
+// flags, an image model's, and each optimizer's own flags.
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "tandem/data/source.h"
+#include "tandem/models/registry.h"
+#include "tandem/util/check.h"
+#include "train_options_checks.h"
+
+namespace tandem::engine {
+
+Optimizer resolved_optimizer(const TrainOptions& o) {
+  if (o.optimizer != Optimizer::kAuto) return o.optimizer;
+  return models::is_language_model(o.model) ? Optimizer::kAdamW : Optimizer::kSgd;
+}
+
+int64_t resolved_seq_len(const TrainOptions& o) {
+  const auto traits = models::model_traits(o.model);
+  if (traits.kind != models::ModelKind::kLanguageModel) return 0;
+  return o.seq_len > 0 ? o.seq_len : std::min<int64_t>(traits.context_length, 1024);
+}
+
+namespace internal {
+
+// A language model trains on token data and an image model on images;
+// each kind's own flags go with it alone.
+void check_model_and_data(const TrainOptions& o) {
+  const bool language = models::is_language_model(o.model);
+  for (const auto& [flag, spec] : {std::pair<const char*, std::string>{"--data", o.data}, {"--val-data", o.val_data}}) {
+    if (spec.empty()) continue;
+    const bool tokens = data::is_token_spec(spec);
+    TANDEM_CHECK_USAGE(tokens == language, flag, " ", spec, ": ", tokens ? "token data" : "image data", ", but --model ",
+                       o.model, language ? " is a language model (it trains on text:FILE or tokens:PATH)"
+                                         : " is an image classifier (it trains on images; the language models are "
+                                           "gpt2-tiny, gpt2, ..., llama-tiny, llama-3.2-1b)");
+  }
+  if (language) {
+    TANDEM_CHECK_USAGE(o.augment.empty() && o.image_size == 0 && !o.skip_bad_images && !o.channels_last &&
+                           !o.cudnn_benchmark && !o.sync_bn,
+                       "--augment, --image-size, --skip-bad-images, --channels-last, --cudnn-benchmark and "
+                       "--sync-bn are for image models; --model ", o.model, " is a language model");
+  } else {
+    TANDEM_CHECK_USAGE(o.seq_len == 0 && o.vocab_size == 0, "--seq-len and --vocab-size are for language models "
+                       "on token data; --model ", o.model, " is an image classifier");
+  }
+  TANDEM_CHECK_USAGE(o.seq_len >= 0, "--seq-len: expected a positive number of tokens (0: the model's context), got ",
+                     o.seq_len);
+  TANDEM_CHECK_USAGE(o.vocab_size >= 0, "--vocab-size: expected a positive size (0: the data's), got ", o.vocab_size);
+  if (language) {
+    const auto context = models::model_traits(o.model).context_length;
+    TANDEM_CHECK_USAGE(o.seq_len <= context, "--seq-len ", o.seq_len, ": ", o.model, " takes sequences of at most ",
+                       context, " tokens");
+  }
+}
+
+void check_optimizer(const TrainOptions& o) {
+  const TrainOptions defaults;
+  const bool adamw = resolved_optimizer(o) == Optimizer::kAdamW;
+  if (adamw) {
+    TANDEM_CHECK_USAGE(!o.nesterov, "--nesterov is SGD's; the optimizer is adamw");
+    TANDEM_CHECK_USAGE(o.beta1 >= 0 && o.beta1 < 1, "--beta1: expected [0, 1), got ", o.beta1);
+    TANDEM_CHECK_USAGE(o.beta2 >= 0 && o.beta2 < 1, "--beta2: expected [0, 1), got ", o.beta2);
+    TANDEM_CHECK_USAGE(o.adam_eps > 0 && std::isfinite(o.adam_eps), "--adam-eps: expected a positive number, got ",
+                       o.adam_eps);
+    // The sharded forms keep SGD's momentum only, so far.
+    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp && !o.shard_optimizer,
+                       "--optimizer adamw does not work with ", o.shard_optimizer ? "--shard-optimizer" : "--strategy fsdp",
+                       " yet (their sharded optimizer state is SGD's momentum); use --strategy ddp, or --optimizer sgd");
+    TANDEM_CHECK_USAGE(!o.cuda_graph, "--cuda-graph captures SGD's step only; it does not work with --optimizer adamw");
+    TANDEM_CHECK_USAGE(o.checkpoint_format != "sharded", "--checkpoint-format sharded holds SGD's momentum only, "
+                       "so far; with --optimizer adamw give --checkpoint-format file (rank 0 writes one file)");
+  } else {
+    TANDEM_CHECK_USAGE(o.beta1 == defaults.beta1 && o.beta2 == defaults.beta2 && o.adam_eps == defaults.adam_eps,
+                       "--beta1, --beta2 and --adam-eps are AdamW's; the optimizer is sgd (--optimizer adamw)");
+  }
+  TANDEM_CHECK_USAGE(o.peak_tflops >= 0 && std::isfinite(o.peak_tflops),
+                     "--peak-tflops: expected a positive number (0: the device's known peak), got ", o.peak_tflops);
+}
+
+}  // namespace internal
+}  // namespace tandem::engine

@@ -1,0 +1,91 @@
+// GPT-2's and LLaMA's presets as registry factories (language_models.h):
+// the preset's shape with the data's vocabulary, checked against the
+// sequence length trained on.
+#include "language_models.h"
+
+#include "tandem/models/gpt2.h"
+#include "tandem/models/llama.h"
+#include "tandem/util/check.h"
+
+namespace tandem::models {
+namespace {
+
+void check_sizes(const std::string& name, const ModelOptions& o, int64_t context) {
+  TANDEM_CHECK_USAGE(o.vocab_size > 0, name, ": a language model needs a vocabulary (token data, or --vocab-size)");
+  TANDEM_CHECK_USAGE(o.seq_len <= context, "--seq-len ", o.seq_len, ": ", name, " takes sequences of at most ",
+                     context, " tokens");
+}
+
+// 6 FLOPs per multiplying weight and token, plus attention's 12 L d T
+// (ModelTraits::flops_per_token).
+double flops(double multiplying_weights, int64_t layers, int64_t width, int64_t seq_len) {
+  return 6.0 * multiplying_weights + 12.0 * double(layers) * double(width) * double(seq_len);
+}
+
+Gpt2Config gpt2_config(const std::string& name, const ModelOptions& o) {
+  auto c = Gpt2Config::preset(name);
+  c.vocab_size = o.vocab_size;
+  return c;
+}
+
+double gpt2_flops(const std::string& name, const ModelOptions& o) {
+  const auto c = gpt2_config(name, o);
+  const double d = double(c.n_embd);
+  // The token embedding (the tied head's weight), the blocks, ln_f; not
+  // the learned positions, which only are looked up.
+  const double weights = double(c.vocab_size) * d + double(c.n_layer) * (12 * d * d + 13 * d) + 2 * d;
+  return flops(weights, c.n_layer, c.n_embd, o.seq_len);
+}
+
+LlamaConfig llama_config(const std::string& name, const ModelOptions& o) {
+  auto c = LlamaConfig::preset(name);
+  c.vocab_size = o.vocab_size;
+  return c;
+}
+
+double llama_flops(const std::string& name, const ModelOptions& o) {
+  const auto c = llama_config(name, o);
+  const double d = double(c.hidden_size), kv = double(c.num_kv_heads * c.head_dim());
+  const double layer = 2 * d * d + 2 * d * kv + 3 * d * double(c.intermediate_size) + 2 * d;
+  // The head multiplies (tied or not); the embedding's own lookups do not.
+  const double weights = double(c.vocab_size) * d + double(c.num_layers) * layer + d;
+  return flops(weights, c.num_layers, c.hidden_size, o.seq_len);
+}
+
+// embed, <prefix>0 .. <prefix>L-1, head: the Sequence gpt2() and llama() build.
+std::vector<std::string> layer_names(const std::string& prefix, int64_t layers) {
+  std::vector<std::string> names{"embed"};
+  for (int64_t i = 0; i < layers; ++i) names.push_back(prefix + std::to_string(i));
+  names.push_back("head");
+  return names;
+}
+
+}  // namespace
+
+std::map<std::string, std::pair<ModelFactory, ModelTraits>> language_models() {
+  std::map<std::string, std::pair<ModelFactory, ModelTraits>> all;
+  // One preset: its factory checks the sizes against its context first.
+  auto add = [&all](const std::string& name, int64_t context, std::function<Sequence(const ModelOptions&)> build,
+                    std::function<double(const ModelOptions&)> flops, std::vector<std::string> layers, bool tied) {
+    ModelFactory factory = [name, context, build](const ModelOptions& o) {
+      check_sizes(name, o, context);
+      return build(o);
+    };
+    all.emplace(name, std::make_pair(std::move(factory), ModelTraits{ModelKind::kLanguageModel, context,
+                                                                     std::move(flops), std::move(layers), tied}));
+  };
+  for (const auto& name : Gpt2Config::preset_names()) {
+    const auto c = Gpt2Config::preset(name);
+    add(name, c.n_positions, [name](const ModelOptions& o) { return gpt2(gpt2_config(name, o)); },
+        [name](const ModelOptions& o) { return gpt2_flops(name, o); }, layer_names("h", c.n_layer), true);
+  }
+  for (const auto& name : LlamaConfig::preset_names()) {
+    const auto c = LlamaConfig::preset(name);
+    add(name, c.max_positions, [name](const ModelOptions& o) { return llama(llama_config(name, o)); },
+        [name](const ModelOptions& o) { return llama_flops(name, o); }, layer_names("l", c.num_layers),
+        c.tie_embeddings);
+  }
+  return all;
+}
+
+}  // namespace tandem::models
