@@ -86,12 +86,13 @@ void Gpt2EmbeddingImpl::reset() {
   init_normal(wpe->weight, 0.02);
 }
 
-torch::Tensor Gpt2EmbeddingImpl::forward(torch::Tensor tokens) {
+torch::Tensor Gpt2EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t offset) {
   TANDEM_CHECK(tokens.dim() == 2, "GPT-2: expected tokens [batch, sequence], got ", tokens.sizes());
   const int64_t t = tokens.size(1);
-  TANDEM_CHECK(t <= config_.n_positions, "GPT-2: a sequence of ", t, " tokens is longer than the model's ",
-               config_.n_positions, " positions");
-  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
+  TANDEM_CHECK(offset + t <= config_.n_positions, "GPT-2: a sequence of ", offset + t,
+               " tokens is longer than the model's ", config_.n_positions, " positions");
+  auto positions =
+      torch::arange(offset, offset + t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
   auto x = wte->forward(tokens) + wpe->forward(positions);
   return torch::dropout(x, config_.dropout, is_training());
 }
@@ -104,13 +105,19 @@ void Gpt2AttentionImpl::reset() {
   init_normal(c_proj->weight, 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
 }
 
-torch::Tensor Gpt2AttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
   const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd, h = config_.n_head;
   auto qkv = c_attn->forward(x).split(c, /*dim=*/2);
   auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, c / h}).transpose(1, 2); };
   const double p = is_training() ? config_.dropout : 0.0;
-  auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*attn_mask=*/{}, p,
-                                            /*is_causal=*/true);
+  torch::Tensor y;
+  if (cache == nullptr) {
+    y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*attn_mask=*/{}, p,
+                                         /*is_causal=*/true);
+  } else {
+    auto [k, v] = cache->append(heads(qkv[1]), heads(qkv[2]));
+    y = cached_attention(heads(qkv[0]), k, v, p);
+  }
   y = y.transpose(1, 2).contiguous().view({b, t, c});
   return torch::dropout(c_proj->forward(y), config_.dropout, is_training());
 }
@@ -137,8 +144,8 @@ void Gpt2BlockImpl::reset() {
   mlp = register_module("mlp", Gpt2Mlp(config_));
 }
 
-torch::Tensor Gpt2BlockImpl::forward(torch::Tensor x) {
-  x = x + attn->forward(ln_1->forward(x));
+torch::Tensor Gpt2BlockImpl::run(torch::Tensor x, KvCache* cache) {
+  x = x + attn->attend(ln_1->forward(x), cache);
   return x + mlp->forward(ln_2->forward(x));
 }
 

@@ -125,16 +125,17 @@ void LlamaAttentionImpl::reset() {
   inv_freq_ = inverse_frequencies(config_);
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
   const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim();
   const int64_t h = config_.num_heads, kv = config_.num_kv_heads;
-  TANDEM_CHECK(t <= config_.max_positions, "LLaMA: a sequence of ", t, " tokens is longer than the model's ",
-               config_.max_positions, " positions");
+  const int64_t past = cache ? cache->length() : 0;
+  TANDEM_CHECK(past + t <= config_.max_positions, "LLaMA: a sequence of ", past + t,
+               " tokens is longer than the model's ", config_.max_positions, " positions");
   auto q = q_proj->forward(x).view({b, t, h, d}).transpose(1, 2);
   auto k = k_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
   auto v = v_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
   // Note [rotary positions in float32]
-  auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
+  auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
   if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());  // once, not every step
   auto freqs = positions.unsqueeze(-1) * inv_freq_;
   auto angles = torch::cat({freqs, freqs}, -1);
@@ -142,12 +143,15 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto sin = angles.sin().to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
+  if (cache) std::tie(k, v) = cache->append(k, v);  // kept per key/value head
   if (kv != h) {  // each key/value head serves h / kv query heads
     k = k.repeat_interleave(h / kv, 1);
     v = v.repeat_interleave(h / kv, 1);
   }
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                            /*scale=*/std::pow(static_cast<double>(d), -0.5));
+  const double scale = std::pow(static_cast<double>(d), -0.5);
+  auto y = cache ? cached_attention(q, k, v, 0.0, scale)
+                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                    /*is_causal=*/true, scale);
   return o_proj->forward(y.transpose(1, 2).contiguous().view({b, t, h * d}));
 }
 
@@ -173,8 +177,8 @@ void LlamaLayerImpl::reset() {
       register_module("post_attention_layernorm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
 }
 
-torch::Tensor LlamaLayerImpl::forward(torch::Tensor x) {
-  x = x + self_attn->forward(input_layernorm->forward(x));
+torch::Tensor LlamaLayerImpl::run(torch::Tensor x, KvCache* cache) {
+  x = x + self_attn->attend(input_layernorm->forward(x), cache);
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 

@@ -153,6 +153,41 @@ TEST(LanguageModelCliTest, MetricsAreTokenFigures) {
   EXPECT_NE(r.output.find("858880 parameters"), std::string::npos) << r.output;  // 826,112 + 256 x 128 positions
 }
 
+// tandem sample: the prompt, then --max-tokens bytes from the exported
+// model; the same seed the same text, greedy (--temperature 0) the same
+// whatever the seed; weights that are not a language model's, or a prompt
+// the model cannot take, are named.
+TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
+  TempDir dir;
+  const auto weights = dir.file("lm.safetensors");
+  auto r = run_tandem("train " + gpt2_flags(dir) + "--batch-size 8 --max-steps 4 --progress off --export-weights " +
+                      weights);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto sample = [&](const std::string& flags) {
+    auto s = run_tandem("sample --weights " + weights + " --prompt 'The river' --max-tokens 40 " + flags);
+    EXPECT_EQ(s.exit_code, 0) << s.output;
+    return s.output;
+  };
+  const auto a = sample("--seed 1"), b = sample("--seed 1"), c = sample("--seed 2");
+  EXPECT_EQ(a.rfind("The river", 0), 0u) << a;
+  EXPECT_EQ(a.size(), std::string("The river").size() + 40 + 1) << a;  // the bytes and a newline
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(sample("--temperature 0 --seed 1"), sample("--temperature 0 --seed 2"));
+  auto ids = run_tandem("sample --weights " + weights + " --prompt-ids 84,104 --max-tokens 3 --temperature 0");
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  EXPECT_EQ(ids.output.rfind("84 104 ", 0), 0u) << ids.output;
+  EXPECT_TRUE(testing::tandem_fails("sample --weights " + weights + " --prompt-ids 84,300", 2, "--prompt-ids"));
+  EXPECT_TRUE(testing::tandem_fails("sample --prompt x", 2, "--weights FILE is required"));
+  // An image model's weights.
+  testing::write_synthetic_idx(dir.path(), 64, 16);
+  auto image = run_tandem("train --data idx:" + dir.path() + " --model mlp --max-steps 1 --progress off "
+                          "--export-weights " + dir.file("mlp.safetensors"));
+  ASSERT_EQ(image.exit_code, 0) << image.output;
+  EXPECT_TRUE(testing::tandem_fails("sample --weights " + dir.file("mlp.safetensors"), 1,
+                                    "not a language model's weights"));
+}
+
 // What does not go together is named, on one line, with exit 2.
 TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
   TempDir dir;

@@ -29,6 +29,7 @@
 
 #include <torch/nn.h>
 
+#include "tandem/models/decoding.h"
 #include "tandem/models/sequence.h"
 
 namespace tandem::models {
@@ -65,12 +66,14 @@ class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
 };
 TORCH_MODULE(Conv1D);
 
-class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl> {
+class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>, public PositionedEmbedding {
  public:
   explicit Gpt2EmbeddingImpl(Gpt2Config config);
   void reset() override;
   // tokens [B, T] int64, T <= n_positions -> [B, T, n_embd]
-  torch::Tensor forward(torch::Tensor tokens);
+  torch::Tensor forward(torch::Tensor tokens) { return forward_at(tokens, 0); }
+  // At positions offset .. offset + T - 1 (models/decoding.h).
+  torch::Tensor forward_at(const torch::Tensor& tokens, int64_t offset) override;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
 
  private:
@@ -82,7 +85,9 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
  public:
   explicit Gpt2AttentionImpl(Gpt2Config config);
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return attend(x, nullptr); }
+  // With a cache: over its keys and values, appending x's (models/decoding.h).
+  torch::Tensor attend(const torch::Tensor& x, KvCache* cache);
   Conv1D c_attn{nullptr}, c_proj{nullptr};
 
  private:
@@ -102,16 +107,18 @@ class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
 };
 TORCH_MODULE(Gpt2Mlp);
 
-class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
+class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public CachedLayer {
  public:
   explicit Gpt2BlockImpl(Gpt2Config config);
   void reset() override;
-  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x) { return run(x, nullptr); }
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache& cache) override { return run(x, &cache); }
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};
   Gpt2Mlp mlp{nullptr};
 
  private:
+  torch::Tensor run(torch::Tensor x, KvCache* cache);
   Gpt2Config config_;
 };
 TORCH_MODULE(Gpt2Block);

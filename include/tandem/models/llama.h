@@ -28,6 +28,7 @@
 
 #include <torch/nn.h>
 
+#include "tandem/models/decoding.h"
 #include "tandem/models/sequence.h"
 
 namespace tandem::models {
@@ -76,7 +77,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
   explicit LlamaAttentionImpl(LlamaConfig config);
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return attend(x, nullptr); }
+  // With a cache: at the positions after it, over its keys and values,
+  // appending x's (models/decoding.h).
+  torch::Tensor attend(const torch::Tensor& x, KvCache* cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -97,25 +101,29 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
 };
 TORCH_MODULE(LlamaMlp);
 
-class LlamaLayerImpl : public torch::nn::Cloneable<LlamaLayerImpl> {
+class LlamaLayerImpl : public torch::nn::Cloneable<LlamaLayerImpl>, public CachedLayer {
  public:
   explicit LlamaLayerImpl(LlamaConfig config);
   void reset() override;
-  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x) { return run(x, nullptr); }
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache& cache) override { return run(x, &cache); }
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
 
  private:
+  torch::Tensor run(torch::Tensor x, KvCache* cache);
   LlamaConfig config_;
 };
 TORCH_MODULE(LlamaLayer);
 
-class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
+class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>, public PositionedEmbedding {
  public:
   explicit LlamaEmbeddingImpl(LlamaConfig config);
   void reset() override;
   torch::Tensor forward(torch::Tensor tokens);
+  // Positions are the attention's (rotary), so the offset changes nothing here.
+  torch::Tensor forward_at(const torch::Tensor& tokens, int64_t /*offset*/) override { return forward(tokens); }
   torch::nn::Embedding embed_tokens{nullptr};
 
  private:
