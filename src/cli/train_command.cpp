@@ -40,7 +40,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   add_model_flags(flags, o);
   flags.add_string("init-weights", "FILE", &o.init_weights,
                    "start from the weights in this safetensors file (what --export-weights "
-                   "writes; torchvision's state_dict names for resnet and mobilenetv2) instead of "
+                   "writes; torchvision's state_dict names for resnet and mobilenetv2; for a language "
+                   "model also transformers' save_pretrained folder or model.safetensors) instead of "
                    "a random initialisation; every parameter and buffer must be there");
   flags.add_string("init-weights-except", "NAMES", &o.init_weights_except,
                    "with --init-weights: modules or tensors (comma-separated, e.g. fc or "
@@ -189,6 +190,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "time and, with --amp fp16, the gradient scale");
   flags.add_int("log-every", "N", &o.log_every,
                 "steps between the progress line's updates and TensorBoard's step records", 1);
+  flags.add_string("export-hf", "DIR", &o.export_hf,
+                   "a language model's final weights as a folder that transformers' "
+                   "AutoModelForCausalLM.from_pretrained(DIR) loads (config.json, model.safetensors)");
   flags.add_string("export-weights", "FILE", &o.export_weights,
                    "write the final parameters and buffers as safetensors (rank 0; a "
                    "{rank} in FILE makes every rank write its own)");

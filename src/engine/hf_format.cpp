@@ -1,5 +1,6 @@
 #include "tandem/engine/hf_format.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -104,6 +105,11 @@ void write_hf_folder(const std::string& dir, models::Sequence& model, const mode
                  {"initializer_range", 0.02},
                  {"scale_attn_weights", true},
                  {"tie_word_embeddings", true}};
+  // GPT-2's <|endoftext|> is token 50256; a smaller vocabulary (bytes) has
+  // no such token, and transformers' default would point past it.
+  const json end = c.vocab_size > 50256 ? json(50256) : json(nullptr);
+  config["bos_token_id"] = end;
+  config["eos_token_id"] = end;
   write_folder(dir, model, std::move(config), models::gpt2_hf_name);
 }
 
@@ -143,6 +149,55 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config) {
   load(path, model, models::llama_hf_name, "model.", config.tie_embeddings);
+}
+
+namespace {
+
+bool among(const std::string& name, const std::vector<std::string>& names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
+bool has_hf_form(const std::string& model_name) {
+  return among(model_name, models::Gpt2Config::preset_names()) || among(model_name, models::LlamaConfig::preset_names());
+}
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
+                     int64_t vocab_size) {
+  TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
+  if (among(model_name, models::Gpt2Config::preset_names())) {
+    auto c = models::Gpt2Config::preset(model_name);
+    c.vocab_size = vocab_size;
+    write_hf_folder(dir, model, c);
+  } else {
+    auto c = models::LlamaConfig::preset(model_name);
+    c.vocab_size = vocab_size;
+    write_hf_folder(dir, model, c);
+  }
+}
+
+void load_hf_weights(const std::string& path, models::Sequence& model, const std::string& model_name,
+                     int64_t vocab_size) {
+  TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
+  if (among(model_name, models::Gpt2Config::preset_names())) {
+    auto c = models::Gpt2Config::preset(model_name);
+    c.vocab_size = vocab_size;
+    load_hf_weights(path, model, c);
+  } else {
+    auto c = models::LlamaConfig::preset(model_name);
+    c.vocab_size = vocab_size;
+    load_hf_weights(path, model, c);
+  }
+}
+
+bool has_hf_names(const SafetensorsFile& file) {
+  for (const auto& [name, t] : file.tensors) {
+    for (const char* prefix : {"transformer.", "model.", "lm_head.", "wte.", "wpe."}) {
+      if (name.rfind(prefix, 0) == 0) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace tandem::engine

@@ -428,6 +428,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
 void check_train_outputs(const TrainOptions& o, int64_t rank) {
   if (rank == 0 && !o.metrics_out.empty()) check_output_file("--metrics-out", o.metrics_out);
   if (rank == 0 && !o.tensorboard.empty()) check_output_folder("--tensorboard", o.tensorboard);
+  if (rank == 0 && !o.export_hf.empty()) check_output_folder("--export-hf", o.export_hf);
   for (const auto& [flag, pattern] : {std::pair<const char*, std::string>{"--export-weights", o.export_weights},
                                       {"--profile-out", o.profile_out}}) {
     const std::string path = rank_output_path(pattern, rank);

@@ -45,7 +45,11 @@ void check_model_and_data(const TrainOptions& o) {
   } else {
     TANDEM_CHECK_USAGE(o.seq_len == 0 && o.vocab_size == 0, "--seq-len and --vocab-size are for language models "
                        "on token data; --model ", o.model, " is an image classifier");
+    TANDEM_CHECK_USAGE(o.export_hf.empty(), "--export-hf writes a language model in transformers' form; --model ",
+                       o.model, " is an image classifier (--export-weights writes its weights)");
   }
+  TANDEM_CHECK_USAGE(o.export_hf.find("{rank}") == std::string::npos, "--export-hf ", o.export_hf,
+                     ": one folder for the job (rank 0 writes it)");
   TANDEM_CHECK_USAGE(o.seq_len >= 0, "--seq-len: expected a positive number of tokens (0: the model's context), got ",
                      o.seq_len);
   TANDEM_CHECK_USAGE(o.vocab_size >= 0, "--vocab-size: expected a positive size (0: the data's), got ", o.vocab_size);

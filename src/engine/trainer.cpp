@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tandem/engine/atomic_file.h"
+#include "tandem/engine/hf_format.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/util/check.h"
@@ -149,7 +150,7 @@ TrainResult Trainer::finish_run(RunState& run) {
   plan_->finish();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
   // weights (a collective, so before the rank 0 test below).
-  if (stages_ && !o.export_weights.empty()) gather_stages(*run.optimizer);
+  if (stages_ && (!o.export_weights.empty() || !o.export_hf.empty())) gather_stages(*run.optimizer);
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   if (!run.export_path.empty()) {
     NamedTensors tensors;
@@ -157,6 +158,11 @@ TrainResult Trainer::finish_run(RunState& run) {
     for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
     write_safetensors(run.export_path, tensors, weights_metadata());
     say("weights written to " + run.export_path);
+  }
+  // --export-hf: the folder AutoModelForCausalLM.from_pretrained loads.
+  if (!o.export_hf.empty() && rank_ == 0) {
+    write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes);
+    say("transformers folder written to " + o.export_hf);
   }
   auto& result = run.result;
   if (run.graphed) {

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <map>
 #include <unordered_set>
@@ -17,6 +19,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
+#include "tandem/engine/hf_format.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/activation_checkpoint.h"
@@ -96,7 +99,22 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       for (const auto& name : split(o.init_weights_except, ',')) {
         if (!name.empty()) except.push_back(name);
       }
-      load_weights(read_safetensors(o.init_weights), o.init_weights, except);
+      // A language model's weights may be transformers' (a save_pretrained
+      // folder, or its model.safetensors), under their names.
+      const bool language = info.seq_len > 0;
+      std::error_code ec;
+      const bool folder = std::filesystem::is_directory(o.init_weights, ec);
+      std::optional<SafetensorsFile> file;
+      if (!folder) file = read_safetensors(o.init_weights);
+      if (language && (folder || has_hf_names(*file))) {
+        TANDEM_CHECK_USAGE(except.empty(), "--init-weights-except applies to tandem's weights files, not to "
+                           "transformers' ", o.init_weights);
+        load_hf_weights(o.init_weights, model_, o.model, info.num_classes);
+      } else {
+        TANDEM_CHECK(!folder, o.init_weights, " is a folder; expected a safetensors file (a folder is read as "
+                     "transformers' save_pretrained output, for a language model)");
+        load_weights(*file, o.init_weights, except);
+      }
     } catch (const Error& e) {
       const char* flags = o.init_weights_except.empty() ? "--init-weights: " : "--init-weights, --init-weights-except: ";
       // A name the model does not have is the command line's mistake (exit 2).

@@ -188,6 +188,59 @@ TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
                                     "not a language model's weights"));
 }
 
+const char* kHfScript = R"(
+import sys, torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+mode, folder = sys.argv[1], sys.argv[2]
+if mode == "save":  # gpt2-tiny's shape, bytes as tokens
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=256, n_positions=256, n_embd=128, n_layer=4, n_head=4, bos_token_id=None,
+                        eos_token_id=None)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+else:  # compare two folders' weights, loaded by transformers
+    a = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(sys.argv[3]).state_dict()
+    print("largest difference", max((a[k].double() - b[k].double()).abs().max().item() for k in a))
+)";
+
+// transformers' save_pretrained folder starts a run (--init-weights), and
+// --export-hf writes a folder from_pretrained loads as it is: after one
+// step at lr 1e-12 the weights come back as they went in (float32: to the
+// bit or within an ulp). Control: the same run from a random start.
+TEST(LanguageModelCliTest, TransformersFoldersGoInAndComeOut) {
+  TempDir dir;
+  std::ofstream(dir.file("hf.py")) << kHfScript;
+  auto python = [&](const std::string& args) {
+    return testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("hf.py") + " " + args);
+  };
+  auto difference = [](const std::string& output) {
+    const auto at = output.find("largest difference ");
+    return at == std::string::npos ? 1e300 : std::stod(output.substr(at + 19));
+  };
+  auto saved = python("save " + dir.file("in"));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const std::string run = "train --model gpt2-tiny --data text:" + write_text(dir) +
+                          " --seq-len 16 --batch-size 8 --max-steps 1 --lr 1e-12 --progress off ";
+  auto r = run_tandem(run + "--init-weights " + dir.file("in") + " --export-hf " + dir.file("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto same = python("compare " + dir.file("in") + " " + dir.file("out"));
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_LT(difference(same.output), 1e-6) << same.output;
+  // The folder's model.safetensors alone is transformers' weights too.
+  r = run_tandem(run + "--init-weights " + dir.file("in") + "/model.safetensors --export-hf " + dir.file("out2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tandem(run + "--export-hf " + dir.file("control"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto control = python("compare " + dir.file("in") + " " + dir.file("control"));
+  ASSERT_EQ(control.exit_code, 0) << control.output;
+  EXPECT_GT(difference(control.output), 1e-2) << control.output;
+  EXPECT_LT(difference(control.output), 1e300) << control.output;
+  EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("in") + " --model llama-tiny", 1,
+                                    "no tensor model.embed_tokens.weight"));
+  EXPECT_TRUE(testing::tandem_fails("train --model convnet --export-hf " + dir.file("x"), 2,
+                                    "--export-hf writes a language model"));
+}
+
 // What does not go together is named, on one line, with exit 2.
 TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
   TempDir dir;

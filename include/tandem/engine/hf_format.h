@@ -18,8 +18,10 @@
 // the tensor, and nothing is copied.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include "tandem/engine/safetensors.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/sequence.h"
@@ -31,5 +33,20 @@ void write_hf_folder(const std::string& dir, models::Sequence& model, const mode
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config);
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
+
+// The same for a registry model by its preset name (gpt2-tiny ... gpt2-xl,
+// llama-tiny, llama-3.2-1b) with the data's vocabulary (--export-hf,
+// --init-weights). Throws tandem::Error for a model without transformers'
+// form.
+bool has_hf_form(const std::string& model_name);
+void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
+                     int64_t vocab_size);
+void load_hf_weights(const std::string& path, models::Sequence& model, const std::string& model_name,
+                     int64_t vocab_size);
+
+// Whether a safetensors file's tensor names are transformers' (a name
+// under "transformer.", "model.", "lm_head.", or the Hub's unprefixed
+// GPT-2 "wte."/"wpe."), not tandem's.
+bool has_hf_names(const SafetensorsFile& file);
 
 }  // namespace tandem::engine

@@ -141,6 +141,7 @@ struct TrainOptions {
   std::string tensorboard;      // folder of TensorBoard event files (engine/tensorboard.h); rank 0
   int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
   std::string export_weights;   // safetensors file with the final weights
+  std::string export_hf;        // a language model's final weights as a transformers folder (engine/hf_format.h)
   std::string profile_out;      // Chrome trace of --profile-steps (engine/profile.h); "{rank}": per rank
   std::string profile_steps = "5:8";  // A:B, the steps traced
   std::string progress = "auto";  // auto | bar | lines | off
