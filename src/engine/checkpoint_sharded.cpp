@@ -7,11 +7,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/optim/adamw.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
@@ -21,8 +24,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The header keys that hold SGD's options (rank 0's file), not the position.
-const std::vector<std::string> kSgdKeys = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+// The header keys that hold the optimizer's options (rank 0's file), not
+// the position.
+const std::vector<std::string> kSgdKeys = {"lr",  "momentum", "dampening", "weight_decay", "nesterov",
+                                           "optimizer", "beta1", "beta2", "eps", "amsgrad"};
+
+// AdamW over the model's parameters in the run's groups (optim::decay_groups
+// of its options), its state from the checkpoint's "optimizer.<name>.<slot>"
+// tensors, saved into `archive` as the run's optimizer would save it.
+void write_adamw(const torch::nn::Module& model, const torch::optim::AdamWOptions& options,
+                 const std::map<std::string, torch::Tensor>& tensors, torch::serialize::OutputArchive& archive) {
+  optim::AdamW whole(optim::decay_groups(model.named_parameters(), options), options);
+  for (const auto& named : model.named_parameters()) {
+    std::map<std::string, torch::Tensor> state;
+    for (const auto& slot : optim::state_slots(whole, named.value())) {
+      auto found = tensors.find("optimizer." + named.key() + "." + slot.name);
+      if (found != tensors.end()) state[slot.name] = found->second;
+    }
+    if (!state.empty()) optim::set_parameter_state(whole, named.value(), state);
+  }
+  whole.save(archive);
+}
 
 // Writes `module`'s parameters and buffers from `tensors` (by their names
 // in the model, under "model.") into `archive` in the layout Module::save
@@ -63,6 +85,18 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
   }
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   write_module(model, "", tensors, model_archive);
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&optimizer.defaults())) {
+    // Its options are the run's (the fingerprint holds them).
+    TANDEM_CHECK(c.header.count("optimizer") && c.header.at("optimizer").toStringRef() == "adamw",
+                 "cannot resume from ", dir, ": its optimizer state is not AdamW's (--optimizer differs)");
+    write_adamw(model, *adamw, tensors, optimizer_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.write("cpu_rng", c.cpu_rng, /*is_buffer=*/true);
+    std::ostringstream zip;
+    archive.save_to(zip);
+    return load_archive(zip.str(), dir, model, optimizer, fingerprint);
+  }
   torch::optim::SGDOptions options(0.0);
   try {
     options.lr(c.header.at("lr").toDouble())

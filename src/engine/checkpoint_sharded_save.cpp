@@ -8,9 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include "tandem/dist/collectives.h"
+
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
@@ -46,13 +48,23 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
   std::map<std::string, c10::IValue> header;
   if (rank == 0) {
     for (const auto& [key, value] : header_fields(p, fingerprint)) header[key] = value;
-    auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&optimizer.param_groups().at(0).options());
-    TANDEM_CHECK(sgd, "sharded checkpoint: the optimizer is not SGD");
-    header["lr"] = sgd->lr();
-    header["momentum"] = sgd->momentum();
-    header["dampening"] = sgd->dampening();
-    header["weight_decay"] = sgd->weight_decay();
-    header["nesterov"] = sgd->nesterov();
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&optimizer.param_groups().at(0).options())) {
+      header["optimizer"] = std::string("adamw");
+      header["lr"] = adamw->lr();
+      header["beta1"] = std::get<0>(adamw->betas());
+      header["beta2"] = std::get<1>(adamw->betas());
+      header["eps"] = adamw->eps();
+      header["weight_decay"] = adamw->weight_decay();
+      header["amsgrad"] = adamw->amsgrad();
+    } else {
+      auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&optimizer.param_groups().at(0).options());
+      TANDEM_CHECK(sgd, "sharded checkpoint: the optimizer is neither SGD nor AdamW");
+      header["lr"] = sgd->lr();
+      header["momentum"] = sgd->momentum();
+      header["dampening"] = sgd->dampening();
+      header["weight_decay"] = sgd->weight_decay();
+      header["nesterov"] = sgd->nesterov();
+    }
     if (!weights_metadata.empty()) header["weights_metadata"] = nlohmann::json(weights_metadata).dump();
   }
   const auto index = sharded::write_rank_file(tmp, rank, identity, mine, header, /*with_rng=*/rank == 0);

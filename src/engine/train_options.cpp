@@ -369,9 +369,6 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   }
   TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != Strategy::kNone, "--strategy none runs one process, not a job of ",
                      ranks, " processes; a job of several ranks needs a data-parallel strategy");
-  TANDEM_CHECK_USAGE(!(pipeline && ranks > 1 && resolved_optimizer(o) == Optimizer::kAdamW),
-                     "--optimizer adamw does not work with a pipeline over ranks yet (its checkpoints gather SGD's "
-                     "momentum only); use --strategy pipeline --devices LIST in one process, or --optimizer sgd");
   // Note [tied embedding]: the Trainer refuses these too (for a model
   // registered without its traits saying so); named here before the workers.
   const bool tied = models::model_traits(o.model).tied_embedding;

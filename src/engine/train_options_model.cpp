@@ -70,12 +70,10 @@ void check_optimizer(const TrainOptions& o) {
     TANDEM_CHECK_USAGE(o.adam_eps > 0 && std::isfinite(o.adam_eps), "--adam-eps: expected a positive number, got ",
                        o.adam_eps);
     // The sharded forms keep SGD's momentum only, so far.
-    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp && !o.shard_optimizer,
-                       "--optimizer adamw does not work with ", o.shard_optimizer ? "--shard-optimizer" : "--strategy fsdp",
-                       " yet (their sharded optimizer state is SGD's momentum); use --strategy ddp, or --optimizer sgd");
+    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--optimizer adamw does not work with --strategy fsdp yet "
+                       "(its sharded optimizer state is SGD's momentum); use --strategy ddp (--shard-optimizer shards "
+                       "AdamW's state: ZeRO-1), or --optimizer sgd");
     TANDEM_CHECK_USAGE(!o.cuda_graph, "--cuda-graph captures SGD's step only; it does not work with --optimizer adamw");
-    TANDEM_CHECK_USAGE(o.checkpoint_format != "sharded", "--checkpoint-format sharded holds SGD's momentum only, "
-                       "so far; with --optimizer adamw give --checkpoint-format file (rank 0 writes one file)");
   } else {
     TANDEM_CHECK_USAGE(o.beta1 == defaults.beta1 && o.beta2 == defaults.beta2 && o.adam_eps == defaults.adam_eps,
                        "--beta1, --beta2 and --adam-eps are AdamW's; the optimizer is sgd (--optimizer adamw)");

@@ -50,24 +50,31 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   // (Note [sharded optimizer state]; the weights are plain SGD's), or SGD.
   const auto sgd_options =
       torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay);
+  // A pipeline's other stages' parameters keep their places in a sharded
+  // optimizer (a checkpoint holds the whole model) but are stepped by their
+  // own ranks.
+  std::vector<torch::Tensor> elsewhere;
+  for (const auto& piece : others_pieces_) {
+    for (const auto& p : piece->parameters()) elsewhere.push_back(p);
+  }
   if (resolved_optimizer(o) == Optimizer::kAdamW) {
     // nanoGPT's groups: matrices and embeddings decayed, vectors not
-    // (check_train_options keeps AdamW to the unsharded strategies).
+    // (check_train_options keeps AdamW from FSDP, so far).
     const auto adamw_options = torch::optim::AdamWOptions(o.lr)
                                    .betas({o.beta1, o.beta2})
                                    .eps(o.adam_eps)
                                    .weight_decay(o.weight_decay);
-    run->optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), adamw_options),
-                                                    adamw_options);
+    auto groups = optim::decay_groups(model_->named_parameters(), adamw_options);
+    if (o.shard_optimizer) {
+      auto sharded = std::make_unique<optim::ZeroAdamW>(std::move(groups), adamw_options, group_, elsewhere);
+      run->zero = sharded.get();
+      run->optimizer = std::move(sharded);
+    } else {
+      run->optimizer = std::make_unique<optim::AdamW>(std::move(groups), adamw_options);
+    }
   } else if ((run->optimizer = plan_->make_optimizer(sgd_options))) {
     run->fsdp_sgd = dynamic_cast<parallel::FsdpSgd*>(run->optimizer.get());  // its checkpoints gather the shards
   } else if (o.shard_optimizer) {
-    // A pipeline's other stages' parameters keep their places (a checkpoint
-    // holds the whole model) but are stepped by their own ranks.
-    std::vector<torch::Tensor> elsewhere;
-    for (const auto& piece : others_pieces_) {
-      for (const auto& p : piece->parameters()) elsewhere.push_back(p);
-    }
     auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_, elsewhere);
     run->zero = sharded.get();
     run->optimizer = std::move(sharded);
@@ -191,9 +198,6 @@ void Trainer::diverged(RunState& run, const std::string& what, const std::string
 
 bool Trainer::sharded_checkpoints() const {
   const auto& format = options_.checkpoint_format;
-  // Sharded checkpoints hold SGD's momentum only, so far: AdamW's state goes
-  // in one file (check_train_options refuses --checkpoint-format sharded).
-  if (resolved_optimizer(options_) == Optimizer::kAdamW) return false;
   return format == "sharded" || (format == "auto" && job_group_ && job_group_->size() > 1);
 }
 

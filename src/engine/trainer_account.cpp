@@ -12,7 +12,7 @@
 
 namespace tandem::engine {
 
-void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) const {
+void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero) const {
   const auto& o = options_;
   if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (mesh_) {
@@ -86,12 +86,14 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) cons
     auto shares = zero->shard_numels();
     int64_t whole = 0;
     for (auto n : shares) whole += n;
-    const double bytes = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_)));
-    say(format("optimizer state sharded over %lld rank(s) (ZeRO-1): momentum of %.2f to %.2f MiB a rank "
-               "instead of %.2f", static_cast<long long>(shares.size()),
-               o.momentum > 0 ? *std::min_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
-               o.momentum > 0 ? *std::max_element(shares.begin(), shares.end()) * bytes / (1 << 20) : 0.0,
-               o.momentum > 0 ? whole * bytes / (1 << 20) : 0.0));
+    // Bytes of state an element: SGD's momentum (none without it), AdamW's two moments.
+    const bool adamw = resolved_optimizer(o) == Optimizer::kAdamW;
+    const double bytes = static_cast<double>(torch::elementSize(models::parameter_dtype(*model_))) *
+                         (adamw ? 2.0 : o.momentum > 0 ? 1.0 : 0.0);
+    say(format("optimizer state sharded over %lld rank(s) (ZeRO-1): %s of %.2f to %.2f MiB a rank "
+               "instead of %.2f", static_cast<long long>(shares.size()), adamw ? "AdamW's moments" : "momentum",
+               *std::min_element(shares.begin(), shares.end()) * bytes / (1 << 20),
+               *std::max_element(shares.begin(), shares.end()) * bytes / (1 << 20), whole * bytes / (1 << 20)));
   }
   if (amp_) {
     say(amp_ == torch::kHalf

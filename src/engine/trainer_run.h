@@ -28,7 +28,7 @@ struct Trainer::RunState {
   std::unique_ptr<data::DataLoader> loader;
   int64_t steps_per_epoch = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // optim::Sgd or optim::AdamW (--optimizer)
-  optim::ZeroSgd* zero = nullptr;         // --shard-optimizer: the optimizer, sharded
+  optim::ShardedState* zero = nullptr;    // --shard-optimizer: the optimizer, sharded
   parallel::FsdpSgd* fsdp_sgd = nullptr;  // FSDP: the optimizer, over the shards
   std::unique_ptr<optim::CosineSchedule> schedule;
   std::string export_path;  // --export-weights, "{rank}" resolved

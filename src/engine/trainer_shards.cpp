@@ -8,6 +8,7 @@
 #include <c10/util/accumulate.h>
 
 #include "tandem/engine/trainer.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/optim/zero.h"
 #include "tandem/util/check.h"
 
@@ -50,11 +51,10 @@ StatePiece whole(const Named& named, const torch::Tensor& t) {
 }
 
 torch::Tensor momentum_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
-  auto found = optimizer.state().find(p.unsafeGetTensorImpl());
-  if (found == optimizer.state().end()) return {};
-  auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get());
-  TANDEM_CHECK(sgd, "sharded checkpoint: the optimizer state is not SGD's");
-  return sgd->momentum_buffer();
+  auto state = optim::parameter_state(optimizer, p);
+  TANDEM_CHECK(state.empty() || state.front().first == "momentum_buffer",
+               "sharded checkpoint: FSDP's optimizer state is SGD's");
+  return state.empty() ? torch::Tensor() : state.front().second;
 }
 
 }  // namespace
@@ -63,10 +63,15 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
   NameOf names;
   int64_t order = 0;
   number_tensors(*model_, "", names, order);
-  NameOf momentum_names;  // after the model's tensors, in the parameters' order
+  // The optimizer's state after the model's tensors, in the parameters'
+  // order, each parameter's slots in their order (optim/state_tensors.h).
+  NameOf parameter_names;
   for (const auto& p : model_->named_parameters()) {
-    momentum_names[p.value().unsafeGetTensorImpl()] = {"optimizer." + p.key() + ".momentum_buffer", order++};
+    parameter_names[p.value().unsafeGetTensorImpl()] = {"optimizer." + p.key() + ".", order};
+    order += optim::kMaxStateSlots;
   }
+  NameOf momentum_names;  // FSDP's (SGD's)
+  for (const auto& [impl, named] : parameter_names) momentum_names[impl] = {named.name + "momentum_buffer", named.order};
   auto name_of = [](const NameOf& map, const torch::Tensor& t) -> const Named& {
     auto found = map.find(t.unsafeGetTensorImpl());
     TANDEM_CHECK(found != map.end(), "sharded checkpoint: a tensor that is not the model's");
@@ -103,15 +108,19 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
     }
     return pieces;
   }
-  // Replicated weights from the first replica; momentum from its owner
-  // under --shard-optimizer (Note [sharded optimizer state]).
-  const auto* zero = dynamic_cast<const optim::ZeroSgd*>(&optimizer);
+  // Replicated weights from the first replica; the optimizer's state from
+  // its owner under --shard-optimizer (Note [sharded optimizer state]).
+  const auto* zero = dynamic_cast<const optim::ShardedState*>(&optimizer);
   for (auto* module : mine) {
     for (const auto& p : module->parameters()) {
       if (first_replica) pieces.push_back(whole(name_of(names, p), p));
-      const bool owns_momentum = zero ? zero->owner(p) == zero->rank() : first_replica;
-      const auto momentum = owns_momentum ? momentum_of(optimizer, p) : torch::Tensor();
-      if (momentum.defined()) pieces.push_back(whole(name_of(momentum_names, p), momentum));
+      const bool owns_state = zero ? zero->owner(p) == zero->rank() : first_replica;
+      if (!owns_state) continue;
+      const auto& base = name_of(parameter_names, p);
+      int64_t slot = 0;
+      for (const auto& [key, t] : optim::parameter_state(optimizer, p)) {
+        pieces.push_back(whole({base.name + key, base.order + slot++}, t));
+      }
     }
   }
   return pieces;

@@ -7,6 +7,7 @@
 #include <map>
 #include <unordered_set>
 
+#include "tandem/optim/state_tensors.h"
 #include "tandem/parallel/fsdp_sgd.h"
 #include "tandem/util/check.h"
 
@@ -16,8 +17,9 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   if (!stages_) return;
   // Each rank contributes its own pieces' tensors and zeros for the
   // others'; the sum over the ranks is every piece's, on every rank. Two
-  // rounds: one all-reduce of which parameters have momentum anywhere, then
-  // one per dtype of every buffer, parameter and momentum, flattened.
+  // rounds: one all-reduce of which parameters have optimizer state
+  // anywhere, then one per dtype of every buffer, parameter and state
+  // tensor (SGD's momentum, AdamW's step and moments), flattened.
   std::unordered_set<const void*> foreign;
   for (const auto& piece : others_pieces_) {
     for (const auto& p : piece->parameters()) foreign.insert(p.unsafeGetTensorImpl());
@@ -26,25 +28,24 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   auto own = [&](const torch::Tensor& t) { return foreign.count(t.unsafeGetTensorImpl()) == 0; };
   const auto wire = stages_->wire_device();
   torch::NoGradGuard no_grad;
-  auto& state = optimizer.state();
   const auto params = model_->parameters();
-  std::vector<torch::Tensor> momentum(params.size());
-  // Whether any rank has a momentum buffer for a parameter: the same steps
-  // ran on the same parameters everywhere, but only its owner holds one.
+  // Whether any rank has optimizer state for a parameter: the same steps
+  // ran on the same parameters everywhere, but only its owner holds it.
   auto has = torch::zeros({static_cast<int64_t>(params.size())}, torch::kFloat64);
-  if (options_.momentum != 0) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto found = state.find(params[i].unsafeGetTensorImpl());
-      if (!own(params[i]) || found == state.end()) continue;
-      momentum[i] = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
-      if (momentum[i].defined()) has[static_cast<int64_t>(i)] = 1.0;
-    }
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> state(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!own(params[i])) continue;
+    state[i] = optim::parameter_state(optimizer, params[i]);
+    if (!state[i].empty()) has[static_cast<int64_t>(i)] = 1.0;
+  }
+  {
     auto sum = has.to(wire);
     stages_->all_reduce(sum).wait();
     has = sum.cpu();
   }
   // What to gather: the tensor, whether this rank holds it, and where the
-  // sum goes (a momentum buffer that this rank lacks is made).
+  // sum goes (a state that this rank lacks is made from its slots, after
+  // the sums: optim/state_tensors.h).
   struct Item {
     torch::Tensor tensor;
     bool own;
@@ -52,19 +53,28 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   };
   std::vector<Item> items;
   auto in_place = [](torch::Tensor t) { return [t](const torch::Tensor& sum) mutable { t.copy_(sum); }; };
+  std::vector<std::map<std::string, torch::Tensor>> made(params.size());
   for (const auto& b : model_->buffers()) items.push_back({b, own(b), in_place(b)});
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     items.push_back({p, own(p), in_place(p)});
     if (has[static_cast<int64_t>(i)].item<double>() == 0) continue;
-    if (momentum[i].defined()) {
-      items.push_back({momentum[i], true, in_place(momentum[i])});
+    if (!state[i].empty()) {
+      // A 0-dim step is stored back through the state; tensors in place.
+      for (auto& [name, t] : state[i]) {
+        if (t.dim() == 0) {
+          items.push_back({t, true, [&made, i, name = name](const torch::Tensor& sum) { made[i][name] = sum.clone(); }});
+        } else {
+          items.push_back({t, true, in_place(t)});
+        }
+      }
     } else {
-      items.push_back({p, false, [&state, p](const torch::Tensor& sum) {
-                         auto fresh = std::make_unique<torch::optim::SGDParamState>();
-                         fresh->momentum_buffer(sum.to(p.device()).clone());
-                         state[p.unsafeGetTensorImpl()] = std::move(fresh);
-                       }});
+      for (const auto& slot : optim::state_slots(optimizer, p)) {
+        auto stand_in = torch::zeros(slot.shape, torch::TensorOptions().dtype(slot.dtype));
+        items.push_back({stand_in, false, [&made, i, name = slot.name](const torch::Tensor& sum) {
+                           made[i][name] = sum.clone();
+                         }});
+      }
     }
   }
   std::map<torch::ScalarType, std::vector<const Item*>> by_dtype;
@@ -84,6 +94,12 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
       item->store(flat.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
     }
+  }
+  // The states this rank lacked, or whose step it had as a number.
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (made[i].empty()) continue;
+    for (const auto& [name, t] : state[i]) made[i].emplace(name, t);  // its own moments, already summed in place
+    optim::set_parameter_state(optimizer, params[i], made[i]);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "tandem/dist/collectives.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/util/check.h"
 
 namespace tandem::optim {
@@ -34,19 +35,8 @@ std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t wor
   return owners;
 }
 
-ZeroSgd::ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
-                 std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere)
-    : Sgd(std::move(params), options), group_(std::move(group)) {
-  plan(elsewhere);
-}
-
-ZeroSgd::ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
-                 std::shared_ptr<dist::ProcessGroup> group)
-    : Sgd(std::move(groups), options), group_(std::move(group)) {
-  plan();
-}
-
-void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
+template <class Base>
+void ZeroRedundancy<Base>::plan(const std::vector<torch::Tensor>& elsewhere) {
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
@@ -56,13 +46,13 @@ void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
   shares_.assign(static_cast<size_t>(world_), {});
   std::vector<int64_t> loads(static_cast<size_t>(world_), 0);
   size_t index = 0;
-  for (const auto& g : param_groups_) {  // group by group, as PyTorch's
+  for (const auto& g : this->param_groups_) {  // group by group, as PyTorch's
     std::vector<torch::Tensor> here;
     std::vector<int64_t> numels;
     for (const auto& p : g.params()) {
       if (away.count(p.unsafeGetTensorImpl()) != 0) {
         bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), -1).second;
-        TANDEM_CHECK(fresh, "optim::ZeroSgd: a parameter appears twice among the parameters");
+        TANDEM_CHECK(fresh, "optim::ZeroRedundancy: a parameter appears twice among the parameters");
         continue;
       }
       here.push_back(p);
@@ -72,7 +62,7 @@ void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
     for (size_t i = 0; i < numels.size(); ++i, ++index) {
       const auto& p = here[i];
       bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), owners[i]).second;
-      TANDEM_CHECK(fresh, "optim::ZeroSgd: parameter ", index, " appears twice among the parameters");
+      TANDEM_CHECK(fresh, "optim::ZeroRedundancy: parameter ", index, " appears twice among the parameters");
       shares_[static_cast<size_t>(owners[i])].push_back(p);
     }
   }
@@ -82,10 +72,10 @@ void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
   if (world_ == 1) return;  // nothing is sent; the model stays as it is
   torch::NoGradGuard no_grad;
   for (int64_t r = 0; r < world_; ++r) {
-    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> kinds;
+    std::map<std::string, std::vector<torch::Tensor>> kinds;  // by "device/dtype"
     for (const auto& p : shares_[static_cast<size_t>(r)]) {
       if (p.numel() > 0 && p.is_non_overlapping_and_dense()) {
-        kinds[{p.device().str(), static_cast<int>(p.scalar_type())}].push_back(p);
+        kinds[p.device().str() + "/" + std::to_string(static_cast<int>(p.scalar_type()))].push_back(p);
       } else {
         loose_[static_cast<size_t>(r)].push_back(p);
       }
@@ -107,21 +97,24 @@ void ZeroSgd::plan(const std::vector<torch::Tensor>& elsewhere) {
   }
 }
 
-std::vector<torch::Tensor> ZeroSgd::flat_buffers() const {
+template <class Base>
+std::vector<torch::Tensor> ZeroRedundancy<Base>::flat_buffers() const {
   std::vector<torch::Tensor> buffers;
   for (const auto& f : flats_) buffers.push_back(f.buffer);
   return buffers;
 }
 
-int64_t ZeroSgd::owner(const torch::Tensor& p) const {
+template <class Base>
+int64_t ZeroRedundancy<Base>::owner(const torch::Tensor& p) const {
   auto found = owner_.find(p.unsafeGetTensorImpl());
-  TANDEM_CHECK(found != owner_.end(), "optim::ZeroSgd: a parameter of shape ", p.sizes(),
+  TANDEM_CHECK(found != owner_.end(), "optim::ZeroRedundancy: a parameter of shape ", p.sizes(),
                " is not among those it was constructed with (ownership is planned once, at "
                "construction; a parameter group added later cannot be sharded)");
   return found->second;
 }
 
-std::vector<int64_t> ZeroSgd::shard_numels() const {
+template <class Base>
+std::vector<int64_t> ZeroRedundancy<Base>::shard_numels() const {
   std::vector<int64_t> numels;
   for (const auto& share : shares_) {
     int64_t n = 0;
@@ -131,10 +124,11 @@ std::vector<int64_t> ZeroSgd::shard_numels() const {
   return numels;
 }
 
-torch::Tensor ZeroSgd::step(LossClosure closure) {
+template <class Base>
+torch::Tensor ZeroRedundancy<Base>::step(torch::optim::Optimizer::LossClosure closure) {
   // Buffers received by consolidate_state() go stale from this step on.
   if (consolidated_) shard_state();
-  auto loss = Sgd::step(std::move(closure));
+  auto loss = Base::step(std::move(closure));
   // Note [sharded optimizer state]: each owner's share, from the owner.
   // Every parameter goes, with a gradient or not: the ranks need not agree
   // on which changed, only on the plan.
@@ -152,66 +146,82 @@ torch::Tensor ZeroSgd::step(LossClosure closure) {
   return loss;
 }
 
-std::vector<torch::Tensor> ZeroSgd::all_parameters() const {
+template <class Base>
+std::vector<torch::Tensor> ZeroRedundancy<Base>::all_parameters() const {
   std::vector<torch::Tensor> params;
-  for (const auto& g : param_groups_) {
+  for (const auto& g : this->param_groups_) {
     for (const auto& p : g.params()) params.push_back(p);
   }
   return params;
 }
 
-void ZeroSgd::consolidate_state() {
+template <class Base>
+void ZeroRedundancy<Base>::consolidate_state() {
   if (world_ == 1) {
     consolidated_ = true;
     return;
   }
   torch::NoGradGuard no_grad;
   const auto params = all_parameters();
-  // Which parameters have a momentum buffer: each owner says for its own
-  // (one flag per parameter, summed over the ranks). NCCL takes CUDA tensors only.
+  // Which parameters have state: each owner says for its own (one flag per
+  // parameter, summed over the ranks). NCCL takes CUDA tensors only.
   auto flag_device = group_->backend() == "nccl" && !params.empty() ? params.front().device() : torch::kCPU;
   auto has = torch::zeros({static_cast<int64_t>(params.size())}, torch::dtype(torch::kInt64));
   for (size_t i = 0; i < params.size(); ++i) {
-    if (owner(params[i]) == rank_ && state_.count(params[i].unsafeGetTensorImpl())) has[i] = 1;
+    if (owner(params[i]) == rank_ && !parameter_state(*this, params[i]).empty()) has[i] = 1;
   }
   has = has.to(flag_device);
   group_->all_reduce(has).wait();
   has = has.cpu();
+  // Every slot of every such state (optim/state_tensors.h), from its owner:
+  // the owner's tensors, stand-ins elsewhere that become the state after.
   std::vector<std::vector<torch::Tensor>> buffers(static_cast<size_t>(world_));
+  std::vector<std::pair<torch::Tensor, std::map<std::string, torch::Tensor>>> received;
   for (size_t i = 0; i < params.size(); ++i) {
     if (has[i].item<int64_t>() == 0) continue;
     const auto& p = params[i];
     int64_t r = owner(p);
     if (r < 0) continue;  // stepped elsewhere
-    auto* key = p.unsafeGetTensorImpl();
-    if (r != rank_ && !state_.count(key)) {
-      auto state = std::make_unique<torch::optim::SGDParamState>();
-      state->momentum_buffer(torch::empty_like(p, torch::MemoryFormat::Preserve));
-      state_[key] = std::move(state);
+    auto& out = buffers[static_cast<size_t>(r)];
+    if (r == rank_) {
+      for (auto& [name, t] : parameter_state(*this, p)) out.push_back(t.device() == p.device() ? t : t.to(p.device()));
+      continue;
     }
-    buffers[static_cast<size_t>(r)].push_back(
-        static_cast<torch::optim::SGDParamState&>(*state_.at(key)).momentum_buffer());
+    std::map<std::string, torch::Tensor> named;
+    for (const auto& slot : state_slots(*this, p)) {
+      auto t = torch::zeros(slot.shape, p.options().dtype(slot.dtype));
+      named[slot.name] = t;
+      out.push_back(t);
+    }
+    received.emplace_back(p, std::move(named));
   }
   for (int64_t r = 0; r < world_; ++r) dist::broadcast_coalesced(buffers[static_cast<size_t>(r)], *group_, r);
+  for (auto& [p, named] : received) set_parameter_state(*this, p, named);
   consolidated_ = true;
 }
 
-void ZeroSgd::shard_state() {
+template <class Base>
+void ZeroRedundancy<Base>::shard_state() {
   for (const auto& p : all_parameters()) {
-    if (owner(p) != rank_) state_.erase(p.unsafeGetTensorImpl());
+    if (owner(p) != rank_) this->state_.erase(p.unsafeGetTensorImpl());
   }
   consolidated_ = false;
 }
 
-void ZeroSgd::save(torch::serialize::OutputArchive& archive) const {
-  TANDEM_CHECK(consolidated_ || world_ == 1, "optim::ZeroSgd::save: rank ", rank_, " holds the momentum "
-               "of its own share of the parameters only; call consolidate_state() on every rank first");
-  Sgd::save(archive);
+template <class Base>
+void ZeroRedundancy<Base>::save(torch::serialize::OutputArchive& archive) const {
+  TANDEM_CHECK(consolidated_ || world_ == 1, "optim::ZeroRedundancy::save: rank ", rank_, " holds the optimizer "
+               "state of its own share of the parameters only; call consolidate_state() on every rank first");
+  Base::save(archive);
 }
 
-void ZeroSgd::load(torch::serialize::InputArchive& archive) {
-  Sgd::load(archive);
+template <class Base>
+void ZeroRedundancy<Base>::load(torch::serialize::InputArchive& archive) {
+  Base::load(archive);
   shard_state();
 }
+
+template class ZeroRedundancy<Sgd>;
+template class ZeroRedundancy<AdamW>;
 
 }  // namespace tandem::optim

@@ -55,14 +55,15 @@ std::string gpt2_flags(const TempDir& dir) {
 // float64 bound, and the controls differ by 1e-2 and more.
 
 // GPT-2 with AdamW (the default for a language model): DDP, seed 004's
-// all-reduce, gradient accumulation, DataParallel and a one-process
-// pipeline all give one process's weights after 20 steps; the tied
-// embedding is one tensor in each. Control: another beta2.
+// all-reduce, gradient accumulation, AdamW's state sharded (ZeRO-1),
+// DataParallel and a one-process pipeline all give one process's weights
+// after 20 steps; the tied embedding is one tensor in each. Control:
+// another beta2.
 TEST(LanguageModelCliTest, Gpt2WithAdamWOnTwoRanksIsOneProcess) {
   TempDir text;
   const auto model = gpt2_flags(text);
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2", "--nproc-per-node 2 --strategy allreduce",
-                       "--nproc-per-node 2 --grad-accum 2",
+                       "--nproc-per-node 2 --grad-accum 2", "--nproc-per-node 2 --shard-optimizer",
                        "--strategy dp --devices cpu,cpu", "--strategy pipeline --devices cpu,cpu --pipeline-split h2"},
                       model, 1e-10, model + " --beta2 0.99");
 }
@@ -81,12 +82,35 @@ TEST(LanguageModelCliTest, LlamaOnFsdpAndPipelineRanksIsOneProcess) {
 
 // A run stopped at step 10 resumes, in one process or on 2 ranks, where 20
 // uninterrupted steps end: AdamW's moments and step counts are in the
-// checkpoint (one file: its state is not sharded).
+// checkpoint, one file or (2 ranks) each rank's pieces.
 TEST(LanguageModelCliTest, AdamWCheckpointsResumeExactly) {
   TempDir dir;
   const auto model = gpt2_flags(dir);
   expect_resumes_as_uninterrupted(dir, model, "", {"--lr 1e-3", "--lr 1e-3 --nproc-per-node 2"}, "gpt2-tiny",
                                   1e-10);  // Note [AdamW amplifies rounding]
+  TempDir sharded;
+  expect_resumes_as_uninterrupted(sharded, gpt2_flags(sharded), "--nproc-per-node 2",
+                                  {"--lr 1e-3", "--lr 1e-3 --nproc-per-node 2 --strategy allreduce"},
+                                  "gpt2-tiny on 2 ranks", 1e-10);
+}
+
+// LLaMA (untied) with AdamW as a pipeline over ranks: pp=2 and dp=2 x pp=2
+// (each stage's AdamW state sharded over its dp ranks) give one process's
+// weights, and the stages' checkpoint pieces (AdamW's
+// step and moments of each stage's parameters) resume in one process and
+// as DDP. Control: another beta2.
+TEST(LanguageModelCliTest, LlamaWithAdamWOnPipelineRanksIsOneProcess) {
+  TempDir text;
+  const std::string model = "--model llama-tiny --data text:" + write_text(text) +
+                            " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh pp=2",
+                       "--nproc-per-node 4 --mesh dp=2,pp=2 --shard-optimizer"},
+                      model, 1e-10, model + " --beta2 0.99");
+  TempDir dir;
+  const std::string resumed = "--model llama-tiny --data text:" + write_text(dir) +
+                              " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  expect_resumes_as_uninterrupted(dir, resumed, "--nproc-per-node 2 --mesh pp=2",
+                                  {"--lr 1e-3", "--lr 1e-3 --nproc-per-node 2"}, "llama-tiny, pp=2", 1e-10);
 }
 
 double unigram_bits(const std::string& text) {
@@ -255,8 +279,8 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
       {"--model convnet --beta2 0.9", "are AdamW's; the optimizer is sgd"},
       {"--model gpt2-tiny --data " + text + " --nproc-per-node 2 --strategy fsdp --optimizer sgd",
        "tied to its token embedding"},
-      {"--model gpt2-tiny --data " + text + " --checkpoint-dir " + dir.file("c") + " --checkpoint-format sharded",
-       "--checkpoint-format sharded holds SGD's momentum only"},
+      {"--model llama-tiny --data " + text + " --nproc-per-node 2 --strategy fsdp",
+       "--optimizer adamw does not work with --strategy fsdp yet"},
       {"--model gpt2-tiny --data tokens:" + dir.file("none*.bin"), "no file matches"},
       {"--model gpt2-tiny --data " + text + " --val-data fashion-mnist", "--val-data fashion-mnist: image data"},
   };

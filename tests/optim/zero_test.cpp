@@ -281,6 +281,60 @@ TEST(ZeroSgdTest, ParameterGroupsArePlannedOneAfterAnother) {
   }, short_timeout()));
 }
 
+// AdamW sharded the same way (ZeroAdamW): every rank ends with plain
+// AdamW's weights bit for bit over two groups (decayed and not), each
+// parameter's step and moments on its owner only; consolidated, the state
+// saved is plain AdamW's and resumes sharded on 3 ranks or plain.
+TEST(ZeroAdamWTest, EveryRankEndsWithAdamWsWeightsAndItsCheckpointsLoadEitherWay) {
+  const auto options = torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).weight_decay(0.1);
+  auto groups = [&](const std::vector<torch::Tensor>& params) {
+    torch::OrderedDict<std::string, torch::Tensor> named;
+    for (size_t i = 0; i < params.size(); ++i) named.insert("p" + std::to_string(i), params[i]);
+    return decay_groups(named, options);
+  };
+  auto reference = make_parameters();
+  AdamW plain(groups(reference), options);
+  train(plain, reference, 0, 4);
+  const auto halfway = copies(reference);
+  train(plain, reference, 4, 8);
+  std::string sharded_state;
+  for (int world : {2, 3}) {
+    testing::expect_no_errors(testing::run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto params = make_parameters();
+      ZeroAdamW zero(groups(params), options, group);
+      train(zero, params, 0, 4);
+      for (const auto& p : params) {
+        EXPECT_EQ(zero.state().count(p.unsafeGetTensorImpl()) == 1, zero.owner(p) == zero.rank());
+      }
+      EXPECT_LT(zero.state().size(), 8u) << "rank " << zero.rank() << " holds every parameter's state";
+      zero.consolidate_state();
+      EXPECT_EQ(zero.state().size(), 8u) << "rank " << zero.rank() << " after consolidate_state()";
+      auto bytes = save_to_string(zero);
+      if (zero.rank() == 0 && world == 2) sharded_state = bytes;
+      train(zero, params, 4, 8);
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(params[i], reference[i])) << "world " << world << ", rank " << zero.rank()
+                                                           << ", parameter " << i;
+      }
+    }, short_timeout()));
+  }
+  // The consolidated state resumes plain, and sharded on 3 ranks.
+  {
+    auto params = copies(halfway);
+    AdamW resumed(groups(params), options);
+    load_from_string(resumed, sharded_state);
+    train(resumed, params, 4, 8);
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << i;
+  }
+  testing::expect_no_errors(testing::run_ranks(3, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto params = copies(halfway);
+    ZeroAdamW zero(groups(params), options, group);
+    load_from_string(zero, sharded_state);
+    train(zero, params, 4, 8);
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << i;
+  }, short_timeout()));
+}
+
 TEST(ZeroSgdTest, AParameterOutsideThePlanIsNamed) {
   auto params = make_parameters();
   ZeroSgd zero(params, kOptions, nullptr);

@@ -35,7 +35,8 @@ namespace tandem::engine {
 // holds the elements offset .. offset + numel of the tensor `name` (shape
 // `shape`, strides `strides`: their order in memory), whose place among
 // the checkpoint's tensors is `order` (the model's own order, then the
-// optimizer's). Names: "model.<parameter or buffer>", "optimizer.<parameter>.momentum_buffer".
+// optimizer's). Names: "model.<parameter or buffer>", "optimizer.<parameter>.<state>" (momentum_buffer;
+// AdamW's step, exp_avg, exp_avg_sq: optim/state_tensors.h).
 struct StatePiece {
   std::string name;
   int64_t order = 0;

@@ -128,7 +128,7 @@ class Trainer {
   Resumption open_checkpoints(torch::optim::Optimizer& optimizer);
   // The run's account before its first step (rank 0): the layout and what
   // each flag came to, warnings for flags without effect.
-  void announce(int64_t steps_per_epoch, const optim::ZeroSgd* zero) const;
+  void announce(int64_t steps_per_epoch, const optim::ShardedState* zero) const;
   // A line of the run's account (rank 0; not with --progress off).
   void say(const std::string& line) const;
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had

@@ -1,5 +1,5 @@
-// tandem/optim/zero.h: SGD whose state is sharded over the ranks of a
-// data-parallel group (ZeRO stage 1; PyTorch's ZeroRedundancyOptimizer).
+// tandem/optim/zero.h: SGD or AdamW whose state is sharded over the ranks
+// of a data-parallel group (ZeRO stage 1; PyTorch's ZeroRedundancyOptimizer).
 //
 //   parallel::DistributedDataParallel ddp(model.ptr(), group);
 //   optim::ZeroSgd optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9), group);
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "tandem/dist/process_group.h"
+#include "tandem/optim/adamw.h"
 #include "tandem/optim/sgd.h"
 
 namespace tandem::optim {
@@ -61,40 +62,65 @@ namespace tandem::optim {
 std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t world,
                                  std::vector<int64_t>* loads = nullptr);
 
-class ZeroSgd : public Sgd {
+// What the trainer asks of a sharded optimizer, whatever it steps.
+class ShardedState {
  public:
-  // `group` may be null: one rank, which owns everything (plain Sgd).
-  // `elsewhere`: parameters among `params` that other ranks than the
-  // group's step (a pipeline's other stages): they keep their place in the
-  // state's layout, so a checkpoint of the whole model loads, but are never
-  // stepped, sent or given momentum here (owner() is -1).
-  ZeroSgd(std::vector<torch::Tensor> params, torch::optim::SGDOptions options,
-          std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere = {});
-  ZeroSgd(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions options,
-          std::shared_ptr<dist::ProcessGroup> group);
+  virtual ~ShardedState() = default;
+  // Every rank receives every parameter's state (a collective); save() may then write.
+  virtual void consolidate_state() = 0;
+  // Drops the state of parameters this rank does not own.
+  virtual void shard_state() = 0;
+  virtual bool consolidated() const = 0;
+  virtual int64_t rank() const = 0;
+  virtual int64_t world_size() const = 0;
+  // The owner of `p`; throws tandem::Error for a parameter the plan does not know.
+  virtual int64_t owner(const torch::Tensor& p) const = 0;
+  // Elements of the parameters each rank owns (its state's, when it has one).
+  virtual std::vector<int64_t> shard_numels() const = 0;
+};
 
-  // Steps this rank's share (Sgd::step), then broadcasts every share from
+// `Base` (Sgd or AdamW) with its state sharded: each parameter stepped by
+// its owner alone, then broadcast from it.
+template <class Base>
+class ZeroRedundancy : public Base, public ShardedState {
+ public:
+  // `params`: tensors or parameter groups; `options`: Base's. `group` may
+  // be null: one rank, which owns everything (plain Base). `elsewhere`:
+  // parameters among `params` that other ranks than the group's step (a
+  // pipeline's other stages): they keep their place in the state's layout,
+  // so a checkpoint of the whole model loads, but are never stepped, sent
+  // or given state here (owner() is -1).
+  template <class Options>
+  ZeroRedundancy(std::vector<torch::Tensor> params, Options options, std::shared_ptr<dist::ProcessGroup> group,
+                 const std::vector<torch::Tensor>& elsewhere = {})
+      : Base(std::move(params), std::move(options)), group_(std::move(group)) {
+    plan(elsewhere);
+  }
+  template <class Options>
+  ZeroRedundancy(std::vector<torch::optim::OptimizerParamGroup> groups, Options options,
+                 std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere = {})
+      : Base(std::move(groups), std::move(options)), group_(std::move(group)) {
+    plan(elsewhere);
+  }
+
+  // Steps this rank's share (Base::step), then broadcasts every share from
   // its owner. A collective.
-  torch::Tensor step(LossClosure closure = nullptr) override;
+  torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
 
-  // Every rank receives every momentum buffer (a collective); save() may then write.
-  void consolidate_state();
-  // Drops the buffers of parameters this rank does not own.
-  void shard_state();
-  bool consolidated() const { return consolidated_; }
+  void consolidate_state() override;
+  void shard_state() override;
+  bool consolidated() const override { return consolidated_; }
 
-  // The whole state, as Sgd writes it; throws tandem::Error unless
+  // The whole state, as Base writes it; throws tandem::Error unless
   // consolidate_state() ran since the last step (with several ranks).
   void save(torch::serialize::OutputArchive& archive) const override;
-  // A whole state (Sgd's form); this rank keeps its share.
+  // A whole state (Base's form); this rank keeps its share.
   void load(torch::serialize::InputArchive& archive) override;
 
-  int64_t rank() const { return rank_; }
-  int64_t world_size() const { return world_; }
-  // The owner of `p`; throws tandem::Error for a parameter the plan does not know.
-  int64_t owner(const torch::Tensor& p) const;
-  // Elements of the parameters each rank owns (its momentum, when it has one).
-  std::vector<int64_t> shard_numels() const;
+  int64_t rank() const override { return rank_; }
+  int64_t world_size() const override { return world_; }
+  int64_t owner(const torch::Tensor& p) const override;
+  std::vector<int64_t> shard_numels() const override;
   // The flat buffers the shares' parameters are views of (several ranks only).
   std::vector<torch::Tensor> flat_buffers() const;
 
@@ -102,7 +128,7 @@ class ZeroSgd : public Sgd {
   bool steps_parameter(const torch::Tensor& p) const override { return owner(p) == rank_; }
 
  private:
-  void plan(const std::vector<torch::Tensor>& elsewhere = {});
+  void plan(const std::vector<torch::Tensor>& elsewhere);
   std::vector<torch::Tensor> all_parameters() const;  // every group's, in order
 
   std::shared_ptr<dist::ProcessGroup> group_;
@@ -117,5 +143,10 @@ class ZeroSgd : public Sgd {
   std::vector<std::vector<torch::Tensor>> loose_;  // per rank: parameters not in a flat buffer
   bool consolidated_ = false;
 };
+
+// SGD's momentum sharded (the trainer's --shard-optimizer), and AdamW's
+// step and moments (with --optimizer adamw).
+using ZeroSgd = ZeroRedundancy<Sgd>;
+using ZeroAdamW = ZeroRedundancy<AdamW>;
 
 }  // namespace tandem::optim
