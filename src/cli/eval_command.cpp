@@ -15,6 +15,7 @@
 #include "tandem/util/table.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/engine/evaluate.h"
+#include "tandem/engine/metrics.h"
 #include "tandem/optim/amp.h"
 #include "tandem/util/check.h"
 
@@ -85,7 +86,8 @@ int eval_command(const std::vector<std::string>& args) {
     std::fprintf(stderr, "tandem: warning: %s: evaluated with %s, but its run evaluated with %s (its metadata)\n",
                  printable(weights).c_str(), printable(data.eval_transform).c_str(), printable(it->second).c_str());
   }
-  if (rank == 0 && file.metadata.count("normalize_mean") == 0) {
+  const bool language = data::is_token_spec(options.data);
+  if (rank == 0 && !language && file.metadata.count("normalize_mean") == 0) {
     // Exports before 2026-11-27, or another program's file (Note [normalisation in exports]).
     std::fprintf(stderr,
                  "tandem: warning: %s: its metadata does not say how the inputs were normalised in training; "
@@ -106,7 +108,9 @@ int eval_command(const std::vector<std::string>& args) {
       return model->forward(nhwc ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x);
     };
   }
-  auto result = engine::evaluate(model, *data.test, options.batch_size, device, options.workers, group.get(), forward);
+  const auto task = language ? engine::language_model_task() : engine::classification_task();
+  auto result = engine::evaluate(model, *data.test, options.batch_size, device, options.workers, group.get(), forward,
+                                 task.get());
   engine::report_data_warnings(data, stderr);  // images --skip-bad-images left out, every rank its own
   // Weights that give no finite loss are no result (Note [diverged]).
   if (!std::isfinite(result.loss)) {
@@ -120,7 +124,16 @@ int eval_command(const std::vector<std::string>& args) {
                        options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), largest,
                        where.c_str()));
   }
-  if (rank == 0) {
+  if (rank == 0 && language) {
+    const bool text = data::data_format(options.data) == "text";
+    std::printf("%s from %s on %s: test loss %.4f nats/token (perplexity %.2f%s), next-token accuracy %.2f%% "
+                "(%lld windows of %lld tokens)\n",
+                options.model.c_str(), weights.c_str(),
+                options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,
+                engine::perplexity(result.loss),
+                text ? format(", %.3f bits per byte", engine::bits_per_byte(result.loss)).c_str() : "",
+                100 * result.accuracy, static_cast<long long>(result.count), static_cast<long long>(info.seq_len));
+  } else if (rank == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld image%s)\n",
                 options.model.c_str(), weights.c_str(),
                 options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,

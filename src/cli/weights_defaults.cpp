@@ -66,7 +66,15 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
       }
       const auto colon = data->find(':');
       const std::string folder = colon == std::string::npos ? "" : data->substr(colon + 1);
-      if (!folder.empty() && path_kind(folder) != "a folder") {
+      if (kind == "text" || kind == "tokens") {
+        // A language model's text or token files: evaluated on their held-out part.
+        try {
+          data::check_spec_folder(*data);
+        } catch (const std::exception& e) {
+          throw Error(file + ": trained on --data " + printable(*data) + " (its metadata), which is not here (" +
+                      e.what() + "); give --data or --val-data");
+        }
+      } else if (!folder.empty() && path_kind(folder) != "a folder") {
         // An image folder's classes and statistics are in the metadata (and
         // checked): the evaluation folder stands in for a training folder
         // that is not on this machine.
@@ -79,6 +87,15 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
                       (images ? ", or --val-data imagefolder:DIR" : " (its statistics normalise the inputs)"));
         }
       }
+    }
+  }
+  if (const auto* seq_len = field("seq_len"); seq_len && metadata_model) {
+    const auto recorded = parse_int(*seq_len);
+    if (!recorded || *recorded < 1) throw bad("seq_len", *seq_len, "is not a number of tokens");
+    if (!flags.given("seq-len")) {
+      o.seq_len = *recorded;
+    } else if (o.seq_len != *recorded) {
+      warn_differs("seq-len", std::to_string(o.seq_len), *seq_len);
     }
   }
   if (const auto* augment = field("augment")) {

@@ -177,8 +177,8 @@ TEST(LanguageModelCliTest, MetricsAreTokenFigures) {
   EXPECT_NE(r.output.find("858880 parameters"), std::string::npos) << r.output;  // 826,112 + 256 x 128 positions
 }
 
-// tandem sample: the prompt, then --max-tokens bytes from the exported
-// model; the same seed the same text, greedy (--temperature 0) the same
+// tandem eval and tandem sample of an exported language model. Sample:
+// the prompt, then --max-tokens bytes from the model; the same seed the same text, greedy (--temperature 0) the same
 // whatever the seed; weights that are not a language model's, or a prompt
 // the model cannot take, are named.
 TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
@@ -192,6 +192,12 @@ TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
     EXPECT_EQ(s.exit_code, 0) << s.output;
     return s.output;
   };
+  // tandem eval of the same weights: the run's held-out loss again, from
+  // the metadata (model, data, --seq-len).
+  auto eval = run_tandem("eval --weights " + weights);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("nats/token"), std::string::npos) << eval.output;
+  EXPECT_NE(eval.output.find("windows of 16 tokens"), std::string::npos) << eval.output;
   const auto a = sample("--seed 1"), b = sample("--seed 1"), c = sample("--seed 2");
   EXPECT_EQ(a.rfind("The river", 0), 0u) << a;
   EXPECT_EQ(a.size(), std::string("The river").size() + 40 + 1) << a;  // the bytes and a newline
