@@ -112,7 +112,16 @@ int sample_command(const std::vector<std::string>& args) {
   const auto dtype = file.tensors.empty() ? torch::kFloat32 : file.tensors.front().second.scalar_type();
   model->to(device, dtype);
   engine::load_weights(file, f.weights, *model);
+  // The positions it was trained on: past --seq-len the position table's
+  // rows (or rotary angles) were never trained, so the sequence is cropped
+  // to the training length, as nanoGPT crops to its block size.
   f.sample.context = models::model_traits(*model_name).context_length;
+  if (const auto* trained = field(file, "seq_len")) {
+    const auto n = parse_int(*trained);
+    TANDEM_CHECK(n && *n > 0, f.weights, ": its metadata's seq_len '", printable(*trained),
+                 "' is not a number of tokens");
+    f.sample.context = std::min<int64_t>(f.sample.context, *n);
+  }
   auto prompt = torch::tensor(ids, torch::kInt64).unsqueeze(0).to(device);
   auto generated = models::generate(model, prompt, f.sample).cpu();
   const auto* out = generated.data_ptr<int64_t>();

@@ -337,6 +337,9 @@ void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags) {
   const auto names = models::model_names();
   if (std::find(names.begin(), names.end(), o.model) == names.end()) return;  // check_train_options names it
   if (engine::resolved_optimizer(o) != engine::Optimizer::kAdamW) return;
+  if (flags.given("momentum")) {
+    throw UsageError("--momentum is SGD's; the optimizer is adamw (--beta1 is its first-moment decay)");
+  }
   if (!flags.given("lr")) o.lr = engine::kAdamWLr;
   if (!flags.given("weight-decay")) o.weight_decay = engine::kAdamWWeightDecay;
 }

@@ -67,12 +67,17 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
       const auto colon = data->find(':');
       const std::string folder = colon == std::string::npos ? "" : data->substr(colon + 1);
       if (kind == "text" || kind == "tokens") {
-        // A language model's text or token files: evaluated on their held-out part.
+        // A language model's text or token files, evaluated on their held-out
+        // part; when they are not here, --val-data's tokens stand in (the
+        // vocabulary is the metadata's, and checked).
         try {
           data::check_spec_folder(*data);
         } catch (const std::exception& e) {
-          throw Error(file + ": trained on --data " + printable(*data) + " (its metadata), which is not here (" +
-                      e.what() + "); give --data or --val-data");
+          if (o.val_data.empty() || !data::is_token_spec(o.val_data)) {
+            throw Error(file + ": trained on --data " + printable(*data) + " (its metadata), which is not here (" +
+                        e.what() + "); give --data, or --val-data text:FILE or tokens:PATH to evaluate on");
+          }
+          o.data = o.val_data;
         }
       } else if (!folder.empty() && path_kind(folder) != "a folder") {
         // An image folder's classes and statistics are in the metadata (and
@@ -88,6 +93,11 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
         }
       }
     }
+  }
+  if (const auto* vocab = field("vocab_size"); vocab && metadata_model && !flags.given("vocab-size")) {
+    const auto recorded = parse_int(*vocab);
+    if (!recorded || *recorded < 1) throw bad("vocab_size", *vocab, "is not a vocabulary size");
+    o.vocab_size = *recorded;  // nanoGPT's .bin files need it; the others say theirs, checked against it
   }
   if (const auto* seq_len = field("seq_len"); seq_len && metadata_model) {
     const auto recorded = parse_int(*seq_len);

@@ -97,10 +97,9 @@ std::vector<std::string> token_spec_files(const std::string& kind, const std::st
 
 std::shared_ptr<const Dataset> open_token_eval(const std::string& kind, const std::string& path,
                                                const TokenOptions& o) {
-  if (kind == "text") return open_tokens(kind, path, o).test;
   const std::string spec = kind + ":" + path;
   TANDEM_CHECK_USAGE(o.seq_len > 0, "--seq-len: expected a positive number of tokens, got ", o.seq_len);
-  auto stream = std::make_shared<const TokenStream>(kind, token_files(spec, path), o.vocab_size);
+  auto stream = std::make_shared<const TokenStream>(kind, token_spec_files(kind, path), o.vocab_size);
   TANDEM_CHECK(stream->size() >= o.seq_len + 1, spec, ": ", stream->size(), " tokens, fewer than one window of --seq-len ",
                o.seq_len, " + 1");
   return std::make_shared<TokenDataset>(stream, 0, stream->size(), o.seq_len,

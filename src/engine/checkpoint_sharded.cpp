@@ -97,6 +97,8 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
     archive.save_to(zip);
     return load_archive(zip.str(), dir, model, optimizer, fingerprint);
   }
+  TANDEM_CHECK(!c.header.count("optimizer"), "cannot resume from ", dir, ": its optimizer state is ",
+               c.header.at("optimizer").toStringRef(), "'s, this run's SGD (--optimizer differs)");
   torch::optim::SGDOptions options(0.0);
   try {
     options.lr(c.header.at("lr").toDouble())

@@ -149,6 +149,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
   TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
   TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
+  internal::check_optimizer(o);  // an SGD flag with AdamW is named as such, before SGD's own checks
   TANDEM_CHECK_USAGE(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
   TANDEM_CHECK_USAGE(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
   TANDEM_CHECK_USAGE(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
@@ -167,7 +168,6 @@ void check_train_options(const TrainOptions& o) {
     }
   }
   internal::check_model_and_data(o);
-  internal::check_optimizer(o);
   TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
                      " applies to --model mobilenetv2 only, not ", o.model);
   TANDEM_CHECK_USAGE(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,

@@ -76,6 +76,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
         if (path) keep_shards_of(*whole, *sharded);
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+        drop_others_state(optimizer);
       }
     }
     for (const auto& line : damaged) {
@@ -165,6 +166,16 @@ void Trainer::save(RunState& run) {
     if (rank_ == 0) written = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
   }
   if (run.zero) run.zero->shard_state();
+  drop_others_state(optimizer);
+}
+
+// A pipeline over ranks: the other stages' optimizer state, gathered for a
+// checkpoint (or loaded from one), is theirs to keep; holding it here would
+// cost this rank the whole model's momentum or AdamW moments.
+void Trainer::drop_others_state(torch::optim::Optimizer& optimizer) const {
+  for (const auto& piece : others_pieces_) {
+    for (const auto& p : piece->parameters()) optimizer.state().erase(p.unsafeGetTensorImpl());
+  }
 }
 
 }  // namespace tandem::engine

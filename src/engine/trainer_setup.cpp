@@ -105,14 +105,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
       std::error_code ec;
       const bool folder = std::filesystem::is_directory(o.init_weights, ec);
       std::optional<SafetensorsFile> file;
-      if (!folder) file = read_safetensors(o.init_weights);
+      if (!(language && folder)) file = read_safetensors(o.init_weights);  // names what else it is
       if (language && (folder || has_hf_names(*file))) {
         TANDEM_CHECK_USAGE(except.empty(), "--init-weights-except applies to tandem's weights files, not to "
                            "transformers' ", o.init_weights);
         load_hf_weights(o.init_weights, model_, o.model, info.num_classes);
       } else {
-        TANDEM_CHECK(!folder, o.init_weights, " is a folder; expected a safetensors file (a folder is read as "
-                     "transformers' save_pretrained output, for a language model)");
         load_weights(*file, o.init_weights, except);
       }
     } catch (const Error& e) {

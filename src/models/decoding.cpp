@@ -39,7 +39,7 @@ struct Parts {
 
 Parts parts_of(Sequence& model) {
   Parts parts;
-  if (model->size() < 2) return parts;
+  if (model->size() < 3) return parts;  // an embedding, at least one layer, a head
   parts.embed = dynamic_cast<PositionedEmbedding*>(model->at(0).ptr().get());
   for (size_t i = 1; i + 1 < model->size(); ++i) {
     auto* layer = dynamic_cast<CachedLayer*>(model->at(i).ptr().get());
@@ -72,9 +72,14 @@ torch::Tensor generate(Sequence& model, const torch::Tensor& prompt, const Sampl
   TANDEM_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), "generation: temperature must be >= 0, got ",
                o.temperature);
   TANDEM_CHECK(o.top_k >= 0, "generation: top_k must be >= 0, got ", o.top_k);
-  TANDEM_CHECK(o.context >= 0 && (o.context == 0 || o.context >= 1), "generation: context must be >= 0");
+  TANDEM_CHECK(o.context >= 0, "generation: context must be >= 0, got ", o.context);
   torch::NoGradGuard no_grad;
-  const bool was_training = model->is_training();
+  // Eval mode for the generation, the caller's mode back however it ends.
+  struct Mode {
+    Sequence& model;
+    bool training;
+    ~Mode() { model->train(training); }
+  } mode{model, model->is_training()};
   model->eval();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   auto sequence = prompt;
@@ -107,7 +112,6 @@ torch::Tensor generate(Sequence& model, const torch::Tensor& prompt, const Sampl
       logits = step(model, parts, caches, next);
     }
   }
-  model->train(was_training);
   if (out.empty()) return torch::empty({prompt.size(0), 0}, prompt.options());
   return torch::cat(out, 1);
 }

@@ -282,6 +282,8 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
       {"--model gpt2-tiny --data " + text + " --seq-len 300", "gpt2-tiny takes sequences of at most 256 tokens"},
       {"--model gpt2-tiny --data " + text + " --augment cifar", "are for image models"},
       {"--model gpt2-tiny --data " + text + " --nesterov", "--nesterov is SGD's"},
+      {"--model gpt2-tiny --data " + text + " --momentum 0.5", "--momentum is SGD's"},
+      {"--model gpt2-tiny --data " + text + " --nesterov --momentum 0", "is SGD's; the optimizer is adamw"},
       {"--model convnet --beta2 0.9", "are AdamW's; the optimizer is sgd"},
       {"--model gpt2-tiny --data " + text + " --nproc-per-node 2 --strategy fsdp --optimizer sgd",
        "tied to its token embedding"},

@@ -118,8 +118,8 @@ struct TokenOptions {
 DataSplits open_tokens(const std::string& kind, const std::string& path, const TokenOptions& options);
 
 // Evaluation data of text:... or tokens:... given on its own (--val-data):
-// a text spec's held-out tail; every file a tokens spec names, validation
-// shards or not, as one stream.
+// every file the spec names, validation shards or not, as one stream (a
+// text file whole, not its tail).
 std::shared_ptr<const Dataset> open_token_eval(const std::string& kind, const std::string& path,
                                                const TokenOptions& options);
 

@@ -144,6 +144,9 @@ class Trainer {
   // --strategy pipeline over ranks: every stage's weights, buffers and
   // momentum onto every rank (a collective), before a checkpoint or an export.
   void gather_stages(torch::optim::Optimizer& optimizer);
+  // Forgets the optimizer state of other ranks' pipeline pieces (after a
+  // checkpoint gathered or loaded it).
+  void drop_others_state(torch::optim::Optimizer& optimizer) const;
   // FSDP x pipeline (Note [fsdp x pipeline checkpoints] in
   // trainer_stages.cpp): plain SGD over the whole model with `sharded`'s
   // options and, `with_momentum`, this stage's momentum gathered over its
