@@ -69,6 +69,9 @@ int sample_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (f.weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
+  if (flags.given("prompt") && flags.given("prompt-ids")) {
+    throw UsageError("give --prompt (text) or --prompt-ids (token ids), not both");
+  }
   const auto device = engine::parse_device(f.device);
   const auto file = engine::read_safetensors(f.weights);
   const auto* model_name = field(file, "model");

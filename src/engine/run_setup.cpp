@@ -53,16 +53,21 @@ data::DataSplits open_run_data(const TrainOptions& o) {
   if (!o.val_data.empty()) {
     // What the spec alone shows is refused before the data are read.
     if (!tokens) data::check_same_label_kind(o.data, splits.train->info(), o.val_data, "--val-data ");
+    TANDEM_CHECK_USAGE(!tokens || data::data_format(o.val_data) == data::data_format(o.data), "--val-data ",
+                       o.val_data, ": ", data::data_format(o.val_data), " data, but --data ", o.data, " is ",
+                       data::data_format(o.data), " data: the same numbers would name other tokens");
     splits.test = data::open_eval_data(o.val_data, data_options, &splits);
   }
   auto info = splits.train->info();
   auto test_info = splits.test ? splits.test->info() : info;
   if (tokens) {
-    // The model's vocabulary is the training data's: an evaluation token
-    // beyond it has no logit.
-    TANDEM_CHECK(test_info.num_classes <= info.num_classes, "--val-data ", o.val_data, ": tokens of a vocabulary of ",
-                 test_info.num_classes, ", but the model's is --data ", o.data, "'s ", info.num_classes,
-                 " (--vocab-size sets one for both)");
+    // The same kind of tokens: bytes are not token ids of a tokenizer, and
+    // token files of another vocabulary (llm.c's GPT-2 against LLaMA 3
+    // shards) number other tokens; scored by the model, either gave a
+    // loss that meant nothing, with exit 0.
+    TANDEM_CHECK(test_info.num_classes == info.num_classes, "--val-data ", o.val_data, ": tokens of a vocabulary of ",
+                 test_info.num_classes, ", but --data ", o.data, "'s are of ", info.num_classes,
+                 ": another tokenizer's tokens (--vocab-size sets one for both where the files do not say it)");
     return splits;
   }
   TANDEM_CHECK(info.channels == test_info.channels && info.height == test_info.height &&

@@ -106,6 +106,11 @@ void check_weights_metadata(const TrainOptions& o, const data::DataSplits& split
     TANDEM_CHECK(*model == o.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
                  o.model);
   }
+  if (const auto* kind = field("tokens")) {
+    TANDEM_CHECK(data::is_token_spec(o.data) && *kind == data::data_format(o.data), path, ": a model of ",
+                 printable(*kind), " data (its metadata), but --data ", o.data, " is ",
+                 data::data_format(o.data), " data: the same numbers name other tokens");
+  }
   if (const auto* vocab = field("vocab_size")) {
     TANDEM_CHECK(*vocab == std::to_string(info.num_classes), path, ": a model of a vocabulary of ", printable(*vocab),
                  " tokens (its metadata), but --data ", o.data, " has ", info.num_classes, " (--vocab-size sets it)");

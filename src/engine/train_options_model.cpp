@@ -52,7 +52,10 @@ void check_model_and_data(const TrainOptions& o) {
                      ": one folder for the job (rank 0 writes it)");
   TANDEM_CHECK_USAGE(o.seq_len >= 0, "--seq-len: expected a positive number of tokens (0: the model's context), got ",
                      o.seq_len);
-  TANDEM_CHECK_USAGE(o.vocab_size >= 0, "--vocab-size: expected a positive size (0: the data's), got ", o.vocab_size);
+  // 2^24: past every tokenizer's (LLaMA 3: 128,256); a larger one only
+  // made an embedding libtorch could not allocate, blamed on the batch.
+  TANDEM_CHECK_USAGE(o.vocab_size >= 0 && o.vocab_size <= (int64_t{1} << 24),
+                     "--vocab-size: expected a size from 1 to 16777216 (0: the data's), got ", o.vocab_size);
   if (language) {
     const auto context = models::model_traits(o.model).context_length;
     TANDEM_CHECK_USAGE(o.seq_len <= context, "--seq-len ", o.seq_len, ": ", o.model, " takes sequences of at most ",

@@ -209,6 +209,7 @@ TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
   EXPECT_EQ(ids.output.rfind("84 104 ", 0), 0u) << ids.output;
   EXPECT_TRUE(testing::tandem_fails("sample --weights " + weights + " --prompt-ids 84,300", 2, "--prompt-ids"));
   EXPECT_TRUE(testing::tandem_fails("sample --prompt x", 2, "--weights FILE is required"));
+  EXPECT_TRUE(testing::tandem_fails("sample --weights " + weights + " --prompt a --prompt-ids 1", 2, "not both"));
   // An image model's weights.
   testing::write_synthetic_idx(dir.path(), 64, 16);
   auto image = run_tandem("train --data idx:" + dir.path() + " --model mlp --max-steps 1 --progress off "
@@ -291,6 +292,9 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
        "--optimizer adamw does not work with --strategy fsdp yet"},
       {"--model gpt2-tiny --data tokens:" + dir.file("none*.bin"), "no file matches"},
       {"--model gpt2-tiny --data " + text + " --val-data fashion-mnist", "--val-data fashion-mnist: image data"},
+      {"--model gpt2-tiny --data " + text + " --val-data tokens:" + dir.file("text.txt") + " --vocab-size 65536",
+       "tokens data, but --data text:"},
+      {"--model gpt2-tiny --data " + text + " --vocab-size 99999999999", "--vocab-size: expected a size from 1"},
   };
   for (const auto& [flags, expected] : cases) {
     auto r = run_tandem("train " + flags + " --max-steps 1 --progress off");
