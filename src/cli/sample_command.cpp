@@ -126,27 +126,27 @@ int sample_command(const std::vector<std::string>& args) {
     f.sample.context = std::min<int64_t>(f.sample.context, *n);
   }
   auto prompt = torch::tensor(ids, torch::kInt64).unsqueeze(0).to(device);
-  auto generated = models::generate(model, prompt, f.sample).cpu();
-  const auto* out = generated.data_ptr<int64_t>();
-  if (text && f.prompt_ids.empty()) {
-    // Bytes as they are (a token past the 256 bytes, which a --vocab-size
-    // larger than text's allows, as U+FFFD).
-    std::string all = f.prompt;
-    for (int64_t i = 0; i < generated.size(1); ++i) {
-      if (out[i] < 256) {
-        all.push_back(static_cast<char>(out[i]));
-      } else {
-        all += "\xEF\xBF\xBD";
-      }
-    }
-    all.push_back('\n');
-    std::fwrite(all.data(), 1, all.size(), stdout);
+  // Printed as they come: the prompt, then each token as it is drawn.
+  const bool as_text = text && f.prompt_ids.empty();
+  if (as_text) {
+    std::fwrite(f.prompt.data(), 1, f.prompt.size(), stdout);
   } else {
-    std::string line;
-    for (auto id : ids) line += (line.empty() ? "" : " ") + std::to_string(id);
-    for (int64_t i = 0; i < generated.size(1); ++i) line += " " + std::to_string(out[i]);
-    std::printf("%s\n", line.c_str());
+    for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%lld", i ? " " : "", static_cast<long long>(ids[i]));
   }
+  std::fflush(stdout);
+  f.sample.on_token = [as_text](const torch::Tensor& next) {
+    const int64_t id = next.cpu().item<int64_t>();
+    if (!as_text) {
+      std::printf(" %lld", static_cast<long long>(id));
+    } else if (id < 256) {
+      std::fputc(static_cast<int>(id), stdout);  // bytes as they are
+    } else {
+      std::fputs("\xEF\xBF\xBD", stdout);  // past text's 256 (a larger --vocab-size): U+FFFD
+    }
+    std::fflush(stdout);
+  };
+  models::generate(model, prompt, f.sample);
+  std::fputc('\n', stdout);
   return 0;
 }
 

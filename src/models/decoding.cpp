@@ -86,7 +86,8 @@ torch::Tensor generate(Sequence& model, const torch::Tensor& prompt, const Sampl
   if (o.context > 0 && sequence.size(1) > o.context) sequence = sequence.narrow(1, sequence.size(1) - o.context, o.context);
   std::vector<KvCache> caches(parts.layers.size());
   auto logits = step(model, parts, caches, sequence);
-  std::vector<torch::Tensor> out;
+  // One tensor for the whole result, filled a column a step.
+  auto out = torch::empty({prompt.size(0), o.max_tokens}, prompt.options().device(logits.device()));
   for (int64_t n = 0; n < o.max_tokens; ++n) {
     torch::Tensor next;
     if (o.temperature == 0) {
@@ -100,7 +101,8 @@ torch::Tensor generate(Sequence& model, const torch::Tensor& prompt, const Sampl
       // Drawn on the CPU from the seeded generator: the same tokens on any device.
       next = torch::multinomial(torch::softmax(scaled, -1).cpu(), 1, false, generator).to(logits.device());
     }
-    out.push_back(next);
+    out.narrow(1, n, 1).copy_(next);
+    if (o.on_token) o.on_token(next);
     sequence = torch::cat({sequence, next}, 1);
     if (n + 1 == o.max_tokens) break;
     if (o.context > 0 && sequence.size(1) > o.context) {
@@ -112,8 +114,7 @@ torch::Tensor generate(Sequence& model, const torch::Tensor& prompt, const Sampl
       logits = step(model, parts, caches, next);
     }
   }
-  if (out.empty()) return torch::empty({prompt.size(0), 0}, prompt.options());
-  return torch::cat(out, 1);
+  return out;
 }
 
 }  // namespace tandem::models

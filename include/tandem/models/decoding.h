@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <torch/torch.h>
@@ -61,6 +62,9 @@ struct SampleOptions {
   int64_t top_k = 0;         // sample among the k most likely only (0: all)
   uint64_t seed = 0;         // the sampling generator's seed
   int64_t context = 0;       // the longest sequence the model takes (its positions); 0: no limit
+  // Called with each step's tokens ([B, 1], on the model's device) as they
+  // are drawn, so that a caller can print them as they come.
+  std::function<void(const torch::Tensor&)> on_token;
 };
 
 // Whether `model` is a Sequence of the parts above (gpt2(), llama()).
