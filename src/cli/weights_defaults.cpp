@@ -1,8 +1,10 @@
 #include "weights_defaults.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tandem/data/source.h"
+#include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/parse.h"
@@ -12,9 +14,20 @@ namespace tandem::cli {
 
 void check_given_flags(const engine::TrainOptions& options, const FlagSet& flags) {
   auto given = options;
+  // The flags given are checked as a run of the kind they imply; the
+  // metadata fills in the rest later.
+  const bool tokens_given = (flags.given("data") && data::is_token_spec(options.data)) ||
+                            (flags.given("val-data") && data::is_token_spec(options.val_data));
   if (!flags.given("model")) {
     if (flags.given("stem")) given.model = "resnet18";
     if (flags.given("width-mult")) given.model = "mobilenetv2";
+    if (flags.given("seq-len") || flags.given("vocab-size") || tokens_given) given.model = "gpt2-tiny";
+  }
+  const auto names = models::model_names();
+  const bool known = std::find(names.begin(), names.end(), given.model) != names.end();
+  if (!flags.given("data") && known && models::is_language_model(given.model)) {
+    // A stand-in of the kind --val-data is, or text (the spec is only parsed here).
+    given.data = flags.given("val-data") && data::is_token_spec(options.val_data) ? options.val_data : "text:-";
   }
   engine::check_train_options(given);
 }

@@ -198,6 +198,13 @@ TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   EXPECT_NE(eval.output.find("nats/token"), std::string::npos) << eval.output;
   EXPECT_NE(eval.output.find("windows of 16 tokens"), std::string::npos) << eval.output;
+  // Language-model flags given take the rest from the metadata too.
+  const std::vector<std::string> lm_flags{"--seq-len 16", "--model gpt2-tiny", "--val-data text:" + dir.file("text.txt")};
+  for (const auto& flags : lm_flags) {
+    auto r = run_tandem("eval --weights " + weights + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find("nats/token"), std::string::npos) << flags << "\n" << r.output;
+  }
   const auto a = sample("--seed 1"), b = sample("--seed 1"), c = sample("--seed 2");
   EXPECT_EQ(a.rfind("The river", 0), 0u) << a;
   EXPECT_EQ(a.size(), std::string("The river").size() + 40 + 1) << a;  // the bytes and a newline
