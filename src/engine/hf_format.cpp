@@ -1,6 +1,7 @@
 #include "tandem/engine/hf_format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -86,9 +87,7 @@ void load(const std::string& path, models::Sequence& model, const NameMap& hf_na
   for (auto& [to, from] : copies) to.copy_(from);
 }
 
-}  // namespace
-
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c) {
+json gpt2_json(const models::Gpt2Config& c) {
   json config = {{"architectures", {"GPT2LMHeadModel"}},
                  {"model_type", "gpt2"},
                  {"vocab_size", c.vocab_size},
@@ -110,10 +109,10 @@ void write_hf_folder(const std::string& dir, models::Sequence& model, const mode
   const json end = c.vocab_size > 50256 ? json(50256) : json(nullptr);
   config["bos_token_id"] = end;
   config["eos_token_id"] = end;
-  write_folder(dir, model, std::move(config), models::gpt2_hf_name);
+  return config;
 }
 
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c) {
+json llama_json(const models::LlamaConfig& c) {
   json rope = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
   if (c.rope_factor != 0) {
     rope = {{"rope_type", "llama3"},
@@ -140,14 +139,68 @@ void write_hf_folder(const std::string& dir, models::Sequence& model, const mode
                  {"mlp_bias", false},
                  {"initializer_range", 0.02},
                  {"tie_word_embeddings", c.tie_embeddings}};
-  write_folder(dir, model, std::move(config), models::llama_hf_name);
+  return config;
 }
 
-void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& /*config*/) {
+// Note [a folder's config.json]: tensors of the right shapes do not make
+// the right model: heads, key/value heads, rotary theta and the norms'
+// epsilon change the arithmetic and no shape. A config.json beside the
+// weights (transformers' save_pretrained writes one) is read, and each of
+// these settings it records must be the model's; one it lacks is
+// transformers' default, not checked.
+void check_config(const std::string& path, const json& expected, const std::vector<std::string>& keys) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path folder = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  const auto file = (folder / "config.json").string();
+  if (!fs::exists(file, ec)) return;
+  std::ifstream in(file);
+  const auto config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(config.is_object(), file, ": not a JSON object (transformers' config.json)");
+  auto same = [](const json& a, const json& b) {
+    if (a.is_number() && b.is_number()) {
+      const double x = a.get<double>(), y = b.get<double>();
+      return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
+    }
+    return a == b;
+  };
+  for (const auto& key : keys) {
+    json recorded;
+    if (config.contains(key)) {
+      recorded = config.at(key);
+    } else if (key == "rope_theta" && config.contains("rope_parameters") && config.at("rope_parameters").is_object() &&
+               config.at("rope_parameters").contains("rope_theta")) {
+      recorded = config.at("rope_parameters").at("rope_theta");
+    } else {
+      continue;
+    }
+    const json want = key == "rope_theta" ? expected.at("rope_parameters").at("rope_theta") : expected.at(key);
+    TANDEM_CHECK(same(recorded, want), file, ": ", key, " is ", recorded.dump(), ", the model's ", want.dump(),
+                 " (weights of another configuration)");
+  }
+}
+
+}  // namespace
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c) {
+  write_folder(dir, model, gpt2_json(c), models::gpt2_hf_name);
+}
+
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c) {
+  write_folder(dir, model, llama_json(c), models::llama_hf_name);
+}
+
+void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config) {
+  check_config(path, gpt2_json(config),
+               {"model_type", "n_embd", "n_layer", "n_head", "n_positions", "layer_norm_epsilon"});
   load(path, model, models::gpt2_hf_name, "transformer.", /*tied=*/true);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config) {
+  check_config(path, llama_json(config),
+               {"model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads",
+                "rms_norm_eps", "rope_theta", "tie_word_embeddings"});
   load(path, model, models::llama_hf_name, "model.", config.tie_embeddings);
 }
 

@@ -274,7 +274,19 @@ TEST(LanguageModelCliTest, TransformersFoldersGoInAndComeOut) {
   EXPECT_GT(difference(control.output), 1e-2) << control.output;
   EXPECT_LT(difference(control.output), 1e300) << control.output;
   EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("in") + " --model llama-tiny", 1,
-                                    "no tensor model.embed_tokens.weight"));
+                                    "model_type is \"gpt2\", the model's \"llama\""));
+  // Note [a folder's config.json]: 8 heads of 16 have the tensors of 4 of
+  // 32; the config says which, and is checked. A config that is not JSON
+  // is named.
+  std::filesystem::copy(dir.file("in"), dir.file("heads"));
+  std::string config = testing::read_text(dir.file("in") + "/config.json");
+  const auto at = config.find("\"n_head\": 4");
+  ASSERT_NE(at, std::string::npos) << config;
+  std::ofstream(dir.file("heads") + "/config.json") << config.replace(at, 11, "\"n_head\": 8");
+  EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("heads"), 1, "n_head is 8, the model's 4"));
+  std::ofstream(dir.file("heads") + "/config.json") << "{not json";
+  EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("heads") + "/model.safetensors", 1,
+                                    "not a JSON object"));
   EXPECT_TRUE(testing::tandem_fails("train --model convnet --export-hf " + dir.file("x"), 2,
                                     "--export-hf writes a language model"));
 }

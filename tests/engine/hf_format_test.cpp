@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "tandem/engine/hf_format.h"
@@ -148,6 +149,15 @@ TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
   wider.n_embd = 24;
   auto other = models::gpt2(wider);
   auto before = other->named_parameters()["embed.wte.weight"].clone();
+  // Its config.json says so first (Note [a folder's config.json]) ...
+  try {
+    load_hf_weights(dir.file("small"), other, wider);
+    FAIL() << "a model of another width loaded";
+  } catch (const tandem::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: n_embd is 12, the model's 24"), std::string::npos) << e.what();
+  }
+  // ... and without one, the tensors do.
+  std::filesystem::remove(dir.file("small") + "/config.json");
   try {
     load_hf_weights(dir.file("small"), other, wider);
     FAIL() << "a model of another width loaded";
