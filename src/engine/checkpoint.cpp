@@ -21,12 +21,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
 #include "tandem/engine/atomic_file.h"
 #include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
@@ -72,21 +72,11 @@ void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
     for (auto& p : group.params()) {
       auto found = state.find(p.unsafeGetTensorImpl());
       if (found == state.end()) continue;
-      // Each state tensor of the parameter's shape, on its device.
-      auto fit = [&p](const char* what, const torch::Tensor& t) {
-        TANDEM_CHECK(!t.defined() || t.sizes() == p.sizes(), "a ", what, " of ", t.sizes(), " for a parameter of ",
-                     p.sizes());
-        return t.defined() ? t.to(p.device()) : t;
-      };
-      if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
-        sgd->momentum_buffer(fit("momentum buffer", sgd->momentum_buffer()));
-      } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
-        adamw->exp_avg(fit("first moment (exp_avg)", adamw->exp_avg()));
-        adamw->exp_avg_sq(fit("second moment (exp_avg_sq)", adamw->exp_avg_sq()));
-        adamw->max_exp_avg_sq(fit("max_exp_avg_sq", adamw->max_exp_avg_sq()));
-      } else {
-        TANDEM_FAIL("the optimizer state is neither SGD's nor AdamW's");
-      }
+      // Each state tensor of the parameter's shape, on its device
+      // (set_parameter_state checks and moves them: optim/state_tensors.h).
+      std::map<std::string, torch::Tensor> named;
+      for (auto& [name, t] : optim::parameter_state(optimizer, p)) named[name] = t;
+      if (!named.empty()) optim::set_parameter_state(optimizer, p, named);
     }
   }
 }

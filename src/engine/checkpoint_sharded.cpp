@@ -29,12 +29,11 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kSgdKeys = {"lr",  "momentum", "dampening", "weight_decay", "nesterov",
                                            "optimizer", "beta1", "beta2", "eps", "amsgrad"};
 
-// AdamW over the model's parameters in the run's groups (optim::decay_groups
-// of its options), its state from the checkpoint's "optimizer.<name>.<slot>"
-// tensors, saved into `archive` as the run's optimizer would save it.
-void write_adamw(const torch::nn::Module& model, const torch::optim::AdamWOptions& options,
-                 const std::map<std::string, torch::Tensor>& tensors, torch::serialize::OutputArchive& archive) {
-  optim::AdamW whole(optim::decay_groups(model.named_parameters(), options), options);
+// `whole` (the run's optimizer over the whole model) given the state of the
+// checkpoint's "optimizer.<name>.<slot>" tensors (optim/state_tensors.h),
+// saved into `archive` as the run's optimizer would save it.
+void write_optimizer(torch::optim::Optimizer& whole, const torch::nn::Module& model,
+                     const std::map<std::string, torch::Tensor>& tensors, torch::serialize::OutputArchive& archive) {
   for (const auto& named : model.named_parameters()) {
     std::map<std::string, torch::Tensor> state;
     for (const auto& slot : optim::state_slots(whole, named.value())) {
@@ -86,41 +85,30 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   write_module(model, "", tensors, model_archive);
   if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&optimizer.defaults())) {
-    // Its options are the run's (the fingerprint holds them).
+    // Its options are the run's (the fingerprint holds them), in its groups.
     TANDEM_CHECK(c.header.count("optimizer") && c.header.at("optimizer").toStringRef() == "adamw",
                  "cannot resume from ", dir, ": its optimizer state is not AdamW's (--optimizer differs)");
-    write_adamw(model, *adamw, tensors, optimizer_archive);
-    archive.write("model", model_archive);
-    archive.write("optimizer", optimizer_archive);
-    archive.write("cpu_rng", c.cpu_rng, /*is_buffer=*/true);
-    std::ostringstream zip;
-    archive.save_to(zip);
-    return load_archive(zip.str(), dir, model, optimizer, fingerprint);
+    optim::AdamW whole(optim::decay_groups(model.named_parameters(), *adamw), *adamw);
+    write_optimizer(whole, model, tensors, optimizer_archive);
+  } else {
+    TANDEM_CHECK(!c.header.count("optimizer"), "cannot resume from ", dir, ": its optimizer state is ",
+                 c.header.at("optimizer").toStringRef(), "'s, this run's SGD (--optimizer differs)");
+    torch::optim::SGDOptions options(0.0);
+    try {
+      options.lr(c.header.at("lr").toDouble())
+          .momentum(c.header.at("momentum").toDouble())
+          .dampening(c.header.at("dampening").toDouble())
+          .weight_decay(c.header.at("weight_decay").toDouble())
+          .nesterov(c.header.at("nesterov").toBool());
+    } catch (const std::exception&) {
+      TANDEM_FAIL("cannot resume from ", dir, ": not a readable tandem checkpoint (", sharded::rank_file(0),
+                  " holds no SGD options)");
+    }
+    std::vector<torch::Tensor> parameters;
+    for (const auto& named : model.named_parameters()) parameters.push_back(named.value());
+    torch::optim::SGD whole(parameters, options);
+    write_optimizer(whole, model, tensors, optimizer_archive);
   }
-  TANDEM_CHECK(!c.header.count("optimizer"), "cannot resume from ", dir, ": its optimizer state is ",
-               c.header.at("optimizer").toStringRef(), "'s, this run's SGD (--optimizer differs)");
-  torch::optim::SGDOptions options(0.0);
-  try {
-    options.lr(c.header.at("lr").toDouble())
-        .momentum(c.header.at("momentum").toDouble())
-        .dampening(c.header.at("dampening").toDouble())
-        .weight_decay(c.header.at("weight_decay").toDouble())
-        .nesterov(c.header.at("nesterov").toBool());
-  } catch (const std::exception&) {
-    TANDEM_FAIL("cannot resume from ", dir, ": not a readable tandem checkpoint (", sharded::rank_file(0),
-                " holds no SGD options)");
-  }
-  std::vector<torch::Tensor> parameters;
-  for (const auto& named : model.named_parameters()) parameters.push_back(named.value());
-  torch::optim::SGD whole(parameters, options);
-  for (const auto& named : model.named_parameters()) {
-    auto found = tensors.find("optimizer." + named.key() + ".momentum_buffer");
-    if (found == tensors.end()) continue;
-    auto state = std::make_unique<torch::optim::SGDParamState>();
-    state->momentum_buffer(found->second);
-    whole.state()[named.value().unsafeGetTensorImpl()] = std::move(state);
-  }
-  whole.save(optimizer_archive);
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
   archive.write("cpu_rng", c.cpu_rng, /*is_buffer=*/true);
