@@ -53,7 +53,7 @@
 #include "tandem/parallel/ddp.h"
 #include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/fsdp_plan.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/parallel/model_parallel.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/parallel/pipeline_schedule.h"

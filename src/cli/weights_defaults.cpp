@@ -159,6 +159,11 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
     engine::check_train_options(o);
     data::data_format(o.data);
   } catch (const UsageError& e) {
+    // Data given on the command line that the weights cannot take is the
+    // command line's mistake (exit 2); otherwise the file is wrong.
+    if (flags.given("data") || flags.given("val-data")) {
+      throw UsageError("--data " + o.data + " does not fit " + file + ": " + e.what());
+    }
     throw Error(file + ": its metadata describes a run tandem cannot evaluate: " + e.what());
   }
   FromWeights from;

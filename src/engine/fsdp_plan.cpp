@@ -7,7 +7,7 @@
 #include "tandem/dist/collectives.h"
 #include "tandem/models/registry.h"
 #include "tandem/parallel/fsdp.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/table.h"
 
 namespace tandem::engine::internal {
@@ -70,8 +70,11 @@ class FsdpPlan : public DataPlan {
     return named;
   }
   bool sharded() const override { return true; }
-  std::unique_ptr<optim::Sgd> make_optimizer(const torch::optim::SGDOptions& options) override {
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::SGDOptions& options) override {
     return std::make_unique<parallel::FsdpSgd>(*fsdp_, options);
+  }
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::AdamWOptions& options) override {
+    return std::make_unique<parallel::FsdpAdamW>(*fsdp_, options);  // Note [fsdp weight decay]
   }
   Held whole_model(bool write_back) override {
     if (fsdp_->detached()) return nullptr;

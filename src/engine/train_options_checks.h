@@ -11,7 +11,7 @@ namespace tandem::engine::internal {
 void check_model_and_data(const TrainOptions& o);
 
 // The optimizer's own flags (--nesterov, --beta1, ...) with it alone, and
-// AdamW kept from FSDP, whose sharded state is SGD's so far.
+// AdamW kept from --cuda-graph, which captures SGD's step only.
 void check_optimizer(const TrainOptions& o);
 
 }  // namespace tandem::engine::internal

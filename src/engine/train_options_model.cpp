@@ -72,17 +72,17 @@ void check_optimizer(const TrainOptions& o) {
     TANDEM_CHECK_USAGE(o.beta2 >= 0 && o.beta2 < 1, "--beta2: expected [0, 1), got ", o.beta2);
     TANDEM_CHECK_USAGE(o.adam_eps > 0 && std::isfinite(o.adam_eps), "--adam-eps: expected a positive number, got ",
                        o.adam_eps);
-    // The sharded forms keep SGD's momentum only, so far.
-    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--optimizer adamw does not work with --strategy fsdp yet "
-                       "(its sharded optimizer state is SGD's momentum); use --strategy ddp (--shard-optimizer shards "
-                       "AdamW's state: ZeRO-1), or --optimizer sgd");
     TANDEM_CHECK_USAGE(!o.cuda_graph, "--cuda-graph captures SGD's step only; it does not work with --optimizer adamw");
   } else {
     TANDEM_CHECK_USAGE(o.beta1 == defaults.beta1 && o.beta2 == defaults.beta2 && o.adam_eps == defaults.adam_eps,
                        "--beta1, --beta2 and --adam-eps are AdamW's; the optimizer is sgd (--optimizer adamw)");
   }
-  TANDEM_CHECK_USAGE(o.peak_tflops >= 0 && std::isfinite(o.peak_tflops),
-                     "--peak-tflops: expected a positive number (0: the device's known peak), got ", o.peak_tflops);
+  // A device's peak is between a slow CPU's (a GFLOPS) and the largest
+  // accelerator's (thousands of TFLOPS); outside that it is a typo, and the
+  // MFU it gives would mean nothing.
+  TANDEM_CHECK_USAGE(o.peak_tflops == 0 || (o.peak_tflops >= 1e-3 && o.peak_tflops <= 1e5),
+                     "--peak-tflops: expected a device's peak TFLOPS from 0.001 to 100000 (0: the device's known "
+                     "peak), got ", o.peak_tflops);
 }
 
 }  // namespace internal

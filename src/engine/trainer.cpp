@@ -55,25 +55,30 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   // own ranks.
   std::vector<torch::Tensor> elsewhere;
   for (const auto& piece : others_pieces_) {
-    for (const auto& p : piece->parameters()) elsewhere.push_back(p);
+    for (const auto& p : piece->parameters()) {
+      const bool borrowed = tied_ && tied_->borrows(p);
+      if (!borrowed) elsewhere.push_back(p);  // Note [tied weights across stages]: the copy is stepped here
+    }
   }
   if (resolved_optimizer(o) == Optimizer::kAdamW) {
-    // nanoGPT's groups: matrices and embeddings decayed, vectors not
-    // (check_train_options keeps AdamW from FSDP, so far).
+    // nanoGPT's groups: matrices and embeddings decayed, vectors not.
     const auto adamw_options = torch::optim::AdamWOptions(o.lr)
                                    .betas({o.beta1, o.beta2})
                                    .eps(o.adam_eps)
                                    .weight_decay(o.weight_decay);
-    auto groups = optim::decay_groups(model_->named_parameters(), adamw_options);
-    if (o.shard_optimizer) {
+    if ((run->optimizer = plan_->make_optimizer(adamw_options))) {
+      run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
+    } else if (o.shard_optimizer) {
+      auto groups = optim::decay_groups(model_->named_parameters(), adamw_options);
       auto sharded = std::make_unique<optim::ZeroAdamW>(std::move(groups), adamw_options, group_, elsewhere);
       run->zero = sharded.get();
       run->optimizer = std::move(sharded);
     } else {
-      run->optimizer = std::make_unique<optim::AdamW>(std::move(groups), adamw_options);
+      run->optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), adamw_options),
+                                                      adamw_options);
     }
   } else if ((run->optimizer = plan_->make_optimizer(sgd_options))) {
-    run->fsdp_sgd = dynamic_cast<parallel::FsdpSgd*>(run->optimizer.get());  // its checkpoints gather the shards
+    run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
   } else if (o.shard_optimizer) {
     auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_, elsewhere);
     run->zero = sharded.get();

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
 #include "tandem/util/table.h"
@@ -67,13 +67,13 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
     std::optional<std::string> path;
     {
       // FSDP: the whole model is loaded on every rank, then each keeps its
-      // shards (write-back); the optimizer keeps its slices (FsdpSgd::load).
+      // shards (write-back); the optimizer keeps its slices (FsdpState::load).
       Held full = plan_->whole_model(/*write_back=*/true);
-      auto* sharded = mesh_ ? dynamic_cast<parallel::FsdpSgd*>(&optimizer) : nullptr;
+      const bool sharded = mesh_ && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
       if (sharded) {  // Note [fsdp x pipeline checkpoints]
-        auto whole = whole_model_sgd(*sharded, /*with_momentum=*/false);
+        auto whole = whole_model_optimizer(optimizer, /*with_state=*/false);
         path = checkpointer->load_newest_good(position, *model_, *whole, fingerprint(), &damaged);
-        if (path) keep_shards_of(*whole, *sharded);
+        if (path) keep_shards_of(*whole, optimizer);
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
         drop_others_state(optimizer);
@@ -149,9 +149,9 @@ void Trainer::save(RunState& run) {
                                          weights_metadata(), job_group_.get(), device_);
     return;
   }
-  if (mesh_ && run.fsdp_sgd) {  // Note [fsdp x pipeline checkpoints]
-    auto whole = whole_model_sgd(*run.fsdp_sgd, /*with_momentum=*/true);
-    Held full = plan_->whole_model(/*write_back=*/false);
+  if (mesh_ && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]
+    Held full = plan_->whole_model(/*write_back=*/false);  // the shapes, for AdamW's groups
+    auto whole = whole_model_optimizer(optimizer, /*with_state=*/true);
     gather_stages(*whole);
     if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
     return;
@@ -160,7 +160,7 @@ void Trainer::save(RunState& run) {
   // sharded momentum before rank 0 writes it (a collective).
   if (run.zero) run.zero->consolidate_state();
   gather_stages(optimizer);  // a pipeline over ranks: every stage's weights and momentum
-  if (run.fsdp_sgd) run.fsdp_sgd->consolidate_state();
+  if (run.fsdp_state) run.fsdp_state->consolidate_state();
   {
     Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
     if (rank_ == 0) written = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
@@ -174,7 +174,10 @@ void Trainer::save(RunState& run) {
 // cost this rank the whole model's momentum or AdamW moments.
 void Trainer::drop_others_state(torch::optim::Optimizer& optimizer) const {
   for (const auto& piece : others_pieces_) {
-    for (const auto& p : piece->parameters()) optimizer.state().erase(p.unsafeGetTensorImpl());
+    for (const auto& p : piece->parameters()) {
+      const bool borrowed = tied_ && tied_->borrows(p);
+      if (!borrowed) optimizer.state().erase(p.unsafeGetTensorImpl());  // Note [tied weights across stages]
+    }
   }
 }
 

@@ -16,7 +16,7 @@
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/sgd.h"
 #include "tandem/optim/zero.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/progress.h"
 #include "tandem/util/stopwatch.h"
 
@@ -29,7 +29,7 @@ struct Trainer::RunState {
   int64_t steps_per_epoch = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // optim::Sgd or optim::AdamW (--optimizer)
   optim::ShardedState* zero = nullptr;    // --shard-optimizer: the optimizer, sharded
-  parallel::FsdpSgd* fsdp_sgd = nullptr;  // FSDP: the optimizer, over the shards
+  parallel::FsdpState* fsdp_state = nullptr;  // FSDP: the optimizer, over the shards
   std::unique_ptr<optim::CosineSchedule> schedule;
   std::string export_path;  // --export-weights, "{rank}" resolved
   Resumption start;         // the checkpoints, and the position the run goes on from

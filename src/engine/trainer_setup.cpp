@@ -183,25 +183,27 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
 
 // Note [tied embedding] (models/gpt2.h): the head reads the embedding's
 // tensor. That holds within one process and device (one replica, DDP's,
-// DataParallel's copies); FSDP's units and pipeline stages on other ranks
-// or devices would each hold their own copy, trained apart. Refused until
-// the tie is carried across them (Megatron's shared embedding).
+// DataParallel's copies), within FSDP (Note [fsdp tied weights]) and over
+// a pipeline's ranks (Note [tied weights across stages]). Not yet carried:
+// a pipeline over several devices of one process, and FSDP over a stage
+// whose head reads another stage's embedding.
 void Trainer::check_tied_weights(bool pipeline) const {
   const auto& o = options_;
-  if (model_->ties().empty()) return;
-  TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--strategy fsdp: ", o.model, "'s output layer is tied to its "
-                     "token embedding, which FSDP's units would shard apart; not supported yet (use --strategy ddp, "
-                     "or llama-tiny, whose head is its own)");
-  if (!pipeline) return;
-  bool one_device = stages_ == nullptr;
-  if (one_device) {
-    const auto devices = parallel::parse_devices(o.devices);
-    for (const auto& d : devices) one_device = one_device && d == devices.front();
+  if (model_->ties().empty() || !pipeline) return;
+  if (stages_) {
+    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--mesh with --strategy fsdp: ", o.model, "'s output layer is "
+                       "tied to its token embedding on another pipeline stage, and FSDP over a stage does not carry "
+                       "the tie yet; use --strategy ddp (with --shard-optimizer for ZeRO-1), or a model with an "
+                       "untied head such as llama-tiny");
+    return;
   }
+  bool one_device = true;
+  const auto devices = parallel::parse_devices(o.devices);
+  for (const auto& d : devices) one_device = one_device && d == devices.front();
   TANDEM_CHECK_USAGE(one_device, "pipeline: ", o.model, "'s output layer is tied to its token embedding, and its "
-                     "first and last stages would run on ", stages_ ? "other ranks" : "other devices",
-                     ", each with its own copy; not supported yet (a pipeline over --devices of one device, or a "
-                     "model with an untied head such as llama-tiny)");
+                     "first and last stages would run on other devices, each with its own copy; not supported yet "
+                     "(a pipeline over --devices of one device, a pipeline over ranks, or a model with an untied "
+                     "head such as llama-tiny)");
 }
 
 // --strategy pipeline: cut the model into one stage per device (or
@@ -290,6 +292,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
   own_pieces_ = mine;
+  if ((tied_ = TiedStages::make(cut, stages_, group_, device_))) say("tied weight: " + tied_->describe());
   stage_plan_ = make_rank_pipeline_plan(model_, mine, device_, stages_, pipeline_options, step_settings());
 }
 

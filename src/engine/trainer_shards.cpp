@@ -50,13 +50,6 @@ StatePiece whole(const Named& named, const torch::Tensor& t) {
   return {named.name, named.order, t.sizes().vec(), packed_strides(t.sizes()), 0, data};
 }
 
-torch::Tensor momentum_of(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
-  auto state = optim::parameter_state(optimizer, p);
-  TANDEM_CHECK(state.empty() || state.front().first == "momentum_buffer",
-               "sharded checkpoint: FSDP's optimizer state is SGD's");
-  return state.empty() ? torch::Tensor() : state.front().second;
-}
-
 }  // namespace
 
 std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
@@ -70,8 +63,6 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
     parameter_names[p.value().unsafeGetTensorImpl()] = {"optimizer." + p.key() + ".", order};
     order += optim::kMaxStateSlots;
   }
-  NameOf momentum_names;  // FSDP's (SGD's)
-  for (const auto& [impl, named] : parameter_names) momentum_names[impl] = {named.name + "momentum_buffer", named.order};
   auto name_of = [](const NameOf& map, const torch::Tensor& t) -> const Named& {
     auto found = map.find(t.unsafeGetTensorImpl());
     TANDEM_CHECK(found != map.end(), "sharded checkpoint: a tensor that is not the model's");
@@ -91,19 +82,29 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
       for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));
     }
   }
-  if (auto* fsdp = plan_->fully_sharded()) {  // every rank its shards' spans of the parameters, and of their momentum
+  if (auto* fsdp = plan_->fully_sharded()) {
+    // Every rank its shards' spans of the parameters and of their state
+    // (Note [fsdp optimizer state]); AdamW's step, the same in every shard,
+    // by the rank whose span starts the parameter.
     const auto spans = fsdp->shard_spans();
     const auto& shards = fsdp->parameters();
     for (size_t i = 0; i < spans.size(); ++i) {
-      const auto momentum = momentum_of(optimizer, shards[i]);
+      const auto state = optim::parameter_state(optimizer, shards[i]);
       for (const auto& span : spans[i]) {
         const auto& p = fsdp->model_parameters()[span.parameter];
         pieces.push_back({name_of(names, p).name, name_of(names, p).order, span.shape, span.strides, span.offset,
                           shards[i].detach().narrow(0, span.shard_offset, span.numel)});
-        if (!momentum.defined()) continue;
-        const auto& m = name_of(momentum_names, p);
-        pieces.push_back({m.name, m.order, span.shape, span.strides, span.offset,
-                          momentum.narrow(0, span.shard_offset, span.numel)});
+        const auto& base = name_of(parameter_names, p);
+        for (size_t slot = 0; slot < state.size(); ++slot) {
+          const auto& [key, t] = state[slot];
+          const Named named{base.name + key, base.order + static_cast<int64_t>(slot)};
+          if (t.dim() == 0) {
+            if (span.offset == 0) pieces.push_back(whole(named, t));
+            continue;
+          }
+          pieces.push_back({named.name, named.order, span.shape, span.strides, span.offset,
+                            t.narrow(0, span.shard_offset, span.numel)});
+        }
       }
     }
     return pieces;

@@ -1,6 +1,7 @@
 // A pipeline's stages gathered onto every rank, for checkpoints and
 // exports (Trainer::gather_stages), and, under FSDP x pipeline, the whole
-// model's SGD state that its checkpoints hold (Trainer::whole_model_sgd).
+// model's optimizer state that its checkpoints hold
+// (Trainer::whole_model_optimizer).
 #include "tandem/engine/trainer.h"
 
 #include <functional>
@@ -8,7 +9,7 @@
 #include <unordered_set>
 
 #include "tandem/optim/state_tensors.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -103,41 +104,49 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   }
 }
 
-// Note [fsdp x pipeline checkpoints]: a checkpoint holds plain SGD's
-// state over the whole model, whatever the layout, so that any other
-// layout resumes it. Under FSDP x pipeline no rank's optimizer is that:
-// FsdpSgd steps this rank's shards of its own stage. So the state goes
-// through a plain Sgd over model_->parameters(): on save, this stage's
-// momentum gathered over its dp ranks (FsdpSgd::consolidate_state) is put
-// in it, then the other stages' arrive with gather_stages; on resume, the
-// checkpoint loads into it and this rank keeps its shards' slices
-// (FsdpSgd::load_full_momentum). Collectives: every rank calls both.
-std::unique_ptr<optim::Sgd> Trainer::whole_model_sgd(parallel::FsdpSgd& sharded, bool with_momentum) {
-  auto whole = std::make_unique<optim::Sgd>(model_->parameters(),
-                                            static_cast<const torch::optim::SGDOptions&>(sharded.defaults()));
-  whole->param_groups()[0].set_options(sharded.param_groups()[0].options().clone());
-  if (!with_momentum) return whole;
-  sharded.consolidate_state();  // over the dp ranks
+// Note [fsdp x pipeline checkpoints]: a checkpoint holds the plain
+// optimizer's state over the whole model, whatever the layout, so that any
+// other layout resumes it. Under FSDP x pipeline no rank's optimizer is
+// that: FsdpSgd or FsdpAdamW steps this rank's shards of its own stage. So
+// the state goes through the plain optimizer over model_->parameters(): on
+// save, this stage's state gathered over its dp ranks (consolidate_state)
+// is put in it, then the other stages' arrive with gather_stages; on
+// resume, the checkpoint loads into it and this rank keeps its shards'
+// slices (load_full_state). Collectives: every rank calls both.
+std::unique_ptr<torch::optim::Optimizer> Trainer::whole_model_optimizer(torch::optim::Optimizer& sharded,
+                                                                        bool with_state) {
+  std::unique_ptr<torch::optim::Optimizer> whole;
+  const auto& options = sharded.param_groups()[0].options();
+  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    whole = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), *adamw), *adamw);
+  } else {
+    whole = std::make_unique<optim::Sgd>(model_->parameters(),
+                                         static_cast<const torch::optim::SGDOptions&>(sharded.defaults()));
+    whole->param_groups()[0].set_options(options.clone());
+  }
+  if (!with_state) return whole;
+  auto& state = dynamic_cast<parallel::FsdpState&>(sharded);
+  state.consolidate_state();  // over the dp ranks
   const auto& params = plan_->fully_sharded()->model_parameters();
-  const auto& momentum = sharded.full_momentum();
-  for (size_t i = 0; i < momentum.size(); ++i) {
-    auto state = std::make_unique<torch::optim::SGDParamState>();
-    state->momentum_buffer(momentum[i]);
-    whole->state()[params[i].unsafeGetTensorImpl()] = std::move(state);
+  const auto& full = state.full_state();
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (full[i].empty()) continue;
+    optim::set_parameter_state(*whole, params[i], std::map<std::string, torch::Tensor>(full[i].begin(), full[i].end()));
   }
   return whole;
 }
 
-void Trainer::keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded) {
-  sharded.param_groups()[0].set_options(whole.param_groups()[0].options().clone());
-  std::vector<torch::Tensor> momentum;
-  const auto& state = whole.state();
-  for (const auto& p : plan_->fully_sharded()->model_parameters()) {
-    auto found = state.find(p.unsafeGetTensorImpl());
-    if (found == state.end()) continue;
-    momentum.push_back(static_cast<const torch::optim::SGDParamState&>(*found->second).momentum_buffer());
+void Trainer::keep_shards_of(const torch::optim::Optimizer& whole, torch::optim::Optimizer& sharded) {
+  // The options of the step it was written at; the weight decay stays this
+  // run's (Note [fsdp weight decay]: FsdpAdamW's one group holds it).
+  auto options = whole.param_groups()[0].options().clone();
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) {
+    adamw->weight_decay(static_cast<const torch::optim::AdamWOptions&>(sharded.param_groups()[0].options()).weight_decay());
   }
-  sharded.load_full_momentum(momentum);
+  sharded.param_groups()[0].set_options(std::move(options));
+  std::vector<parallel::NamedState> state;
+  for (const auto& p : plan_->fully_sharded()->model_parameters()) state.push_back(optim::parameter_state(whole, p));
+  dynamic_cast<parallel::FsdpState&>(sharded).load_full_state(state);
 }
 
 }  // namespace tandem::engine

@@ -31,6 +31,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   {
     RECORD_USER_SCOPE("tandem::reduce");
     plan_->after_backward();  // the gradients averaged over the dp ranks
+    if (tied_) tied_->reduce_gradients();  // Note [tied weights across stages]
   }
   {
     RECORD_USER_SCOPE("tandem::optimizer");
@@ -39,7 +40,16 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       // The norm is summed over the ranks that hold disjoint pieces: the dp
       // ranks' shards, a pipeline's stages, or under a mesh both (the job).
       dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
-      optim::clip_grad_norm(plan_->parameters(), options_.clip_grad_norm, holders);
+      // A tied weight's copy is clipped with the rest but counted on its
+      // owner's stage only (Note [tied weights across stages]).
+      auto counted = plan_->parameters();
+      std::vector<torch::Tensor> copies;
+      if (tied_) {
+        counted.erase(std::remove_if(counted.begin(), counted.end(), [&](const auto& p) { return tied_->borrows(p); }),
+                      counted.end());
+        copies = tied_->borrowed();
+      }
+      optim::clip_grad_norm(counted, options_.clip_grad_norm, holders, copies);
     }
     if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
       if (!scaler_->step(optimizer)) ++counters.skipped_steps;

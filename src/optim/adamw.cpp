@@ -145,11 +145,23 @@ torch::Tensor AdamW::step(LossClosure closure) {
 
 std::vector<torch::optim::OptimizerParamGroup> decay_groups(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const torch::optim::AdamWOptions& options) {
-  std::vector<torch::Tensor> decayed, plain;
+  std::vector<torch::Tensor> params;
+  std::vector<std::vector<int64_t>> shapes;
   for (const auto& item : named_parameters) {
     if (!item.value().requires_grad()) continue;
-    (item.value().dim() >= 2 ? decayed : plain).push_back(item.value());
+    params.push_back(item.value());
+    shapes.push_back(item.value().sizes().vec());
   }
+  return decay_groups(params, shapes, options);
+}
+
+std::vector<torch::optim::OptimizerParamGroup> decay_groups(const std::vector<torch::Tensor>& params,
+                                                            const std::vector<std::vector<int64_t>>& shapes,
+                                                            const torch::optim::AdamWOptions& options) {
+  TANDEM_CHECK(params.size() == shapes.size(), "decay_groups: ", params.size(), " parameters, ", shapes.size(),
+               " shapes");
+  std::vector<torch::Tensor> decayed, plain;
+  for (size_t i = 0; i < params.size(); ++i) (shapes[i].size() >= 2 ? decayed : plain).push_back(params[i]);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) {
     groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(options));

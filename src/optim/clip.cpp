@@ -12,7 +12,7 @@
 namespace tandem::optim {
 
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
-                             dist::ProcessGroup* sharded_over) {
+                             dist::ProcessGroup* sharded_over, const std::vector<torch::Tensor>& also_scaled) {
   TANDEM_CHECK(std::isfinite(max_norm) && max_norm > 0,
                "clip_grad_norm: expected a positive finite max_norm, got ", max_norm);
   // Gradients of one device and dtype: one foreach call each.
@@ -54,9 +54,11 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
     sharded_over->all_reduce(squares).wait();
     total = squares.reshape({}).sqrt();
   }
-  if (groups.empty()) return total;
   auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (auto& g : groups) at::_foreach_mul_(g.grads, coefficient.to(g.device));
+  for (const auto& p : also_scaled) {
+    if (p.grad().defined()) p.grad().mul_(coefficient.to(p.grad().device()));
+  }
   return total;
 }
 

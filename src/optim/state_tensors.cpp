@@ -24,7 +24,12 @@ bool amsgrad(const torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 std::vector<StateSlot> state_slots(const torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
-  const auto shape = p.sizes().vec();
+  return state_slots(optimizer, p, p.sizes());
+}
+
+std::vector<StateSlot> state_slots(const torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                                   c10::IntArrayRef sizes) {
+  const auto shape = sizes.vec();
   if (is_sgd(optimizer)) return {{"momentum_buffer", shape, p.scalar_type()}};
   TANDEM_CHECK(is_adamw(optimizer), "optimizer state: only SGD's and AdamW's are known");
   std::vector<StateSlot> slots{{"step", {}, torch::kInt64},
@@ -53,14 +58,19 @@ std::vector<std::pair<std::string, torch::Tensor>> parameter_state(const torch::
 
 void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
                          const std::map<std::string, torch::Tensor>& named) {
+  set_parameter_state(optimizer, p, named, p.sizes());
+}
+
+void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                         const std::map<std::string, torch::Tensor>& named, c10::IntArrayRef shape) {
   auto get = [&](const StateSlot& slot) {
     auto it = named.find(slot.name);
-    TANDEM_CHECK(it != named.end(), "optimizer state: no ", slot.name, " for a parameter of ", p.sizes());
+    TANDEM_CHECK(it != named.end(), "optimizer state: no ", slot.name, " for a parameter of ", shape);
     TANDEM_CHECK(it->second.sizes().vec() == slot.shape, "optimizer state: a ", slot.name, " of ",
-                 it->second.sizes(), " for a parameter of ", p.sizes());
+                 it->second.sizes(), " for a parameter of ", shape);
     return it->second;
   };
-  const auto slots = state_slots(optimizer, p);
+  const auto slots = state_slots(optimizer, p, shape);
   auto* key = p.unsafeGetTensorImpl();
   if (is_sgd(optimizer)) {
     auto state = std::make_unique<torch::optim::SGDParamState>();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <unordered_set>
 
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function.h>
@@ -120,6 +121,22 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
       }
     }
   }
+  // Note [fsdp tied weights]: the parameters some layer reads besides its owner.
+  std::unordered_set<const c10::TensorImpl*> tied;
+  for (size_t layer = 0; layer < layers_.size(); ++layer) {
+    for (const auto& module : layers_[layer].ptr()->modules(/*include_self=*/true)) {
+      const auto* user = dynamic_cast<const models::TiedWeightUser*>(module.get());
+      if (user == nullptr || !user->tied().defined()) continue;
+      const auto* impl = user->tied().unsafeGetTensorImpl();
+      bool owned = false;
+      for (const auto& ps : layer_parameters) {
+        for (const auto& p : ps) owned = owned || p.unsafeGetTensorImpl() == impl;
+      }
+      TANDEM_CHECK(owned, "FullyShardedDataParallel: layer '", layer_names_[layer], "' reads a tied weight that is "
+                   "not a parameter of the sharded model (its owner is elsewhere: another pipeline stage?)");
+      tied.insert(impl);
+    }
+  }
   dist::check_same_parameters(*model_, *group_, "FullyShardedDataParallel");
   dist::broadcast_module(*model_, *group_, 0);
   // Note [fsdp collective order]
@@ -133,6 +150,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
     std::vector<int64_t> numels;
     for (size_t layer = plan.begin; layer < plan.end; ++layer) {
       for (auto& p : layer_parameters[layer]) {
+        unit->pinned = unit->pinned || tied.count(p.unsafeGetTensorImpl()) != 0;
         unit->parameters.push_back(parameters_.size());
         unit_of_.push_back(units_.size());
         parameters_.push_back(p);
@@ -195,6 +213,9 @@ std::string FullyShardedDataParallel::describe_units() const {
     if (!text.empty()) text += " | ";
     text += layer_names_[plan.begin];
     if (plan.end - plan.begin > 1) text += ".." + layer_names_[plan.end - 1];
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u]->pinned) text += " (unit " + std::to_string(u + 1) + " holds a tied weight: kept gathered)";
   }
   return text;
 }
@@ -267,6 +288,10 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
     reduced_down_to_ = units_.size();
     in_backward_ = true;
   }
+  // Note [fsdp tied weights]: a pinned unit is there for every unit's forward.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u]->pinned) wait_gathered(u);
+  }
   torch::Tensor x = input;
   for (size_t u = 0; u < units_.size(); ++u) {
     wait_gathered(u);
@@ -293,8 +318,13 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
       x.register_hook([this, u](const torch::Tensor&) { before_unit_backward(u); });
     }
     // The last unit's backward comes first: it stays.
-    const bool keep = graph && (!options_.reshard_after_forward || u + 1 == units_.size());
+    const bool keep = units_[u]->pinned || (graph && (!options_.reshard_after_forward || u + 1 == units_.size()));
     if (!keep) release(u);
+  }
+  if (!graph) {  // evaluation: the pinned units' use is over
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u]->pinned) release(u);
+    }
   }
   return x;
 }

@@ -74,6 +74,14 @@ std::vector<torch::Tensor> FullyShardedDataParallel::shard_like_parameters(
   return shards;
 }
 
+std::vector<std::vector<int64_t>> FullyShardedDataParallel::parameter_shapes() const {
+  std::vector<std::vector<int64_t>> shapes(parameters_.size());
+  for (const auto& unit : units_) {
+    for (size_t k = 0; k < unit->parameters.size(); ++k) shapes[unit->parameters[k]] = unit->shapes[k];
+  }
+  return shapes;
+}
+
 std::vector<std::vector<FullyShardedDataParallel::ShardSpan>> FullyShardedDataParallel::shard_spans() const {
   std::vector<std::vector<ShardSpan>> spans;
   for (const auto& unit : units_) {

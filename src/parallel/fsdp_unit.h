@@ -24,6 +24,7 @@ struct FullyShardedDataParallel::Unit {
   torch::Tensor grad_flat;  // during its backward: the parameters' gradients are aliases of it
   torch::Tensor shard;  // this rank's slice: shards_[...]
   bool allocated = false;
+  bool pinned = false;  // Note [fsdp tied weights]: holds a weight another unit's layers read
   bool gathering = false;
   dist::Work gather_work;
   // Launched reduce-scatters, waited for in after_backward().

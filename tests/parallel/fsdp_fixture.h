@@ -14,7 +14,7 @@
 #include "tandem/optim/sgd.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/parallel/fsdp.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 

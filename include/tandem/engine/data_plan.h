@@ -81,7 +81,9 @@ class DataPlan {
   virtual bool sharded() const { return false; }
   // The optimizer the plan steps with, or null for the Trainer's own
   // (plain SGD or ZeRO-1 over the model's parameters).
-  virtual std::unique_ptr<optim::Sgd> make_optimizer(const torch::optim::SGDOptions&) { return nullptr; }
+  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::SGDOptions&) { return nullptr; }
+  // The same for AdamW in nanoGPT's decay groups (optim::decay_groups).
+  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::AdamWOptions&) { return nullptr; }
   // The whole model's weights on this rank while held (FSDP gathers them;
   // `write_back`: what is loaded into them is kept as the shards).
   virtual Held whole_model(bool /*write_back*/) { return nullptr; }

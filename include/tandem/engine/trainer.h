@@ -25,6 +25,7 @@
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/data_plan.h"
 #include "tandem/engine/stage_plan.h"
+#include "tandem/engine/tied_stages.h"
 #include "tandem/engine/evaluate.h"
 #include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
@@ -36,7 +37,7 @@
 #include "tandem/optim/grad_scaler.h"
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/fsdp.h"
-#include "tandem/parallel/fsdp_sgd.h"
+#include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/parallel/pipeline.h"
 
 namespace tandem::engine {
@@ -148,12 +149,13 @@ class Trainer {
   // checkpoint gathered or loaded it).
   void drop_others_state(torch::optim::Optimizer& optimizer) const;
   // FSDP x pipeline (Note [fsdp x pipeline checkpoints] in
-  // trainer_stages.cpp): plain SGD over the whole model with `sharded`'s
-  // options and, `with_momentum`, this stage's momentum gathered over its
-  // dp ranks (a collective); and the way back, this rank keeping its
-  // shards' slices of `whole`'s momentum.
-  std::unique_ptr<optim::Sgd> whole_model_sgd(parallel::FsdpSgd& sharded, bool with_momentum);
-  void keep_shards_of(const optim::Sgd& whole, parallel::FsdpSgd& sharded);
+  // trainer_stages.cpp): the plain optimizer (SGD, or AdamW in its decay
+  // groups) over the whole model with `sharded`'s options and,
+  // `with_state`, this stage's state gathered over its dp ranks (a
+  // collective); and the way back, this rank keeping its shards' slices of
+  // `whole`'s state. Both while the whole model is held (its shapes).
+  std::unique_ptr<torch::optim::Optimizer> whole_model_optimizer(torch::optim::Optimizer& sharded, bool with_state);
+  void keep_shards_of(const torch::optim::Optimizer& whole, torch::optim::Optimizer& sharded);
   // The pieces of the model and optimizer state this rank writes into a
   // sharded checkpoint (trainer_shards.cpp); no collective.
   std::vector<StatePiece> owned_state(torch::optim::Optimizer& optimizer) const;
@@ -222,6 +224,7 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> stages_;
   std::vector<models::Sequence> others_pieces_;
   std::vector<models::Sequence> own_pieces_;  // this rank's, in the model's order
+  std::unique_ptr<TiedStages> tied_;  // Note [tied weights across stages]: null when none
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16

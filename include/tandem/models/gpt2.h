@@ -17,10 +17,10 @@
 // tensor once and its gradient is the sum of both uses, as in transformers
 // and nanoGPT. gpt2() records the tie in the Sequence (Sequence::tie), so
 // that a clone (DataParallel's replicas) binds its head to its own copy of
-// the embedding. A pipeline that puts the embedding and the head on
-// different stages needs a copy on the last stage and the two gradients
-// summed, as Megatron does: not done yet, so the model's parallel forms
-// stop at one process and DataParallel.
+// the embedding. FSDP keeps the embedding's unit gathered while the head
+// runs (Note [fsdp tied weights] in parallel/fsdp.h); a pipeline over ranks
+// gives the last stage a copy whose gradient is summed with the first
+// stage's (Note [tied weights across stages] in engine/tied_stages.h).
 #pragma once
 
 #include <cstdint>
@@ -129,7 +129,7 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public TiedWeigh
   void reset() override;
   // Note [tied embedding]: the logits' weight, [vocab, n_embd].
   void tie(torch::Tensor embedding_weight) override { tied_ = std::move(embedding_weight); }
-  const torch::Tensor& tied() const { return tied_; }
+  const torch::Tensor& tied() const override { return tied_; }
   // [B, T, n_embd] -> [B, T, vocab]
   torch::Tensor forward(torch::Tensor x);
   torch::nn::LayerNorm ln_f{nullptr};

@@ -137,7 +137,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public TiedWei
   void reset() override;
   // With tie_embeddings (Note [tied embedding]): the output weight.
   void tie(torch::Tensor embedding_weight) override { tied_ = std::move(embedding_weight); }
-  const torch::Tensor& tied() const { return tied_; }
+  const torch::Tensor& tied() const override { return tied_; }
   torch::Tensor forward(torch::Tensor x);
   RmsNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied

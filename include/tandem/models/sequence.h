@@ -23,6 +23,8 @@ class TiedWeightUser {
  public:
   virtual ~TiedWeightUser() = default;
   virtual void tie(torch::Tensor weight) = 0;
+  // The bound parameter (undefined before tie(), or when not tied).
+  virtual const torch::Tensor& tied() const = 0;
 };
 
 class SequenceImpl : public torch::nn::Cloneable<SequenceImpl> {

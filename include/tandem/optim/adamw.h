@@ -70,5 +70,10 @@ class AdamW : public torch::optim::AdamW {
 // need no gradient are left out.
 std::vector<torch::optim::OptimizerParamGroup> decay_groups(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const torch::optim::AdamWOptions& options);
+// The same over `params` of the given shapes (FSDP's parameters hold no
+// elements at rest), all of them.
+std::vector<torch::optim::OptimizerParamGroup> decay_groups(const std::vector<torch::Tensor>& params,
+                                                            const std::vector<std::vector<int64_t>>& shapes,
+                                                            const torch::optim::AdamWOptions& options);
 
 }  // namespace tandem::optim

@@ -38,8 +38,12 @@ namespace tandem::optim {
 // Clips the gradients in place; returns their global 2-norm before clipping
 // (a 0-dim tensor on the first gradient's device; 0 on the CPU when no
 // parameter has a gradient). Throws tandem::Error unless max_norm is a
-// positive finite number.
+// positive finite number. `also_scaled`: parameters whose gradients are
+// clipped with the others but not counted in the norm, because another
+// rank of `sharded_over` counts the same gradient (a pipeline's copy of a
+// tied embedding: Note [tied weights across stages]).
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
-                             dist::ProcessGroup* sharded_over = nullptr);
+                             dist::ProcessGroup* sharded_over = nullptr,
+                             const std::vector<torch::Tensor>& also_scaled = {});
 
 }  // namespace tandem::optim

@@ -30,6 +30,9 @@ struct StateSlot {
   torch::ScalarType dtype;
 };
 std::vector<StateSlot> state_slots(const torch::optim::Optimizer& optimizer, const torch::Tensor& p);
+// The same for a parameter of `shape` that holds no elements now (FSDP's at rest).
+std::vector<StateSlot> state_slots(const torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                                   c10::IntArrayRef shape);
 
 // The largest number of slots any parameter's state has (a checkpoint
 // numbers its tensors with it).
@@ -45,5 +48,8 @@ std::vector<std::pair<std::string, torch::Tensor>> parameter_state(const torch::
 // tandem::Error naming a missing slot or a shape that does not fit.
 void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
                          const std::map<std::string, torch::Tensor>& named);
+// The same for a parameter of `shape` that holds no elements now.
+void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                         const std::map<std::string, torch::Tensor>& named, c10::IntArrayRef shape);
 
 }  // namespace tandem::optim

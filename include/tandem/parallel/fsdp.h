@@ -82,6 +82,17 @@
 // after_backward() with zeros. A gradient that arrives after its unit was
 // reduced (a second backward in one step) is an error.
 //
+// Note [fsdp tied weights]: a layer may read another's parameter (GPT-2's
+// head multiplies by the token embedding: models::TiedWeightUser). The
+// parameter stays one tensor, in the unit of the layer that owns it, and
+// that unit is pinned: gathered at the start of forward and kept until its
+// own reduce-scatter at the end of backward (in evaluation, until forward
+// ends), so the reading unit finds its values in forward and backward
+// alike. Autograd sums the two uses' gradients before the parameter's
+// accumulator runs, so the owner's reduce-scatter carries both. This is
+// PyTorch FSDP's placement of shared parameters in the unit that holds
+// both users (the root); the price is one unit kept whole.
+//
 // Buffers (BatchNorm statistics) are not sharded; as DDP does, they are
 // broadcast from rank 0 before the first forward in training of each step
 // (after the last after_backward(); broadcast_buffers), so the chunks of
@@ -209,6 +220,8 @@ class FullyShardedDataParallel {
   std::string describe_units() const;
   // The model's parameters, in model->parameters() order.
   const std::vector<torch::Tensor>& model_parameters() const { return parameters_; }
+  // Their shapes (at rest they hold no elements), in the same order.
+  std::vector<std::vector<int64_t>> parameter_shapes() const;
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_; }
   dist::ProcessGroup& group() { return *group_; }
