@@ -123,6 +123,26 @@ void LlamaAttentionImpl::reset() {
   v_proj = register_module("v_proj", linear(c, config_.num_kv_heads * d));
   o_proj = register_module("o_proj", linear(config_.num_heads * d, c));
   inv_freq_ = inverse_frequencies(config_);
+  rotary_ = {};
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary(int64_t past, int64_t t, torch::ScalarType dtype,
+                                                                   const torch::Device& device) {
+  auto& r = rotary_;
+  if (r.past == past && r.t == t && r.cos.defined() && r.cos.scalar_type() == dtype && r.cos.device() == device) {
+    return {r.cos, r.sin};
+  }
+  // Note [rotary positions in float32]
+  torch::NoGradGuard no_grad;
+  auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
+  auto freqs = positions.unsqueeze(-1) * inv_freq_;
+  auto angles = torch::cat({freqs, freqs}, -1);
+  r.cos = angles.cos().to(dtype).unsqueeze(0).unsqueeze(0);  // [1, 1, T, D]
+  r.sin = angles.sin().to(dtype).unsqueeze(0).unsqueeze(0);
+  r.past = past;
+  r.t = t;
+  return {r.cos, r.sin};
 }
 
 torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
@@ -134,13 +154,7 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   auto q = q_proj->forward(x).view({b, t, h, d}).transpose(1, 2);
   auto k = k_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
   auto v = v_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
-  // Note [rotary positions in float32]
-  auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
-  if (inv_freq_.device() != x.device()) inv_freq_ = inv_freq_.to(x.device());  // once, not every step
-  auto freqs = positions.unsqueeze(-1) * inv_freq_;
-  auto angles = torch::cat({freqs, freqs}, -1);
-  auto cos = angles.cos().to(x.scalar_type()).unsqueeze(0).unsqueeze(0);  // [1, 1, T, D]
-  auto sin = angles.sin().to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  const auto [cos, sin] = rotary(past, t, x.scalar_type(), x.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(k, v);  // kept per key/value head

@@ -84,8 +84,18 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
+  // The rotary cos and sin of positions [past, past + t), in `dtype` on
+  // `device`: made once and kept while the next call asks the same (every
+  // training step does), so a step computes no angles.
+  std::pair<torch::Tensor, torch::Tensor> rotary(int64_t past, int64_t t, torch::ScalarType dtype,
+                                                 const torch::Device& device);
+
   LlamaConfig config_;
   torch::Tensor inv_freq_;  // float32, Note [rotary positions in float32]
+  struct Rotary {
+    int64_t past = -1, t = -1;
+    torch::Tensor cos, sin;  // [1, 1, t, head_dim]
+  } rotary_;
 };
 TORCH_MODULE(LlamaAttention);
 
