@@ -79,11 +79,12 @@ void Conv1DImpl::reset() {
 // (its gradient copied back by autograd) and multiplied as Linear does;
 // the parameter keeps transformers' layout and name. On CUDA the two
 // layouts run alike, and the copy would be one more kernel.
-torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
-  if (!x.is_cuda()) return torch::linear(x, weight.t().contiguous(), bias);
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x, bool with_bias) {
+  if (!x.is_cuda()) return torch::linear(x, weight.t().contiguous(), with_bias ? bias : torch::Tensor());
   auto sizes = x.sizes().vec();
-  sizes.back() = out_;
-  return torch::addmm(bias, x.reshape({-1, in_}), weight).view(sizes);
+  sizes.back() = weight.size(1);
+  auto flat = x.reshape({-1, weight.size(0)});
+  return (with_bias ? torch::addmm(bias, flat, weight) : torch::mm(flat, weight)).view(sizes);
 }
 
 Gpt2EmbeddingImpl::Gpt2EmbeddingImpl(Gpt2Config config) : config_(config) { reset(); }
@@ -102,7 +103,7 @@ torch::Tensor Gpt2EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t
                " tokens is longer than the model's ", config_.n_positions, " positions");
   auto positions =
       torch::arange(offset, offset + t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
-  auto x = wte->forward(tokens) + wpe->forward(positions);
+  auto x = split.lookup(wte->weight, tokens) + wpe->forward(positions);
   return torch::dropout(x, config_.dropout, is_training());
 }
 
@@ -115,9 +116,11 @@ void Gpt2AttentionImpl::reset() {
 }
 
 torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
-  const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd, h = config_.n_head;
-  auto qkv = c_attn->forward(x).split(c, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, c / h}).transpose(1, 2); };
+  // The heads from the widths: a split region holds some of them.
+  const int64_t b = x.size(0), t = x.size(1), d = config_.n_embd / config_.n_head;
+  auto qkv = c_attn->forward(split.in(x)).chunk(3, /*dim=*/2);
+  const int64_t h = qkv[0].size(2) / d;  // (not -1: a batch may be empty)
+  auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, d}).transpose(1, 2); };
   const double p = is_training() ? config_.dropout : 0.0;
   torch::Tensor y;
   if (cache == nullptr) {
@@ -127,8 +130,9 @@ torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) 
     auto [k, v] = cache->append(heads(qkv[1]), heads(qkv[2]));
     y = cached_attention(heads(qkv[0]), k, v, p);
   }
-  y = y.transpose(1, 2).contiguous().view({b, t, c});
-  return torch::dropout(c_proj->forward(y), config_.dropout, is_training());
+  y = y.transpose(1, 2).contiguous().view({b, t, h * d});
+  auto out = split.split() ? split.out(c_proj->forward(y, false)) + c_proj->bias : c_proj->forward(y);
+  return torch::dropout(out, config_.dropout, is_training());
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(Gpt2Config config) : config_(config) { reset(); }
@@ -140,7 +144,8 @@ void Gpt2MlpImpl::reset() {
 }
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
-  auto y = c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));
+  auto hidden = torch::gelu(c_fc->forward(split.in(x)), "tanh");
+  auto y = split.split() ? split.out(c_proj->forward(hidden, false)) + c_proj->bias : c_proj->forward(hidden);
   return torch::dropout(y, config_.dropout, is_training());
 }
 
@@ -164,7 +169,7 @@ void Gpt2HeadImpl::reset() { ln_f = register_module("ln_f", layer_norm(config_))
 
 torch::Tensor Gpt2HeadImpl::forward(torch::Tensor x) {
   TANDEM_CHECK(tied_.defined(), "GPT-2: the head is not bound to a token embedding (Gpt2HeadImpl::tie)");
-  return torch::linear(ln_f->forward(x), tied_);
+  return torch::linear(split.in(ln_f->forward(x)), tied_);
 }
 
 Sequence gpt2(const Gpt2Config& config) {

@@ -151,9 +151,13 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   const int64_t past = cache ? cache->length() : 0;
   TANDEM_CHECK(past + t <= config_.max_positions, "LLaMA: a sequence of ", past + t,
                " tokens is longer than the model's ", config_.max_positions, " positions");
-  auto q = q_proj->forward(x).view({b, t, h, d}).transpose(1, 2);
-  auto k = k_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
-  auto v = v_proj->forward(x).view({b, t, kv, d}).transpose(1, 2);
+  // The heads from the widths: a split region holds some of them, its
+  // key/value heads in the same proportion.
+  const auto in = split.in(x);
+  const int64_t local_heads = q_proj->weight.size(0) / d, local_kv = k_proj->weight.size(0) / d;
+  auto q = q_proj->forward(in).view({b, t, local_heads, d}).transpose(1, 2);
+  auto k = k_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
+  auto v = v_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
   const auto [cos, sin] = rotary(past, t, x.scalar_type(), x.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -166,7 +170,7 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   auto y = cache ? cached_attention(q, k, v, 0.0, scale)
                  : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                     /*is_causal=*/true, scale);
-  return o_proj->forward(y.transpose(1, 2).contiguous().view({b, t, h * d}));
+  return split.out(o_proj->forward(y.transpose(1, 2).contiguous().view({b, t, local_heads * d})));
 }
 
 LlamaMlpImpl::LlamaMlpImpl(LlamaConfig config) : config_(config) { reset(); }
@@ -178,7 +182,8 @@ void LlamaMlpImpl::reset() {
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const auto in = split.in(x);
+  return split.out(down_proj->forward(torch::silu(gate_proj->forward(in)) * up_proj->forward(in)));
 }
 
 LlamaLayerImpl::LlamaLayerImpl(LlamaConfig config) : config_(config) { reset(); }
@@ -205,7 +210,7 @@ void LlamaEmbeddingImpl::reset() {
 
 torch::Tensor LlamaEmbeddingImpl::forward(torch::Tensor tokens) {
   TANDEM_CHECK(tokens.dim() == 2, "LLaMA: expected tokens [batch, sequence], got ", tokens.sizes());
-  return embed_tokens->forward(tokens);
+  return split.lookup(embed_tokens->weight, tokens);
 }
 
 LlamaHeadImpl::LlamaHeadImpl(LlamaConfig config) : config_(config) { reset(); }
@@ -216,7 +221,7 @@ void LlamaHeadImpl::reset() {
 }
 
 torch::Tensor LlamaHeadImpl::forward(torch::Tensor x) {
-  x = norm->forward(x);
+  x = split.in(norm->forward(x));
   if (lm_head) return lm_head->forward(x);
   TANDEM_CHECK(tied_.defined(), "LLaMA: the tied head is not bound to a token embedding (LlamaHeadImpl::tie)");
   return torch::linear(x, tied_);

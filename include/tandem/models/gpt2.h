@@ -31,6 +31,7 @@
 
 #include "tandem/models/decoding.h"
 #include "tandem/models/sequence.h"
+#include "tandem/models/split_region.h"
 
 namespace tandem::models {
 
@@ -58,11 +59,13 @@ class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
  public:
   Conv1DImpl(int64_t in, int64_t out);
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return forward(x, true); }
+  // Without the bias: a split region's partial sum (Note [split regions]).
+  torch::Tensor forward(const torch::Tensor& x, bool with_bias);
   torch::Tensor weight, bias;
 
  private:
-  int64_t in_, out_;
+  int64_t in_, out_;  // the whole layer's (its weight may hold a part: Note [split regions])
 };
 TORCH_MODULE(Conv1D);
 
@@ -75,6 +78,7 @@ class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>, public
   // At positions offset .. offset + T - 1 (models/decoding.h).
   torch::Tensor forward_at(const torch::Tensor& tokens, int64_t offset) override;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  SplitLookup split;  // wte's rows (Note [split regions])
 
  private:
   Gpt2Config config_;
@@ -88,7 +92,9 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
   torch::Tensor forward(const torch::Tensor& x) { return attend(x, nullptr); }
   // With a cache: over its keys and values, appending x's (models/decoding.h).
   torch::Tensor attend(const torch::Tensor& x, KvCache* cache);
+  const Gpt2Config& config() const { return config_; }
   Conv1D c_attn{nullptr}, c_proj{nullptr};
+  SplitRegion split;  // Note [split regions]
 
  private:
   Gpt2Config config_;
@@ -101,6 +107,7 @@ class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   Conv1D c_fc{nullptr}, c_proj{nullptr};
+  SplitRegion split;  // Note [split regions]
 
  private:
   Gpt2Config config_;
@@ -133,6 +140,7 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public TiedWeigh
   // [B, T, n_embd] -> [B, T, vocab]
   torch::Tensor forward(torch::Tensor x);
   torch::nn::LayerNorm ln_f{nullptr};
+  SplitRegion split;  // enter only: the logits of this rank's vocabulary rows
 
  private:
   Gpt2Config config_;

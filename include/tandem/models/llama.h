@@ -30,6 +30,7 @@
 
 #include "tandem/models/decoding.h"
 #include "tandem/models/sequence.h"
+#include "tandem/models/split_region.h"
 
 namespace tandem::models {
 
@@ -81,7 +82,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // With a cache: at the positions after it, over its keys and values,
   // appending x's (models/decoding.h).
   torch::Tensor attend(const torch::Tensor& x, KvCache* cache);
+  const LlamaConfig& config() const { return config_; }
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  SplitRegion split;  // Note [split regions]
 
  private:
   // The rotary cos and sin of positions [past, past + t), in `dtype` on
@@ -105,6 +108,7 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  SplitRegion split;  // Note [split regions]
 
  private:
   LlamaConfig config_;
@@ -135,6 +139,7 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>, publ
   // Positions are the attention's (rotary), so the offset changes nothing here.
   torch::Tensor forward_at(const torch::Tensor& tokens, int64_t /*offset*/) override { return forward(tokens); }
   torch::nn::Embedding embed_tokens{nullptr};
+  SplitLookup split;  // Note [split regions]
 
  private:
   LlamaConfig config_;
@@ -151,6 +156,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public TiedWei
   torch::Tensor forward(torch::Tensor x);
   RmsNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied
+  SplitRegion split;  // enter only: the logits of this rank's vocabulary rows
 
  private:
   LlamaConfig config_;

@@ -1,0 +1,95 @@
+// tandem/parallel/tensor_parallel_plan.h: tensor parallelism applied to a
+// whole GPT-2 or LLaMA model (torchtitan's parallelize plans, Megatron-LM's
+// layers), in place.
+//
+//   torch::manual_seed(seed);
+//   auto model = models::gpt2(config);              // whole, as in one process
+//   TensorParallelPlan plan(model, mesh.group(dist::MeshDim::kTensor));
+//   auto logits = model->forward(tokens);          // [B, T, this rank's vocabulary part]
+//   auto loss = tp::vocab_parallel_cross_entropy(logits, targets, plan.vocabulary(),
+//                                               plan.vocab_size(), plan.group()).mean();
+//
+// Note [tensor-parallel plans]: per family, which parameter is cut how
+// (Megatron-LM's layout):
+//   attention   query/key/value projections by heads (column: output
+//               rows; GPT-2's fused c_attn takes its q, k and v parts of
+//               this rank's heads), output projection by the same heads
+//               (row: input columns, its bias whole)
+//   MLP         up (and LLaMA's gate) by hidden features (column), down
+//               by the same features (row)
+//   embedding   by vocabulary rows; the head's logits (GPT-2's tied
+//               weight, LLaMA's lm_head) by the same rows, so the whole
+//               logits are never formed (the loss: vocab_parallel_cross_entropy)
+//   the rest    whole on every rank (norms, GPT-2's positions)
+// Each parameter keeps its name and tensor, holding this rank's part
+// (set_data), so optimizers, checkpoint names and the tie stay as they
+// are; the layers' split regions (models/split_region.h) get the
+// collectives. Heads (and LLaMA's key/value heads) must be divisible by
+// tp; features and vocabulary are cut as torch.chunk cuts. Every rank of
+// the group builds the same whole model first (the same seed, or the same
+// loaded weights), so what trains does not depend on tp.
+//
+// Without sequence parallelism every rank computes the whole parameters'
+// gradients alike, so nothing is reduced over tp for them; the parts'
+// gradients are each rank's own.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/models/sequence.h"
+#include "tandem/parallel/tensor_parallel.h"
+
+namespace tandem::parallel {
+
+// How a parameter was cut: not at all (whole on every rank), or along
+// `dim`, where rank r holds the whole parameter's indices[r] (in order).
+struct TensorCut {
+  int64_t dim = -1;
+  int64_t whole_size = 0;              // the whole parameter's size along dim
+  std::vector<torch::Tensor> indices;  // per rank, int64
+  bool cut() const { return dim >= 0; }
+};
+
+class TensorParallelPlan {
+ public:
+  // Cuts `model` in place over `group` (Note [tensor-parallel plans]).
+  // Throws tandem::Error naming a model with no plan (no GPT-2 or LLaMA
+  // layers) and heads that the group's size does not divide.
+  TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group);
+
+  const tp::Part& vocabulary() const { return vocabulary_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  dist::ProcessGroup& group() const { return *group_; }
+  int64_t size() const { return group_->size(); }
+
+  // The cut of one of the model's parameters (whole for one it does not know).
+  const TensorCut& cut(const torch::Tensor& parameter) const;
+  // This rank's part of `whole`, a tensor shaped like `parameter`'s whole
+  // (its value, a gradient or optimizer state); no collective.
+  torch::Tensor part_of_whole(const torch::Tensor& parameter, const torch::Tensor& whole) const;
+  // The whole of `part`, this rank's part of `parameter` (a collective:
+  // every rank of the group calls it for the same parameter).
+  torch::Tensor whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const;
+
+  // "12 parameters cut (attention by 2 of 4 heads, ...)", for the log.
+  std::string describe() const { return description_; }
+
+ private:
+  void cut_parameter(torch::Tensor& p, int64_t dim, std::vector<torch::Tensor> indices);
+
+  models::Sequence model_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  tp::Part vocabulary_;
+  int64_t vocab_size_ = 0;
+  std::unordered_map<const c10::TensorImpl*, TensorCut> cuts_;
+  TensorCut whole_;  // what cut() returns for the others
+  std::string description_;
+};
+
+}  // namespace tandem::parallel

@@ -1,0 +1,171 @@
+// Note [tensor-parallel plans] (tensor_parallel_plan.h).
+#include "tandem/parallel/tensor_parallel_plan.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "tandem/models/gpt2.h"
+#include "tandem/models/llama.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::parallel {
+namespace {
+
+torch::Tensor range(int64_t begin, int64_t end) { return torch::arange(begin, end, torch::kInt64); }
+
+// Per rank: its part of `size` rows (torch.chunk's cut).
+std::vector<torch::Tensor> chunk_rows(int64_t size, int64_t world) {
+  std::vector<torch::Tensor> rows;
+  for (int64_t r = 0; r < world; ++r) {
+    const auto part = tp::part_of(size, r, world);
+    rows.push_back(range(part.begin, part.end));
+  }
+  return rows;
+}
+
+// Per rank: the rows of its heads (of `width` each) in each of `blocks`
+// consecutive blocks of `heads * width` rows (GPT-2's fused q, k, v).
+std::vector<torch::Tensor> head_rows(int64_t heads, int64_t width, int64_t blocks, int64_t world) {
+  std::vector<torch::Tensor> rows;
+  for (int64_t r = 0; r < world; ++r) {
+    const auto part = tp::part_of(heads, r, world);
+    std::vector<torch::Tensor> pieces;
+    for (int64_t b = 0; b < blocks; ++b) {
+      pieces.push_back(range(b * heads * width + part.begin * width, b * heads * width + part.end * width));
+    }
+    rows.push_back(torch::cat(pieces));
+  }
+  return rows;
+}
+
+}  // namespace
+
+void TensorParallelPlan::cut_parameter(torch::Tensor& p, int64_t dim, std::vector<torch::Tensor> indices) {
+  TensorCut cut;
+  cut.dim = dim;
+  cut.whole_size = p.size(dim);
+  cut.indices = std::move(indices);
+  torch::NoGradGuard no_grad;
+  p.set_data(p.index_select(dim, cut.indices[group_->rank()].to(p.device())).contiguous());
+  cuts_[p.unsafeGetTensorImpl()] = std::move(cut);
+}
+
+TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group)
+    : model_(std::move(model)), group_(std::move(group)) {
+  TANDEM_CHECK(!model_.is_empty() && group_, "TensorParallelPlan: a model and a group are required");
+  const int64_t world = group_->size();
+  auto g = group_;
+  const models::TensorMap enter = [g](const torch::Tensor& x) { return tp::copy_to(x, *g); };
+  const models::TensorMap leave = [g](const torch::Tensor& x) { return tp::reduce_from(x, *g); };
+  auto divides = [&](int64_t heads, const char* what) {
+    TANDEM_CHECK(heads % world == 0, "tensor parallelism: ", world, " ranks do not divide the model's ", heads, " ",
+                 what, " (tp must divide the attention's heads)");
+  };
+  // Every refusal first, before any parameter is cut.
+  for (const auto& module : model_->modules(/*include_self=*/false)) {
+    if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) divides(a->config().n_head, "heads");
+    if (auto* a = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
+      divides(a->config().num_heads, "heads");
+      divides(a->config().num_kv_heads, "key/value heads");
+    }
+  }
+  int64_t blocks = 0, heads = 0;
+  torch::Tensor* embedding = nullptr;
+  for (const auto& module : model_->modules(/*include_self=*/false)) {
+    if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {
+      const int64_t h = a->config().n_head, d = a->config().n_embd / h;
+      cut_parameter(a->c_attn->weight, 1, head_rows(h, d, 3, world));
+      cut_parameter(a->c_attn->bias, 0, head_rows(h, d, 3, world));
+      cut_parameter(a->c_proj->weight, 0, head_rows(h, d, 1, world));
+      a->split = {enter, leave};
+      ++blocks;
+      heads = h;
+    } else if (auto* m = dynamic_cast<models::Gpt2MlpImpl*>(module.get())) {
+      const auto rows = chunk_rows(m->c_fc->weight.size(1), world);
+      cut_parameter(m->c_fc->weight, 1, rows);
+      cut_parameter(m->c_fc->bias, 0, rows);
+      cut_parameter(m->c_proj->weight, 0, rows);
+      m->split = {enter, leave};
+    } else if (auto* e = dynamic_cast<models::Gpt2EmbeddingImpl*>(module.get())) {
+      embedding = &e->wte->weight;
+      vocab_size_ = embedding->size(0);
+      cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
+      e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+    } else if (auto* head = dynamic_cast<models::Gpt2HeadImpl*>(module.get())) {
+      head->split.enter = enter;  // its tied weight is the embedding's, cut by vocabulary
+    } else if (auto* a = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
+      const auto& c = a->config();
+      const int64_t d = c.head_dim();
+      cut_parameter(a->q_proj->weight, 0, head_rows(c.num_heads, d, 1, world));
+      cut_parameter(a->k_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
+      cut_parameter(a->v_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
+      cut_parameter(a->o_proj->weight, 1, head_rows(c.num_heads, d, 1, world));
+      a->split = {enter, leave};
+      ++blocks;
+      heads = c.num_heads;
+    } else if (auto* m = dynamic_cast<models::LlamaMlpImpl*>(module.get())) {
+      const auto rows = chunk_rows(m->gate_proj->weight.size(0), world);
+      cut_parameter(m->gate_proj->weight, 0, rows);
+      cut_parameter(m->up_proj->weight, 0, rows);
+      cut_parameter(m->down_proj->weight, 1, rows);
+      m->split = {enter, leave};
+    } else if (auto* e = dynamic_cast<models::LlamaEmbeddingImpl*>(module.get())) {
+      embedding = &e->embed_tokens->weight;
+      vocab_size_ = embedding->size(0);
+      cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
+      e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+    } else if (auto* head = dynamic_cast<models::LlamaHeadImpl*>(module.get())) {
+      if (head->lm_head) cut_parameter(head->lm_head->weight, 0, chunk_rows(head->lm_head->weight.size(0), world));
+      head->split.enter = enter;
+    }
+  }
+  TANDEM_CHECK(blocks > 0 && embedding != nullptr, "tensor parallelism: the model has no tensor-parallel plan (only "
+               "GPT-2 and LLaMA models have one)");
+  vocabulary_ = tp::part_of(vocab_size_, group_->rank(), world);
+  description_ = format("tensor parallel over %lld ranks: each block's attention by %lld of %lld heads and its MLP by "
+                        "features, the vocabulary's %lld rows by %lld (this rank: %lld..%lld)",
+                        static_cast<long long>(world), static_cast<long long>(heads / world),
+                        static_cast<long long>(heads), static_cast<long long>(vocab_size_),
+                        static_cast<long long>(world), static_cast<long long>(vocabulary_.begin),
+                        static_cast<long long>(vocabulary_.end - 1));
+}
+
+const TensorCut& TensorParallelPlan::cut(const torch::Tensor& parameter) const {
+  auto found = cuts_.find(parameter.unsafeGetTensorImpl());
+  return found == cuts_.end() ? whole_ : found->second;
+}
+
+torch::Tensor TensorParallelPlan::part_of_whole(const torch::Tensor& parameter, const torch::Tensor& whole) const {
+  const auto& c = cut(parameter);
+  if (!c.cut()) return whole;
+  TANDEM_CHECK(whole.dim() > c.dim && whole.size(c.dim) == c.whole_size, "TensorParallelPlan: a tensor of ",
+               whole.sizes(), " in place of a whole parameter of ", c.whole_size, " along dimension ", c.dim);
+  return whole.index_select(c.dim, c.indices[group_->rank()].to(whole.device()));
+}
+
+torch::Tensor TensorParallelPlan::whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const {
+  const auto& c = cut(parameter);
+  if (!c.cut() || group_->size() == 1) return part.clone();
+  torch::NoGradGuard no_grad;
+  int64_t longest = 0;
+  for (const auto& index : c.indices) longest = std::max(longest, index.numel());
+  // Equal shapes for the all-gather: each part padded to the longest.
+  auto sizes = part.sizes().vec();
+  sizes[c.dim] = longest;
+  auto padded = torch::zeros(sizes, part.options());
+  padded.narrow(c.dim, 0, part.size(c.dim)).copy_(part);
+  std::vector<torch::Tensor> parts;
+  for (int64_t r = 0; r < group_->size(); ++r) parts.push_back(torch::empty_like(padded));
+  group_->all_gather(parts, padded).wait();
+  sizes[c.dim] = c.whole_size;
+  auto whole = torch::empty(sizes, part.options());
+  for (int64_t r = 0; r < group_->size(); ++r) {
+    const auto& index = c.indices[r];
+    whole.index_copy_(c.dim, index.to(whole.device()), parts[r].narrow(c.dim, 0, index.numel()));
+  }
+  return whole;
+}
+
+}  // namespace tandem::parallel
