@@ -1,6 +1,7 @@
 // The run's layout from its flags (parallel_layout.h).
 #include "tandem/engine/parallel_layout.h"
 
+#include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -20,8 +21,19 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
   } else {
     const std::string flag = "--mesh " + o.mesh;
     layout.mesh = dist::parse_mesh(o.mesh, ranks);
-    TANDEM_CHECK_USAGE(layout.mesh[MeshDim::kTensor] == 1, flag, ": tp (tensor parallelism) is not available "
-                       "yet; lay the ranks out over pp and dp");
+    if (layout.tensor_ranks() > 1) {  // the combinations tensor parallelism has so far
+      TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
+                         "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
+      TANDEM_CHECK_USAGE(o.checkpoint_dir.empty(), flag, ": checkpoints of a tensor-parallel run are not available "
+                         "yet; leave out --checkpoint-dir (--export-weights writes the whole trained model)");
+      TANDEM_CHECK_USAGE(layout.pipeline_ranks() == 1, flag, ": tp with pp is not available yet; lay the ranks out "
+                         "over dp and tp, or over pp and dp");
+      TANDEM_CHECK_USAGE(o.strategy == Strategy::kAuto || o.strategy == Strategy::kDdp ||
+                             o.strategy == Strategy::kAllReduce,
+                         flag,
+                         ": with tp, the dp dimension runs DDP or all-reduce (--strategy ddp or allreduce), not ",
+                         o.strategy, " yet");
+    }
     TANDEM_CHECK_USAGE(o.strategy != Strategy::kNone && o.strategy != Strategy::kDp, flag, ": --strategy ", o.strategy,
                        " runs in one process; a mesh lays out the processes of a job");
     TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": with ", flag,

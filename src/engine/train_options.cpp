@@ -380,11 +380,13 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
                      "device; it does not work in a job of ", ranks, " processes");
   // A pipeline's ranks are its stages and their replicas: the replicas share
   // the batch, and every stage of one reads all of its share.
-  const int64_t world = pipeline ? layout.data_ranks() : ranks;
+  // So do a tp group's ranks: each reads its replica's share.
+  const bool tensor = layout.tensor_ranks() > 1;
+  const int64_t world = pipeline || tensor ? layout.data_ranks() : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");
   const int64_t batch = o.batch_per_process > 0 ? o.batch_per_process * world : o.batch_size;
-  const std::string divisor = layout.replicated_stages() || (pipeline && ranks > 1)
+  const std::string divisor = layout.replicated_stages() || (pipeline && ranks > 1) || tensor
                                   ? detail::str_cat("the ", world, " data-parallel rank(s) of --mesh ",
                                                     layout.mesh.str())
                                   : detail::str_cat("the world size ", world);

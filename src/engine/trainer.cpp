@@ -160,6 +160,8 @@ TrainResult Trainer::finish_run(RunState& run) {
   // FSDP ends here: every rank's model holds the whole trained weights
   // again (for the export below, and for evaluate() or model() after run()).
   plan_->finish();
+  // Tensor parallelism likewise: every rank's model whole and plain again.
+  if (tensor_plan_ && !tensor_plan_->detached()) tensor_plan_->detach();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
   // weights (a collective, so before the rank 0 test below).
   if (stages_ && (!o.export_weights.empty() || !o.export_hf.empty())) gather_stages(*run.optimizer);

@@ -51,9 +51,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   check_train_ranks(o, world_);
   layout_ = parallel_layout(o, world_);
   data_rank_ = rank_;
-  if (layout_.replicated_stages()) {
+  if (layout_.replicated_stages() || layout_.tensor_ranks() > 1) {
     // Note [replicated stages]: the mesh's groups are split off once every
-    // rank's settings are known to agree (below); its coordinates now.
+    // rank's settings are known to agree (below); its coordinates now. The
+    // ranks of a tp group read the same batches: the data see the dp ranks.
     world_ = layout_.data_ranks();
     data_rank_ = dist::mesh_coordinates(layout_.mesh, rank_)[static_cast<size_t>(dist::MeshDim::kData)];
   } else if (pipeline && world_ > 1) {
@@ -79,6 +80,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     mesh_ = std::make_shared<dist::DeviceMesh>(job_group_, layout_.mesh);
     stages_ = mesh_->group(dist::MeshDim::kPipeline);
     group_ = mesh_->group(dist::MeshDim::kData);
+  } else if (layout_.tensor_ranks() > 1) {  // dp x tp (tensor_parallel_plan.h)
+    dist::DeviceMesh mesh(job_group_, layout_.mesh);
+    group_ = mesh.group(dist::MeshDim::kData);
+    tensor_group_ = mesh.group(dist::MeshDim::kTensor);
   }
   torch::manual_seed(o.seed);
   auto model_options = model_options_for(o, info);
@@ -144,6 +149,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // rows of images, or every token of a window.
   tokens_per_sample_ = info.seq_len;
   task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
+  if (tensor_group_) split_over_tensor_ranks(info);  // the model cut, and its task
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
   }
@@ -179,6 +185,24 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
+}
+
+// --mesh with tp > 1: the whole model, built and initialised as in one
+// process (the same seed, or --init-weights), cut over the tp group
+// (Note [tensor-parallel plans]); the loss over the vocabulary's parts.
+void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
+  const auto& o = options_;
+  TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh, ": tensor parallelism splits a language model's layers; ",
+                     o.model, " is an image classifier");  // (parallel_layout refuses it first)
+  try {
+    tensor_plan_ = std::make_unique<parallel::TensorParallelPlan>(model_, tensor_group_);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError("--mesh " + o.mesh + ": " + e.what());
+  }
+  say(tensor_plan_->describe());
+  task_ = vocab_parallel_language_model_task(*tensor_plan_, o.label_smoothing);
 }
 
 // Note [tied embedding] (models/gpt2.h): the head reads the embedding's

@@ -44,6 +44,19 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
       // owner's stage only (Note [tied weights across stages]).
       auto counted = plan_->parameters();
       std::vector<torch::Tensor> copies;
+      if (tensor_plan_) {
+        // Over the tp ranks: each cut parameter's parts counted where they
+        // are, a whole one (the same on every tp rank) on the first only.
+        holders = tensor_group_.get();
+        if (tensor_group_->rank() > 0) {
+          for (const auto& p : counted) {
+            if (!tensor_plan_->cut(p).cut()) copies.push_back(p);
+          }
+          counted.erase(std::remove_if(counted.begin(), counted.end(),
+                                       [&](const auto& p) { return !tensor_plan_->cut(p).cut(); }),
+                        counted.end());
+        }
+      }
       if (tied_) {
         counted.erase(std::remove_if(counted.begin(), counted.end(), [&](const auto& p) { return tied_->borrows(p); }),
                       counted.end());

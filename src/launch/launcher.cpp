@@ -408,8 +408,16 @@ LaunchResult run_workers(const LaunchOptions& o, const std::function<int()>& pic
       return result;
     }
     result.reason = failure_reason(a.workers, a.failed);
-    if (attempt >= o.max_restarts) {
-      result.exit_code = 1;
+    // A worker refused its flags (a usage error, exit 2, from a check only
+    // the model or the mesh can make) and every other one refused too or
+    // was stopped by the launcher (perhaps while refusing): the command
+    // line is at fault, and a restart would refuse it again.
+    auto refused = [](const Worker& w) { return w.exited && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 2; };
+    const bool usage = std::any_of(a.workers.begin(), a.workers.end(), refused) &&
+                       std::all_of(a.workers.begin(), a.workers.end(),
+                                   [&](const Worker& w) { return refused(w) || w.stopped || !w.exited; });
+    if (usage || attempt >= o.max_restarts) {
+      result.exit_code = usage ? 2 : 1;
       return result;
     }
     ++result.restarts;

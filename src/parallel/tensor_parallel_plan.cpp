@@ -80,6 +80,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->c_attn->bias, 0, head_rows(h, d, 3, world));
       cut_parameter(a->c_proj->weight, 0, head_rows(h, d, 1, world));
       a->split = {enter, leave};
+      regions_.push_back(&a->split);
       ++blocks;
       heads = h;
     } else if (auto* m = dynamic_cast<models::Gpt2MlpImpl*>(module.get())) {
@@ -88,13 +89,16 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->c_fc->bias, 0, rows);
       cut_parameter(m->c_proj->weight, 0, rows);
       m->split = {enter, leave};
+      regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::Gpt2EmbeddingImpl*>(module.get())) {
       embedding = &e->wte->weight;
       vocab_size_ = embedding->size(0);
       cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
       e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+      lookups_.push_back(&e->split);
     } else if (auto* head = dynamic_cast<models::Gpt2HeadImpl*>(module.get())) {
       head->split.enter = enter;  // its tied weight is the embedding's, cut by vocabulary
+      regions_.push_back(&head->split);
     } else if (auto* a = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
       const auto& c = a->config();
       const int64_t d = c.head_dim();
@@ -103,6 +107,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->v_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->o_proj->weight, 1, head_rows(c.num_heads, d, 1, world));
       a->split = {enter, leave};
+      regions_.push_back(&a->split);
       ++blocks;
       heads = c.num_heads;
     } else if (auto* m = dynamic_cast<models::LlamaMlpImpl*>(module.get())) {
@@ -111,14 +116,17 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->up_proj->weight, 0, rows);
       cut_parameter(m->down_proj->weight, 1, rows);
       m->split = {enter, leave};
+      regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::LlamaEmbeddingImpl*>(module.get())) {
       embedding = &e->embed_tokens->weight;
       vocab_size_ = embedding->size(0);
       cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
       e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+      lookups_.push_back(&e->split);
     } else if (auto* head = dynamic_cast<models::LlamaHeadImpl*>(module.get())) {
       if (head->lm_head) cut_parameter(head->lm_head->weight, 0, chunk_rows(head->lm_head->weight.size(0), world));
       head->split.enter = enter;
+      regions_.push_back(&head->split);
     }
   }
   TANDEM_CHECK(blocks > 0 && embedding != nullptr, "tensor parallelism: the model has no tensor-parallel plan (only "
@@ -132,9 +140,20 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
                         static_cast<long long>(vocabulary_.end - 1));
 }
 
+void TensorParallelPlan::detach() {
+  TANDEM_CHECK(!detached_, "TensorParallelPlan: detach() twice");
+  torch::NoGradGuard no_grad;
+  for (auto& p : model_->parameters()) {  // every rank in the same order: the collectives pair up
+    if (cut(p).cut()) p.set_data(whole_of_part(p, p.detach()));
+  }
+  for (auto* region : regions_) *region = {};
+  for (auto* lookup : lookups_) *lookup = {};
+  detached_ = true;
+}
+
 const TensorCut& TensorParallelPlan::cut(const torch::Tensor& parameter) const {
   auto found = cuts_.find(parameter.unsafeGetTensorImpl());
-  return found == cuts_.end() ? whole_ : found->second;
+  return detached_ || found == cuts_.end() ? whole_ : found->second;
 }
 
 torch::Tensor TensorParallelPlan::part_of_whole(const torch::Tensor& parameter, const torch::Tensor& whole) const {

@@ -238,7 +238,7 @@ TEST(DistributedCliTest, GlobalBatchMustDivideAmongRanks) {
   EXPECT_EQ(r.output.find("[rank "), std::string::npos) << r.output;
   // Under a launcher each worker finds it (the Trainer's check_train_ranks).
   r = run_tandem("launch --nproc-per-node 2 -- " TANDEM_CLI " train --data idx:" + dir.path() + " --batch-size 33");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // the workers' usage error, not restarted
   EXPECT_NE(r.output.find("[rank 0] tandem: error: --batch-size 33: not divisible by the world size 2"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tandem launch: rank "), std::string::npos) << r.output;
@@ -256,7 +256,7 @@ TEST(DistributedCliTest, RanksStartedWithOtherSettingsAreRefused) {
                             " train --model mlp --max-steps 2 --batch-size 64 --progress off ";
   auto r = run_tandem(train + "--data idx:" + dir.path() +
                       " --lr 0.$((RANK + 1)) --dtype float$((32 + 32 * RANK))'");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
   const std::string message = "was started with other settings than rank 0: dtype=float32 on rank 0, dtype=float64 "
                               "on rank 1, lr=0.1 on rank 0, lr=0.2 on rank 1; every rank of a job must be given "
                               "the same flags";
@@ -280,7 +280,7 @@ TEST(DistributedCliTest, RanksStartedWithOtherSettingsAreRefused) {
                      false);
   for (const auto* other : {&labels, &test_images}) {
     r = run_tandem(train + "--data idx:$([ $RANK = 0 ] && echo " + dir.path() + " || echo " + other->path() + ")'");
-    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.exit_code, 2) << r.output;
     for (const std::string rank : {"0", "1"}) {
       EXPECT_NE(r.output.find("[rank " + rank + "] tandem: error: rank 1 was started with other settings than rank "
                               "0: data_content="),
@@ -305,7 +305,7 @@ TEST(DistributedCliTest, NprocPerNodeUnderALauncherIsRefused) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   r = run_tandem("launch --nproc-per-node 1 -- " + std::string(TANDEM_CLI) + " train --nproc-per-node 2 --max-steps 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // every worker's usage error is the launcher's
   EXPECT_NE(r.output.find("[rank 0] tandem: error: " + message), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exited with code 2"), std::string::npos) << r.output;
   // --max-restarts likewise: the outer launcher restarts, or does not.

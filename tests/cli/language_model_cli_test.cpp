@@ -25,22 +25,7 @@ using testing::expect_resumes_as_uninterrupted;
 using testing::expect_same_weights;
 using testing::run_tandem;
 using testing::TempDir;
-
-// 5,690 bytes of prose that repeat with variations: a training part of
-// 5,121 bytes, 320 windows of 16 (+ 1), 10 steps of 32 an epoch, which 2
-// and 4 ranks divide evenly (DistributedSampler would pad an uneven epoch
-// with repeated windows, as PyTorch's does); a held-out tail of 569.
-std::string write_text(const TempDir& dir) {
-  std::string text;
-  const char* words[] = {"river", "stone", "lantern", "harbour", "meadow", "copper", "window", "signal"};
-  for (int i = 0; text.size() < 5690; ++i) {
-    text += std::string("The ") + words[i % 8] + " by the " + words[(i * 3 + 1) % 8] + " was " +
-            (i % 3 ? "quiet" : "bright") + " at " + std::to_string(i % 24) + " o'clock. ";
-  }
-  const std::string path = dir.file("text.txt");
-  std::ofstream(path) << text.substr(0, 5690);
-  return path;
-}
+using testing::write_text;
 
 std::string gpt2_flags(const TempDir& dir) {
   return "--model gpt2-tiny --data text:" + write_text(dir) + " --seq-len 16 --dtype float64 --lr 1e-3 ";

@@ -162,7 +162,7 @@ TEST(MeshCliTest, AMeshTheJobCannotHaveIsAUsageError) {
            {"--nproc-per-node 4 --mesh dp=2,pp=2,dp=2", "--mesh dp=2,pp=2,dp=2: dp given twice"},
            {"--nproc-per-node 4 --mesh dp=2,xp=2", "--mesh dp=2,xp=2: unknown dimension 'xp'"},
            {"--nproc-per-node 4 --mesh dp=2,pp=0", "--mesh dp=2,pp=0: pp expected a whole number of ranks"},
-           {"--nproc-per-node 4 --mesh tp=2,dp=2", "tp (tensor parallelism) is not available yet"},
+           {"--nproc-per-node 4 --mesh tp=2,dp=2", "tensor parallelism splits a language model's layers; mlp is an image"},
            {"--nproc-per-node 2 --mesh dp=2 --strategy pipeline", "--strategy pipeline needs pp > 1"},
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --grad-accum 2", "--grad-accum does not go with"},
            {"--nproc-per-node 1,2 --mesh dp=2", "lays out one number of ranks"},

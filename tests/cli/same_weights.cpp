@@ -104,4 +104,17 @@ void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& mode
   expect_close_weights(dir, "whole.safetensors", resumed, tolerance, "first-half.safetensors");
 }
 
+std::string write_text(const TempDir& dir) {
+  std::string text;
+  const char* words[] = {"river", "stone", "lantern", "harbour", "meadow", "copper", "window", "signal"};
+  for (int i = 0; text.size() < 5690; ++i) {
+    text += std::string("The ") + words[i % 8] + " by the " + words[(i * 3 + 1) % 8] + " was " +
+            (i % 3 ? "quiet" : "bright") + " at " + std::to_string(i % 24) + " o'clock. ";
+  }
+  const std::string path = dir.file("text.txt");
+  std::ofstream(path) << text.substr(0, 5690);
+  return path;
+}
+
+
 }  // namespace tandem::testing

@@ -61,4 +61,11 @@ void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& mode
                                      const std::vector<std::string>& hows, const std::string& label,
                                      double tolerance = 1e-12);
 
+// 5,690 bytes of prose that repeat with variations, as text.txt in `dir`
+// (returned): a training part of 5,121 bytes, 320 windows of 16 (+ 1), 10
+// steps of 32 an epoch, which 2 and 4 ranks divide evenly (DistributedSampler
+// would pad an uneven epoch with repeated windows, as PyTorch's does); a
+// held-out tail of 569. The language models' float64 comparisons train on it.
+std::string write_text(const TempDir& dir);
+
 }  // namespace tandem::testing

@@ -40,6 +40,7 @@ struct ParallelLayout {
   DataParallelism data = DataParallelism::kDdp;
   int64_t pipeline_ranks() const { return mesh[dist::MeshDim::kPipeline]; }
   int64_t data_ranks() const { return mesh[dist::MeshDim::kData]; }
+  int64_t tensor_ranks() const { return mesh[dist::MeshDim::kTensor]; }
   // Both dimensions over ranks (Note [replicated stages]).
   bool replicated_stages() const { return pipeline_ranks() > 1 && data_ranks() > 1; }
 };

@@ -19,6 +19,10 @@
 
 #include <torch/torch.h>
 
+namespace tandem::parallel {
+class TensorParallelPlan;
+}
+
 namespace tandem::engine {
 
 class Task {
@@ -39,5 +43,13 @@ std::shared_ptr<const Task> classification_task(double label_smoothing = 0.0);
 
 // Next-token prediction (GPT-2, LLaMA); `label_smoothing` as above.
 std::shared_ptr<const Task> language_model_task(double label_smoothing = 0.0);
+// The same for a model cut by `plan` (tensor parallelism), whose outputs
+// hold this rank's part of the vocabulary: the loss through
+// vocab_parallel_cross_entropy and the hits through the argmax over every
+// rank's part (collectives of the plan's group), the same figures on every
+// rank; once the plan is detached, language_model_task's. `plan` must
+// outlive it.
+std::shared_ptr<const Task> vocab_parallel_language_model_task(const parallel::TensorParallelPlan& plan,
+                                                               double label_smoothing = 0.0);
 
 }  // namespace tandem::engine

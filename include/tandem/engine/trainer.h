@@ -38,6 +38,7 @@
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/fsdp_optimizer.h"
+#include "tandem/parallel/tensor_parallel_plan.h"
 #include "tandem/parallel/pipeline.h"
 
 namespace tandem::engine {
@@ -116,6 +117,7 @@ class Trainer {
   // Refuses a model with a tied embedding under a strategy that would keep
   // the tie's two ends apart (Note [tied embedding] in models/gpt2.h).
   void check_tied_weights(bool pipeline) const;
+  void split_over_tensor_ranks(const data::DatasetInfo& info);
   // Where the run starts: --checkpoint-dir opened (rank 0 checks, locks and
   // cleans it), and with --resume (or when a launcher restarted this
   // worker) the newest good checkpoint loaded into the model, `optimizer`,
@@ -225,6 +227,9 @@ class Trainer {
   std::vector<models::Sequence> others_pieces_;
   std::vector<models::Sequence> own_pieces_;  // this rank's, in the model's order
   std::unique_ptr<TiedStages> tied_;  // Note [tied weights across stages]: null when none
+  // --mesh with tp > 1: the tp slice through this rank, and the model's cut over it.
+  std::shared_ptr<dist::ProcessGroup> tensor_group_;
+  std::unique_ptr<parallel::TensorParallelPlan> tensor_plan_;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16

@@ -43,6 +43,7 @@
 
 #include "tandem/dist/process_group.h"
 #include "tandem/models/sequence.h"
+#include "tandem/models/split_region.h"
 #include "tandem/parallel/tensor_parallel.h"
 
 namespace tandem::parallel {
@@ -77,6 +78,13 @@ class TensorParallelPlan {
   // every rank of the group calls it for the same parameter).
   torch::Tensor whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const;
 
+  // Ends the cut (a collective): every cut parameter gets its whole value
+  // (whole_of_part) and the layers' split hooks are cleared, so the model
+  // is the plain whole model again (for an export, or evaluation after
+  // training). The plan then only answers detached().
+  void detach();
+  bool detached() const { return detached_; }
+
   // "12 parameters cut (attention by 2 of 4 heads, ...)", for the log.
   std::string describe() const { return description_; }
 
@@ -90,6 +98,9 @@ class TensorParallelPlan {
   std::unordered_map<const c10::TensorImpl*, TensorCut> cuts_;
   TensorCut whole_;  // what cut() returns for the others
   std::string description_;
+  std::vector<models::SplitRegion*> regions_;  // the hooks set, cleared by detach()
+  std::vector<models::SplitLookup*> lookups_;
+  bool detached_ = false;
 };
 
 }  // namespace tandem::parallel
