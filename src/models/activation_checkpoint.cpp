@@ -132,7 +132,9 @@ torch::Tensor checkpoint_activations(SegmentFn fn, const torch::Tensor& input, s
   segment->fn = std::move(fn);
   segment->buffers = std::move(buffers);
   // Note [activation checkpointing]: the anchor makes the output need grad.
-  auto anchor = torch::empty({0}, input.options().requires_grad(true));
+  // A floating one: a language model's first segment is fed token ids.
+  const auto dtype = input.is_floating_point() ? input.scalar_type() : torch::kFloat32;
+  auto anchor = torch::empty({0}, input.options().dtype(dtype).requires_grad(true));
   return Recompute::apply(segment, input, anchor);
 }
 

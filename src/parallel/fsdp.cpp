@@ -280,7 +280,7 @@ torch::Tensor FullyShardedDataParallel::forward(const torch::Tensor& input) {
     bool any = std::any_of(seen_.begin(), seen_.end(), [](bool b) { return b; });
     if (in_backward_ && any) {
       std::fill(missing_.begin(), missing_.end(), 0);
-      launch_reductions();
+      launch_reductions(/*pinned_too=*/true);
     }
     missing_.assign(units_.size(), 0);
     for (size_t u = 0; u < units_.size(); ++u) missing_[u] = static_cast<int64_t>(units_[u]->parameters.size());
@@ -366,8 +366,12 @@ void FullyShardedDataParallel::gradient_ready(size_t k) {
   if (--missing_[u] == 0) launch_reductions();
 }
 
-void FullyShardedDataParallel::launch_reductions() {
-  while (reduced_down_to_ > 0 && missing_[reduced_down_to_ - 1] == 0) reduce(--reduced_down_to_);
+void FullyShardedDataParallel::launch_reductions(bool pinned_too) {
+  // A pinned unit waits for after_backward() (Note [fsdp tied weights]).
+  while (reduced_down_to_ > 0 && missing_[reduced_down_to_ - 1] == 0 &&
+         (pinned_too || !units_[reduced_down_to_ - 1]->pinned)) {
+    reduce(--reduced_down_to_);
+  }
 }
 
 void FullyShardedDataParallel::reduce(size_t index) {
@@ -410,7 +414,7 @@ void FullyShardedDataParallel::after_backward() {
   bool any = std::any_of(seen_.begin(), seen_.end(), [](bool b) { return b; });
   if (any) {
     std::fill(missing_.begin(), missing_.end(), 0);
-    launch_reductions();
+    launch_reductions(/*pinned_too=*/true);
   }
   settle_reductions();
   for (size_t u = 0; u < units_.size(); ++u) release(u);

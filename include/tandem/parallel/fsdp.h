@@ -86,10 +86,12 @@
 // head multiplies by the token embedding: models::TiedWeightUser). The
 // parameter stays one tensor, in the unit of the layer that owns it, and
 // that unit is pinned: gathered at the start of forward and kept until its
-// own reduce-scatter at the end of backward (in evaluation, until forward
+// own reduce-scatter in after_backward() (in evaluation, until forward
 // ends), so the reading unit finds its values in forward and backward
-// alike. Autograd sums the two uses' gradients before the parameter's
-// accumulator runs, so the owner's reduce-scatter carries both. This is
+// alike. The two uses' gradients may reach the parameter's accumulator
+// apart (the owner's unit recomputed under activation checkpointing runs a
+// backward of its own, after the reader's gradient arrived), so the
+// pinned unit is reduced only once backward is over, with both. This is
 // PyTorch FSDP's placement of shared parameters in the unit that holds
 // both users (the root); the price is one unit kept whole.
 //
@@ -238,7 +240,7 @@ class FullyShardedDataParallel {
   void gather(size_t unit);          // launches the all-gather (allocating the buffer) if needed
   void wait_gathered(size_t unit);   // gather() and wait
   void release(size_t unit);         // frees the full buffer
-  void launch_reductions();          // requires mutex_: complete units, last first
+  void launch_reductions(bool pinned_too = false);  // requires mutex_: complete units, last first
   void reduce(size_t unit);          // requires mutex_
   void settle_reductions();          // requires mutex_: waits, adds into the shards' gradients
 
