@@ -169,8 +169,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.section("run");
   flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
   flags.add_double("peak-tflops", "X", &o.peak_tflops,
-                   "a device's peak TFLOPS, for a language model's MFU (0: known for H100 and H200, bf16 "
-                   "dense; otherwise no MFU)", 0);
+                   "a device's peak TFLOPS (0.001 to 100000), for a language model's MFU (0: known for H100 "
+                   "and H200, bf16 dense; otherwise no MFU)", 0, 1e5);
   flags.add_uint("seed", "N", &o.seed,
                  "seed for initialisation, shuffling and augmentation; as in PyTorch, the first two (libtorch's CPU generator) use only its low 32 bits");
   flags.add_string("checkpoint-dir", "DIR", &o.checkpoint_dir,

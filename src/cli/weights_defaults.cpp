@@ -162,7 +162,7 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
     // Data given on the command line that the weights cannot take is the
     // command line's mistake (exit 2); otherwise the file is wrong.
     if (flags.given("data") || flags.given("val-data")) {
-      throw UsageError("--data " + o.data + " does not fit " + file + ": " + e.what());
+      throw UsageError(std::string(e.what()) + " (the model of " + file + ")");
     }
     throw Error(file + ": its metadata describes a run tandem cannot evaluate: " + e.what());
   }
