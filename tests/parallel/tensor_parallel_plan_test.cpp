@@ -153,6 +153,58 @@ TEST(TensorParallelPlanTest, LlamaWithGroupedQueryHeadsIsOneProcess) {
   }
 }
 
+// Memory and traffic, measured: each rank's cut parameters hold their
+// part of the whole ones' bytes (the storages' sizes, summed over the
+// ranks: the whole; each about 1/tp), and one step's all-reduces over the
+// tp group carry Megatron-LM's figure (as counted by the group, Note
+// [traffic]): per block two in forward (attention's and the MLP's partial
+// sums) and two in backward (their inputs' gradients), one for the
+// embedding's lookup and one for the head's input gradient, each of B x T
+// x width elements; and the vocabulary-parallel loss's two of per-row
+// numbers (the max, then three sums).
+TEST(TensorParallelPlanTest, MemoryAndTrafficAreMegatronsFigures) {
+  const auto config = gpt2_config(4);  // width 16, 2 blocks
+  auto make = [&] {
+    torch::manual_seed(7);
+    auto m = models::gpt2(config);
+    m->to(torch::kFloat64);
+    return m;
+  };
+  const auto data = batches(config.vocab_size);
+  int64_t whole_bytes = 0;
+  std::vector<models::Sequence> copies{make(), make()};
+  {
+    auto whole = make();
+    for (const auto& p : whole->parameters()) whole_bytes += p.nbytes();
+  }
+  std::vector<int64_t> cut_bytes(2), kept_bytes(2);
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto model = copies[group->rank()];
+    TensorParallelPlan plan(model, group);
+    for (const auto& p : model->parameters()) {
+      const auto bytes = static_cast<int64_t>(p.storage().nbytes());
+      (plan.cut(p).cut() ? cut_bytes : kept_bytes)[group->rank()] += bytes;
+    }
+    group->reset_traffic();
+    auto loss = tp::vocab_parallel_cross_entropy(model->forward(data[0].tokens), data[0].targets, plan.vocabulary(),
+                                                 plan.vocab_size(), plan.group())
+                    .mean();
+    loss.backward();
+    const auto traffic = group->traffic();
+    const int64_t rows = 3 * 8, activations = rows * config.n_embd;
+    const int64_t expected_elements = (4 * config.n_layer + 2) * activations + rows + 3 * rows;
+    EXPECT_EQ(traffic.at("all_reduce").bytes, expected_elements * 8);
+    EXPECT_EQ(traffic.at("all_reduce").calls, 4 * config.n_layer + 2 + 2);
+  });
+  expect_no_errors(errors);
+  EXPECT_EQ(kept_bytes[0], kept_bytes[1]);  // the whole parameters, on each rank
+  EXPECT_EQ(cut_bytes[0] + cut_bytes[1] + kept_bytes[0], whole_bytes);
+  for (int r = 0; r < 2; ++r) {
+    const double share = static_cast<double>(cut_bytes[r]) / static_cast<double>(cut_bytes[0] + cut_bytes[1]);
+    EXPECT_NEAR(share, 0.5, 0.02) << "rank " << r;  // the vocabulary of 37: 19 and 18 rows
+  }
+}
+
 TEST(TensorParallelPlanTest, WhatCannotBeCutIsNamed) {
   auto errors = run_ranks(3, [](std::shared_ptr<dist::ProcessGroup> group) {
     torch::manual_seed(1);
