@@ -114,10 +114,12 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "--devices, micro-batches flowing through them (or, launched over N "
                    "processes, one stage per process on its --device)");
   flags.add_string("mesh", "DIMS", &o.mesh,
-                   "the job's ranks as a grid of pipeline stages x data-parallel replicas, e.g. "
-                   "dp=2,pp=2 on 4 ranks (pp outermost; an omitted dimension is 1; the product is the "
-                   "number of ranks): every stage replicated over its dp ranks, --strategy ddp, "
-                   "allreduce or fsdp doing the dp dimension; default: pp=N under --strategy pipeline, else dp=N");
+                   "the job's ranks as a grid of pipeline stages x data-parallel replicas x tensor-parallel "
+                   "shards, e.g. dp=2,pp=2 or dp=2,tp=2 on 4 ranks (pp outermost, tp innermost; an omitted "
+                   "dimension is 1; the product is the number of ranks): every stage replicated over its dp "
+                   "ranks, --strategy ddp, allreduce or fsdp doing the dp dimension; tp splits a language "
+                   "model's heads, features and vocabulary (not yet with pp or fsdp); default: pp=N under "
+                   "--strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
                    "cuda:0,cuda:1 (repeats allowed)");
