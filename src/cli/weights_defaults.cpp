@@ -159,10 +159,13 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
     engine::check_train_options(o);
     data::data_format(o.data);
   } catch (const UsageError& e) {
-    // Data given on the command line that the weights cannot take is the
-    // command line's mistake (exit 2); otherwise the file is wrong.
-    if (flags.given("data") || flags.given("val-data")) {
-      throw UsageError(std::string(e.what()) + " (the model of " + file + ")");
+    // Data given on the command line that the weights' model cannot take
+    // (the check names the data flag) is the command line's mistake (exit
+    // 2); otherwise the file is wrong.
+    const std::string what = e.what();
+    const bool data_flag = what.rfind("--data ", 0) == 0 || what.rfind("--val-data ", 0) == 0;
+    if (data_flag && (flags.given("data") || flags.given("val-data"))) {
+      throw UsageError(what + " (the model of " + file + ")");
     }
     throw Error(file + ": its metadata describes a run tandem cannot evaluate: " + e.what());
   }

@@ -128,6 +128,7 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   for (const auto& named : weights_and_buffers()) checked.push_back(named.second);
   auto bad = count_non_finite(checked, epoch.loss_sum.device());
   if (stages_) stages_->all_reduce(bad).wait();  // every stage's weights; the sums are the last stage's
+  if (tensor_group_) tensor_group_->all_reduce(bad).wait();  // every tp rank's parts: all stop, or none
   auto sums = torch::stack({epoch.loss_sum, epoch.correct.to(torch::kFloat64),
                             torch::full({}, static_cast<double>(epoch.seen), epoch.loss_sum.options()), bad});
   if (group_) group_->all_reduce(sums).wait();

@@ -157,9 +157,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
   if (amp_ == torch::kHalf) {
-    // Under a mesh the whole job: FSDP's shards differ between dp ranks.
+    // Under a mesh the whole job: FSDP's shards differ between dp ranks,
+    // and tensor parallelism's parts between tp ranks.
     scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
-                                                  mesh_ ? job_group_ : stages_ ? stages_ : group_);
+                                                  mesh_ || tensor_group_ ? job_group_ : stages_ ? stages_ : group_);
   }
   if (pipeline) {
     stages_ ? make_rank_pipeline(info) : make_pipeline(info);
