@@ -73,6 +73,14 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
   }
   int64_t blocks = 0, heads = 0;
   torch::Tensor* embedding = nullptr;
+  // The embedding by vocabulary rows, its lookup summed over the ranks.
+  auto cut_embedding = [&](torch::Tensor& weight, models::SplitLookup& split) {
+    embedding = &weight;
+    vocab_size_ = weight.size(0);
+    cut_parameter(weight, 0, chunk_rows(vocab_size_, world));
+    split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+    lookups_.push_back(&split);
+  };
   for (const auto& module : model_->modules(/*include_self=*/false)) {
     if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {
       const int64_t h = a->config().n_head, d = a->config().n_embd / h;
@@ -91,11 +99,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       m->split = {enter, leave};
       regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::Gpt2EmbeddingImpl*>(module.get())) {
-      embedding = &e->wte->weight;
-      vocab_size_ = embedding->size(0);
-      cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
-      e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
-      lookups_.push_back(&e->split);
+      cut_embedding(e->wte->weight, e->split);
     } else if (auto* head = dynamic_cast<models::Gpt2HeadImpl*>(module.get())) {
       head->split.enter = enter;  // its tied weight is the embedding's, cut by vocabulary
       regions_.push_back(&head->split);
@@ -118,11 +122,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       m->split = {enter, leave};
       regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::LlamaEmbeddingImpl*>(module.get())) {
-      embedding = &e->embed_tokens->weight;
-      vocab_size_ = embedding->size(0);
-      cut_parameter(*embedding, 0, chunk_rows(vocab_size_, world));
-      e->split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
-      lookups_.push_back(&e->split);
+      cut_embedding(e->embed_tokens->weight, e->split);
     } else if (auto* head = dynamic_cast<models::LlamaHeadImpl*>(module.get())) {
       if (head->lm_head) cut_parameter(head->lm_head->weight, 0, chunk_rows(head->lm_head->weight.size(0), world));
       head->split.enter = enter;

@@ -14,18 +14,6 @@ torch::optim::AdamWOptions adamw_options() {
   return torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.1);
 }
 
-// One step of `world` ranks' share of batch `s` (one process: world 1).
-void train_step(torch::optim::Optimizer& optimizer, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                const std::function<void()>& after, const Data& data, int s, int64_t rank, int64_t world) {
-  optimizer.zero_grad();
-  const int64_t per_rank = kBatch / world, begin = s * kBatch + rank * per_rank;
-  torch::nn::functional::cross_entropy(forward(data.inputs.slice(0, begin, begin + per_rank)),
-                                       data.targets.slice(0, begin, begin + per_rank))
-      .backward();
-  after();
-  optimizer.step();
-}
-
 std::vector<torch::Tensor> values_of(const models::Sequence& net) {
   std::vector<torch::Tensor> values;
   for (const auto& p : net->parameters()) values.push_back(p.detach().clone());

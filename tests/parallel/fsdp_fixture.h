@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include <c10/core/CPUAllocator.h>
@@ -63,6 +64,18 @@ inline Data make_data() {
 }
 
 torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3); }
+
+// One step of `world` ranks' share of batch `s` (one process: world 1).
+inline void train_step(torch::optim::Optimizer& optimizer, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                const std::function<void()>& after, const Data& data, int s, int64_t rank, int64_t world) {
+  optimizer.zero_grad();
+  const int64_t per_rank = kBatch / world, begin = s * kBatch + rank * per_rank;
+  torch::nn::functional::cross_entropy(forward(data.inputs.slice(0, begin, begin + per_rank)),
+                                       data.targets.slice(0, begin, begin + per_rank))
+      .backward();
+  after();
+  optimizer.step();
+}
 
 // One process, whole batches: the reference weights.
 

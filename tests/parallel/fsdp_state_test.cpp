@@ -165,22 +165,12 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
   torch::manual_seed(1);
   auto start = make_net();
   testing::TempDir dir;
-  auto step = [&](models::Sequence& net, torch::optim::Optimizer& sgd, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                  const std::function<void()>& after, int s, int64_t rank, int64_t world) {
-    sgd.zero_grad();
-    const int64_t per_rank = kBatch / world, begin = s * kBatch + rank * per_rank;
-    torch::nn::functional::cross_entropy(forward(data.inputs.slice(0, begin, begin + per_rank)),
-                                         data.targets.slice(0, begin, begin + per_rank))
-        .backward();
-    after();
-    sgd.step();
-  };
   // The reference: one process, 2 steps, saved, 2 more.
   auto net = make_net();
   copy_parameters(*start, *net);
   optim::Sgd sgd(net->parameters(), sgd_options());
   auto plain = [&](const torch::Tensor& x) { return net->forward(x); };
-  for (int s = 0; s < 2; ++s) step(net, sgd, plain, [] {}, s, 0, 1);
+  for (int s = 0; s < 2; ++s) train_step(sgd, plain, [] {}, data, s, 0, 1);
   std::vector<torch::Tensor> half_weights, half_momentum, final_weights;
   for (const auto& p : net->parameters()) {
     half_weights.push_back(p.detach().clone());
@@ -192,7 +182,7 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
     sgd.save(archive);
     archive.save_to(dir.file("plain.pt"));
   }
-  for (int s = 2; s < kSteps; ++s) step(net, sgd, plain, [] {}, s, 0, 1);
+  for (int s = 2; s < kSteps; ++s) train_step(sgd, plain, [] {}, data, s, 0, 1);
   for (const auto& p : net->parameters()) final_weights.push_back(p.detach().clone());
 
   // FSDP on 2 ranks, 2 steps, saved by rank 0: plain Sgd reads the reference's momentum.
@@ -203,8 +193,8 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
     FullyShardedDataParallel fsdp(mine, group, options);
     FsdpSgd sharded(fsdp, sgd_options());
     for (int s = 0; s < 2; ++s) {
-      step(mine, sharded, [&](const torch::Tensor& x) { return fsdp.forward(x); },
-           [&] { fsdp.after_backward(); }, s, group->rank(), 2);
+      train_step(sharded, [&](const torch::Tensor& x) { return fsdp.forward(x); },
+                 [&] { fsdp.after_backward(); }, data, s, group->rank(), 2);
     }
     torch::serialize::OutputArchive archive;
     if (group->rank() == 1) {  // before consolidating: refused by name
@@ -248,8 +238,8 @@ TEST(FsdpTest, OptimizerStateIsSavedAndLoadedInPlainSgdsForm) {
     archive.load_from(dir.file("plain.pt"));
     sharded.load(archive);
     for (int s = 2; s < kSteps; ++s) {
-      step(mine, sharded, [&](const torch::Tensor& x) { return fsdp.forward(x); },
-           [&] { fsdp.after_backward(); }, s, group->rank(), 3);
+      train_step(sharded, [&](const torch::Tensor& x) { return fsdp.forward(x); },
+                 [&] { fsdp.after_backward(); }, data, s, group->rank(), 3);
     }
     auto full = fsdp.full_params();
     auto params = mine->parameters();
