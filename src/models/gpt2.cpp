@@ -103,7 +103,7 @@ torch::Tensor Gpt2EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t
                " tokens is longer than the model's ", config_.n_positions, " positions");
   auto positions =
       torch::arange(offset, offset + t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
-  auto x = split.lookup(wte->weight, tokens) + wpe->forward(positions);
+  auto x = split.lookup(wte->weight, tokens) + wpe->forward(split.positions(positions));
   return torch::dropout(x, config_.dropout, is_training());
 }
 
@@ -117,8 +117,10 @@ void Gpt2AttentionImpl::reset() {
 
 torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
   // The heads from the widths: a split region holds some of them.
-  const int64_t b = x.size(0), t = x.size(1), d = config_.n_embd / config_.n_head;
-  auto qkv = c_attn->forward(split.in(x)).chunk(3, /*dim=*/2);
+  // Under sequence parallelism `x` holds part of the sequence, `in` all of it.
+  const auto in = split.in(x);
+  const int64_t b = in.size(0), t = in.size(1), d = config_.n_embd / config_.n_head;
+  auto qkv = c_attn->forward(in).chunk(3, /*dim=*/2);
   const int64_t h = qkv[0].size(2) / d;  // (not -1: a batch may be empty)
   auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, d}).transpose(1, 2); };
   const double p = is_training() ? config_.dropout : 0.0;

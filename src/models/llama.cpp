@@ -146,14 +146,15 @@ std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary(int64_t past,
 }
 
 torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
-  const int64_t b = x.size(0), t = x.size(1), d = config_.head_dim();
+  // Under sequence parallelism `x` holds part of the sequence, `in` all of it.
+  const auto in = split.in(x);
+  const int64_t b = in.size(0), t = in.size(1), d = config_.head_dim();
   const int64_t h = config_.num_heads, kv = config_.num_kv_heads;
   const int64_t past = cache ? cache->length() : 0;
   TANDEM_CHECK(past + t <= config_.max_positions, "LLaMA: a sequence of ", past + t,
                " tokens is longer than the model's ", config_.max_positions, " positions");
   // The heads from the widths: a split region holds some of them, its
   // key/value heads in the same proportion.
-  const auto in = split.in(x);
   const int64_t local_heads = q_proj->weight.size(0) / d, local_kv = k_proj->weight.size(0) / d;
   auto q = q_proj->forward(in).view({b, t, local_heads, d}).transpose(1, 2);
   auto k = k_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);

@@ -12,4 +12,8 @@ torch::Tensor SplitLookup::lookup(const torch::Tensor& weight, const torch::Tens
   return leave(torch::embedding(weight, local).masked_fill(elsewhere.unsqueeze(-1), 0));
 }
 
+torch::Tensor SplitLookup::positions(const torch::Tensor& all) const {
+  return sequence_parts == 1 ? all : all.chunk(sequence_parts, 0)[sequence_rank];
+}
+
 }  // namespace tandem::models

@@ -2,11 +2,14 @@
 #include "tandem/parallel/tensor_parallel_plan.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 
 #include <torch/torch.h>
 
 #include "tandem/models/gpt2.h"
 #include "tandem/models/llama.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 
@@ -52,20 +55,31 @@ void TensorParallelPlan::cut_parameter(torch::Tensor& p, int64_t dim, std::vecto
   cuts_[p.unsafeGetTensorImpl()] = std::move(cut);
 }
 
-TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group)
-    : model_(std::move(model)), group_(std::move(group)) {
+TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group,
+                                       TensorParallelPlanOptions options)
+    : model_(std::move(model)), group_(std::move(group)), options_(options) {
   TANDEM_CHECK(!model_.is_empty() && group_, "TensorParallelPlan: a model and a group are required");
   const int64_t world = group_->size();
   auto g = group_;
-  const models::TensorMap enter = [g](const torch::Tensor& x) { return tp::copy_to(x, *g); };
-  const models::TensorMap leave = [g](const torch::Tensor& x) { return tp::reduce_from(x, *g); };
+  // Note [sequence-parallel plans]: the batch is [B, T, ...], the sequence dim 1.
+  models::TensorMap enter = [g](const torch::Tensor& x) { return tp::copy_to(x, *g); };
+  models::TensorMap leave = [g](const torch::Tensor& x) { return tp::reduce_from(x, *g); };
+  if (options_.sequence_parallel) {
+    enter = [g](const torch::Tensor& x) { return tp::gather_sequence(x, *g, 1); };
+    leave = [g](const torch::Tensor& x) { return tp::reduce_scatter_sequence(x, *g, 1); };
+  }
   auto divides = [&](int64_t heads, const char* what) {
     TANDEM_CHECK(heads % world == 0, "tensor parallelism: ", world, " ranks do not divide the model's ", heads, " ",
                  what, " (tp must divide the attention's heads)");
   };
   // Every refusal first, before any parameter is cut.
   for (const auto& module : model_->modules(/*include_self=*/false)) {
-    if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) divides(a->config().n_head, "heads");
+    if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {
+      divides(a->config().n_head, "heads");
+      TANDEM_CHECK(a->config().dropout == 0, "tensor parallelism: the model's dropout is ", a->config().dropout,
+                   "; dropout under tensor parallelism is not supported yet (each rank would draw the same mask "
+                   "for its own heads and positions), use dropout 0");
+    }
     if (auto* a = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
       divides(a->config().num_heads, "heads");
       divides(a->config().num_kv_heads, "key/value heads");
@@ -79,6 +93,10 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
     vocab_size_ = weight.size(0);
     cut_parameter(weight, 0, chunk_rows(vocab_size_, world));
     split = {tp::part_of(vocab_size_, group_->rank(), world).begin, leave};
+    if (options_.sequence_parallel) {
+      split.sequence_rank = group_->rank();
+      split.sequence_parts = world;
+    }
     lookups_.push_back(&split);
   };
   for (const auto& module : model_->modules(/*include_self=*/false)) {
@@ -133,11 +151,74 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
                "GPT-2 and LLaMA models have one)");
   vocabulary_ = tp::part_of(vocab_size_, group_->rank(), world);
   description_ = format("tensor parallel over %lld ranks: each block's attention by %lld of %lld heads and its MLP by "
-                        "features, the vocabulary's %lld rows by %lld (this rank: %lld..%lld)",
+                        "features, the vocabulary's %lld rows by %lld (this rank: %lld..%lld)%s",
                         static_cast<long long>(world), static_cast<long long>(heads / world),
                         static_cast<long long>(heads), static_cast<long long>(vocab_size_),
                         static_cast<long long>(world), static_cast<long long>(vocabulary_.begin),
-                        static_cast<long long>(vocabulary_.end - 1));
+                        static_cast<long long>(vocabulary_.end - 1),
+                        options_.sequence_parallel ? "; sequence parallel between them" : "");
+}
+
+void TensorParallelPlan::reduce_gradients() {
+  if (!sequence_parallel() || group_->size() == 1) return;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : model_->parameters()) {
+    if (!cut(p).cut() && p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return;
+  // One all-reduce of them all (every rank holds the same parameters,
+  // in the same order, each with or without a gradient alike).
+  auto flat = torch::cat([&] {
+    std::vector<torch::Tensor> flat_grads;
+    for (const auto& g : grads) flat_grads.push_back(g.reshape({-1}));
+    return flat_grads;
+  }());
+  group_->all_reduce(flat).wait();
+  int64_t at = 0;
+  for (auto& g : grads) {
+    g.copy_(flat.narrow(0, at, g.numel()).view_as(g));
+    at += g.numel();
+  }
+}
+
+namespace {
+
+// `p`'s state tensors shaped like `shape`, mapped by `map`; the rest (a
+// step count) as they are.
+void map_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, c10::IntArrayRef shape,
+               const std::function<torch::Tensor(const torch::Tensor&)>& map) {
+  auto state = optim::parameter_state(optimizer, p);
+  if (state.empty()) return;
+  std::map<std::string, torch::Tensor> mapped;
+  for (const auto& [name, t] : state) mapped[name] = t.sizes() == shape ? map(t) : t;
+  optim::set_parameter_state(optimizer, p, mapped);
+}
+
+}  // namespace
+
+void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
+  TANDEM_CHECK(!detached_, "TensorParallelPlan: make_whole() after detach()");
+  torch::NoGradGuard no_grad;
+  for (auto& p : model_->parameters()) {
+    if (!cut(p).cut()) continue;
+    const auto part_shape = p.sizes().vec();
+    const auto part = p.detach();
+    p.set_data(whole_of_part(p, part));
+    if (optimizer) map_state(*optimizer, p, part_shape, [&](const torch::Tensor& t) { return whole_of_part(p, t); });
+  }
+}
+
+void TensorParallelPlan::cut_again(torch::optim::Optimizer* optimizer) {
+  TANDEM_CHECK(!detached_, "TensorParallelPlan: cut_again() after detach()");
+  torch::NoGradGuard no_grad;
+  for (auto& p : model_->parameters()) {
+    if (!cut(p).cut()) continue;
+    const auto whole_shape = p.sizes().vec();
+    p.set_data(part_of_whole(p, p.detach()).contiguous());
+    if (optimizer) {
+      map_state(*optimizer, p, whole_shape, [&](const torch::Tensor& t) { return part_of_whole(p, t).contiguous(); });
+    }
+  }
 }
 
 void TensorParallelPlan::detach() {

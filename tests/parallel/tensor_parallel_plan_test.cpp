@@ -27,11 +27,12 @@ struct Batch {
   torch::Tensor tokens, targets;
 };
 // Drawn before any rank's thread starts: the generator is the process's.
-std::vector<Batch> batches(int64_t vocab) {
+std::vector<Batch> batches(int64_t vocab, int64_t seq = 8) {
   torch::manual_seed(100);
   std::vector<Batch> all;
   for (int s = 0; s < kSteps; ++s) {
-    all.push_back({torch::randint(0, vocab, {3, 8}, torch::kInt64), torch::randint(0, vocab, {3, 8}, torch::kInt64)});
+    all.push_back(
+        {torch::randint(0, vocab, {3, seq}, torch::kInt64), torch::randint(0, vocab, {3, seq}, torch::kInt64)});
   }
   return all;
 }
@@ -44,11 +45,11 @@ struct Reference {
   double first_loss = 0;
   std::map<std::string, torch::Tensor> first_grads, final_weights;
 };
-Reference reference(const std::function<models::Sequence()>& make, int64_t vocab) {
+Reference reference(const std::function<models::Sequence()>& make, int64_t vocab, int64_t seq) {
   auto model = make();
   optim::AdamW optimizer(optim::decay_groups(model->named_parameters(), adamw()), adamw());
   Reference r;
-  const auto data = batches(vocab);
+  const auto data = batches(vocab, seq);
   for (int s = 0; s < kSteps; ++s) {
     const auto& b = data[s];
     optimizer.zero_grad();
@@ -65,17 +66,19 @@ Reference reference(const std::function<models::Sequence()>& make, int64_t vocab
   return r;
 }
 
-// The same on `world` thread ranks, each cutting its own whole copy.
+// The same on `world` thread ranks, each cutting its own whole copy;
+// with sequence parallelism, sequences of `seq` tokens.
 void expect_tensor_parallel_is_one_process(const std::function<models::Sequence()>& make, int64_t vocab,
-                                           int64_t world) {
-  const auto expected = reference(make, vocab);
-  const auto data = batches(vocab);
+                                           int64_t world, TensorParallelPlanOptions options = {},
+                                           int64_t seq = 8) {
+  const auto expected = reference(make, vocab, seq);
+  const auto data = batches(vocab, seq);
   std::vector<models::Sequence> copies;
   for (int64_t r = 0; r < world; ++r) copies.push_back(make());  // the generator is the process's: here, in turn
   auto errors = run_ranks(world, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto model = copies[group->rank()];
     const auto whole_numel = models::count_parameters(*model);
-    TensorParallelPlan plan(model, group);
+    TensorParallelPlan plan(model, group, options);
     EXPECT_LT(models::count_parameters(*model), whole_numel) << "each rank holds parts";
     optim::AdamW optimizer(optim::decay_groups(model->named_parameters(), adamw()), adamw());
     for (int s = 0; s < kSteps; ++s) {
@@ -87,6 +90,7 @@ void expect_tensor_parallel_is_one_process(const std::function<models::Sequence(
                                                    plan.group())
                       .mean();
       loss.backward();
+      plan.reduce_gradients();
       if (s == 0) {
         EXPECT_NEAR(loss.item<double>(), expected.first_loss, 1e-13);
         for (const auto& p : model->named_parameters()) {
@@ -129,6 +133,68 @@ TEST(TensorParallelPlanTest, Gpt2OnTwoAndThreeRanksIsOneProcess) {
     SCOPED_TRACE("tp=" + std::to_string(world));
     expect_tensor_parallel_is_one_process(make, config.vocab_size, world);
   }
+}
+
+// Note [sequence-parallel plans]: the norms, positions and row biases on
+// 1/tp of the sequence (9 tokens over 3 ranks), their gradients summed.
+// Control: without reduce_gradients() the whole parameters' gradients are
+// each rank's part of them, and the test above's comparison fails.
+TEST(TensorParallelPlanTest, SequenceParallelIsOneProcess) {
+  for (int64_t world : {2, 3}) {
+    const auto config = gpt2_config(world == 2 ? 4 : 6);
+    auto make = [&] {
+      torch::manual_seed(7);
+      auto m = models::gpt2(config);
+      m->to(torch::kFloat64);
+      return m;
+    };
+    SCOPED_TRACE("gpt2, sequence parallel, tp=" + std::to_string(world));
+    expect_tensor_parallel_is_one_process(make, config.vocab_size, world, {true}, world == 2 ? 8 : 9);
+  }
+  models::LlamaConfig c;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.intermediate_size = 42;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 16;
+  auto make = [&] {
+    torch::manual_seed(9);
+    auto m = models::llama(c);
+    m->to(torch::kFloat64);
+    return m;
+  };
+  SCOPED_TRACE("llama, sequence parallel, tp=2");
+  expect_tensor_parallel_is_one_process(make, c.vocab_size, 2, {true});
+}
+
+TEST(TensorParallelPlanTest, SequenceParallelWithoutTheGradientSumIsNot) {
+  const auto config = gpt2_config(4);
+  auto make = [&] {
+    torch::manual_seed(7);
+    auto m = models::gpt2(config);
+    m->to(torch::kFloat64);
+    return m;
+  };
+  const auto expected = reference(make, config.vocab_size, 8);
+  const auto data = batches(config.vocab_size);
+  std::vector<models::Sequence> copies{make(), make()};
+  std::vector<double> worst(2);
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto model = copies[group->rank()];
+    TensorParallelPlan plan(model, group, {true});
+    auto loss = tp::vocab_parallel_cross_entropy(model->forward(data[0].tokens), data[0].targets, plan.vocabulary(),
+                                                 plan.vocab_size(), plan.group())
+                    .mean();
+    loss.backward();  // no reduce_gradients()
+    for (const auto& p : model->named_parameters()) {
+      const auto part = plan.part_of_whole(p.value(), expected.first_grads.at(p.key()));
+      worst[group->rank()] = std::max(worst[group->rank()], (p.value().grad() - part).abs().max().item<double>());
+    }
+  });
+  expect_no_errors(errors);
+  EXPECT_GT(std::min(worst[0], worst[1]), 1e-6);
 }
 
 TEST(TensorParallelPlanTest, LlamaWithGroupedQueryHeadsIsOneProcess) {
@@ -203,6 +269,46 @@ TEST(TensorParallelPlanTest, MemoryAndTrafficAreMegatronsFigures) {
     const double share = static_cast<double>(cut_bytes[r]) / static_cast<double>(cut_bytes[0] + cut_bytes[1]);
     EXPECT_NEAR(share, 0.5, 0.02) << "rank " << r;  // the vocabulary of 37: 19 and 18 rows
   }
+}
+
+// With sequence parallelism each of those all-reduces of B x T x width
+// becomes an all-gather and a reduce-scatter (Note [sequence parallel]):
+// per block two of each in forward and two in backward, one of each for
+// the embedding and the head. The group counts an all-gather's input (1/tp
+// of the activations) and a reduce-scatter's inputs (all of them); on the
+// wire each moves (tp - 1)/tp of the activations, so the pair moves what
+// one all-reduce does. The all-reduces left: the loss's, and one of the
+// whole parameters' gradients (reduce_gradients()).
+TEST(TensorParallelPlanTest, SequenceParallelTrafficIsMegatronsFigure) {
+  const auto config = gpt2_config(4);
+  const auto data = batches(config.vocab_size);
+  std::vector<models::Sequence> copies;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(7);
+    copies.push_back(models::gpt2(config));
+    copies.back()->to(torch::kFloat64);
+  }
+  auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto model = copies[group->rank()];
+    TensorParallelPlan plan(model, group, {true});
+    int64_t whole_elements = 0;
+    for (const auto& p : model->parameters()) whole_elements += plan.cut(p).cut() ? 0 : p.numel();
+    group->reset_traffic();
+    auto loss = tp::vocab_parallel_cross_entropy(model->forward(data[0].tokens), data[0].targets, plan.vocabulary(),
+                                                 plan.vocab_size(), plan.group())
+                    .mean();
+    loss.backward();
+    plan.reduce_gradients();
+    const auto traffic = group->traffic();
+    const int64_t rows = 3 * 8, activations = rows * config.n_embd, regions = 4 * config.n_layer + 2;
+    EXPECT_EQ(traffic.at("all_gather").calls, regions);
+    EXPECT_EQ(traffic.at("all_gather").bytes, regions * activations / 2 * 8);
+    EXPECT_EQ(traffic.at("reduce_scatter").calls, regions);
+    EXPECT_EQ(traffic.at("reduce_scatter").bytes, regions * activations * 8);
+    EXPECT_EQ(traffic.at("all_reduce").calls, 2 + 1);
+    EXPECT_EQ(traffic.at("all_reduce").bytes, (rows + 3 * rows + whole_elements) * 8);
+  });
+  expect_no_errors(errors);
 }
 
 TEST(TensorParallelPlanTest, WhatCannotBeCutIsNamed) {

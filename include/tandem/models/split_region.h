@@ -13,6 +13,10 @@
 //    rank holding some of the heads runs just those.
 // An embedding looks up the rows of the vocabulary it holds (zeros for a
 // token of another rank's rows) and sums the lookups through `leave`.
+// With sequence parallelism `leave` also keeps this rank's part of the
+// sequence (a reduce-scatter), `enter` gathers the whole sequence back,
+// and what is added per position (GPT-2's positions) is taken for the
+// positions this rank holds (`positions`).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +39,12 @@ struct SplitRegion {
 struct SplitLookup {
   int64_t begin = 0;  // the first vocabulary row this rank's weight holds
   TensorMap leave;
+  // Sequence parallelism: the lookup's output holds part `sequence_rank`
+  // of `sequence_parts` equal parts of the sequence.
+  int64_t sequence_rank = 0, sequence_parts = 1;
   bool split() const { return static_cast<bool>(leave); }
+  // This rank's part of `all` [T, ...], one row per position of the sequence.
+  torch::Tensor positions(const torch::Tensor& all) const;
   // The embedding of `tokens` [B, T] through `weight` (this rank's rows).
   torch::Tensor lookup(const torch::Tensor& weight, const torch::Tensor& tokens) const;
 };

@@ -32,6 +32,20 @@
 // Without sequence parallelism every rank computes the whole parameters'
 // gradients alike, so nothing is reduced over tp for them; the parts'
 // gradients are each rank's own.
+//
+// Note [sequence-parallel plans]: with `sequence_parallel`, what lies
+// between the regions (the residual stream, the norms, the row layers'
+// biases, GPT-2's positions) holds 1/tp of the sequence: the embedding's
+// lookup is reduce-scattered along it, each region's input all-gathered
+// and its output reduce-scattered, the head's input all-gathered
+// (Note [sequence parallel], tensor_parallel.h). A whole parameter then
+// sees only this rank's positions, so its gradient is a partial sum:
+// reduce_gradients() sums the whole parameters' gradients over the tp
+// group (one all-reduce of them all, Megatron-LM's all-reduce of its
+// sequence-parallel gradients) after backward and before clipping or a
+// step. The sequence length must be a multiple of tp. Dropout is refused
+// under tensor parallelism (GPT-2's config.dropout): each rank's
+// generator would draw the same mask for its own heads and positions.
 #pragma once
 
 #include <memory>
@@ -39,6 +53,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include "tandem/dist/process_group.h"
@@ -57,12 +72,17 @@ struct TensorCut {
   bool cut() const { return dim >= 0; }
 };
 
+struct TensorParallelPlanOptions {
+  bool sequence_parallel = false;  // Note [sequence-parallel plans]
+};
+
 class TensorParallelPlan {
  public:
   // Cuts `model` in place over `group` (Note [tensor-parallel plans]).
   // Throws tandem::Error naming a model with no plan (no GPT-2 or LLaMA
-  // layers) and heads that the group's size does not divide.
-  TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group);
+  // layers), heads that the group's size does not divide, and dropout.
+  TensorParallelPlan(models::Sequence model, std::shared_ptr<dist::ProcessGroup> group,
+                     TensorParallelPlanOptions options = {});
 
   const tp::Part& vocabulary() const { return vocabulary_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -77,6 +97,24 @@ class TensorParallelPlan {
   // The whole of `part`, this rank's part of `parameter` (a collective:
   // every rank of the group calls it for the same parameter).
   torch::Tensor whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const;
+
+  bool sequence_parallel() const { return options_.sequence_parallel && !detached_; }
+  // With sequence parallelism, the whole parameters' gradients summed over
+  // the group (a collective, after backward; Note [sequence-parallel
+  // plans]); nothing without it.
+  void reduce_gradients();
+
+  // Note [tensor-parallel checkpoints]: a checkpoint holds the whole
+  // model and the plain optimizer's state over it, whatever tp wrote it, so
+  // that any tp resumes it. make_whole() gives every cut parameter, and
+  // each of its optimizer state tensors shaped like it (SGD's momentum,
+  // AdamW's moments), its whole value (a collective: every rank of the
+  // group, the same parameters in the same order); a checkpoint is then
+  // written or read as by one process; cut_again() keeps this rank's part
+  // of the whole values, written or read (no collective). The model must
+  // not run in between.
+  void make_whole(torch::optim::Optimizer* optimizer);
+  void cut_again(torch::optim::Optimizer* optimizer);
 
   // Ends the cut (a collective): every cut parameter gets its whole value
   // (whole_of_part) and the layers' split hooks are cleared, so the model
@@ -93,6 +131,7 @@ class TensorParallelPlan {
 
   models::Sequence model_;
   std::shared_ptr<dist::ProcessGroup> group_;
+  TensorParallelPlanOptions options_;
   tp::Part vocabulary_;
   int64_t vocab_size_ = 0;
   std::unordered_map<const c10::TensorImpl*, TensorCut> cuts_;
