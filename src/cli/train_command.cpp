@@ -118,7 +118,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "shards, e.g. dp=2,pp=2 or dp=2,tp=2 on 4 ranks (pp outermost, tp innermost; an omitted "
                    "dimension is 1; the product is the number of ranks): every stage replicated over its dp "
                    "ranks, --strategy ddp, allreduce or fsdp doing the dp dimension; tp splits a language "
-                   "model's heads, features and vocabulary (not yet with pp or fsdp); default: pp=N under "
+                   "model's heads, features and vocabulary (not yet with fsdp; see --sequence-parallel); default: pp=N under "
                    "--strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
@@ -150,6 +150,11 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "momentum for its share of the parameters only, steps that share and "
                    "broadcasts it (about 1/world of the optimizer memory, the same weights; "
                    "the parameters cross the network once more a step); with ddp or allreduce");
+  flags.add_switch("sequence-parallel", &o.sequence_parallel,
+                   "--mesh with tp > 1: between the tensor-parallel layers (norms, residuals, "
+                   "positions) each tp rank holds 1/tp of the sequence, with an all-gather and a "
+                   "reduce-scatter in place of each all-reduce (Megatron-LM's sequence parallelism: "
+                   "the same traffic, 1/tp of those activations); --seq-len must be a multiple of tp");
   flags.add_choice("fsdp-sharding", &o.fsdp_sharding, {"full", "grad-op"},
                    "--strategy fsdp: full frees each unit's parameters after its forward and "
                    "gathers them again for its backward (ZeRO-3, PyTorch's FULL_SHARD); grad-op "

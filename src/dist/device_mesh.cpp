@@ -99,6 +99,16 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
   for (MeshDim dim : kMeshDims) {
     groups_[static_cast<size_t>(dim)] = world_->split(mesh_dim_name(dim), mesh_slice(shape_, world_->rank(), dim));
   }
+  const int64_t pp = shape_[MeshDim::kPipeline], tp = shape_[MeshDim::kTensor];
+  if (pp > 1 && tp > 1) {
+    std::vector<int64_t> ranks;  // increasing: pp outer, tp inner
+    for (int64_t s = 0; s < pp; ++s) {
+      for (int64_t t = 0; t < tp; ++t) ranks.push_back(mesh_rank(shape_, {s, coordinate(MeshDim::kData), t}));
+    }
+    model_group_ = world_->split("model", ranks);
+  } else {
+    model_group_ = group(pp > 1 ? MeshDim::kPipeline : MeshDim::kTensor);
+  }
 }
 
 }  // namespace tandem::dist

@@ -24,10 +24,6 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
     if (layout.tensor_ranks() > 1) {  // the combinations tensor parallelism has so far
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
-      TANDEM_CHECK_USAGE(o.checkpoint_dir.empty(), flag, ": checkpoints of a tensor-parallel run are not available "
-                         "yet; leave out --checkpoint-dir (--export-weights writes the whole trained model)");
-      TANDEM_CHECK_USAGE(layout.pipeline_ranks() == 1, flag, ": tp with pp is not available yet; lay the ranks out "
-                         "over dp and tp, or over pp and dp");
       TANDEM_CHECK_USAGE(o.strategy == Strategy::kAuto || o.strategy == Strategy::kDdp ||
                              o.strategy == Strategy::kAllReduce,
                          flag,

@@ -382,6 +382,8 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   // the batch, and every stage of one reads all of its share.
   // So do a tp group's ranks: each reads its replica's share.
   const bool tensor = layout.tensor_ranks() > 1;
+  TANDEM_CHECK_USAGE(!o.sequence_parallel || tensor, "--sequence-parallel splits the sequence over the tensor-parallel "
+                     "ranks; give --mesh with tp > 1 (e.g. --mesh tp=2)");
   const int64_t world = pipeline || tensor ? layout.data_ranks() : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");

@@ -163,8 +163,11 @@ TrainResult Trainer::finish_run(RunState& run) {
   // Tensor parallelism likewise: every rank's model whole and plain again.
   if (tensor_plan_ && !tensor_plan_->detached()) tensor_plan_->detach();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
-  // weights (a collective, so before the rank 0 test below).
-  if (stages_ && (!o.export_weights.empty() || !o.export_hf.empty())) gather_stages(*run.optimizer);
+  // weights (a collective, so before the rank 0 test below); under tp the
+  // weights only (the optimizer's state is still in parts).
+  if (stages_ && (!o.export_weights.empty() || !o.export_hf.empty())) {
+    gather_stages(tensor_plan_ ? nullptr : run.optimizer.get());
+  }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   if (!run.export_path.empty()) {
     NamedTensors tensors;

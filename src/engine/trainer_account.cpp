@@ -16,11 +16,15 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero)
   const auto& o = options_;
   if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
   if (mesh_) {
+    const std::string split =
+        layout_.tensor_ranks() > 1
+            ? format(", its layers split over %lld tp ranks", static_cast<long long>(layout_.tensor_ranks()))
+            : std::string();
     say(format("device mesh %s over %lld ranks: %lld pipeline(s) of %lld stages, each stage replicated over "
-               "its %lld dp ranks (Note [replicated stages])",
+               "its %lld dp ranks (Note [replicated stages])%s",
                layout_.mesh.str().c_str(), static_cast<long long>(job_world_),
                static_cast<long long>(layout_.data_ranks()), static_cast<long long>(layout_.pipeline_ranks()),
-               static_cast<long long>(layout_.data_ranks())));
+               static_cast<long long>(layout_.data_ranks()), split.c_str()));
   }
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",

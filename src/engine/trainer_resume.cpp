@@ -69,6 +69,9 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       // FSDP: the whole model is loaded on every rank, then each keeps its
       // shards (write-back); the optimizer keeps its slices (FsdpState::load).
       Held full = plan_->whole_model(/*write_back=*/true);
+      // Tensor parallelism: the whole model loaded, then each rank's part
+      // kept (Note [tensor-parallel checkpoints]).
+      if (tensor_plan_) tensor_plan_->make_whole(&optimizer);
       const bool sharded = mesh_ && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
       if (sharded) {  // Note [fsdp x pipeline checkpoints]
         auto whole = whole_model_optimizer(optimizer, /*with_state=*/false);
@@ -76,6 +79,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
         if (path) keep_shards_of(*whole, optimizer);
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
+        if (tensor_plan_) tensor_plan_->cut_again(&optimizer);
         drop_others_state(optimizer);
       }
     }
@@ -152,19 +156,21 @@ void Trainer::save(RunState& run) {
   if (mesh_ && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]
     Held full = plan_->whole_model(/*write_back=*/false);  // the shapes, for AdamW's groups
     auto whole = whole_model_optimizer(optimizer, /*with_state=*/true);
-    gather_stages(*whole);
+    gather_stages(whole.get());
     if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
     return;
   }
   // A checkpoint holds the whole optimizer state: every rank gathers the
   // sharded momentum before rank 0 writes it (a collective).
   if (run.zero) run.zero->consolidate_state();
-  gather_stages(optimizer);  // a pipeline over ranks: every stage's weights and momentum
+  if (tensor_plan_) tensor_plan_->make_whole(&optimizer);  // Note [tensor-parallel checkpoints]
+  gather_stages(&optimizer);  // a pipeline over ranks: every stage's weights and momentum
   if (run.fsdp_state) run.fsdp_state->consolidate_state();
   {
     Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
     if (rank_ == 0) written = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
   }
+  if (tensor_plan_) tensor_plan_->cut_again(&optimizer);
   if (run.zero) run.zero->shard_state();
   drop_others_state(optimizer);
 }

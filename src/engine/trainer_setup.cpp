@@ -74,16 +74,18 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   data_ = open_run_data(o);
   const auto info = data_.train->info();
   check_same_settings();  // before the first collective that would assume them (Note [same settings])
-  if (layout_.replicated_stages()) {
+  if (layout_.staged_mesh()) {
     // The pp slice through this rank runs the pipeline, the dp slice
-    // replicates its stage.
+    // replicates its stage, the tp slice splits its layers.
     mesh_ = std::make_shared<dist::DeviceMesh>(job_group_, layout_.mesh);
     stages_ = mesh_->group(dist::MeshDim::kPipeline);
     group_ = mesh_->group(dist::MeshDim::kData);
+    if (layout_.tensor_ranks() > 1) tensor_group_ = mesh_->group(dist::MeshDim::kTensor);
+    model_group_ = mesh_->model_group();
   } else if (layout_.tensor_ranks() > 1) {  // dp x tp (tensor_parallel_plan.h)
     dist::DeviceMesh mesh(job_group_, layout_.mesh);
     group_ = mesh.group(dist::MeshDim::kData);
-    tensor_group_ = mesh.group(dist::MeshDim::kTensor);
+    tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
   }
   torch::manual_seed(o.seed);
   auto model_options = model_options_for(o, info);
@@ -149,6 +151,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   // rows of images, or every token of a window.
   tokens_per_sample_ = info.seq_len;
   task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
+  parameter_count_ = models::count_parameters(*model_);  // the whole model's, before tp cuts it
   if (tensor_group_) split_over_tensor_ranks(info);  // the model cut, and its task
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
@@ -172,7 +175,6 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     whole.data_ranks = world_;
     stage_plan_ = make_whole_model_plan(model_, device_, step_settings(), whole);
   }
-  parameter_count_ = models::count_parameters(*model_);
   // The dp dimension's plan, over the model or, under a mesh, over this
   // rank's pipeline pieces (Note [replicated stages]): their gradients are
   // then reduced over the pipeline's last backwards (step()).
@@ -196,7 +198,12 @@ void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
   TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh, ": tensor parallelism splits a language model's layers; ",
                      o.model, " is an image classifier");  // (parallel_layout refuses it first)
   try {
-    tensor_plan_ = std::make_unique<parallel::TensorParallelPlan>(model_, tensor_group_);
+    const int64_t tp = tensor_group_->size();
+    TANDEM_CHECK_USAGE(!o.sequence_parallel || info.seq_len % tp == 0, "--sequence-parallel: sequences of ",
+                       info.seq_len, " tokens (--seq-len) do not split into ", tp, " equal parts over tp=", tp);
+    parallel::TensorParallelPlanOptions plan_options;
+    plan_options.sequence_parallel = o.sequence_parallel;
+    tensor_plan_ = std::make_unique<parallel::TensorParallelPlan>(model_, tensor_group_, plan_options);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
@@ -269,7 +276,9 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
   TANDEM_CHECK_USAGE(layers >= stages * chunks, "pipeline: the model has ", layers, " layers, fewer than the ",
                      stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
-  if (o.pipeline_balance == "params") {
+  // Under tensor parallelism the layers run collectives over the tp
+  // group, so rank 0 cannot time them alone: balanced by parameter count.
+  if (o.pipeline_balance == "params" || tensor_group_) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }
@@ -295,8 +304,9 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   const auto wire = stages_->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
   // Every replica pipeline cuts where job rank 0 chose: over the dp slice
-  // through it (the first stages), then down each pipeline.
+  // through it (the first stages), their tp slices, then down each pipeline.
   if (mesh_) group_->broadcast(chosen, 0).wait();
+  if (tensor_group_) tensor_group_->broadcast(chosen, 0).wait();
   stages_->broadcast(chosen, 0).wait();
   chosen = chosen.cpu();
   sizes.assign(chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + pieces);

@@ -3,6 +3,7 @@
 // engine/sharded_checkpoint.h): a tensor replicated over the data-parallel
 // ranks is written by the first of them, a sharded one by every owner of a
 // part, and a pipeline rank writes only its own stage's pieces.
+#include <algorithm>
 #include <unordered_map>
 
 #include <c10/util/accumulate.h>
@@ -50,6 +51,36 @@ StatePiece whole(const Named& named, const torch::Tensor& t) {
   return {named.name, named.order, t.sizes().vec(), packed_strides(t.sizes()), 0, data};
 }
 
+// Note [tensor-parallel checkpoints] (parallel/tensor_parallel_plan.h):
+// this rank's part of a cut tensor, as pieces of the whole. The whole's
+// memory order puts the cut dimension outermost (its strides say so, the
+// same on every tp rank), so each run of consecutive indices this rank
+// holds along it is one run of the whole's elements.
+void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const torch::Tensor& part,
+                    const parallel::TensorCut& cut, int64_t rank) {
+  const int64_t dim = cut.dim;
+  auto shape = part.sizes().vec();
+  shape[static_cast<size_t>(dim)] = cut.whole_size;
+  std::vector<int64_t> strides(shape.size());
+  int64_t inner = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (static_cast<int64_t>(d) == dim) continue;
+    strides[d] = inner;
+    inner *= std::max<int64_t>(shape[d], 1);
+  }
+  strides[static_cast<size_t>(dim)] = inner;
+  const auto index = cut.indices[static_cast<size_t>(rank)].contiguous();
+  const auto* at = index.data_ptr<int64_t>();
+  const int64_t count = index.numel();
+  for (int64_t begin = 0; begin < count;) {
+    int64_t end = begin + 1;
+    while (end < count && at[end] == at[end - 1] + 1) ++end;
+    auto run = part.detach().narrow(dim, begin, end - begin).movedim(dim, 0).contiguous().reshape({-1});
+    pieces.push_back({named.name, named.order, shape, strides, at[begin] * inner, run});
+    begin = end;
+  }
+}
+
 }  // namespace
 
 std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
@@ -76,8 +107,11 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
     mine.push_back(model_.get());
   }
   const bool first_replica = !group_ || group_->rank() == 0;  // of the dp slice through this rank
+  // Under tp a whole tensor (the same on every tp rank) is the first tp
+  // rank's to write, a cut one every tp rank's part.
+  const bool first_part = !tensor_group_ || tensor_group_->rank() == 0;
   std::vector<StatePiece> pieces;
-  if (first_replica) {
+  if (first_replica && first_part) {
     for (auto* module : mine) {
       for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));
     }
@@ -114,14 +148,20 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
   const auto* zero = dynamic_cast<const optim::ShardedState*>(&optimizer);
   for (auto* module : mine) {
     for (const auto& p : module->parameters()) {
-      if (first_replica) pieces.push_back(whole(name_of(names, p), p));
+      const parallel::TensorCut* cut = tensor_plan_ && tensor_plan_->cut(p).cut() ? &tensor_plan_->cut(p) : nullptr;
+      auto add = [&](const Named& named, const torch::Tensor& t) {
+        if (cut && t.sizes() == p.sizes()) {
+          add_cut_pieces(pieces, named, t, *cut, tensor_group_->rank());
+        } else if (first_part) {
+          pieces.push_back(whole(named, t));
+        }
+      };
+      if (first_replica) add(name_of(names, p), p);
       const bool owns_state = zero ? zero->owner(p) == zero->rank() : first_replica;
       if (!owns_state) continue;
       const auto& base = name_of(parameter_names, p);
       int64_t slot = 0;
-      for (const auto& [key, t] : optim::parameter_state(optimizer, p)) {
-        pieces.push_back(whole({base.name + key, base.order + slot++}, t));
-      }
+      for (const auto& [key, t] : optim::parameter_state(optimizer, p)) add({base.name + key, base.order + slot++}, t);
     }
   }
   return pieces;

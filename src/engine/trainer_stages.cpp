@@ -14,7 +14,7 @@
 
 namespace tandem::engine {
 
-void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
+void Trainer::gather_stages(torch::optim::Optimizer* optimizer) {
   if (!stages_) return;
   // Each rank contributes its own pieces' tensors and zeros for the
   // others'; the sum over the ranks is every piece's, on every rank. Two
@@ -36,7 +36,7 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> state(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     if (!own(params[i])) continue;
-    state[i] = optim::parameter_state(optimizer, params[i]);
+    if (optimizer) state[i] = optim::parameter_state(*optimizer, params[i]);
     if (!state[i].empty()) has[static_cast<int64_t>(i)] = 1.0;
   }
   {
@@ -70,7 +70,7 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
         }
       }
     } else {
-      for (const auto& slot : optim::state_slots(optimizer, p)) {
+      for (const auto& slot : optim::state_slots(*optimizer, p)) {
         auto stand_in = torch::zeros(slot.shape, torch::TensorOptions().dtype(slot.dtype));
         items.push_back({stand_in, false, [&made, i, name = slot.name](const torch::Tensor& sum) {
                            made[i][name] = sum.clone();
@@ -100,7 +100,7 @@ void Trainer::gather_stages(torch::optim::Optimizer& optimizer) {
   for (size_t i = 0; i < params.size(); ++i) {
     if (made[i].empty()) continue;
     for (const auto& [name, t] : state[i]) made[i].emplace(name, t);  // its own moments, already summed in place
-    optim::set_parameter_state(optimizer, params[i], made[i]);
+    optim::set_parameter_state(*optimizer, params[i], made[i]);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "tandem/engine/trainer.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 
 #include <ATen/record_function.h>
@@ -32,37 +33,13 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     RECORD_USER_SCOPE("tandem::reduce");
     plan_->after_backward();  // the gradients averaged over the dp ranks
     if (tied_) tied_->reduce_gradients();  // Note [tied weights across stages]
+    if (tensor_plan_) tensor_plan_->reduce_gradients();  // Note [sequence-parallel plans]
   }
   {
     RECORD_USER_SCOPE("tandem::optimizer");
     if (options_.clip_grad_norm > 0) {  // on the averaged, unscaled gradients (the same on every rank)
       if (scaler_) scaler_->unscale(optimizer);
-      // The norm is summed over the ranks that hold disjoint pieces: the dp
-      // ranks' shards, a pipeline's stages, or under a mesh both (the job).
-      dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
-      // A tied weight's copy is clipped with the rest but counted on its
-      // owner's stage only (Note [tied weights across stages]).
-      auto counted = plan_->parameters();
-      std::vector<torch::Tensor> copies;
-      if (tensor_plan_) {
-        // Over the tp ranks: each cut parameter's parts counted where they
-        // are, a whole one (the same on every tp rank) on the first only.
-        holders = tensor_group_.get();
-        if (tensor_group_->rank() > 0) {
-          for (const auto& p : counted) {
-            if (!tensor_plan_->cut(p).cut()) copies.push_back(p);
-          }
-          counted.erase(std::remove_if(counted.begin(), counted.end(),
-                                       [&](const auto& p) { return !tensor_plan_->cut(p).cut(); }),
-                        counted.end());
-        }
-      }
-      if (tied_) {
-        counted.erase(std::remove_if(counted.begin(), counted.end(), [&](const auto& p) { return tied_->borrows(p); }),
-                      counted.end());
-        copies = tied_->borrowed();
-      }
-      optim::clip_grad_norm(counted, options_.clip_grad_norm, holders, copies);
+      clip_gradients();
     }
     if (scaler_) {  // unscale; skip the step on inf/NaN (on every rank alike); adjust the scale
       if (!scaler_->step(optimizer)) ++counters.skipped_steps;
@@ -72,6 +49,33 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     }
   }
   return out;
+}
+
+// --clip-grad-norm: the norm of the whole model's gradient, each piece
+// counted once. It is summed over the ranks that hold disjoint pieces: the
+// dp ranks' shards, a pipeline's stages, or under a mesh all of them (the
+// job); with tensor parallelism the ranks of one copy of the model
+// (model_group_), a whole parameter (the same on every tp rank) counted on
+// the first tp rank only. A tied weight's copy is clipped with the rest but
+// counted on its owner's stage only (Note [tied weights across stages]).
+void Trainer::clip_gradients() {
+  dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
+  auto counted = plan_->parameters();
+  std::vector<torch::Tensor> copies;
+  if (tensor_plan_) {
+    holders = plan_->sharded() ? job_group_.get() : model_group_.get();
+    auto whole = [&](const torch::Tensor& p) { return !tensor_plan_->cut(p).cut(); };
+    if (tensor_group_->rank() > 0) {
+      std::copy_if(counted.begin(), counted.end(), std::back_inserter(copies), whole);
+      counted.erase(std::remove_if(counted.begin(), counted.end(), whole), counted.end());
+    }
+  }
+  if (tied_) {
+    counted.erase(std::remove_if(counted.begin(), counted.end(), [&](const auto& p) { return tied_->borrows(p); }),
+                  counted.end());
+    for (const auto& p : tied_->borrowed()) copies.push_back(p);
+  }
+  optim::clip_grad_norm(counted, options_.clip_grad_norm, holders, copies);
 }
 
 EvalResult Trainer::evaluate() {

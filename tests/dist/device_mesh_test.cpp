@@ -103,6 +103,29 @@ TEST(DeviceMeshTest, EachSlicesCollectivesStayInIt) {
   }));
 }
 
+// The model group of pp=2,dp=2,tp=2 (8 ranks): the pp x tp ranks of this
+// rank's dp coordinate, e.g. {0, 1, 4, 5} for ranks 0, 1, 4 and 5; with tp
+// 1 it is the pp group, with pp 1 the tp group.
+TEST(DeviceMeshTest, TheModelGroupIsOneReplicasRanks) {
+  testing::expect_no_errors(testing::run_ranks(8, [](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh mesh(world, parse_mesh("pp=2,dp=2,tp=2", 8));
+    const int64_t dp = mesh.coordinate(MeshDim::kData);
+    const std::vector<int64_t> want = dp == 0 ? std::vector<int64_t>{0, 1, 4, 5} : std::vector<int64_t>{2, 3, 6, 7};
+    EXPECT_EQ(mesh.model_group()->job_ranks(), want);
+    auto sum = torch::full({1}, static_cast<double>(1 << world->rank()), torch::kFloat64);
+    mesh.model_group()->all_reduce(sum).wait();
+    double expected = 0;
+    for (int64_t r : want) expected += static_cast<double>(1 << r);
+    EXPECT_EQ(sum.item<double>(), expected);
+  }));
+  testing::expect_no_errors(testing::run_ranks(4, [](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh piped(world, parse_mesh("dp=2,pp=2", 4));
+    EXPECT_EQ(piped.model_group(), piped.group(MeshDim::kPipeline));
+    DeviceMesh split(world, parse_mesh("dp=2,tp=2", 4));
+    EXPECT_EQ(split.model_group(), split.group(MeshDim::kTensor));
+  }));
+}
+
 // Note [same mesh]: a rank given another --mesh is named on every rank.
 TEST(DeviceMeshTest, ARankWithAnotherMeshIsNamed) {
   const auto errors = testing::run_ranks(2, [](std::shared_ptr<ProcessGroup> world) {

@@ -71,12 +71,18 @@ class DeviceMesh {
   // rank's coordinate along `dim`. A group of one for a dimension of size 1.
   const std::shared_ptr<ProcessGroup>& group(MeshDim dim) const { return groups_[static_cast<size_t>(dim)]; }
   const std::shared_ptr<ProcessGroup>& world() const { return world_; }
+  // The ranks of this rank's replica: those of its dp coordinate, over the
+  // pp and tp dimensions (Megatron-LM's model-parallel group), which
+  // together hold one copy of the model. Made with the others when pp > 1
+  // and tp > 1; otherwise the pp or the tp group.
+  const std::shared_ptr<ProcessGroup>& model_group() const { return model_group_; }
 
  private:
   std::shared_ptr<ProcessGroup> world_;
   MeshShape shape_;
   MeshCoordinates coordinates_{};
   std::array<std::shared_ptr<ProcessGroup>, 3> groups_;
+  std::shared_ptr<ProcessGroup> model_group_;
 };
 
 }  // namespace tandem::dist

@@ -43,6 +43,9 @@ struct ParallelLayout {
   int64_t tensor_ranks() const { return mesh[dist::MeshDim::kTensor]; }
   // Both dimensions over ranks (Note [replicated stages]).
   bool replicated_stages() const { return pipeline_ranks() > 1 && data_ranks() > 1; }
+  // A pipeline over the mesh's pp ranks whose stages are replicated over
+  // dp or split over tp ranks, or both.
+  bool staged_mesh() const { return pipeline_ranks() > 1 && (data_ranks() > 1 || tensor_ranks() > 1); }
 };
 
 // The layout of a job of `ranks` processes (1: one process). Throws

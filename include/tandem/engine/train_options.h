@@ -115,6 +115,7 @@ struct TrainOptions {
   std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   bool shard_optimizer = false;       // SGD's momentum sharded over the ranks (optim/zero.h)
+  bool sequence_parallel = false;     // --mesh with tp: norms and residuals on 1/tp of the sequence
   std::string fsdp_sharding = "full";  // --strategy fsdp: full (ZeRO-3) | grad-op (ZeRO-2) (parallel/fsdp.h)
   int64_t fsdp_min_unit_params = int64_t(1) << 17;  // --strategy fsdp: the smallest unit (plan_units)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)

@@ -145,8 +145,9 @@ class Trainer {
                                                             const torch::Device& on, bool measure,
                                                             const std::string& where);
   // --strategy pipeline over ranks: every stage's weights, buffers and
-  // momentum onto every rank (a collective), before a checkpoint or an export.
-  void gather_stages(torch::optim::Optimizer& optimizer);
+  // momentum onto every rank (a collective), before a checkpoint or an export;
+  // the weights and buffers only for a null optimizer.
+  void gather_stages(torch::optim::Optimizer* optimizer);
   // Forgets the optimizer state of other ranks' pipeline pieces (after a
   // checkpoint gathered or loaded it).
   void drop_others_state(torch::optim::Optimizer& optimizer) const;
@@ -198,6 +199,7 @@ class Trainer {
   // The plain form (one process, one device) is what --cuda-graph captures.
   StepOutputs step(const torch::Tensor& inputs, const torch::Tensor& targets,
                    torch::optim::Optimizer& optimizer, StepCounters& counters);
+  void clip_gradients();  // --clip-grad-norm, over the ranks that hold the gradients
 
   TrainOptions options_;
   std::FILE* log_;
@@ -229,6 +231,9 @@ class Trainer {
   std::unique_ptr<TiedStages> tied_;  // Note [tied weights across stages]: null when none
   // --mesh with tp > 1: the tp slice through this rank, and the model's cut over it.
   std::shared_ptr<dist::ProcessGroup> tensor_group_;
+  // The ranks holding one copy of the model between them: the tp group,
+  // or under pp x tp the pp x tp slice (DeviceMesh::model_group).
+  std::shared_ptr<dist::ProcessGroup> model_group_;
   std::unique_ptr<parallel::TensorParallelPlan> tensor_plan_;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
