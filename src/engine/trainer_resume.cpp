@@ -72,10 +72,11 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       // Tensor parallelism: the whole model loaded, then each rank's part
       // kept (Note [tensor-parallel checkpoints]).
       if (tensor_plan_) tensor_plan_->make_whole(&optimizer);
-      const bool sharded = mesh_ && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
-      if (sharded) {  // Note [fsdp x pipeline checkpoints]
+      const bool sharded = (mesh_ || tensor_plan_) && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
+      if (sharded) {  // Note [fsdp x pipeline checkpoints]; under tp too
         auto whole = whole_model_optimizer(optimizer, /*with_state=*/false);
         path = checkpointer->load_newest_good(position, *model_, *whole, fingerprint(), &damaged);
+        if (tensor_plan_) tensor_plan_->cut_again(whole.get());
         if (path) keep_shards_of(*whole, optimizer);
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
@@ -153,11 +154,13 @@ void Trainer::save(RunState& run) {
                                          weights_metadata(), job_group_.get(), device_);
     return;
   }
-  if (mesh_ && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]
+  if ((mesh_ || tensor_plan_) && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]; under tp too
     Held full = plan_->whole_model(/*write_back=*/false);  // the shapes, for AdamW's groups
     auto whole = whole_model_optimizer(optimizer, /*with_state=*/true);
+    if (tensor_plan_) tensor_plan_->make_whole(whole.get());  // Note [tensor-parallel checkpoints]
     gather_stages(whole.get());
     if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
+    if (tensor_plan_) tensor_plan_->cut_again(nullptr);
     return;
   }
   // A checkpoint holds the whole optimizer state: every rank gathers the

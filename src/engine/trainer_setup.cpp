@@ -188,6 +188,28 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
+  if (tensor_group_ && plan_->fully_sharded()) check_fsdp_units_agree();
+}
+
+// FSDP with tp: each tp coordinate's dp ranks shard their own parts, and
+// the tp collectives in the layers run between FSDP's gathers; tp ranks
+// whose parts group into other units would gather at other points and
+// could wait on each other. Parts that tp divides evenly always agree.
+void Trainer::check_fsdp_units_agree() const {
+  const auto& units = plan_->fully_sharded()->units();
+  std::vector<int64_t> mine{static_cast<int64_t>(units.size())};
+  for (const auto& unit : units) mine.push_back(static_cast<int64_t>(unit.end));
+  const auto wire = tensor_group_->wire_device();  // NCCL takes CUDA tensors only
+  auto most = torch::tensor({mine[0]}, torch::kInt64).to(wire);
+  tensor_group_->all_reduce(most, dist::ReduceOp::kMax).wait();
+  auto ends = torch::full({most.item<int64_t>() + 1}, -1, torch::kInt64);
+  ends.narrow(0, 0, static_cast<int64_t>(mine.size())).copy_(torch::tensor(mine, torch::kInt64));
+  auto low = ends.to(wire).clone(), high = ends.to(wire).clone();
+  tensor_group_->all_reduce(low, dist::ReduceOp::kMin).wait();
+  tensor_group_->all_reduce(high, dist::ReduceOp::kMax).wait();
+  TANDEM_CHECK_USAGE(low.equal(high), "--strategy fsdp with tp: the tp ranks' parts of ", options_.model,
+                     " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
+                     "give --fsdp-min-unit-params 0 (every layer a unit)");
 }
 
 // --mesh with tp > 1: the whole model, built and initialised as in one

@@ -56,12 +56,30 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
 // dp ranks' shards, a pipeline's stages, or under a mesh all of them (the
 // job); with tensor parallelism the ranks of one copy of the model
 // (model_group_), a whole parameter (the same on every tp rank) counted on
-// the first tp rank only. A tied weight's copy is clipped with the rest but
+// the first tp rank only (under FSDP, the runs of the shards that hold
+// whole parameters). A tied weight's copy is clipped with the rest but
 // counted on its owner's stage only (Note [tied weights across stages]).
 void Trainer::clip_gradients() {
   dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
   auto counted = plan_->parameters();
   std::vector<torch::Tensor> copies;
+  if (tensor_plan_ && plan_->fully_sharded() && tensor_group_->rank() > 0) {
+    // FSDP's flat shards mix cut and whole parameters: their runs, by the
+    // shards' spans (the padding is zeros, in neither).
+    auto* fsdp = plan_->fully_sharded();
+    std::vector<torch::Tensor> cut_runs, whole_runs;
+    const auto spans = fsdp->shard_spans();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const auto& grad = fsdp->parameters()[i].grad();
+      if (!grad.defined()) continue;
+      for (const auto& span : spans[i]) {
+        const bool cut = tensor_plan_->cut(fsdp->model_parameters()[span.parameter]).cut();
+        (cut ? cut_runs : whole_runs).push_back(grad.narrow(0, span.shard_offset, span.numel));
+      }
+    }
+    optim::clip_gradients(cut_runs, options_.clip_grad_norm, job_group_.get(), whole_runs);
+    return;
+  }
   if (tensor_plan_) {
     holders = plan_->sharded() ? job_group_.get() : model_group_.get();
     auto whole = [&](const torch::Tensor& p) { return !tensor_plan_->cut(p).cut(); };

@@ -13,6 +13,18 @@ namespace tandem::optim {
 
 torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm,
                              dist::ProcessGroup* sharded_over, const std::vector<torch::Tensor>& also_scaled) {
+  std::vector<torch::Tensor> counted, scaled;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) counted.push_back(p.grad());
+  }
+  for (const auto& p : also_scaled) {
+    if (p.grad().defined()) scaled.push_back(p.grad());
+  }
+  return clip_gradients(counted, max_norm, sharded_over, scaled);
+}
+
+torch::Tensor clip_gradients(const std::vector<torch::Tensor>& counted, double max_norm,
+                             dist::ProcessGroup* sharded_over, const std::vector<torch::Tensor>& also_scaled) {
   TANDEM_CHECK(std::isfinite(max_norm) && max_norm > 0,
                "clip_grad_norm: expected a positive finite max_norm, got ", max_norm);
   // Gradients of one device and dtype: one foreach call each.
@@ -22,8 +34,7 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
     std::vector<torch::Tensor> grads;
   };
   std::vector<Group> groups;
-  for (const auto& p : parameters) {
-    const auto& grad = p.grad();
+  for (const auto& grad : counted) {
     if (!grad.defined()) continue;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
       return g.device == grad.device() && g.dtype == grad.scalar_type();
@@ -50,14 +61,16 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
     total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
   }
   if (sharded) {  // the whole gradient's norm from every rank's part (a collective)
-    auto squares = (total * total).reshape({1});
+    // In float64 on every rank: a rank without gradients has no dtype of
+    // its own, and the ranks' sizes must agree.
+    auto squares = (total * total).to(torch::kFloat64).reshape({1});
     sharded_over->all_reduce(squares).wait();
-    total = squares.reshape({}).sqrt();
+    total = squares.reshape({}).sqrt().to(total.scalar_type());
   }
   auto coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (auto& g : groups) at::_foreach_mul_(g.grads, coefficient.to(g.device));
-  for (const auto& p : also_scaled) {
-    if (p.grad().defined()) p.grad().mul_(coefficient.to(p.grad().device()));
+  for (const auto& grad : also_scaled) {
+    if (grad.defined()) grad.mul_(coefficient.to(grad.device()));
   }
   return total;
 }

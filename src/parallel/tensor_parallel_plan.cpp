@@ -197,12 +197,13 @@ void map_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, c10::
 }  // namespace
 
 void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
-  TANDEM_CHECK(!detached_, "TensorParallelPlan: make_whole() after detach()");
+  TANDEM_CHECK(!detached_ && held_parts_.empty(), "TensorParallelPlan: make_whole() after detach() or twice");
   torch::NoGradGuard no_grad;
   for (auto& p : model_->parameters()) {
     if (!cut(p).cut()) continue;
     const auto part_shape = p.sizes().vec();
     const auto part = p.detach();
+    held_parts_.push_back(part);
     p.set_data(whole_of_part(p, part));
     if (optimizer) map_state(*optimizer, p, part_shape, [&](const torch::Tensor& t) { return whole_of_part(p, t); });
   }
@@ -211,14 +212,19 @@ void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
 void TensorParallelPlan::cut_again(torch::optim::Optimizer* optimizer) {
   TANDEM_CHECK(!detached_, "TensorParallelPlan: cut_again() after detach()");
   torch::NoGradGuard no_grad;
+  size_t next = 0;
   for (auto& p : model_->parameters()) {
     if (!cut(p).cut()) continue;
+    TANDEM_CHECK(next < held_parts_.size(), "TensorParallelPlan: cut_again() without make_whole()");
     const auto whole_shape = p.sizes().vec();
-    p.set_data(part_of_whole(p, p.detach()).contiguous());
+    auto part = held_parts_[next++];
+    part.copy_(part_of_whole(p, p.detach()));
+    p.set_data(part);
     if (optimizer) {
       map_state(*optimizer, p, whole_shape, [&](const torch::Tensor& t) { return part_of_whole(p, t).contiguous(); });
     }
   }
+  held_parts_.clear();
 }
 
 void TensorParallelPlan::detach() {

@@ -22,7 +22,9 @@ using testing::TempDir;
 // GPT-2 (tied embedding, cut by vocabulary rows on both ends) with AdamW
 // and clipping (each cut parameter's parts counted once, a whole one on
 // the first tp rank only; 0.5 clips every step of this run) on tp=2,
-// dp=2 x tp=2 (DDP over each tp coordinate's replicas, ZeRO-1), tp=2 with
+// dp=2 x tp=2 (DDP over each tp coordinate's replicas with ZeRO-1, and
+// FSDP over them: clipping counts the runs of its flat shards that hold
+// cut parameters on every tp rank, the rest on the first), tp=2 with
 // sequence parallelism (Note [sequence-parallel plans]: norms, residuals
 // and positions on half the sequence each), pp=2 x tp=2 with it (each
 // stage's layers split over its tp pair), and all three dimensions on 8
@@ -34,6 +36,7 @@ TEST(TensorParallelCliTest, Gpt2OnEveryMeshIsOneProcess) {
                             " --seq-len 16 --dtype float64 --lr 1e-3 --clip-grad-norm 0.5 ";
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2",
                        "--nproc-per-node 4 --mesh dp=2,tp=2 --shard-optimizer",
+                       "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --fsdp-min-unit-params 0",
                        "--nproc-per-node 2 --mesh tp=2 --sequence-parallel",
                        "--nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel",
                        "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2"},
@@ -43,14 +46,15 @@ TEST(TensorParallelCliTest, Gpt2OnEveryMeshIsOneProcess) {
 // LLaMA (grouped-query heads, SwiGLU, an untied head; RMSNorm on the
 // sequence's parts, rotary positions inside the gathered regions) with SGD
 // and label smoothing (the vocabulary-parallel loss's smoothing term) on
-// tp=2, dp=2 x tp=2, pp=2 x tp=2, and dp=2 x pp=2 x tp=2 with sequence
-// parallelism. Control: another momentum.
+// tp=2 with activation checkpointing (the recomputed regions' collectives
+// run again in backward), FSDP over dp=2 x tp=2, pp=2 x tp=2, and dp=2 x
+// pp=2 x tp=2 with sequence parallelism. Control: another momentum.
 TEST(TensorParallelCliTest, LlamaOnEveryMeshIsOneProcess) {
   TempDir text;
   const std::string model = "--model llama-tiny --data text:" + testing::write_text(text) +
                             " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 --label-smoothing 0.1 ";
-  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2", "--nproc-per-node 4 --mesh dp=2,tp=2",
-                       "--nproc-per-node 4 --mesh pp=2,tp=2",
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --checkpoint-activations 2",
+                       "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp", "--nproc-per-node 4 --mesh pp=2,tp=2",
                        "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2 --sequence-parallel"},
                       model, 1e-12, model + " --momentum 0.5");
 }
@@ -59,26 +63,29 @@ TEST(TensorParallelCliTest, LlamaOnEveryMeshIsOneProcess) {
 // and AdamW's state over it, whatever tp wrote it. Stopped at step 10,
 // dp=2 x tp=2 with ZeRO-1 (a sharded checkpoint: each tp rank's parts as
 // runs of the whole tensors, the state by its dp owner) resumes in one
-// process and as pp=2 x tp=2 with sequence parallelism; tp=2's one-file
-// checkpoint (the whole tensors, as one process writes them) resumes at
-// tp=2 with sequence parallelism. Each ends where 20 uninterrupted steps
-// do; the control is the weights at step 10.
+// process, as pp=2 x tp=2 with sequence parallelism and as FSDP over
+// dp=2 x tp=2; FSDP over dp=2 x tp=2 writes one file (its shards of the
+// parts made whole), which resumes at tp=2 with sequence parallelism.
+// Each ends where 20 uninterrupted steps do; the control is the weights
+// at step 10.
 TEST(TensorParallelCliTest, CheckpointsResumeAtAnyTensorSize) {
   TempDir dir;
   const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(dir) +
                             " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  const std::string fsdp = "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --fsdp-min-unit-params 0";
   testing::expect_resumes_as_uninterrupted(
       dir, model, "--nproc-per-node 4 --mesh dp=2,tp=2 --shard-optimizer",
-      {"--lr 1e-3 --nproc-per-node 0", "--lr 1e-3 --nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel"},
+      {"--lr 1e-3 --nproc-per-node 0", "--lr 1e-3 --nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel",
+       "--lr 1e-3 " + fsdp},
       "gpt2-tiny, dp=2 x tp=2", 1e-10);
   TempDir file;
-  const std::string tp2 = "--nproc-per-node 2 --mesh tp=2";
-  testing::train_and_export(file, model + tp2, "whole.safetensors");
-  auto r = testing::resume_after_ten_steps(file, model, tp2 + " --checkpoint-format file --checkpoint-every 4",
-                                           "--lr 1e-3 " + tp2 + " --sequence-parallel", "ckpt", "resumed.safetensors");
+  testing::train_and_export(file, model + fsdp, "whole.safetensors");
+  auto r = testing::resume_after_ten_steps(file, model, fsdp + " --checkpoint-every 4",
+                                           "--lr 1e-3 --nproc-per-node 2 --mesh tp=2 --sequence-parallel", "ckpt",
+                                           "resumed.safetensors");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("checkpoint-00000010.pt (epoch"), std::string::npos) << r.output;
-  testing::expect_close_weights(file, "whole.safetensors", {{"resumed.safetensors", "tp=2, one file, then tp=2"}},
+  testing::expect_close_weights(file, "whole.safetensors", {{"resumed.safetensors", "FSDP x tp=2, one file, then tp=2"}},
                                 1e-10, "first-half.safetensors");
 }
 
@@ -86,7 +93,11 @@ TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
   TempDir dir;
   const std::string text = "--data text:" + testing::write_text(dir) + " --seq-len 16 --max-steps 1 --progress off ";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--model gpt2-tiny --nproc-per-node 2 --mesh tp=2 --strategy fsdp", "not fsdp yet"},
+      {"--model gpt2-tiny --nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --sequence-parallel",
+       "--sequence-parallel with --strategy fsdp is not available yet"},
+      {"--model gpt2-tiny --nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --checkpoint-format sharded "
+       "--checkpoint-dir " + dir.file("s"),
+       "--checkpoint-format sharded with --strategy fsdp and tp is not available yet"},
       {"--model gpt2-tiny --nproc-per-node 3 --mesh tp=3 --batch-size 30", "3 ranks do not divide the model's 4 heads"},
       {"--model gpt2-tiny --nproc-per-node 2 --sequence-parallel", "give --mesh with tp > 1"},
       {"--model llama-tiny --nproc-per-node 2 --mesh tp=2 --sequence-parallel --seq-len 15",

@@ -121,14 +121,16 @@ TEST(ClipGradNormTest, NoGradientsGiveZeroAndABadLimitIsNamed) {
 // pipeline's stages), the norm is the whole gradient's on every rank; a
 // rank with no gradient at all (a stage of parameter-free layers) still
 // joins the collective and returns that norm.
+// In float64 too: a rank without gradients joins with the others' size.
 TEST(ClipGradNormTest, OverRanksTheNormIsTheWholeGradientsAndARankWithoutOneJoins) {
+  for (auto dtype : {torch::kFloat32, torch::kFloat64})
   for (bool second_has_gradient : {true, false}) {
     std::vector<double> norms(2), kept(2);
     testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
       const auto r = group->rank();
-      auto p = torch::zeros({2}).requires_grad_();
-      if (r == 0) p.mutable_grad() = torch::tensor({3.0f, 0.0f});
-      if (r == 1 && second_has_gradient) p.mutable_grad() = torch::tensor({0.0f, 4.0f});
+      auto p = torch::zeros({2}, dtype).requires_grad_();
+      if (r == 0) p.mutable_grad() = torch::tensor({3.0, 0.0}, dtype);
+      if (r == 1 && second_has_gradient) p.mutable_grad() = torch::tensor({0.0, 4.0}, dtype);
       norms[r] = clip_grad_norm({p}, 1.0, group.get()).item<double>();
       kept[r] = p.grad().defined() ? p.grad().norm().item<double>() : -1.0;
     }));

@@ -46,4 +46,10 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& parameters, doubl
                              dist::ProcessGroup* sharded_over = nullptr,
                              const std::vector<torch::Tensor>& also_scaled = {});
 
+// The same over gradients themselves (views of a flat gradient, say):
+// `counted` make the norm and are clipped, `also_scaled` are clipped only.
+torch::Tensor clip_gradients(const std::vector<torch::Tensor>& counted, double max_norm,
+                             dist::ProcessGroup* sharded_over = nullptr,
+                             const std::vector<torch::Tensor>& also_scaled = {});
+
 }  // namespace tandem::optim

@@ -111,8 +111,9 @@ class TensorParallelPlan {
   // AdamW's moments), its whole value (a collective: every rank of the
   // group, the same parameters in the same order); a checkpoint is then
   // written or read as by one process; cut_again() keeps this rank's part
-  // of the whole values, written or read (no collective). The model must
-  // not run in between.
+  // of the whole values, written or read (no collective), into the very
+  // tensors that held the parts (FSDP's parameters are views of its flat
+  // buffer, which must stay so). The model must not run in between.
   void make_whole(torch::optim::Optimizer* optimizer);
   void cut_again(torch::optim::Optimizer* optimizer);
 
@@ -139,6 +140,7 @@ class TensorParallelPlan {
   std::string description_;
   std::vector<models::SplitRegion*> regions_;  // the hooks set, cleared by detach()
   std::vector<models::SplitLookup*> lookups_;
+  std::vector<torch::Tensor> held_parts_;  // make_whole()'s, for cut_again()
   bool detached_ = false;
 };
 
