@@ -271,6 +271,12 @@ void print_devices_table(const engine::TrainOptions& o, const engine::TrainResul
 // A language model's epochs: losses in nats per token, perplexity, bits
 // per byte for text, tokens a second and MFU where the peak is known.
 void print_language_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
+  if (r.epochs.empty()) {  // resumed after its last step: nothing was left to train
+    std::printf("\n%s on %s: no epoch left to train after step %lld\n", o.model.c_str(), o.data.c_str(),
+                static_cast<long long>(r.steps));
+    std::fflush(stdout);
+    return;
+  }
   const bool text = r.epochs.back().text;
   const bool mfu = std::any_of(r.epochs.begin(), r.epochs.end(), [](const auto& m) { return m.mfu > 0; });
   std::vector<std::string> header{"epoch", "train loss", "test loss", "test ppl"};
@@ -303,7 +309,7 @@ void print_language_summary(const engine::TrainOptions& o, const engine::TrainRe
 }
 
 void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) {
-  if (!r.epochs.empty() && r.epochs.back().tokens_per_second > 0) {
+  if (models::is_language_model(o.model)) {
     print_language_summary(o, r);
     return;
   }
