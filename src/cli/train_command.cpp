@@ -118,7 +118,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "shards, e.g. dp=2,pp=2 or dp=2,tp=2 on 4 ranks (pp outermost, tp innermost; an omitted "
                    "dimension is 1; the product is the number of ranks): every stage replicated over its dp "
                    "ranks, --strategy ddp, allreduce or fsdp doing the dp dimension; tp splits a language "
-                   "model's heads, features and vocabulary (not yet with fsdp; see --sequence-parallel); default: pp=N under "
+                   "model's heads, features and vocabulary (with DDP, ZeRO-1 or FSDP over dp, a pipeline over pp; "
+                   "see --sequence-parallel); default: pp=N under "
                    "--strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "

@@ -118,7 +118,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     ctx->save_for_backward({e / sums[0].unsqueeze(-1), local, mine});
     ctx->saved_data["smoothing"] = smoothing;
     ctx->saved_data["vocab"] = vocab_size;
-    return low ? loss.to(logits.scalar_type()) : loss;
+    // float32 for half logits, as autocast runs cross_entropy: the fp16
+    // scaler multiplies the loss by 2^16, past half's largest number.
+    return loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

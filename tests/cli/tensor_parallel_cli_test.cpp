@@ -89,6 +89,22 @@ TEST(TensorParallelCliTest, CheckpointsResumeAtAnyTensorSize) {
                                 1e-10, "first-half.safetensors");
 }
 
+// fp16 with the loss scaler: the vocabulary-parallel loss is float32, as
+// autocast's cross_entropy is, so the scaled loss (x 2^16) does not
+// overflow half: no step is skipped, as in one process (a sweep found tp
+// skipping its first step, and training on other weights).
+TEST(TensorParallelCliTest, HalfPrecisionSkipsNoStep) {
+  TempDir dir;
+  const std::string run = "train --model gpt2-tiny --data text:" + testing::write_text(dir) +
+                          " --seq-len 16 --epochs 1 --max-steps 3 --amp fp16 --progress lines ";
+  for (const std::string ranks : {"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --sequence-parallel"}) {
+    const auto r = testing::run_tandem(run + ranks);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("loss scale 65536 after this epoch; 0 step(s) skipped"), std::string::npos)
+        << ranks << ":\n" << r.output;
+  }
+}
+
 TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
   TempDir dir;
   const std::string text = "--data text:" + testing::write_text(dir) + " --seq-len 16 --max-steps 1 --progress off ";

@@ -141,7 +141,8 @@ TORCH_MODULE(VocabParallelEmbedding);
 // the target's logit; with smoothing, the logits' sum too). `targets`:
 // class indices over the whole vocabulary, shaped like logits without its
 // last dimension. Equal to torch::nn::functional::cross_entropy(whole
-// logits, targets, reduction none) to rounding, with its gradient.
+// logits, targets, reduction none) to rounding, with its gradient; float32
+// for half or bfloat16 logits (as autocast runs cross_entropy).
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                            const Part& vocabulary, int64_t vocab_size, dist::ProcessGroup& group,
                                            double label_smoothing = 0);
