@@ -80,6 +80,11 @@ std::unique_ptr<DataPlan> make_ddp_plan(const DataPlanSetup& setup) {
   ddp.buckets.bucket_bytes = static_cast<int64_t>(o.bucket_cap_mb * (1 << 20));
   ddp.buckets.first_bucket_bytes = std::min(ddp.buckets.first_bucket_bytes, ddp.buckets.bucket_bytes);
   ddp.buckets.last_bucket_bytes = std::min(ddp.buckets.last_bucket_bytes, ddp.buckets.bucket_bytes);
+  // Note [gradients in parts]: a tied weight's gradient may come in two.
+  const auto named = setup.model->named_parameters();
+  for (const auto& tie : setup.model->ties()) {
+    if (const auto* p = named.find(tie.owner)) ddp.reduced_after_backward.push_back(*p);
+  }
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (const auto& piece : setup.pieces) replicas.push_back(piece.ptr());
   if (replicas.empty()) replicas.push_back(setup.model.ptr());

@@ -94,6 +94,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                     kind_of(p.value())});
   }
   buckets_ = plan_buckets(info, options_.buckets);
+  deferred_.assign(parameters_.size(), false);
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    for (const auto& late : options_.reduced_after_backward) {
+      if (late.unsafeGetTensorImpl() == parameters_[k].unsafeGetTensorImpl()) deferred_[k] = true;
+    }
+  }
   bucket_of_.resize(parameters_.size());
   views_.resize(parameters_.size());
   // Note [gradients are bucket views]
@@ -160,7 +166,19 @@ void DistributedDataParallel::before_forward() {
   if (options_.broadcast_buffers) dist::broadcast_buffers(*module_, *group_, 0);
   std::lock_guard<std::mutex> lock(mutex_);
   missing_.assign(buckets_.size(), 0);
-  for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = static_cast<int64_t>(buckets_[b].parameters.size());
+  // Note [gradients in parts]: a bucket with a deferred parameter counts
+  // one more, which only after_backward() takes away.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    bool deferred = false;
+    for (size_t k : buckets_[b].parameters) {
+      if (deferred_[k]) {
+        deferred = true;
+      } else {
+        ++missing_[b];
+      }
+    }
+    missing_[b] += deferred ? 1 : 0;
+  }
   seen_.assign(parameters_.size(), false);
   in_step_ = true;
   unused_.assign(parameters_.size(), false);
@@ -186,7 +204,7 @@ void DistributedDataParallel::prepare_for_backward(const torch::Tensor& loss) {
   std::lock_guard<std::mutex> lock(mutex_);
   TANDEM_CHECK(in_step_, "DistributedDataParallel: prepare_for_backward() without before_forward()");
   for (size_t k = 0; k < parameters_.size(); ++k) {
-    if (reached.count(accumulators_[k].get()) || seen_[k] || unused_[k]) continue;
+    if (reached.count(accumulators_[k].get()) || seen_[k] || unused_[k] || deferred_[k]) continue;
     unused_[k] = true;
     --missing_[bucket_of_[k]];
   }
@@ -199,7 +217,7 @@ void DistributedDataParallel::gradient_ready(size_t k) {
   // carries none); with no gradient yet, the parameter counts as unused.
   if (!parameters_[k].grad().defined()) return;
   if (!grad_is_view(k)) adopt_view(k);
-  if (!sync_ || seen_.empty()) return;
+  if (!sync_ || seen_.empty() || deferred_[k]) return;  // deferred: reduced in after_backward()
   if (seen_[k] || unused_[k]) {
     // A second gradient in one step (or one for a parameter the graph walk
     // found unreachable): harmless while its bucket waits, since it summed

@@ -91,13 +91,16 @@ TEST(LanguageModelCliTest, Gpt2WithAdamWFullyShardedAndPipelinedIsOneProcess) {
 // Activation checkpointing of a language model, whose first segment is fed
 // token ids (a hostile sweep found it refused by autograd: its anchor took
 // the ids' integer dtype): segments in one process, FSDP's units and a
-// pipeline's stages recomputed give one process's weights. Control:
-// another momentum.
+// pipeline's stages recomputed give one process's weights, and so does DDP,
+// whose tied embedding gets its gradient in two parts, the head's and the
+// recomputed segment's (a second sweep found DDP refusing the second:
+// Note [gradients in parts]). Control: another momentum.
 TEST(LanguageModelCliTest, ActivationCheckpointingIsOneProcess) {
   TempDir text;
   const std::string model = "--model gpt2-tiny --data text:" + write_text(text) +
                             " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 ";
   expect_same_weights({"--nproc-per-node 0", "--checkpoint-activations 2",
+                       "--nproc-per-node 2 --checkpoint-activations 2",
                        "--nproc-per-node 2 --strategy fsdp --fsdp-min-unit-params 0 --checkpoint-activations 1",
                        "--nproc-per-node 2 --mesh pp=2 --checkpoint-activations 1"},
                       model, 1e-12, model + " --momentum 0.5");

@@ -82,6 +82,18 @@
 // wait for the end of backward. A gradient that arrives twice in one step
 // (two backward passes without no_sync) after its bucket was launched is an
 // error.
+//
+// Note [gradients in parts]: a parameter read in two places (GPT-2's token
+// embedding, which the head reads too) normally gets one gradient a step,
+// autograd summing both uses before its accumulator runs. Under
+// activation checkpointing the embedding's use is recomputed in a backward
+// of its own, so its part arrives after the head's, and marking the
+// parameter ready at the first would put half a gradient on the wire.
+// Such parameters (DdpOptions::reduced_after_backward; the trainer gives a
+// model's tied weights) are never marked ready by their hooks: their
+// bucket goes out in after_backward(), once backward is over. The token
+// embedding is the model's first parameter, in the last bucket, which is
+// reduced last anyway.
 #pragma once
 
 #include <atomic>
@@ -110,6 +122,9 @@ struct DdpOptions {
   bool broadcast_buffers = true;         // before every forward, as PyTorch's default
   bool find_unused_parameters = false;   // Note [unused parameters]
   std::shared_ptr<CommHook> comm_hook;   // null: all-reduce average (comm_hook.h)
+  // Note [gradients in parts]: parameters whose gradient may reach them in
+  // several parts a step; their buckets are reduced in after_backward().
+  std::vector<torch::Tensor> reduced_after_backward;
 };
 
 // When each bucket's reduction started and finished, and when backward
@@ -191,6 +206,7 @@ class DistributedDataParallel {
   std::vector<int64_t> missing_;  // gradients still to come, per bucket
   bool in_step_ = false;          // between before_forward() and after_backward() (a module may have no parameters)
   std::vector<bool> seen_;        // per parameter, this step: a gradient arrived
+  std::vector<bool> deferred_;    // per parameter: DdpOptions::reduced_after_backward
   std::vector<bool> unused_;      // per parameter, this step: unreachable from the loss
   size_t next_launch_ = 0;
   bool reducing_ = false;  // a bucket went out and after_backward() has not run: Note [a step ends in after_backward]
