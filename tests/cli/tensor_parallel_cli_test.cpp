@@ -47,14 +47,16 @@ TEST(TensorParallelCliTest, Gpt2OnEveryMeshIsOneProcess) {
 // sequence's parts, rotary positions inside the gathered regions) with SGD
 // and label smoothing (the vocabulary-parallel loss's smoothing term) on
 // tp=2 with activation checkpointing (the recomputed regions' collectives
-// run again in backward), FSDP over dp=2 x tp=2, pp=2 x tp=2, and dp=2 x
-// pp=2 x tp=2 with sequence parallelism. Control: another momentum.
+// run again in backward), FSDP over dp=2 x tp=2, DDP over it with
+// sequence parallelism, pp=2 x tp=2, and dp=2 x pp=2 x tp=2 with sequence
+// parallelism. Control: another momentum.
 TEST(TensorParallelCliTest, LlamaOnEveryMeshIsOneProcess) {
   TempDir text;
   const std::string model = "--model llama-tiny --data text:" + testing::write_text(text) +
                             " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 --label-smoothing 0.1 ";
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --checkpoint-activations 2",
-                       "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp", "--nproc-per-node 4 --mesh pp=2,tp=2",
+                       "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp",
+                       "--nproc-per-node 4 --mesh dp=2,tp=2 --sequence-parallel", "--nproc-per-node 4 --mesh pp=2,tp=2",
                        "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2 --sequence-parallel"},
                       model, 1e-12, model + " --momentum 0.5");
 }
