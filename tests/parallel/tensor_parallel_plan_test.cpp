@@ -6,6 +6,8 @@
 // grouped-query heads and its tied form are among them.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "tandem/models/gpt2.h"
@@ -121,15 +123,40 @@ models::Gpt2Config gpt2_config(int64_t heads) {
   return c;
 }
 
+// The same whole GPT-2 (seed 7, float64) on every call.
+std::function<models::Sequence()> gpt2_maker(const models::Gpt2Config& config) {
+  return [config] {
+    torch::manual_seed(7);
+    auto m = models::gpt2(config);
+    m->to(torch::kFloat64);
+    return m;
+  };
+}
+
+// A small LLaMA with grouped-query heads and an MLP width (42) that tp=2
+// cuts 21/21, built the same (seed 9, float64) on every call.
+std::function<models::Sequence()> llama_maker(bool tied) {
+  models::LlamaConfig c;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.intermediate_size = 42;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_positions = 16;
+  c.tie_embeddings = tied;
+  return [c] {
+    torch::manual_seed(9);
+    auto m = models::llama(c);
+    m->to(torch::kFloat64);
+    return m;
+  };
+}
+
 TEST(TensorParallelPlanTest, Gpt2OnTwoAndThreeRanksIsOneProcess) {
   for (int64_t world : {2, 3}) {
     const auto config = gpt2_config(world == 2 ? 4 : 6);
-    auto make = [&] {
-      torch::manual_seed(7);
-      auto m = models::gpt2(config);
-      m->to(torch::kFloat64);
-      return m;
-    };
+    const auto make = gpt2_maker(config);
     SCOPED_TRACE("tp=" + std::to_string(world));
     expect_tensor_parallel_is_one_process(make, config.vocab_size, world);
   }
@@ -142,41 +169,17 @@ TEST(TensorParallelPlanTest, Gpt2OnTwoAndThreeRanksIsOneProcess) {
 TEST(TensorParallelPlanTest, SequenceParallelIsOneProcess) {
   for (int64_t world : {2, 3}) {
     const auto config = gpt2_config(world == 2 ? 4 : 6);
-    auto make = [&] {
-      torch::manual_seed(7);
-      auto m = models::gpt2(config);
-      m->to(torch::kFloat64);
-      return m;
-    };
+    const auto make = gpt2_maker(config);
     SCOPED_TRACE("gpt2, sequence parallel, tp=" + std::to_string(world));
     expect_tensor_parallel_is_one_process(make, config.vocab_size, world, {true}, world == 2 ? 8 : 9);
   }
-  models::LlamaConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 16;
-  c.intermediate_size = 42;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_positions = 16;
-  auto make = [&] {
-    torch::manual_seed(9);
-    auto m = models::llama(c);
-    m->to(torch::kFloat64);
-    return m;
-  };
   SCOPED_TRACE("llama, sequence parallel, tp=2");
-  expect_tensor_parallel_is_one_process(make, c.vocab_size, 2, {true});
+  expect_tensor_parallel_is_one_process(llama_maker(false), 37, 2, {true});
 }
 
 TEST(TensorParallelPlanTest, SequenceParallelWithoutTheGradientSumIsNot) {
   const auto config = gpt2_config(4);
-  auto make = [&] {
-    torch::manual_seed(7);
-    auto m = models::gpt2(config);
-    m->to(torch::kFloat64);
-    return m;
-  };
+  const auto make = gpt2_maker(config);
   const auto expected = reference(make, config.vocab_size, 8);
   const auto data = batches(config.vocab_size);
   std::vector<models::Sequence> copies{make(), make()};
@@ -199,23 +202,8 @@ TEST(TensorParallelPlanTest, SequenceParallelWithoutTheGradientSumIsNot) {
 
 TEST(TensorParallelPlanTest, LlamaWithGroupedQueryHeadsIsOneProcess) {
   for (bool tied : {false, true}) {
-    models::LlamaConfig c;
-    c.vocab_size = 37;
-    c.hidden_size = 16;
-    c.intermediate_size = 42;  // 21 each
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.max_positions = 16;
-    c.tie_embeddings = tied;
-    auto make = [&] {
-      torch::manual_seed(9);
-      auto m = models::llama(c);
-      m->to(torch::kFloat64);
-      return m;
-    };
     SCOPED_TRACE(tied ? "tied" : "untied");
-    expect_tensor_parallel_is_one_process(make, c.vocab_size, 2);
+    expect_tensor_parallel_is_one_process(llama_maker(tied), 37, 2);
   }
 }
 
@@ -230,12 +218,7 @@ TEST(TensorParallelPlanTest, LlamaWithGroupedQueryHeadsIsOneProcess) {
 // numbers (the max, then three sums).
 TEST(TensorParallelPlanTest, MemoryAndTrafficAreMegatronsFigures) {
   const auto config = gpt2_config(4);  // width 16, 2 blocks
-  auto make = [&] {
-    torch::manual_seed(7);
-    auto m = models::gpt2(config);
-    m->to(torch::kFloat64);
-    return m;
-  };
+  const auto make = gpt2_maker(config);
   const auto data = batches(config.vocab_size);
   int64_t whole_bytes = 0;
   std::vector<models::Sequence> copies{make(), make()};
@@ -282,12 +265,8 @@ TEST(TensorParallelPlanTest, MemoryAndTrafficAreMegatronsFigures) {
 TEST(TensorParallelPlanTest, SequenceParallelTrafficIsMegatronsFigure) {
   const auto config = gpt2_config(4);
   const auto data = batches(config.vocab_size);
-  std::vector<models::Sequence> copies;
-  for (int r = 0; r < 2; ++r) {
-    torch::manual_seed(7);
-    copies.push_back(models::gpt2(config));
-    copies.back()->to(torch::kFloat64);
-  }
+  const auto make = gpt2_maker(config);
+  std::vector<models::Sequence> copies{make(), make()};
   auto errors = run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
     auto model = copies[group->rank()];
     TensorParallelPlan plan(model, group, {true});
