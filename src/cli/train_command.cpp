@@ -345,6 +345,13 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 
 namespace internal {
 
+void complete_train_options(engine::TrainOptions& o, const FlagSet& flags) {
+  if (flags.given("batch-size") && flags.given("batch-per-process")) {
+    throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
+  }
+  apply_optimizer_defaults(o, flags);
+}
+
 // AdamW's own --lr and --weight-decay where the command line gives none
 // (the table's defaults are SGD's).
 void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags) {
@@ -378,6 +385,14 @@ void check_resources(const engine::TrainOptions& o, int64_t workers) {
 
 }  // namespace internal
 
+engine::TrainOptions parse_train_flags(const std::vector<std::string>& args) {
+  engine::TrainOptions options;
+  auto flags = train_flags(options);
+  flags.parse(args);
+  internal::complete_train_options(options, flags);
+  return options;
+}
+
 std::string train_help() {
   engine::TrainOptions defaults;
   return train_flags(defaults).help();
@@ -391,10 +406,7 @@ int train_command(const std::vector<std::string>& args) {
     std::printf("%s", flags.help().c_str());
     return 0;
   }
-  if (flags.given("batch-size") && flags.given("batch-per-process")) {
-    throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
-  }
-  internal::apply_optimizer_defaults(options, flags);
+  internal::complete_train_options(options, flags);
   const bool worker = env::get("RANK").has_value();
   // Under another launcher (tandem launch, torchrun, Slurm's srun setting
   // RANK) this process is one worker already: --nproc-per-node would be

@@ -15,6 +15,10 @@ namespace tandem::cli::internal {
 // starts itself: they run the same command line, --nproc-per-node included.
 inline constexpr const char* kSelfLaunched = "TANDEM_TRAIN_SELF_LAUNCHED";
 
+// What the flags alone do not say: the pairs of flags that exclude each
+// other refused (UsageError), AdamW's defaults applied.
+void complete_train_options(engine::TrainOptions& o, const FlagSet& flags);
+
 // AdamW's own --lr and --weight-decay where the command line gives none
 // (the flag table's defaults are SGD's): kAdamWLr, kAdamWWeightDecay.
 void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags);

@@ -13,8 +13,6 @@
 
 namespace tandem::data {
 
-namespace {
-
 // Note [serial loader threads]: a loader thread must not fan its libtorch
 // operations out over torch's intra-op pool: the loader threads are already
 // the parallelism, and N threads each starting an OpenMP team of all cores
@@ -36,8 +34,6 @@ void make_this_thread_serial() {
   if (omp != nullptr) omp(1);
   if (mkl != nullptr) mkl(1);
 }
-
-}  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
                        std::shared_ptr<const Sampler> sampler, LoaderOptions options)

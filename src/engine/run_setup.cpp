@@ -95,7 +95,7 @@ models::Sequence build_model(const TrainOptions& o, const data::DatasetInfo& inf
                              const models::ModelOptions& options, const torch::Device& device) {
   models::Sequence model{nullptr};
   try {
-    model = models::make_model(o.model, options);
+    model = models::make_seeded_model(o.model, options, o.seed);  // Note [seeded model]
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {

@@ -35,14 +35,21 @@
 
 namespace tandem::engine {
 
-Trainer::Trainer(TrainOptions options, std::FILE* log)
+// Note [a job the program made]: a Trainer joins the job its launcher
+// describes in the environment, or one whose group the calling program made
+// itself: ranks as threads of one process over Gloo (the tests' layouts,
+// each a few threads rather than a few processes), or an application that
+// rendezvoused on its own. Nothing else in the Trainer depends on how the
+// ranks came to be; what threads share in one process (the default random
+// generator) is guarded where it is used (Note [seeded model]).
+Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::ProcessGroup> job)
     : options_(std::move(options)), log_(log), warnings_log_(log), device_(parse_device(options_.device)) {
   const auto& o = options_;
   check_train_options(o);  // the command line alone (exit 2), before anything is joined or read
   auto profile_options = parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
   const bool pipeline = pipelined(o);
-  if ((group_ = join_job(o, device_))) {
+  if ((group_ = job ? std::move(job) : join_job(o, device_))) {
     job_group_ = group_;
     rank_ = group_->rank();
     world_ = group_->size();
@@ -87,7 +94,6 @@ Trainer::Trainer(TrainOptions options, std::FILE* log)
     group_ = mesh.group(dist::MeshDim::kData);
     tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
   }
-  torch::manual_seed(o.seed);
   auto model_options = model_options_for(o, info);
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
     auto group = group_;

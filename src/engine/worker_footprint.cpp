@@ -83,8 +83,7 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
       c10::Allocator* base;
       ~Restore() { c10::SetCPUAllocator(base, /*priority=*/100); }
     } restore{base_allocator};
-    torch::manual_seed(o.seed);
-    auto model = models::make_model(o.model, model_options_for(o, info));
+    auto model = models::make_seeded_model(o.model, model_options_for(o, info), o.seed);
     model->to(o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);
     // The optimizer's state as the run's: SGD's momentum, or AdamW's two moments.
     std::unique_ptr<torch::optim::Optimizer> optimizer;

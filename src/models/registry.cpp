@@ -73,6 +73,17 @@ void register_model(const std::string& name, ModelFactory factory, ModelTraits t
 
 Sequence make_model(const std::string& name, const ModelOptions& options) { return find(name).factory(options); }
 
+std::unique_lock<std::mutex> hold_default_generator() {
+  static std::mutex generator;
+  return std::unique_lock<std::mutex>(generator);
+}
+
+Sequence make_seeded_model(const std::string& name, const ModelOptions& options, uint64_t seed) {
+  auto held = hold_default_generator();
+  torch::manual_seed(seed);
+  return make_model(name, options);
+}
+
 ModelTraits model_traits(const std::string& name) { return find(name).traits; }
 
 bool is_language_model(const std::string& name) { return model_traits(name).kind == ModelKind::kLanguageModel; }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "tandem/parallel/sync_batch_norm.h"
+#include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stopwatch.h"
@@ -178,7 +179,11 @@ std::vector<double> measured_costs(const models::Sequence& model, const torch::T
                options.min_repeats, " and ", options.max_repeats);
   TANDEM_CHECK(options.budget_seconds >= 0, "measured_costs: expected a budget >= 0 seconds, got ",
                options.budget_seconds);
-  auto copy = std::dynamic_pointer_cast<models::SequenceImpl>(model->clone(sample.device()));
+  models::Sequence copy{nullptr};
+  {
+    auto held = models::hold_default_generator();  // clone() draws new weights before it copies
+    copy = models::Sequence(std::dynamic_pointer_cast<models::SequenceImpl>(model->clone(sample.device())));
+  }
   // One rank measures alone: its SyncBatchNorm layers must not wait for the others.
   for (const auto& module : copy->modules()) {
     if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(module.get())) bn->use_local_statistics();

@@ -1,9 +1,9 @@
-// --mesh: the job's ranks as pipeline stages x data-parallel replicas
-// (Note [replicated stages] in engine/parallel_layout.h). Every composition
-// trains one process's weights on the global batch, in float64 to rounding,
-// with a control run that must fail the bound; its checkpoints resume under
-// any other mesh; its evaluation and metrics are one process's; and a mesh
-// the job cannot have is a usage error naming --mesh.
+// --mesh through the CLI: the job's ranks as pipeline stages x
+// data-parallel replicas (Note [replicated stages] in
+// engine/parallel_layout.h); its evaluation, metrics and traffic are one
+// process's, and a mesh the job cannot have is a usage error naming
+// --mesh. Every composition's weights and checkpoints against one process
+// are tests/layout/mesh_layout_test.cpp's.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,95 +15,10 @@
 namespace tandem {
 namespace {
 
-using testing::expect_resumes_as_uninterrupted;
-using testing::expect_same_weights;
 using testing::run_tandem;
 using testing::TempDir;
 
 const std::string kMesh = "--nproc-per-node 4 --mesh dp=2,pp=2";
-
-// 4 ranks as dp=2,pp=2: DDP x pipeline under each schedule (and with each
-// stage recomputed in backward, and with a first stage of no parameters:
-// flatten alone), seed 004's all-reduce x pipeline, and the shorthand
-// pp=2 all give one process's weights after 20 steps.
-// Control: another momentum.
-TEST(MeshCliTest, DdpTimesPipelineIsOneProcessUnderEachSchedule) {
-  expect_same_weights({"--nproc-per-node 0", kMesh, kMesh + " --schedule interleaved",
-                       kMesh + " --schedule gpipe --checkpoint-activations 1", kMesh + " --pipeline-split fc1",
-                       kMesh + " --strategy allreduce --micro-batches 2", "--nproc-per-node 2 --mesh pp=2"},
-                      "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
-}
-
-// FSDP x pipeline (Note [fsdp under a pipeline]): each stage's parameters,
-// gradients and momentum sharded over its dp ranks, gathered once a step,
-// its units' accumulated gradients reduce-scattered after the pipeline's
-// backward; alone, with clipping (the norm over every stage's shards) and
-// interleaved. Control: another momentum.
-TEST(MeshCliTest, FsdpTimesPipelineIsOneProcess) {
-  const std::string fsdp = kMesh + " --strategy fsdp --fsdp-min-unit-params 0";
-  expect_same_weights({"--nproc-per-node 0", fsdp, fsdp + " --schedule interleaved --fsdp-sharding grad-op",
-                       fsdp + " --schedule gpipe --checkpoint-activations 1"},
-                      "--model mlp --dtype float64", 1e-12, "--model mlp --dtype float64 --momentum 0.5");
-  expect_same_weights({"--nproc-per-node 0", fsdp}, "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12,
-                      "--model mlp --dtype float64");
-}
-
-// Clipping takes the norm over all stages once (the replicas hold the same
-// averaged gradients); ZeRO-1 shards each stage's momentum over its dp
-// ranks (CheckpointsResumeUnderAnotherMesh trains with it too). Control:
-// no clipping.
-TEST(MeshCliTest, ClippingAndAShardedOptimizerCompose) {
-  expect_same_weights({"--nproc-per-node 0", kMesh + " --shard-optimizer",
-                       kMesh + " --schedule interleaved --strategy allreduce"},
-                      "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12, "--model mlp --dtype float64");
-}
-
-// --sync-bn over a mesh normalises each micro-batch over the stage's dp
-// ranks: the dp ranks' k-th micro-batches together are the one-process
-// pipeline's k-th, so convnet's BatchNorm gives that pipeline's weights.
-// Control: without --sync-bn each replica normalises its half alone.
-TEST(MeshCliTest, SyncBatchNormIsTheOneProcessPipelines) {
-  expect_same_weights({"--nproc-per-node 0 --strategy pipeline --devices cpu,cpu", kMesh + " --sync-bn",
-                       kMesh + " --sync-bn --schedule gpipe"},
-                      "--model convnet --dtype float64", 1e-12,
-                      "--model convnet --dtype float64 --nproc-per-node 4 --mesh dp=2,pp=2");
-}
-
-// A checkpoint holds the whole model and optimizer whatever the mesh: one
-// written by dp=2,pp=2 resumes in one process, as a pipeline over 2 ranks
-// and on 4 data-parallel ranks; one written by 4 data-parallel ranks
-// resumes as dp=2,pp=2 (with the optimizer sharded). Each ends where the
-// uninterrupted run does.
-TEST(MeshCliTest, CheckpointsResumeUnderAnotherMesh) {
-  TempDir dir;
-  testing::write_synthetic_idx(dir.path(), 1024, 64);
-  const std::string model = "--model mlp --dtype float64 ";
-  expect_resumes_as_uninterrupted(dir, model, kMesh,
-                                  {"--nproc-per-node 0", "--nproc-per-node 2 --strategy pipeline",
-                                   "--nproc-per-node 4"},
-                                  "dp=2,pp=2");
-  TempDir other;
-  testing::write_synthetic_idx(other.path(), 1024, 64);
-  expect_resumes_as_uninterrupted(other, model, "--nproc-per-node 4", {kMesh + " --shard-optimizer"}, "dp=4");
-}
-
-// FSDP x pipeline's checkpoints are plain SGD's over the whole model
-// (Note [fsdp x pipeline checkpoints]): one written by it resumes in one
-// process, as DDP x pipeline and as FSDP on 2 ranks, and one written by
-// DDP x pipeline resumes as FSDP x pipeline, each ending where the
-// uninterrupted run does.
-TEST(MeshCliTest, FsdpTimesPipelineCheckpointsResumeAnywhere) {
-  TempDir dir;
-  testing::write_synthetic_idx(dir.path(), 1024, 64);
-  const std::string model = "--model mlp --dtype float64 ";
-  const std::string fsdp = kMesh + " --strategy fsdp --fsdp-min-unit-params 0";
-  expect_resumes_as_uninterrupted(dir, model, fsdp,
-                                  {"--nproc-per-node 0", kMesh, "--nproc-per-node 2 --strategy fsdp"},
-                                  "FSDP x pipeline");
-  TempDir other;
-  testing::write_synthetic_idx(other.path(), 1024, 64);
-  expect_resumes_as_uninterrupted(other, model, kMesh, {fsdp + " --schedule interleaved"}, "DDP x pipeline");
-}
 
 // Evaluation and the epoch's figures come once, for the whole model: the
 // same losses and accuracies as one process (each replica pipeline

@@ -7,10 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "tandem/engine/train_options.h"
+
 namespace tandem::cli {
 
 // tandem train [flags]
 int train_command(const std::vector<std::string>& args);
+
+// The options `tandem train ARGS` runs with (the flag table's parse, AdamW's
+// own defaults); throws UsageError as the command does. For a program that
+// runs engine::Trainer itself, as the tests' ranks in threads do.
+engine::TrainOptions parse_train_flags(const std::vector<std::string>& args);
 
 // The train flags' help text (also part of `tandem --help`).
 std::string train_help();

@@ -28,6 +28,12 @@
 
 namespace tandem::data {
 
+// The calling thread's libtorch operations run on it alone: its own
+// OpenMP team and MKL's of one thread (Note [serial loader threads] in
+// src/data/loader.cpp). For threads that are already the parallelism: the
+// loader's workers, ranks that are threads of one process.
+void make_this_thread_serial();
+
 struct LoaderOptions {
   int64_t batch_size = 256;
   bool drop_last = false;     // drop a final batch smaller than batch_size

@@ -42,7 +42,8 @@ data::DataSplits open_run_data(const TrainOptions& o);
 // The factory's options for --model on data of `info`.
 models::ModelOptions model_options_for(const TrainOptions& o, const data::DatasetInfo& info);
 
-// The model from the factory on `device` in --dtype; what the factory
+// The model from the factory, drawn from --seed (Note [seeded model] in
+// models/registry.h), on `device` in --dtype; what the factory
 // refuses (a convnet's images smaller than 4 x 4) is a UsageError in the
 // flags' words.
 models::Sequence build_model(const TrainOptions& o, const data::DatasetInfo& info,

@@ -56,7 +56,10 @@ struct TrainResult {
 class Trainer {
  public:
   // Throws tandem::Error naming the flag for invalid options.
-  explicit Trainer(TrainOptions options, std::FILE* log = stderr);
+  // The job's ranks: those of `job` when given (Note [a job the program
+  // made]), else those the environment names (a launcher's RANK,
+  // WORLD_SIZE, MASTER_ADDR), else this process alone.
+  explicit Trainer(TrainOptions options, std::FILE* log = stderr, std::shared_ptr<dist::ProcessGroup> job = nullptr);
 
   TrainResult run();
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,19 @@ bool is_language_model(const std::string& name);
 
 // Throws tandem::Error naming the known models when `name` is unknown.
 Sequence make_model(const std::string& name, const ModelOptions& options);
+
+// Note [seeded model]: a model's initial weights are drawn from the
+// process's default generator after torch::manual_seed(seed), so that
+// every rank draws the same ones. Ranks that are threads of one process
+// (engine's Note [a job the program made]) share that generator: the seed
+// and the draws of make_seeded_model are one critical section, and any
+// other draw from the generator while ranks may be building theirs (a
+// clone's reset, a layer's dropout) holds it too, or rank r's weights
+// would depend on when rank s drew.
+std::unique_lock<std::mutex> hold_default_generator();
+
+// make_model under hold_default_generator(), right after seeding it.
+Sequence make_seeded_model(const std::string& name, const ModelOptions& options, uint64_t seed);
 
 // Sorted.
 std::vector<std::string> model_names();

@@ -1,9 +1,10 @@
-// tests/cli/same_weights.h: train with tandem's CLI and compare the exported
-// weights per tensor, with a control run that must fail the bound. The
-// equality tests of every strategy and composition are built on these.
+// tests/testing/same_weights.h: train with tandem's CLI, or with its ranks as
+// threads (train_threads.h), and compare the exported weights per tensor,
+// with a control run that must fail the bound. The equality tests of every
+// strategy and composition are built on these.
 //
-// expect_same_weights trains 20 steps once per entry of `runs` (flags added
-// to `model_flags`: 1, 2 and 4 ranks, say), all from the same seed and
+// expect_same_weights trains 20 steps (RunStyle::steps) once per entry of
+// `runs` (flags added to `model_flags`: 1, 2 and 4 ranks, say), all from the same seed and
 // global batch, and compares each run's exported weights, per tensor
 // (|a - b| / |a|, 2-norms), with the first run's. The ranks sum gradients and
 // statistics in a different order than one process does, so the runs
@@ -27,13 +28,26 @@
 
 namespace tandem::testing {
 
-// 20 steps on the synthetic data in `dir`: `flags` after the common ones
-// (so they may override them), the weights exported to `dir`/`name`.
-void train_and_export(const TempDir& dir, const std::string& flags, const std::string& name);
+// How the runs of a comparison are made.
+struct RunStyle {
+  // The ranks as threads of this process (train_threads.h), or as the
+  // processes of `tandem train --nproc-per-node N`.
+  bool threads = false;
+  // Optimizer steps of a whole run; a resumed run stops at half of them.
+  int steps = 20;
+};
+inline constexpr RunStyle kInThreads{true, 20};
+
+// `style.steps` steps on the synthetic data in `dir`: `flags` after the
+// common ones (so they may override them), the weights exported to
+// `dir`/`name`.
+void train_and_export(const TempDir& dir, const std::string& flags, const std::string& name,
+                      const RunStyle& style = {});
 
 // Compares each of `others` (safetensors files in `dir`, described by
-// `what`) with `reference`, per tensor; a `control` file, when given, must
-// differ by more than 3 times the tolerance.
+// `what`) with `reference`, per tensor, printing the differences; a
+// `control` file, when given, must differ by more than 3 times the
+// tolerance.
 void expect_close_weights(const TempDir& dir, const std::string& reference,
                           const std::vector<std::pair<std::string, std::string>>& others,
                           double tolerance, const std::string& control = "");
@@ -43,23 +57,24 @@ void expect_close_weights(const TempDir& dir, const std::string& reference,
 // (`control_flags`, on 2 ranks unless they name --nproc-per-node) must
 // differ by more than 3 times the tolerance.
 void expect_same_weights(const std::vector<std::string>& runs, const std::string& model_flags,
-                         double tolerance, const std::string& control_flags = "");
+                         double tolerance, const std::string& control_flags = "", const RunStyle& style = {});
 
-// Trains `first_half` (flags after `model`) for 10 steps with checkpoints in
-// `dir`/`checkpoints` (that run's weights in first-half.safetensors), then
-// resumes it to step 20 with `resume` instead, exporting `name`; returns the
-// resumed run (its output with --progress lines).
-CommandResult resume_after_ten_steps(const TempDir& dir, const std::string& model, const std::string& first_half,
-                                     const std::string& resume, const std::string& checkpoints,
-                                     const std::string& name);
+// Trains `first_half` (flags after `model`) for half of `style.steps`
+// with checkpoints in `dir`/`checkpoints` (that run's weights in
+// first-half.safetensors), then resumes it to the end with `resume`
+// instead, exporting `name`; returns the resumed run (its output with
+// --progress lines).
+CommandResult resume_halfway(const TempDir& dir, const std::string& model, const std::string& first_half,
+                             const std::string& resume, const std::string& checkpoints, const std::string& name,
+                             const RunStyle& style = {});
 
-// `run` (with `model`) stopped at step 10, its checkpoints every 4 steps,
-// then resumed each way of `hows`, ends where 20 uninterrupted steps of
-// `run` do (float64: to rounding, `tolerance`). `label` names `run` in the
-// report.
+// `run` (with `model`) stopped halfway, its checkpoints every 4 steps (2
+// for runs of fewer than 16), then resumed each way of `hows`, ends where
+// the uninterrupted `run` does (float64: to rounding, `tolerance`).
+// `label` names `run` in the report.
 void expect_resumes_as_uninterrupted(const TempDir& dir, const std::string& model, const std::string& run,
                                      const std::vector<std::string>& hows, const std::string& label,
-                                     double tolerance = 1e-12);
+                                     double tolerance = 1e-12, const RunStyle& style = {});
 
 // 5,690 bytes of prose that repeat with variations, as text.txt in `dir`
 // (returned): a training part of 5,121 bytes, 320 windows of 16 (+ 1), 10
