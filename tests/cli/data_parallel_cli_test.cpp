@@ -10,16 +10,23 @@ using testing::last_metrics;
 using testing::run_tandem;
 using testing::TempDir;
 
-// Issue 5's check: one epoch of convnet on Fashion-MNIST over cpu,cpu.
-TEST(DataParallelCliTest, ConvnetOnFashionMnistOverTwoCpuReplicas) {
+// Issue 5's check as a learning check (Note [a learning check on
+// Fashion-MNIST]): convnet on Fashion-MNIST over cpu,cpu.
+TEST(DataParallelCliTest, ConvnetLearnsFashionMnistOverTwoCpuReplicas) {
   TempDir dir;
-  auto r = run_tandem("train --strategy dp --devices cpu,cpu --data fashion-mnist --model convnet "
-                      "--epochs 1 --progress lines --metrics-out " + dir.file("m.jsonl"));
+  auto r = run_tandem(std::string("train --strategy dp --devices cpu,cpu --data fashion-mnist --model convnet "
+                                  "--progress lines") + testing::kLearningSteps + "--metrics-out " +
+                      dir.file("m.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("DataParallel over cpu,cpu in one process"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("cpu,cpu (one process)"), std::string::npos) << r.output;
   auto m = last_metrics(dir.file("m.jsonl"));
-  EXPECT_GE(m["test_acc"].get<double>(), 0.85) << r.output;
+  EXPECT_GE(m["test_acc"].get<double>(), testing::kLearnedAccuracy) << r.output;
+  // A whole epoch ends with the devices table (a short one here).
+  testing::write_synthetic_idx(dir.path(), 256, 16);
+  r = run_tandem("train --strategy dp --devices cpu,cpu --data idx:" + dir.path() +
+                 " --model convnet --batch-size 64 --epochs 1 --progress lines");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cpu,cpu (one process)"), std::string::npos) << r.output;
 }
 
 // Seed 000's trace: every replica's input and output shapes and device.

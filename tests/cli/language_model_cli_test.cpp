@@ -36,37 +36,31 @@ double unigram_bits(const std::string& text) {
   return bits;
 }
 
-// gpt2-tiny learns Debian's license texts (/usr/share/common-licenses, 300
-// KB, base-files): after 268 steps of 32 x 64 bytes the held-out tail
-// (the last tenth) costs 4.06 bits per byte, 0.57 below the 4.62 bits of
-// the file's byte frequencies alone; held here to 0.4 below. Control: two
-// steps leave it above that.
+// gpt2-tiny learns the structure of a text: on write_text's prose (5,121
+// bytes of training, 569 held out; 4.34 bits per byte by its byte
+// frequencies alone), 100 steps of 16 x 32 bytes leave the held-out tail at
+// 3.00 bits per byte, 1.34 below the unigram entropy; held here to 1.0
+// below. Control: two steps leave it above that. (Debian's license texts,
+// 300 KB of real prose, need 268 steps of 32 x 64 for 0.57 below: a
+// minute of this machine.)
 TEST(LanguageModelCliTest, BitsPerByteFallWellBelowTheUnigramEntropy) {
-  const std::string licenses = "/usr/share/common-licenses";
-  if (!std::filesystem::is_directory(licenses)) GTEST_SKIP() << licenses << " is not here (Debian's base-files)";
-  std::string all;
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(licenses)) {
-    if (entry.is_regular_file()) names.push_back(entry.path().string());
-  }
-  std::sort(names.begin(), names.end());
-  for (const auto& name : names) all += testing::read_text(name);
-  const double unigram = unigram_bits(all);
   TempDir out;
+  const std::string text = write_text(out);
+  const double unigram = unigram_bits(testing::read_text(text));
   auto train = [&](const std::string& flags) {
     const auto metrics = out.file("m.jsonl");
-    auto r = run_tandem("train --model gpt2-tiny --data text:" + licenses + " --seq-len 64 --batch-size 32 "
-                        "--lr 3e-3 --warmup-epochs 0.1 --progress off --metrics-out " + metrics + " " + flags);
+    auto r = run_tandem("train --model gpt2-tiny --data text:" + text + " --seq-len 32 --batch-size 16 "
+                        "--lr 1e-2 --epochs 10 --progress off --metrics-out " + metrics + " " + flags);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     auto m = testing::last_metrics(metrics);
     EXPECT_TRUE(m.contains("test_bits_per_byte")) << m.dump();
     return m.value("test_bits_per_byte", 99.0);
   };
-  const double trained = train("--epochs 2");
-  const double control = train("--epochs 2 --max-steps 2");
+  const double trained = train("");
+  const double control = train("--max-steps 2");
   std::printf("unigram entropy %.3f bits/byte; trained %.3f; control (2 steps) %.3f\n", unigram, trained, control);
-  EXPECT_LT(trained, unigram - 0.4);
-  EXPECT_GT(control, unigram - 0.4);
+  EXPECT_LT(trained, unigram - 1.0);
+  EXPECT_GT(control, unigram - 1.0);
 }
 
 // --metrics-out: losses in nats per token, and beside them perplexity,

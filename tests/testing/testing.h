@@ -107,6 +107,17 @@ std::string read_text(const std::string& path);
 // The last line of a --metrics-out file, parsed; null when there is none.
 nlohmann::json last_metrics(const std::string& path);
 
+// Note [a learning check on Fashion-MNIST]: convnet on Fashion-MNIST
+// (batch 256, the default lr) reaches 74.6% test accuracy after 40 steps,
+// a sixth of an epoch, in 7 s on one process of the 2-core machine
+// (chance: 10%; 60.2% after 20 steps); a whole epoch reaches 85% in 47 s.
+// The learning checks of each way to run it (processes, DataParallel,
+// pipelines) train these steps and hold the accuracy to kLearnedAccuracy;
+// that the ways are one arithmetic is proved exactly, in float64, by the
+// layout tests.
+inline constexpr const char* kLearningSteps = " --epochs 1 --max-steps 40 ";
+inline constexpr double kLearnedAccuracy = 0.70;
+
 // Runs fn(group) on `world` ranks, one thread each, joined in a Gloo group
 // on 127.0.0.1 (at `port`, or a free one); returns each rank's error message
 // ("" when it finished). With `null_group_for_one`, a world of 1 gets a null
