@@ -1,6 +1,6 @@
-# Shared by the bench/*.sh scripts (sourced, not run): sets up and builds
-# (scripts/setup; with TANDEM_PYTHON and TANDEM_BUILD set, uses those
-# instead), then defines repo, build, cache, py and median.
+# Shared by the bench/*.sh scripts (sourced, not run): sets up and builds,
+# the benchmarks included (scripts/setup, then `ninja benches`; with
+# TANDEM_PYTHON and TANDEM_BUILD set, uses those instead), then defines repo, build, cache, py and median.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${TANDEM_BUILD:-$repo/build}
@@ -12,6 +12,7 @@ if [ -n "${TANDEM_PYTHON:-}" ]; then
   [ -x "$build/tandem" ] || { echo "bench: no $build/tandem (TANDEM_BUILD)" >&2; exit 1; }
 else
   "$repo/scripts/setup" >&2
+  ninja -C "$build" benches >&2  # not part of the default build
   py=$cache/venv-torch-2.11.0/bin/python
 fi
 

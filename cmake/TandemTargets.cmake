@@ -36,7 +36,7 @@ function(tandem_layer name)
 endfunction()
 
 # tandem_test(layer SOURCES ... DEPS ...): one GoogleTest executable per layer,
-# each test registered with CTest under the label of its layer.
+# its tests registered with CTest under the label of its layer.
 # QUICK FILTER: also a CTest test "<layer>.quick" (labels quick and the
 # layer) running the executable's tests that FILTER (a --gtest_filter)
 # selects in one process: `ctest -L quick`, the tier for the
@@ -55,11 +55,26 @@ endfunction()
 # --nproc-per-node gets cores / N threads per rank and does not oversubscribe.
 set(TANDEM_TEST_ENV "OMP_WAIT_POLICY=PASSIVE")
 
+# GROUP N: how many tests of a suite share a process (Note [test groups]);
+# 1 unless given.
+# Note [test groups]: each test executable loads libtorch when it starts,
+# 0.4 s of CPU on the 2-core machine, which was all that 398 of the 640
+# tests took besides: a fifth of the suite's CPU. So CTest runs the tests of
+# one GoogleTest suite GROUP at a time in one process (cmake/TestGroups.cmake
+# registers them after each link, as gtest_discover_tests would one by
+# one): a CTest test is a suite (`ctest -R TrainerTest`) or a part of one
+# (TrainerTest.2), and GoogleTest's report inside it names each test. The
+# layers of many short tests group them; the CLI's and the layouts', whose
+# tests take seconds each, run one a process.
 function(tandem_test layer)
-  cmake_parse_arguments(T "" "QUICK;COST" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "QUICK;COST;GROUP" "SOURCES;DEPS;LABELS" ${ARGN})
   set(cost 0)
   if(T_COST)
     set(cost ${T_COST})
+  endif()
+  set(group 1)
+  if(T_GROUP)
+    set(group ${T_GROUP})
   endif()
   set(exe tandem_${layer}_tests)
   add_executable(${exe} ${T_SOURCES})
@@ -69,8 +84,17 @@ function(tandem_test layer)
     TANDEM_CLI="$<TARGET_FILE:tandem>"
     TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   tandem_torch_pch(${exe})
-  gtest_discover_tests(${exe} DISCOVERY_TIMEOUT 120
-    PROPERTIES LABELS "${layer};${T_LABELS}" TIMEOUT 900 COST ${cost} ENVIRONMENT "${TANDEM_TEST_ENV}")
+  set(groups_file "${CMAKE_CURRENT_BINARY_DIR}/${exe}_groups.cmake")
+  string(REPLACE ";" "," labels "${layer};${T_LABELS}")
+  add_custom_command(TARGET ${exe} POST_BUILD BYPRODUCTS "${groups_file}"
+    COMMAND "${CMAKE_COMMAND}" -D "EXE=$<TARGET_FILE:${exe}>" -D "CTEST_FILE=${groups_file}" -D "GROUP=${group}"
+            -D "LABELS=${labels}" -D "COST=${cost}" -D "ENVIRONMENT=${TANDEM_TEST_ENV}" -D "TIMEOUT=900"
+            -P "${PROJECT_SOURCE_DIR}/cmake/TestGroups.cmake"
+    VERBATIM)
+  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${exe}_include.cmake")
+  file(WRITE "${include_file}" "if(EXISTS \"${groups_file}\")\n  include(\"${groups_file}\")\nelse()\n"
+                               "  add_test(${exe}_NOT_BUILT ${exe}_NOT_BUILT)\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
   if(T_QUICK)
     add_test(NAME ${layer}.quick COMMAND ${exe} --gtest_filter=${T_QUICK})
     set_tests_properties(${layer}.quick PROPERTIES LABELS "quick;${layer}" TIMEOUT 300

@@ -13,7 +13,7 @@ set -uo pipefail
 bin=$1 seconds=$2 regressions=${3:-}
 name=$(basename "$bin")
 if [ ! -x "$bin" ]; then
-  echo "$name: $bin is not built (scripts/setup builds the fuzz tree with clang)" >&2
+  echo "$name: $bin is not built (the CTest fixture fuzz.build builds the fuzz tree with clang: ctest -L fuzz)" >&2
   exit 1
 fi
 work=$(mktemp -d /tmp/tandem-fuzz.XXXXXX)

@@ -1,0 +1,66 @@
+# Run after a test executable is linked (cmake -P): lists its GoogleTest
+# tests and writes CTEST_FILE, which registers them with CTest in groups
+# (Note [test groups] in cmake/TandemTargets.cmake): the tests of one suite,
+# GROUP at a time, each group one process.
+#   -D EXE=... -D CTEST_FILE=... -D GROUP=N -D LABELS=a,b -D COST=N
+#   -D ENVIRONMENT=K=V -D TIMEOUT=S
+execute_process(COMMAND "${EXE}" --gtest_list_tests OUTPUT_VARIABLE listing RESULT_VARIABLE rc
+                TIMEOUT 120)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${EXE} --gtest_list_tests failed (${rc}):\n${listing}")
+endif()
+
+string(REPLACE ";" "\\;" listing "${listing}")
+string(REPLACE "\n" ";" lines "${listing}")
+set(suites "")
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "  #.*$" "" line "${line}")  # the parameter's description
+  string(STRIP "${line}" name)
+  if(name STREQUAL "")
+    continue()
+  endif()
+  if(line MATCHES "^ ")
+    list(APPEND "tests_${suite}" "${name}")
+  else()
+    string(REGEX REPLACE "\\.$" "" suite "${name}")
+    list(APPEND suites "${suite}")
+    set("tests_${suite}" "")
+  endif()
+endforeach()
+
+string(REPLACE "," ";" LABELS "${LABELS}")
+set(script "")
+foreach(suite IN LISTS suites)
+  list(LENGTH "tests_${suite}" count)
+  if(count EQUAL 0)
+    continue()
+  endif()
+  math(EXPR groups "(${count} + ${GROUP} - 1) / ${GROUP}")
+  foreach(g RANGE 1 ${groups})
+    math(EXPR first "(${g} - 1) * ${GROUP}")
+    if(count EQUAL 1 OR GROUP EQUAL 1)
+      list(GET "tests_${suite}" ${first} test)
+      set(name "${suite}.${test}")
+      set(filter "${suite}.${test}")
+    elseif(groups EQUAL 1)
+      set(name "${suite}")
+      set(filter "${suite}.*")
+    else()
+      set(name "${suite}.${g}")
+      math(EXPR last "${first} + ${GROUP} - 1")
+      if(last GREATER_EQUAL count)
+        math(EXPR last "${count} - 1")
+      endif()
+      set(filter "")
+      foreach(i RANGE ${first} ${last})
+        list(GET "tests_${suite}" ${i} test)
+        string(APPEND filter "${suite}.${test}:")
+      endforeach()
+      string(REGEX REPLACE ":$" "" filter "${filter}")
+    endif()
+    string(APPEND script "add_test([==[${name}]==] [==[${EXE}]==] [==[--gtest_filter=${filter}]==])\n"
+                         "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${LABELS}]==] "
+                         "TIMEOUT ${TIMEOUT} COST ${COST} ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
+  endforeach()
+endforeach()
+file(WRITE "${CTEST_FILE}" "${script}")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Configures (once) and builds the fuzzing tree, as the CTest fixture that
+# the fuzz tests require (fuzz.build): clang, libFuzzer and AddressSanitizer
+# over the readers of untrusted input and fuzz/ alone.
+#   fuzz/build.sh SOURCE_DIR BUILD_DIR PREFIX_PATH [CUDA_COMPILER]
+# PREFIX_PATH is the main tree's CMAKE_PREFIX_PATH, ':'-separated (torch).
+# Run by ctest beside the other tests, it compiles one file at a time
+# (TANDEM_FUZZ_JOBS, default 1) so that it takes the cycles the other
+# tests leave rather than theirs; nothing but the fuzz tests waits for it.
+set -euo pipefail
+src=$1 build=$2 prefix=$3 cuda=${4:-}
+if [ ! -f "$build/build.ninja" ]; then
+  # No build.ninja: any cache there is from a configure that failed.
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+  args=(-S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++
+        -DTANDEM_FUZZ=ON -DBUILD_TESTING=OFF "-DCMAKE_PREFIX_PATH=${prefix//:/;}")
+  [ -n "$cuda" ] && args+=("-DCMAKE_CUDA_COMPILER=$cuda")
+  cmake "${args[@]}" > "$build.configure.log" 2>&1 || { tail -30 "$build.configure.log"; exit 1; }
+fi
+ninja -C "$build" -j "${TANDEM_FUZZ_JOBS:-1}" | tail -3
