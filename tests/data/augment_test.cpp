@@ -11,15 +11,7 @@ namespace {
 
 namespace F = functional;
 
-template <typename Fn>
-std::string error_of(Fn&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 torch::Tensor bytes(std::vector<int64_t> shape) {
   return torch::randint(0, 256, shape, torch::kInt64).to(torch::kUInt8);

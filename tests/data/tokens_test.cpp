@@ -41,14 +41,7 @@ std::vector<int64_t> row(const torch::Tensor& t, int64_t i) {
   return {r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel()};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 TEST(TokensTest, TextIsBytesWithTheLastTenthHeldOut) {
   TempDir dir;

@@ -20,7 +20,7 @@
 #include "train_threads.h"
 
 namespace tandem {
-namespace {
+namespace data_parallel_layout {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::TempDir;
 
@@ -266,5 +266,5 @@ TEST(PipelineRanksLayoutTest, CheckpointsAndEvaluationAreOneProcesss) {
   EXPECT_EQ(stages["world_size"].get<int64_t>(), 2);
 }
 
-}  // namespace
+}  // namespace data_parallel_layout
 }  // namespace tandem

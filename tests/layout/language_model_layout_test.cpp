@@ -13,7 +13,7 @@
 #include "testing.h"
 
 namespace tandem {
-namespace {
+namespace language_model_layout {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::TempDir;
 using testing::write_text;
@@ -157,5 +157,5 @@ TEST(LanguageModelLayoutTest, LlamaWithAdamWOnPipelineRanksIsOneProcess) {
                                   {"--lr 1e-3", "--lr 1e-3 --nproc-per-node 2"}, "llama-tiny, pp=2", 1e-10);
 }
 
-}  // namespace
+}  // namespace language_model_layout
 }  // namespace tandem

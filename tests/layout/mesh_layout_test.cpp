@@ -13,7 +13,7 @@
 #include "testing.h"
 
 namespace tandem {
-namespace {
+namespace mesh_layout {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::TempDir;
 
@@ -112,5 +112,5 @@ TEST(MeshLayoutTest, FsdpTimesPipelineCheckpointsResumeAnywhere) {
   expect_resumes(other, model, kMesh, {fsdp + " --schedule interleaved"}, "DDP x pipeline");
 }
 
-}  // namespace
+}  // namespace mesh_layout
 }  // namespace tandem

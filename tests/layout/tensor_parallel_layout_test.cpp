@@ -13,7 +13,7 @@
 #include "train_threads.h"
 
 namespace tandem {
-namespace {
+namespace tensor_parallel_layout {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::TempDir;
 
@@ -113,5 +113,5 @@ TEST(TensorParallelLayoutTest, HalfPrecisionSkipsNoStep) {
   }
 }
 
-}  // namespace
+}  // namespace tensor_parallel_layout
 }  // namespace tandem

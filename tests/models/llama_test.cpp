@@ -18,7 +18,7 @@
 #include "testing.h"
 
 namespace tandem::models {
-namespace {
+namespace llama_test {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::TempDir;
 
@@ -170,5 +170,5 @@ TEST(LlamaControlTest, PresetsHaveTheirParameterCounts) {
   EXPECT_THROW(llama(odd), std::exception);
 }
 
-}  // namespace
+}  // namespace llama_test
 }  // namespace tandem::models

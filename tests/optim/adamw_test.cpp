@@ -16,7 +16,7 @@
 #include "testing.h"
 
 namespace tandem::optim {
-namespace {
+namespace adamw_test {  // the file's own names (a layer's tests compile as one unit)
 
 constexpr int kSteps = 6;
 
@@ -229,5 +229,5 @@ TEST(AdamWTest, BadOptionsAreNamed) {
   }
 }
 
-}  // namespace
+}  // namespace adamw_test
 }  // namespace tandem::optim

@@ -10,7 +10,7 @@
 #include "testing.h"
 
 namespace tandem::optim {
-namespace {
+namespace clip_test {  // the file's own names (a layer's tests compile as one unit)
 
 // Parameters of two dtypes with gradients, and one without a gradient.
 std::vector<torch::Tensor> make_parameters(double gradient_scale) {
@@ -150,5 +150,5 @@ TEST(ClipGradNormTest, ANonFiniteNormIsReturnedNotThrown) {
   EXPECT_TRUE(std::isinf(returned.item<double>()));
 }
 
-}  // namespace
+}  // namespace clip_test
 }  // namespace tandem::optim

@@ -8,7 +8,7 @@
 #include "tandem/util/check.h"
 
 namespace tandem::optim {
-namespace {
+namespace sgd_test {  // the file's own names (a layer's tests compile as one unit)
 
 // Parameters of two dtypes (two foreach groups), one of which gets no
 // gradient on odd steps.
@@ -142,5 +142,5 @@ TEST(SgdTest, StateLoadsIntoLibtorchSgdAndBack) {
   for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << i;
 }
 
-}  // namespace
+}  // namespace sgd_test
 }  // namespace tandem::optim

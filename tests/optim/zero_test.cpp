@@ -17,7 +17,7 @@
 #include "testing.h"
 
 namespace tandem::optim {
-namespace {
+namespace zero_test {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::error_of;
 
@@ -349,5 +349,5 @@ TEST(ZeroSgdTest, AParameterOutsideThePlanIsNamed) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace zero_test
 }  // namespace tandem::optim

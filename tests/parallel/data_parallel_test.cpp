@@ -18,7 +18,7 @@
 #include "testing.h"
 
 namespace tandem::parallel {
-namespace {
+namespace data_parallel_test {  // the file's own names (a layer's tests compile as one unit)
 
 std::vector<torch::Device> cpus(size_t n) { return std::vector<torch::Device>(n, torch::kCPU); }
 
@@ -328,5 +328,5 @@ TEST(DataParallelTest, DeviceListsAreParsedOrNamed) {
   }
 }
 
-}  // namespace
+}  // namespace data_parallel_test
 }  // namespace tandem::parallel

@@ -13,7 +13,7 @@
 #include "testing.h"
 
 namespace tandem::parallel {
-namespace {
+namespace ddp_test {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::copy_parameters;
 using testing::run_ranks;
@@ -428,11 +428,6 @@ TEST(DdpTest, DifferentModelsAreAClearError) {
   }
 }
 
-}  // namespace
-}  // namespace tandem::parallel
-
-namespace tandem::parallel {
-namespace {
 
 // Note [traffic]: each DDP step all-reduces every gradient byte once (the
 // buckets cover each parameter once), whatever the bucket sizes, plus one
@@ -466,5 +461,5 @@ TEST(DdpTest, EachStepAllReducesEveryGradientByteOnce) {
   }
 }
 
-}  // namespace
+}  // namespace ddp_test
 }  // namespace tandem::parallel

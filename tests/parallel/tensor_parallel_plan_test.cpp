@@ -18,7 +18,7 @@
 #include "testing.h"
 
 namespace tandem::parallel {
-namespace {
+namespace tensor_parallel_plan_test {  // the file's own names (a layer's tests compile as one unit)
 
 using testing::expect_no_errors;
 using testing::run_ranks;
@@ -304,5 +304,5 @@ TEST(TensorParallelPlanTest, WhatCannotBeCutIsNamed) {
   expect_no_errors(errors);
 }
 
-}  // namespace
+}  // namespace tensor_parallel_plan_test
 }  // namespace tandem::parallel
