@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "hf_config.h"
 #include "tandem/engine/atomic_file.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/registry.h"
@@ -32,7 +33,8 @@ std::string dtype_word(torch::ScalarType t) {
   }
 }
 
-void write_folder(const std::string& dir, models::Sequence& model, json config, const NameMap& hf_name) {
+void write_folder(const std::string& dir, models::Sequence& model, json config, const NameMap& hf_name,
+                  std::map<std::string, std::string> metadata) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   TANDEM_CHECK(!ec && std::filesystem::is_directory(dir), dir, ": cannot make the folder: ", ec.message());
@@ -40,7 +42,8 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
   for (const auto& p : model->named_parameters()) tensors.emplace_back(hf_name(p.key()), p.value().detach());
   config["dtype"] = dtype_word(models::parameter_dtype(*model));
   config["transformers_version"] = "5.24.0";  // the version its form follows
-  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  metadata["format"] = "pt";  // what transformers reads; tandem's keys beside it are ignored there
+  write_safetensors(dir + "/model.safetensors", tensors, metadata);
   const std::string text = config.dump(2) + "\n";
   write_atomically(dir + "/config.json", [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -51,14 +54,54 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
 }
 
 // Strict load under transformers' names (the header's rules).
+// The tensors of a folder save_pretrained wrote: its model.safetensors, or
+// the shards its model.safetensors.index.json names (weights larger than
+// max_shard_size, transformers' default 5 GB), each read whole and checked.
+NamedTensors read_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::error_code ec;
+  if (!fs::exists(index, ec)) return read_safetensors(dir + "/model.safetensors").tensors;
+  std::ifstream in(index);
+  const auto parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(parsed.is_object() && parsed.contains("weight_map") && parsed.at("weight_map").is_object(), index,
+               ": not transformers' index of shards (a JSON object with a \"weight_map\" of tensor names to files)");
+  std::map<std::string, std::string> where;  // tensor -> shard
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : parsed.at("weight_map").items()) {
+    TANDEM_CHECK(shard.is_string() && !shard.get<std::string>().empty() &&
+                     shard.get<std::string>().find('/') == std::string::npos,
+                 index, ": the weight_map's file for ", name, " is ", shard.dump(), ", expected a file name in ", dir);
+    where[name] = shard.get<std::string>();
+    shards.insert(shard.get<std::string>());
+  }
+  NamedTensors tensors;
+  for (const auto& shard : shards) {
+    for (auto& [name, t] : read_safetensors(dir + "/" + shard).tensors) {
+      auto it = where.find(name);
+      TANDEM_CHECK(it != where.end() && it->second == shard, dir, "/", shard, ": holds ", name, ", which ", index,
+                   it == where.end() ? " does not name" : " places in " + it->second);
+      where.erase(it);
+      tensors.emplace_back(name, t);
+    }
+  }
+  TANDEM_CHECK(where.empty(), index, ": names ", where.begin()->first, " in ", where.begin()->second,
+               ", which does not hold it");
+  return tensors;
+}
+
 void load(const std::string& path, models::Sequence& model, const NameMap& hf_name, const std::string& prefix,
           bool tied) {
   std::string file = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = path + "/model.safetensors";
-  auto read = read_safetensors(file);
+  const bool folder = std::filesystem::is_directory(path, ec);
+  if (folder) {  // the errors below name the file, or the index of the shards
+    const bool sharded = std::filesystem::exists(path + "/model.safetensors.index.json", ec);
+    file = path + (sharded ? "/model.safetensors.index.json" : "/model.safetensors");
+  }
+  auto read = folder ? read_folder(path) : read_safetensors(file).tensors;
   std::map<std::string, torch::Tensor> by_name;
-  for (auto& [name, t] : read.tensors) {
+  for (auto& [name, t] : read) {
     std::string n = name;
     if (n.rfind(prefix, 0) != 0 && n != "lm_head.weight") n = prefix + n;  // the Hub's unprefixed GPT-2
     by_name[n] = t;
@@ -142,65 +185,38 @@ json llama_json(const models::LlamaConfig& c) {
   return config;
 }
 
-// Note [a folder's config.json]: tensors of the right shapes do not make
-// the right model: heads, key/value heads, rotary theta and the norms'
-// epsilon change the arithmetic and no shape. A config.json beside the
-// weights (transformers' save_pretrained writes one) is read, and each of
-// these settings it records must be the model's; one it lacks is
-// transformers' default, not checked.
-void check_config(const std::string& path, const json& expected, const std::vector<std::string>& keys) {
+// Note [a folder's config.json] (hf_config.cpp): a config.json beside the
+// weights is checked whole against the model's; without one, only the
+// tensors' names and shapes are.
+void check_config(const std::string& path, const json& expected, internal::HfFamily family) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path folder = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   const auto file = (folder / "config.json").string();
   if (!fs::exists(file, ec)) return;
   std::ifstream in(file);
-  const auto config = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  TANDEM_CHECK(config.is_object(), file, ": not a JSON object (transformers' config.json)");
-  auto same = [](const json& a, const json& b) {
-    if (a.is_number() && b.is_number()) {
-      const double x = a.get<double>(), y = b.get<double>();
-      return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
-    }
-    return a == b;
-  };
-  for (const auto& key : keys) {
-    json recorded;
-    if (config.contains(key)) {
-      recorded = config.at(key);
-    } else if (key == "rope_theta" && config.contains("rope_parameters") && config.at("rope_parameters").is_object() &&
-               config.at("rope_parameters").contains("rope_theta")) {
-      recorded = config.at("rope_parameters").at("rope_theta");
-    } else {
-      continue;
-    }
-    const json want = key == "rope_theta" ? expected.at("rope_parameters").at("rope_theta") : expected.at(key);
-    TANDEM_CHECK(same(recorded, want), file, ": ", key, " is ", recorded.dump(), ", the model's ", want.dump(),
-                 " (weights of another configuration)");
-  }
+  internal::check_hf_config(file, json::parse(in, nullptr, /*allow_exceptions=*/false), expected, family);
 }
 
 }  // namespace
 
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c) {
-  write_folder(dir, model, gpt2_json(c), models::gpt2_hf_name);
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c,
+                     const std::map<std::string, std::string>& metadata) {
+  write_folder(dir, model, gpt2_json(c), models::gpt2_hf_name, metadata);
 }
 
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c) {
-  write_folder(dir, model, llama_json(c), models::llama_hf_name);
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c,
+                     const std::map<std::string, std::string>& metadata) {
+  write_folder(dir, model, llama_json(c), models::llama_hf_name, metadata);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config) {
-  check_config(path, gpt2_json(config),
-               {"model_type", "n_embd", "n_layer", "n_head", "n_positions", "layer_norm_epsilon"});
+  check_config(path, gpt2_json(config), internal::HfFamily::kGpt2);
   load(path, model, models::gpt2_hf_name, "transformer.", /*tied=*/true);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config) {
-  check_config(path, llama_json(config),
-               {"model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads",
-                "rms_norm_eps", "rope_theta", "tie_word_embeddings"});
+  check_config(path, llama_json(config), internal::HfFamily::kLlama);
   load(path, model, models::llama_hf_name, "model.", config.tie_embeddings);
 }
 
@@ -217,16 +233,16 @@ bool has_hf_form(const std::string& model_name) {
 }
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
-                     int64_t vocab_size) {
+                     int64_t vocab_size, const std::map<std::string, std::string>& metadata) {
   TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
   if (among(model_name, models::Gpt2Config::preset_names())) {
     auto c = models::Gpt2Config::preset(model_name);
     c.vocab_size = vocab_size;
-    write_hf_folder(dir, model, c);
+    write_hf_folder(dir, model, c, metadata);
   } else {
     auto c = models::LlamaConfig::preset(model_name);
     c.vocab_size = vocab_size;
-    write_hf_folder(dir, model, c);
+    write_hf_folder(dir, model, c, metadata);
   }
 }
 
@@ -242,6 +258,17 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const std
     c.vocab_size = vocab_size;
     load_hf_weights(path, model, c);
   }
+}
+
+SafetensorsFile read_weights_or_folder(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return read_safetensors(path);
+  const std::string index = path + "/model.safetensors.index.json";
+  if (!std::filesystem::exists(index, ec)) return read_safetensors(path + "/model.safetensors");
+  NamedTensors tensors = read_folder(path);
+  SafetensorsFile file;
+  file.tensors = std::move(tensors);
+  return file;
 }
 
 bool has_hf_names(const SafetensorsFile& file) {

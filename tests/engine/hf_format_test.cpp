@@ -9,6 +9,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "tandem/engine/hf_format.h"
 #include "tandem/engine/safetensors.h"
@@ -43,7 +46,7 @@ else:
                              rms_norm_eps=1e-5, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
     model = model.to(torch.float64)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, max_shard_size="4KB" if mode == "save-gpt2" else "5GB")
 model.eval()
 with torch.no_grad():
     save_file({"logits": model(input_ids=tokens).logits.contiguous()}, io + ".out")
@@ -128,8 +131,23 @@ TEST(HfFormatTest, WhatTransformersSavedLoadsIntoTandem) {
   auto gpt2 = models::gpt2(gpt2_config());
   gpt2->to(torch::kFloat64);
   auto theirs = their_logits("save-gpt2", dir.file("gpt2"), tokens, dir);
+  // GPT-2 saved in shards of at most 4 KB, with transformers' index.
+  ASSERT_TRUE(std::filesystem::exists(dir.file("gpt2") + "/model.safetensors.index.json"));
   load_hf_weights(dir.file("gpt2"), gpt2, gpt2_config());
   EXPECT_LE(largest_difference(gpt2->forward(tokens), theirs), 1e-10);
+  {  // an index that does not say where each tensor is, or names a shard that is gone
+    const std::string index = dir.file("gpt2") + "/model.safetensors.index.json";
+    const std::string text = testing::read_text(index);
+    std::ofstream(index) << "{\"metadata\": {}}";
+    EXPECT_NE(testing::error_of([&] { load_hf_weights(dir.file("gpt2"), gpt2, gpt2_config()); })
+                  .find("model.safetensors.index.json: not transformers' index of shards"),
+              std::string::npos);
+    std::ofstream(index) << text;
+    const auto shard = dir.file("gpt2") + "/model-00001-of-" + text.substr(text.find("-of-") + 4, 5) + ".safetensors";
+    ASSERT_TRUE(std::filesystem::remove(shard)) << shard;
+    EXPECT_NE(testing::error_of([&] { load_hf_weights(dir.file("gpt2"), gpt2, gpt2_config()); }).find(shard),
+              std::string::npos);
+  }
   auto llama = models::llama(llama_config(false));
   llama->to(torch::kFloat64);
   theirs = their_logits("save-llama", dir.file("llama"), tokens, dir);
@@ -174,6 +192,58 @@ TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
   } catch (const tandem::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no tensor model.embed_tokens.weight"), std::string::npos) << e.what();
   }
+}
+
+// Note [a folder's config.json]: every key that GPT2Config and LlamaConfig
+// document (and the older spellings transformers still reads), set to a
+// value other than its default in a folder save_pretrained wrote
+// (tests/engine/hf_config_variants.py), either loads and gives the logits
+// of the model transformers built from it (float64, 1e-10), or is refused
+// naming the key. Settings that change nothing tandem computes (dropout,
+// token ids, provenance) and equivalent spellings must load. Before this
+// test a folder with activation_function "relu" or rope_scaling "linear"
+// loaded, and trained tandem's own architecture.
+TEST(HfConfigTest, EveryDocumentedKeyIsComputedOrRefused) {
+  TempDir dir;
+  auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
+                        "/tests/engine/hf_config_variants.py " TANDEM_SOURCE_DIR "/tests/testing " + dir.path() +
+                        " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto tokens = read_safetensors(dir.file("tokens.safetensors")).tensors.at(0).second;
+  const auto variants = nlohmann::json::parse(testing::read_text(dir.file("variants.json")));
+  const std::set<std::string> must_load = {"", "attn_pdrop", "embd_pdrop", "resid_pdrop", "attention_dropout",
+                                           "bos_token_id", "eos_token_id", "use_cache", "dtype", "initializer_range",
+                                           "transformers_version", "architectures", "output_hidden_states",
+                                           "return_dict", "n_ctx", "pretraining_tp"};
+  int loaded = 0, refused = 0;
+  for (const auto& v : variants) {
+    const std::string key = v["key"].is_null() ? "" : v["key"].get<std::string>();
+    const bool gpt2 = v["family"] == "gpt2";
+    SCOPED_TRACE(v["family"].get<std::string>() + " " + (key.empty() ? "(as saved)" : key + " = " + v["value"].dump()));
+    auto model = gpt2 ? models::gpt2(gpt2_config()) : models::llama(llama_config(false));
+    model->to(torch::kFloat64);
+    const std::string folder = v["folder"];
+    try {
+      gpt2 ? load_hf_weights(folder, model, gpt2_config()) : load_hf_weights(folder, model, llama_config(false));
+    } catch (const tandem::Error& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find(key.empty() ? std::string("\n") : key), std::string::npos) << e.what();
+      EXPECT_EQ(must_load.count(key), 0u) << "refused: " << e.what();
+      continue;
+    }
+    ++loaded;
+    if (!v["logits"].get<bool>()) {
+      ADD_FAILURE() << "loaded a config transformers cannot build a model from";
+      continue;
+    }
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const auto theirs = read_safetensors(folder + "/logits.safetensors").tensors.at(0).second;
+    EXPECT_LE(largest_difference(model->forward(tokens), theirs), 1e-10) << "loaded, but computes another model";
+  }
+  std::printf("%d variants loaded with transformers' logits, %d refused naming the key\n", loaded, refused);
+  EXPECT_GE(loaded, static_cast<int>(must_load.size()));
+  EXPECT_GE(refused, 20);
 }
 
 }  // namespace

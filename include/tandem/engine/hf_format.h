@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "tandem/engine/safetensors.h"
@@ -28,8 +29,14 @@
 
 namespace tandem::engine {
 
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& config);
-void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& config);
+// `metadata` goes into model.safetensors' header beside transformers'
+// "format" (tandem's --export-weights metadata: what the model was trained
+// on, so that tandem eval and tandem sample read the folder as they read
+// an export).
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& config,
+                     const std::map<std::string, std::string>& metadata = {});
+void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& config,
+                     const std::map<std::string, std::string>& metadata = {});
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config);
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
@@ -40,9 +47,15 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 // form.
 bool has_hf_form(const std::string& model_name);
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
-                     int64_t vocab_size);
+                     int64_t vocab_size, const std::map<std::string, std::string>& metadata = {});
 void load_hf_weights(const std::string& path, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size);
+
+// What `--weights PATH` names: a safetensors file, or a folder that
+// --export-hf or save_pretrained wrote (its model.safetensors, whose
+// metadata --export-hf fills as --export-weights does; a sharded folder's
+// tensors, with no metadata).
+SafetensorsFile read_weights_or_folder(const std::string& path);
 
 // Whether a safetensors file's tensor names are transformers' (a name
 // under "transformer.", "model.", "lm_head.", or the Hub's unprefixed

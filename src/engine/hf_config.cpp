@@ -1,0 +1,163 @@
+// The keys of a transformers config.json, per family (hf_config.h).
+#include "hf_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "tandem/util/check.h"
+
+namespace tandem::engine::internal {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Note [a folder's config.json]: tensors of the right shapes do not make
+// the right model. Heads, key/value heads, the norms' epsilon and the
+// rotary settings change the arithmetic and no shape; so do the GELU or
+// SiLU that transformers reads from hidden_act or activation_function, the
+// attention scaled by the inverse layer index, biases, a padding row. A
+// config.json beside the weights (save_pretrained writes one) is read
+// whole, and each of its keys is one of:
+// - a setting of what the model computes: it must be the model's own
+//   (equivalent spellings, such as a null n_inner for 4 x n_embd or
+//   gelu_pytorch_tanh for gelu_new, are the same setting), else the load
+//   is refused naming the key, its value and the model's;
+// - a setting of something else (kInert below: the file's provenance,
+//   initialisation, dropout, token ids for generation, what forward
+//   returns, other tasks' heads, old generation defaults);
+// - anything else, refused naming it: a key tandem does not know may
+//   change what transformers computes, so it is never ignored.
+// tests/engine/hf_config_test.cpp walks every key the config classes
+// document with a value other than the default: each either loads and
+// gives transformers' logits in float64, or is refused naming the key.
+const std::set<std::string>& inert_keys() {
+  static const std::set<std::string> keys = {
+      // what the file is, and which program wrote it
+      "_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype", "_commit_hash",
+      // initialisation, and regularisers of training (not the trained function)
+      "initializer_range", "attn_pdrop", "embd_pdrop", "resid_pdrop", "attention_dropout", "summary_first_dropout",
+      // token ids of the tokenizer and of generation
+      "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id", "forced_bos_token_id",
+      "forced_eos_token_id",
+      // what forward returns, and its cache
+      "use_cache", "output_attentions", "output_hidden_states", "return_dict", "output_scores",
+      "return_dict_in_generate", "torchscript",
+      // the heads of other tasks (classification, multiple choice)
+      "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "summary_type", "summary_use_proj",
+      "summary_activation", "summary_proj_to_labels", "task_specific_params", "prefix", "tokenizer_class",
+      // generation defaults that older files carry (transformers keeps them
+      // in generation_config.json now)
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+      "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "remove_invalid_values",
+      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+      // the same arithmetic in other pieces: the feed-forward in chunks
+      // (GPT-2 and LLaMA), linear layers in slices (transformers 5 no
+      // longer reads it), GPT-2's old name of its context length
+      "chunk_size_feed_forward", "pretraining_tp", "n_ctx",
+      // memory settings of training
+      "gradient_checkpointing", "use_return_dict"};
+  return keys;
+}
+
+bool same(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
+std::string family_name(HfFamily family) { return family == HfFamily::kGpt2 ? "GPT-2" : "LLaMA"; }
+
+// The setting `key` of `config` in the model's spelling: what transformers
+// reads for it where the file leaves it null or spells it otherwise.
+json normalised(const std::string& key, const json& config) {
+  const json& value = config.at(key);
+  auto number = [&](const char* k) { return config.contains(k) && config.at(k).is_number() ? config.at(k) : json(); };
+  if (key == "n_inner" && value.is_null() && number("n_embd").is_number()) return 4 * number("n_embd").get<int64_t>();
+  if (key == "activation_function" && value == "gelu_pytorch_tanh") return "gelu_new";  // both tanh's GELU
+  if (key == "hidden_act" && value == "swish") return "silu";
+  if (key == "num_key_value_heads" && value.is_null()) return number("num_attention_heads");
+  if (key == "head_dim" && value.is_null() && number("hidden_size").is_number() &&
+      number("num_attention_heads").is_number() && number("num_attention_heads").get<int64_t>() > 0) {
+    return number("hidden_size").get<int64_t>() / number("num_attention_heads").get<int64_t>();
+  }
+  return value;
+}
+
+// The rotary settings (LLaMA): rope_parameters, or the older rope_scaling
+// and rope_theta, as one object {rope_type, rope_theta, ...}.
+void check_rope(const std::string& file, const json& config, const json& model) {
+  const char* key = config.contains("rope_parameters") && !config.at("rope_parameters").is_null() ? "rope_parameters"
+                    : config.contains("rope_scaling") && !config.at("rope_scaling").is_null()     ? "rope_scaling"
+                                                                                                   : nullptr;
+  json rope = key ? config.at(key) : json::object();
+  TANDEM_CHECK(rope.is_object(), file, ": ", key, " is ", rope.dump(), ", expected an object of rotary settings");
+  const std::string where = key ? key : "rope_theta";
+  if (!rope.contains("rope_theta") && config.contains("rope_theta")) rope["rope_theta"] = config.at("rope_theta");
+  if (!rope.contains("rope_type")) rope["rope_type"] = rope.contains("type") ? rope.at("type") : json("default");
+  rope.erase("type");
+  if (!rope.contains("rope_theta")) rope["rope_theta"] = 10000.0;  // transformers' default
+  const json& want = model.at("rope_parameters");
+  TANDEM_CHECK(rope.at("rope_type") == want.at("rope_type"), file, ": ", where, "'s rope_type is ",
+               rope.at("rope_type").dump(), ", the model's ", want.at("rope_type").dump(),
+               ": tandem's LLaMA computes rotary positions as \"default\" or \"llama3\" only, as its preset says");
+  for (const auto& [k, v] : rope.items()) {
+    TANDEM_CHECK(want.contains(k), file, ": ", where, ".", k, " is ", v.dump(), ", a rotary setting tandem's LLaMA ",
+                 "does not know for rope_type ", want.at("rope_type").dump(), ": refused rather than ignored");
+    TANDEM_CHECK(same(v, want.at(k)), file, ": ", where, ".", k, " is ", v.dump(), ", the model's ", want.at(k).dump(),
+                 " (weights of another configuration)");
+  }
+}
+
+}  // namespace
+
+void check_hf_config(const std::string& file, const json& config, const json& model, HfFamily family) {
+  TANDEM_CHECK(config.is_object(), file, ": not a JSON object (transformers' config.json)");
+  // Another family's file says so first, not by the first key it lacks.
+  if (config.contains("model_type")) {
+    TANDEM_CHECK(config.at("model_type") == model.at("model_type"), file, ": model_type is ",
+                 config.at("model_type").dump(), ", the model's ", model.at("model_type").dump(),
+                 " (weights of another model)");
+  }
+  // The settings the model's own config.json leaves out, at the values
+  // tandem computes with.
+  json want = model;
+  want["is_encoder_decoder"] = false;
+  std::set<std::string> computed;
+  if (family == HfFamily::kGpt2) {
+    want["scale_attn_by_inverse_layer_idx"] = false;
+    want["reorder_and_upcast_attn"] = false;
+    want["add_cross_attention"] = false;
+    want["pad_token_id"] = nullptr;  // read by GPT-2's classification head only
+    computed = {"model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+                "activation_function", "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+                "reorder_and_upcast_attn", "add_cross_attention", "tie_word_embeddings", "is_encoder_decoder"};
+  } else {
+    want["pad_token_id"] = nullptr;  // a padding row: its embedding gets no gradient
+    computed = {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                "hidden_act", "attention_bias", "mlp_bias", "tie_word_embeddings", "is_encoder_decoder",
+                "pad_token_id"};
+    check_rope(file, config, model);
+  }
+  for (const auto& [key, value] : config.items()) {
+    if (inert_keys().count(key) > 0) continue;
+    if (family == HfFamily::kGpt2 && key == "pad_token_id") continue;
+    if (family == HfFamily::kLlama && (key == "rope_parameters" || key == "rope_scaling" || key == "rope_theta")) {
+      continue;  // check_rope
+    }
+    TANDEM_CHECK(computed.count(key) > 0, file, ": ", key, " is ", value.dump(), ", a setting tandem's ",
+                 family_name(family), " does not know: refused rather than ignored, as it may change what the "
+                 "model computes");
+    const json got = normalised(key, config), expected = normalised(key, want);
+    TANDEM_CHECK(same(got, expected), file, ": ", key, " is ", value.dump(), ", the model's ", expected.dump(),
+                 " (weights of another configuration, or a setting tandem's ", family_name(family),
+                 " does not compute)");
+  }
+}
+
+}  // namespace tandem::engine::internal

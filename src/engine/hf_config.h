@@ -1,0 +1,21 @@
+// What a transformers config.json beside weights may say, per family
+// (Note [a folder's config.json] in hf_config.cpp).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::engine::internal {
+
+enum class HfFamily { kGpt2, kLlama };
+
+// Checks every key of `config` (read from `file`) against `model`, the
+// config.json write_hf_folder writes for the model that is to load the
+// weights. Throws tandem::Error naming the file, the key and its value for
+// a setting that would compute something else than that model does, and
+// for a key this family does not know.
+void check_hf_config(const std::string& file, const nlohmann::json& config, const nlohmann::json& model,
+                     HfFamily family);
+
+}  // namespace tandem::engine::internal
