@@ -1,6 +1,7 @@
 // tandem eval: trained weights (a safetensors file) evaluated on a data set.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "tandem/engine/safetensors.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
+#include "tandem/engine/hf_format.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/engine/evaluate.h"
 #include "tandem/engine/metrics.h"
@@ -34,8 +36,9 @@ FlagSet eval_flags(engine::TrainOptions& o, std::string& weights) {
                 "training; weights whose metadata records other statistics or classes than the "
                 "data's are refused. Under tandem launch or torchrun the ranks share the data.");
   flags.section("weights");
-  flags.add_string("weights", "FILE", &weights,
-                   "safetensors file holding every parameter and buffer of --model (required)");
+  flags.add_string("weights", "PATH", &weights,
+                   "safetensors file holding every parameter and buffer of --model, or the folder --export-hf "
+                   "wrote (required)");
   add_data_flags(flags, o);
   add_model_flags(flags, o);
   flags.section("run");
@@ -63,7 +66,7 @@ int eval_command(const std::vector<std::string>& args) {
   }
   if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
   check_given_flags(options, flags);  // a usage mistake is named before any file is read
-  auto file = engine::read_safetensors(weights);
+  auto file = engine::read_weights_or_folder(weights);  // an --export-weights file or an --export-hf folder
   const auto from = defaults_from_weights(file.metadata, weights, flags, options);
   // An image folder has no test split of its own: the command line alone
   // says there is nothing to evaluate (it failed only after the set-up, exit 1).
@@ -96,7 +99,12 @@ int eval_command(const std::vector<std::string>& args) {
   }
   const auto info = data.train->info();
   auto model = engine::build_model(options, info, engine::model_options_for(options, info), device);
-  engine::load_run_weights(options, data, file, weights, *model);
+  std::error_code ec;
+  if (std::filesystem::is_directory(weights, ec)) {
+    engine::load_hf_weights(weights, model, options.model, info.num_classes);
+  } else {
+    engine::load_run_weights(options, data, file, weights, *model);
+  }
   if (options.channels_last) models::to_channels_last(*model);
   if (options.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
   const auto amp = optim::parse_amp(options.amp);

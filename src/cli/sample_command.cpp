@@ -3,6 +3,7 @@
 // (models/decoding.h).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/engine/hf_format.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/decoding.h"
@@ -34,12 +36,16 @@ FlagSet sample_flags(SampleFlags& f) {
                 "Generate from a language model trained by tandem train (its --export-weights file): "
                 "the prompt, then --max-tokens more, each drawn from the model's next-token "
                 "distribution (or the most likely one with --temperature 0), with a key/value cache.");
-  flags.add_string("weights", "FILE", &f.weights, "the weights --export-weights wrote (required)");
+  flags.add_string("weights", "PATH", &f.weights,
+                   "the weights --export-weights wrote, or the folder --export-hf wrote (required)");
   flags.add_string("prompt", "TEXT", &f.prompt,
                    "where a model of text (bytes) starts; its continuation is printed after it");
   flags.add_string("prompt-ids", "LIST", &f.prompt_ids,
                    "token ids to start from, for a model of token files (e.g. 50256,464): ids are printed");
-  flags.add_int("max-tokens", "N", &f.sample.max_tokens, "tokens generated", 0);
+  flags.add_int("max-tokens", "N", &f.sample.max_tokens,
+                "tokens generated, each from the whole sequence up to the model's context (its positions, "
+                "whatever --seq-len it was trained at); past the context, from its last tokens",
+                0);
   flags.add_double("temperature", "T", &f.sample.temperature,
                    "divides the logits before sampling (0: greedy, the most likely token)", 0);
   flags.add_int("top-k", "K", &f.sample.top_k, "sample among the K most likely tokens only (0: all)", 0);
@@ -73,11 +79,18 @@ int sample_command(const std::vector<std::string>& args) {
     throw UsageError("give --prompt (text) or --prompt-ids (token ids), not both");
   }
   const auto device = engine::parse_device(f.device);
-  const auto file = engine::read_safetensors(f.weights);
+  // An --export-weights file, or an --export-hf folder, whose
+  // model.safetensors carries the same metadata: what the model is.
+  const auto file = engine::read_weights_or_folder(f.weights);
+  std::error_code ec;
+  const bool folder = std::filesystem::is_directory(f.weights, ec);
   const auto* model_name = field(file, "model");
   const auto* vocab = field(file, "vocab_size");
-  TANDEM_CHECK(model_name && vocab, f.weights, ": not a language model's weights from tandem train "
-               "--export-weights (its metadata names no model and vocabulary)");
+  TANDEM_CHECK(model_name && vocab, f.weights,
+               folder ? ": a transformers folder without tandem's metadata (save_pretrained's, not --export-hf's): "
+                        "start a run from it with tandem train --init-weights"
+                      : ": not a language model's weights from tandem train --export-weights (its metadata names "
+                        "no model and vocabulary)");
   const auto names = models::model_names();
   TANDEM_CHECK(std::find(names.begin(), names.end(), *model_name) != names.end() &&
                    models::is_language_model(*model_name),
@@ -114,17 +127,20 @@ int sample_command(const std::vector<std::string>& args) {
   models::Sequence model = models::make_model(*model_name, options);
   const auto dtype = file.tensors.empty() ? torch::kFloat32 : file.tensors.front().second.scalar_type();
   model->to(device, dtype);
-  engine::load_weights(file, f.weights, *model);
-  // The positions it was trained on: past --seq-len the position table's
-  // rows (or rotary angles) were never trained, so the sequence is cropped
-  // to the training length, as nanoGPT crops to its block size.
-  f.sample.context = models::model_traits(*model_name).context_length;
-  if (const auto* trained = field(file, "seq_len")) {
-    const auto n = parse_int(*trained);
-    TANDEM_CHECK(n && *n > 0, f.weights, ": its metadata's seq_len '", printable(*trained),
-                 "' is not a number of tokens");
-    f.sample.context = std::min<int64_t>(f.sample.context, *n);
+  if (folder) {
+    engine::load_hf_weights(f.weights, model, *model_name, *vocab_size);
+  } else {
+    engine::load_weights(file, f.weights, *model);
   }
+  // Note [sampling context]: every token is predicted from the whole
+  // sequence up to the model's context (its positions: GPT-2's table, the
+  // rotary range LLaMA's preset declares), as transformers' generate()
+  // does, whatever --seq-len the model was trained at; past the context,
+  // from its last `context` tokens, as nanoGPT's sample.py crops to its
+  // block size (transformers stops there). Cropping to the training
+  // length instead made a model trained at 32 diverge from transformers'
+  // greedy continuation at its 34th token.
+  f.sample.context = models::model_traits(*model_name).context_length;
   auto prompt = torch::tensor(ids, torch::kInt64).unsqueeze(0).to(device);
   // Printed as they come: the prompt, then each token as it is drawn.
   const bool as_text = text && f.prompt_ids.empty();

@@ -4,7 +4,10 @@
 // evaluation in trainer_step.cpp, the run's account in trainer_account.cpp.
 #include "tandem/engine/trainer.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <tuple>
 
 #include "tandem/engine/atomic_file.h"
@@ -89,13 +92,10 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   run->schedule = std::make_unique<optim::CosineSchedule>(optim::CosineOptions{
       o.lr, o.min_lr, o.epochs * steps_per_epoch, static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});
 
-  // --export-weights: a path that could not be written fails now, not
-  // after the training.
+  // The outputs: a path that could not be written fails now, not after
+  // the training.
   run->export_path = rank_output_path(o.export_weights, rank_);
-  if (!run->export_path.empty()) {
-    check_output_file("--export-weights", run->export_path);
-    check_replaceable_file("--export-weights", run->export_path);
-  }
+  check_train_outputs(o, rank_);  // --export-hf, --metrics-out, ... likewise, whoever launched this rank
   // --checkpoint-dir, and --resume or a launcher's restart (trainer_resume.cpp).
   run->start = open_checkpoints(*run->optimizer);
   const auto& position = run->position();
@@ -169,17 +169,21 @@ TrainResult Trainer::finish_run(RunState& run) {
     gather_stages(tensor_plan_ ? nullptr : run.optimizer.get());
   }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
-  if (!run.export_path.empty()) {
-    NamedTensors tensors;
-    for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
-    for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
-    write_safetensors(run.export_path, tensors, weights_metadata());
-    say("weights written to " + run.export_path);
-  }
-  // --export-hf: the folder AutoModelForCausalLM.from_pretrained loads.
-  if (!o.export_hf.empty() && rank_ == 0) {
-    write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes);
-    say("transformers folder written to " + o.export_hf);
+  NamedTensors tensors;
+  for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
+  for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
+  try {
+    if (!run.export_path.empty()) {
+      write_safetensors(run.export_path, tensors, weights_metadata());
+      say("weights written to " + run.export_path);
+    }
+    // --export-hf: the folder AutoModelForCausalLM.from_pretrained loads.
+    if (!o.export_hf.empty() && rank_ == 0) {
+      write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes, weights_metadata());
+      say("transformers folder written to " + o.export_hf);
+    }
+  } catch (const Error& e) {
+    TANDEM_FAIL(e.what(), "; ", keep_trained_weights(run.result.last_checkpoint, tensors));
   }
   auto& result = run.result;
   if (run.graphed) {
@@ -191,6 +195,30 @@ TrainResult Trainer::finish_run(RunState& run) {
   result.steps = position.step;
   result.seconds = run.clock.seconds();
   return result;
+}
+
+// Note [trained weights are never lost]: the outputs written after the
+// last step (--export-weights, --export-hf) are checked before the first,
+// but a disk can fill or a folder go in between. The run's weights are then
+// not lost with the error: the last checkpoint holds them, or, without
+// --checkpoint-dir, they are written to tandem-weights-PID.safetensors in
+// the working folder (else the temporary one), and the error says where.
+std::string Trainer::keep_trained_weights(const std::string& checkpoint, const NamedTensors& tensors) const {
+  if (!checkpoint.empty()) {
+    return "the trained weights are in the checkpoint " + checkpoint + " (tandem export --checkpoint " +
+           options_.checkpoint_dir + " --out FILE writes them)";
+  }
+  std::string tried;
+  for (const auto& folder : {std::filesystem::path("."), std::filesystem::temp_directory_path()}) {
+    const auto path = (folder / format("tandem-weights-%d.safetensors", static_cast<int>(::getpid()))).string();
+    try {
+      write_safetensors(path, tensors, weights_metadata());
+      return "the trained weights were written to " + path + " instead";
+    } catch (const Error& e) {
+      tried += (tried.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  return "and the trained weights could not be written elsewhere either (" + tried + ")";
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights_and_buffers() const {

@@ -4,6 +4,8 @@
 // transformers' folders go in and come out, and what does not go together
 // is a usage error naming the flags. Every parallel layout's equality with
 // one process is tests/layout/language_model_layout_test.cpp's.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -141,31 +144,41 @@ TEST(LanguageModelCliTest, SampleContinuesThePromptFromTheExportedWeights) {
 const char* kHfScript = R"(
 import sys, torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-mode, folder = sys.argv[1], sys.argv[2]
-if mode == "save":  # gpt2-tiny's shape, bytes as tokens
+if sys.argv[1] == "save":  # gpt2-tiny's shape, bytes as tokens
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=256, n_positions=256, n_embd=128, n_layer=4, n_head=4, bos_token_id=None,
                         eos_token_id=None)
-    GPT2LMHeadModel(config).save_pretrained(folder)
-else:  # compare two folders' weights, loaded by transformers
-    a = AutoModelForCausalLM.from_pretrained(folder).state_dict()
-    b = AutoModelForCausalLM.from_pretrained(sys.argv[3]).state_dict()
-    print("largest difference", max((a[k].double() - b[k].double()).abs().max().item() for k in a))
+    GPT2LMHeadModel(config).save_pretrained(sys.argv[2])
+    sys.exit(0)
+# check IN OUT CONTROL SAMPLER IDS N: the weights of OUT and CONTROL
+# against IN's, loaded by transformers, and SAMPLER's greedy continuation
+# of IDS.
+load = lambda folder: AutoModelForCausalLM.from_pretrained(folder)
+a = load(sys.argv[2]).state_dict()
+for name, folder in (("out", sys.argv[3]), ("control", sys.argv[4])):
+    b = load(folder).state_dict()
+    print(name, "largest difference", max((a[k].double() - b[k].double()).abs().max().item() for k in a))
+ids = torch.tensor([[int(i) for i in sys.argv[6].split(",")]])
+generated = load(sys.argv[5]).generate(ids, max_new_tokens=int(sys.argv[7]), do_sample=False)
+print("generated", " ".join(str(i) for i in generated[0].tolist()))
 )";
 
 // transformers' save_pretrained folder starts a run (--init-weights), and
 // --export-hf writes a folder from_pretrained loads as it is: after one
 // step at lr 1e-12 the weights come back as they went in (float32: to the
-// bit or within an ulp). Control: the same run from a random start.
+// bit or within an ulp). Control: the same run from a random start. A
+// model trained on 16-token windows continues a prompt with tandem sample
+// as generate() does, past the 16 tokens (Note [sampling context]: cropped
+// to them, it diverged at the 17th).
 TEST(LanguageModelCliTest, TransformersFoldersGoInAndComeOut) {
   TempDir dir;
   std::ofstream(dir.file("hf.py")) << kHfScript;
   auto python = [&](const std::string& args) {
     return testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("hf.py") + " " + args);
   };
-  auto difference = [](const std::string& output) {
-    const auto at = output.find("largest difference ");
-    return at == std::string::npos ? 1e300 : std::stod(output.substr(at + 19));
+  auto difference = [](const std::string& output, const std::string& name) {
+    const auto at = output.find(name + " largest difference ");
+    return at == std::string::npos ? 1e300 : std::stod(output.substr(at + name.size() + 20));
   };
   auto saved = python("save " + dir.file("in"));
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
@@ -173,34 +186,113 @@ TEST(LanguageModelCliTest, TransformersFoldersGoInAndComeOut) {
                           " --seq-len 16 --batch-size 8 --max-steps 1 --lr 1e-12 --progress off ";
   auto r = run_tandem(run + "--init-weights " + dir.file("in") + " --export-hf " + dir.file("out"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto same = python("compare " + dir.file("in") + " " + dir.file("out"));
-  ASSERT_EQ(same.exit_code, 0) << same.output;
-  EXPECT_LT(difference(same.output), 1e-6) << same.output;
   // The folder's model.safetensors alone is transformers' weights too.
   r = run_tandem(run + "--init-weights " + dir.file("in") + "/model.safetensors --export-hf " + dir.file("out2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_tandem(run + "--export-hf " + dir.file("control"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto control = python("compare " + dir.file("in") + " " + dir.file("control"));
-  ASSERT_EQ(control.exit_code, 0) << control.output;
-  EXPECT_GT(difference(control.output), 1e-2) << control.output;
-  EXPECT_LT(difference(control.output), 1e300) << control.output;
+  r = run_tandem("train --model gpt2-tiny --data text:" + dir.file("text.txt") + " --seq-len 8 --batch-size 16 "
+                 "--lr 3e-3 --epochs 40 --max-steps 150 --dtype float64 --progress off --export-hf " +
+                 dir.file("sampler") + " --export-weights " + dir.file("sampler.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // A prompt of 24 bytes, longer than the windows it was trained on.
+  std::string prompt;
+  for (unsigned char c : std::string("The river by the stone w")) prompt += (prompt.empty() ? "" : ",") + std::to_string(c);
+  auto checked = python("check " + dir.file("in") + " " + dir.file("out") + " " + dir.file("control") + " " +
+                        dir.file("sampler") + " " + prompt + " 40");
+  ASSERT_EQ(checked.exit_code, 0) << checked.output;
+  EXPECT_LT(difference(checked.output, "out"), 1e-6) << checked.output;
+  EXPECT_GT(difference(checked.output, "control"), 1e-2) << checked.output;
+  EXPECT_LT(difference(checked.output, "control"), 1e300) << checked.output;
+  auto sampled = run_tandem("sample --weights " + dir.file("sampler.safetensors") + " --prompt-ids " + prompt +
+                            " --max-tokens 40 --temperature 0");
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.output;
+  const auto at = checked.output.find("generated ");
+  ASSERT_NE(at, std::string::npos) << checked.output;
+  EXPECT_EQ(sampled.output, checked.output.substr(at + 10)) << "tandem sample, then transformers' generate()";
+  // The --export-hf folder is read by tandem sample and tandem eval as the
+  // --export-weights file is: its model.safetensors carries the metadata.
+  auto from_folder = run_tandem("sample --weights " + dir.file("sampler") + " --prompt-ids " + prompt +
+                                " --max-tokens 40 --temperature 0");
+  EXPECT_EQ(from_folder.output, sampled.output);
+  auto eval_file = run_tandem("eval --weights " + dir.file("sampler.safetensors"));
+  auto eval_folder = run_tandem("eval --weights " + dir.file("sampler"));
+  ASSERT_EQ(eval_folder.exit_code, 0) << eval_folder.output;
+  const auto loss = [](const std::string& out) { return out.substr(out.find(": test loss")); };
+  EXPECT_EQ(loss(eval_folder.output), loss(eval_file.output));
+
   EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("in") + " --model llama-tiny", 1,
                                     "model_type is \"gpt2\", the model's \"llama\""));
   // Note [a folder's config.json]: 8 heads of 16 have the tensors of 4 of
-  // 32; the config says which, and is checked. A config that is not JSON
-  // is named.
+  // 32; the config says which, and is checked, as every key of it is
+  // (tests/engine/hf_format_test.cpp). A config that is not JSON is named.
   std::filesystem::copy(dir.file("in"), dir.file("heads"));
   std::string config = testing::read_text(dir.file("in") + "/config.json");
-  const auto at = config.find("\"n_head\": 4");
-  ASSERT_NE(at, std::string::npos) << config;
-  std::ofstream(dir.file("heads") + "/config.json") << config.replace(at, 11, "\"n_head\": 8");
+  const auto heads = config.find("\"n_head\": 4");
+  ASSERT_NE(heads, std::string::npos) << config;
+  std::ofstream(dir.file("heads") + "/config.json") << config.replace(heads, 11, "\"n_head\": 8");
   EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("heads"), 1, "n_head is 8, the model's 4"));
   std::ofstream(dir.file("heads") + "/config.json") << "{not json";
   EXPECT_TRUE(testing::tandem_fails(run + "--init-weights " + dir.file("heads") + "/model.safetensors", 1,
                                     "not a JSON object"));
   EXPECT_TRUE(testing::tandem_fails("train --model convnet --export-hf " + dir.file("x"), 2,
                                     "--export-hf writes a language model"));
+}
+
+// --export-hf is checked before the first step, as the other outputs are
+// (a file in its place trained every step, then failed and wrote no
+// weights); and an output that fails after the last step keeps the trained
+// weights and says where (Note [trained weights are never lost]): in the
+// last checkpoint, or in tandem-weights-PID.safetensors in the working
+// folder. The late failure: a tmpfs too small for the folder's weights.
+TEST(LanguageModelCliTest, OutputsAreCheckedFirstAndTheWeightsNeverLost) {
+  TempDir dir;
+  const std::string run = "train --model gpt2-tiny --data text:" + write_text(dir) +
+                          " --seq-len 16 --batch-size 8 --max-steps 2 --progress lines --metrics-out " +
+                          dir.file("m.jsonl") + " ";
+  std::ofstream(dir.file("a-file")) << "x";
+  auto r = run_tandem(run + "--export-hf " + dir.file("a-file"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--export-hf " + dir.file("a-file") + ": is a regular file; expected a folder"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.jsonl"))) << "it trained first:\n" << r.output;
+
+  ::mkdir(dir.file("small").c_str(), 0755);
+  testing::TmpfsMount small(dir.file("small"), "size=64k");
+  ASSERT_TRUE(small.ok) << "this test mounts a small tmpfs and needs root: " << small.output;
+  r = testing::run("cd " + dir.path() + " && " TANDEM_CLI " " + run + "--export-hf " + dir.file("small") + "/hf 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::smatch rescued;
+  ASSERT_TRUE(std::regex_search(r.output, rescued,
+                                std::regex("the trained weights were written to \\./(tandem-weights-[0-9]+\\.safetensors) "
+                                           "instead")))
+      << r.output;
+  auto eval = run_tandem("eval --weights " + dir.file(rescued[1]));
+  EXPECT_EQ(eval.exit_code, 0) << rescued[1] << "\n" << eval.output;
+  // With checkpoints, the last one holds them.
+  r = run_tandem(run + "--checkpoint-dir " + dir.file("ckpt") + " --export-hf " + dir.file("small") + "/hf2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the trained weights are in the checkpoint " + dir.file("ckpt") + "/checkpoint-00000002.pt "
+                          "(tandem export --checkpoint " + dir.file("ckpt") + " --out FILE writes them)"),
+            std::string::npos)
+      << r.output;
+}
+
+// tandem eval names the weights' own model in what it refuses: a
+// --seq-len past llama-tiny's context (a stand-in GPT-2 was named), and
+// another --model, before any setting of that model (its --vocab-size was
+// complained about first).
+TEST(LanguageModelCliTest, EvalNamesTheWeightsModel) {
+  TempDir dir;
+  const auto weights = dir.file("llama.safetensors");
+  auto r = run_tandem("train --model llama-tiny --data text:" + write_text(dir) +
+                      " --seq-len 16 --batch-size 8 --max-steps 1 --progress off --export-weights " + weights);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + weights + " --seq-len 100000", 2,
+                                    "--seq-len 100000: llama-tiny takes sequences of at most"));
+  EXPECT_TRUE(testing::tandem_fails("eval --weights " + weights + " --model gpt2-tiny", 2,
+                                    "--model gpt2-tiny: " + weights + " holds the weights of llama-tiny"));
 }
 
 // What does not go together is named, on one line, with exit 2.

@@ -138,6 +138,9 @@ class Trainer {
   void announce(int64_t steps_per_epoch, const optim::ShardedState* zero) const;
   // A line of the run's account (rank 0; not with --progress off).
   void say(const std::string& line) const;
+  // A line the run prints whatever --progress (rank 0): where it started
+  // from when it resumed.
+  void notice(const std::string& line) const;
   // "tandem: warning: LINE" (rank 0, whatever --progress): a flag that had
   // no effect, something skipped or removed.
   void warn(const std::string& line) const;
@@ -193,6 +196,10 @@ class Trainer {
   // A checkpoint of the position (each rank its pieces, or the whole on rank 0).
   void save(RunState& run);
   TrainResult finish_run(RunState& run);
+  // Where the trained weights are when an output written at the end failed
+  // (Note [trained weights are never lost]): `checkpoint`, the last one
+  // written, or a file written now; a sentence for the error.
+  std::string keep_trained_weights(const std::string& checkpoint, const NamedTensors& tensors) const;
   // This rank's weights and buffers, checked at every sync (Note [diverged]).
   std::vector<std::pair<std::string, torch::Tensor>> weights_and_buffers() const;
   // Ends the run: `what` diverged at `when` (Note [diverged]).
