@@ -21,7 +21,12 @@ void check_given_flags(const engine::TrainOptions& options, const FlagSet& flags
   if (!flags.given("model")) {
     if (flags.given("stem")) given.model = "resnet18";
     if (flags.given("width-mult")) given.model = "mobilenetv2";
-    if (flags.given("seq-len") || flags.given("vocab-size") || tokens_given) given.model = "gpt2-tiny";
+    if (flags.given("seq-len") || flags.given("vocab-size") || tokens_given) {
+      // A stand-in language model: the sequence length it takes is the
+      // weights' model's to say, after their metadata is read.
+      given.model = "gpt2-tiny";
+      given.seq_len = std::min<int64_t>(given.seq_len, models::model_traits(given.model).context_length);
+    }
   }
   const auto names = models::model_names();
   const bool known = std::find(names.begin(), names.end(), given.model) != names.end();
@@ -60,6 +65,13 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
   };
   const auto* model = field("model");
   if (model && !flags.given("model")) o.model = *model;
+  // Another model given is the command line's mistake, named before the
+  // settings that follow from it (a --vocab-size the metadata's model had
+  // and the one given has not).
+  if (model && flags.given("model") && o.model != *model) {
+    throw UsageError("--model " + o.model + ": " + file + " holds the weights of " + printable(*model) +
+                     " (its metadata); leave --model out to evaluate them as that");
+  }
   const bool metadata_model = model && o.model == *model;  // the settings below are that model's
   if (const auto* data = field("data")) {
     if (flags.given("data")) {
@@ -163,10 +175,10 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
     // (the check names the data flag) is the command line's mistake (exit
     // 2); otherwise the file is wrong.
     const std::string what = e.what();
-    const bool data_flag = what.rfind("--data ", 0) == 0 || what.rfind("--val-data ", 0) == 0;
-    if (data_flag && (flags.given("data") || flags.given("val-data"))) {
-      throw UsageError(what + " (the model of " + file + ")");
-    }
+    // The flag the message begins with, when the command line gave it.
+    const auto end = what.find_first_of(" :");
+    const std::string flag = what.rfind("--", 0) == 0 ? what.substr(2, end == std::string::npos ? end : end - 2) : "";
+    if (!flag.empty() && flags.given(flag)) throw UsageError(what + " (the model of " + file + ")");
     throw Error(file + ": its metadata describes a run tandem cannot evaluate: " + e.what());
   }
   FromWeights from;

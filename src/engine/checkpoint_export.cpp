@@ -11,6 +11,7 @@
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
 
@@ -91,7 +92,9 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
     try {
       return read_one(path);
     } catch (const tandem::Error& e) {
-      TANDEM_FAIL(path, ": ", e.what());
+      const std::string message = e.what();
+      if (message.rfind(printable(path) + ": ", 0) == 0) throw;  // it names the file already
+      TANDEM_FAIL(path, ": ", message);
     }
   }
   // A --checkpoint-dir: its checkpoints newest first, the first that reads.

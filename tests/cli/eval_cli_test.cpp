@@ -136,7 +136,7 @@ TEST_F(EvalImageFolderCliTest, FlagsAndMetadataThatDisagreeAreSaidOrRefused) {
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + resnet + " --val-data imagefolder:" + dir_.file("val") +
                                         " --model convnet",
-                                    1, resnet + ": weights of --model resnet18 (its metadata), not of --model convnet"));
+                                    2, "--model convnet: " + resnet + " holds the weights of resnet18 (its metadata)"));
   out = eval(resnet, " --data imagefolder:" + dir_.file("val"));
   EXPECT_NE(out.find("tandem: warning: --data imagefolder:" + dir_.file("val") + ": " + resnet +
                      " was trained with --data imagefolder:" + dir_.file("train") + " (its metadata)"),

@@ -65,6 +65,13 @@ TEST(ExportCliTest, BadInputIsNamed) {
   EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path(), 2, "--out FILE is required"));
   EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path() + " --out " + dir.file("w.safetensors"), 1,
                                     dir.path() + ": no checkpoint in this folder"));
+  // A path that is not there is named once.
+  const auto missing = testing::run_tandem("export --checkpoint " + dir.file("nope") + " --out " +
+                                           dir.file("w.safetensors"));
+  EXPECT_NE(missing.output.find("tandem: error: " + dir.file("nope") + ": no such file (expected a checkpoint file)\n"),
+            std::string::npos)
+      << missing.output;
+  EXPECT_EQ(missing.output.find("nope: " + dir.file("nope")), std::string::npos) << missing.output;
   std::ofstream(dir.file("checkpoint-00000003.pt")) << "not a checkpoint";
   EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.file("checkpoint-00000003.pt") + " --out " +
                                         dir.file("w.safetensors"),
