@@ -45,6 +45,18 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
   tmp_name = id.substr(0, id.find('@'));
   const sharded::Identity identity{id, group ? group->size() : 1, p.step};
   const std::string tmp = (fs::path(options_.dir) / tmp_name).string();
+  // Note [a failed write leaves nothing]: a full disk, or a rank that
+  // failed, leaves the folder half written; each rank whose write fails
+  // removes it (the others' writes into it then fail too, and the job
+  // ends) rather than leaving it to the next run's start.
+  struct RemovedOnFailure {
+    const std::string& tmp;
+    bool done = false;
+    ~RemovedOnFailure() {
+      std::error_code ec;
+      if (!done) fs::remove_all(tmp, ec);
+    }
+  } removed_on_failure{tmp};
   std::map<std::string, c10::IValue> header;
   if (rank == 0) {
     for (const auto& [key, value] : header_fields(p, fingerprint)) header[key] = value;
@@ -79,6 +91,7 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
                  ec.message());
     prune(p.step);
   }
+  removed_on_failure.done = true;
   return final_path.string();
 }
 

@@ -124,13 +124,13 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       if (scaler_ && position.loss_scale > 0) {
         scaler_->load_state(position.loss_scale, position.scale_growth_tracker);
       }
-      say(position.epoch < o.epochs
-              ? format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
-                       static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step))
-              : format("resumed from %s (step %lld, after the last epoch)", path->c_str(),
-                       static_cast<long long>(position.step)));
+      notice(position.epoch < o.epochs
+                 ? format("resumed from %s (epoch %lld, step %lld)", path->c_str(),
+                          static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step))
+                 : format("resumed from %s (step %lld, after the last epoch)", path->c_str(),
+                          static_cast<long long>(position.step)));
       if (!o.init_weights.empty()) {  // read and checked at set-up, now replaced: said, not silent
-        say("--init-weights " + o.init_weights + " is not used: the checkpoint's weights replace it");
+        notice("--init-weights " + o.init_weights + " is not used: the checkpoint's weights replace it");
       }
     } else {
       warn("no checkpoint in " + o.checkpoint_dir + " to resume from: starting from the beginning");

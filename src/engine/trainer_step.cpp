@@ -120,6 +120,10 @@ void Trainer::say(const std::string& line) const {
   if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", printable(line).c_str());
 }
 
+void Trainer::notice(const std::string& line) const {
+  if (log_) std::fprintf(log_, "%s\n", printable(line).c_str());
+}
+
 void Trainer::warn(const std::string& line) const {
   if (log_) std::fprintf(log_, "tandem: warning: %s\n", printable(line).c_str());
 }

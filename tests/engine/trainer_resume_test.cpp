@@ -42,6 +42,21 @@ namespace {
 
 using testing::TempDir;
 
+// A resumed run says where it started from whatever --progress: with
+// --progress off nothing else would show that it did not start afresh.
+TEST_F(TrainerTest, AResumedRunSaysSoEvenWithProgressOff) {
+  TempDir checkpoints;
+  auto o = small_run(data_.path());
+  o.checkpoint_dir = checkpoints.path();
+  o.max_steps = 3;
+  Trainer(o, nullptr).run();
+  o.max_steps = 5;
+  o.resume = true;
+  ASSERT_EQ(o.progress, "off");
+  EXPECT_NE(run_logged(o).find("resumed from " + checkpoints.file("checkpoint-00000003.pt") + " (epoch 1, step 3)"),
+            std::string::npos);
+}
+
 TEST_F(TrainerTest, ResumeRefusesACheckpointOfOtherSettings) {
   TempDir checkpoints;
   auto o = small_run(data_.path());

@@ -9,7 +9,12 @@
 // world size or layout. Runs of 8 steps (a resumed one stops at 4): every
 // layout's arithmetic is exact from the first step, and a wrong scale or a
 // missing reduction shows as 1e-3 or more by then.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include <string>
 #include <utility>
@@ -264,6 +269,30 @@ TEST(PipelineRanksLayoutTest, CheckpointsAndEvaluationAreOneProcesss) {
   EXPECT_NEAR(stages["train_loss"].get<double>(), one["train_loss"].get<double>(), 1e-12);
   EXPECT_EQ(stages["train_acc"].get<double>(), one["train_acc"].get<double>());
   EXPECT_EQ(stages["world_size"].get<int64_t>(), 2);
+}
+
+// Note [a failed write leaves nothing]: a sharded checkpoint that the
+// disk cannot hold (a 2 MiB tmpfs holds one of mlp's, 1.6 MB of weights
+// and momentum, not two) fails the job naming the disk, and leaves no
+// half-written checkpoint-N.tmp-PID folder behind; the one before it stays.
+TEST(ShardedCheckpointLayoutTest, AFullDiskLeavesNoPartialCheckpoint) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 512, 16);
+  ::mkdir(dir.file("ckpt").c_str(), 0755);
+  testing::TmpfsMount small(dir.file("ckpt"), "size=2m");
+  ASSERT_TRUE(small.ok) << "this test mounts a small tmpfs and needs root: " << small.output;
+  const auto job = testing::train_in_threads("--nproc-per-node 2 --data idx:" + dir.path() +
+                                             " --model mlp --batch-size 32 --max-steps 6 --progress off "
+                                             "--dist-timeout 10 --checkpoint-every 2 --checkpoint-format sharded "
+                                             "--checkpoint-dir " + dir.file("ckpt"));
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.report().find("No space left on device"), std::string::npos) << job.report();
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.file("ckpt"))) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".tandem-lock", "checkpoint-00000002"}));
 }
 
 }  // namespace data_parallel_layout
