@@ -6,17 +6,28 @@
 #include <string>
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/communication_error.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/launch/worker_error.h"
+#include "tandem/util/env.h"
 #include "tandem/util/file.h"
 #include "tandem/util/message.h"
 #include "tandem/version.h"
 
 namespace tandem::cli {
+
+// Note [library warnings]: when a peer stops answering, c10d's store logs
+// each failed request as a warning with its C++ stack (14 lines of
+// frames), beside tandem's own one-line account of the failure (Note [who
+// did not come]). libtorch's own TORCH_WARN messages are not affected.
+void quiet_library_logs() {
+  if (!env::get("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 2;  // c10's ERROR
+}
+
 namespace {
 
 std::string top_help() {

@@ -92,6 +92,9 @@ struct Verdict {
 };
 Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t number, const std::string& name,
                          std::chrono::milliseconds timeout);
+// The same for a send or recv to or from `peer` (the job's rank).
+Verdict who_did_not_answer(const std::shared_ptr<GroupCount>& group, int64_t peer, const std::string& name,
+                           std::chrono::milliseconds timeout);
 // Rank 0, failing for a cause other than its own timeout, keeps the store
 // up for the ranks that posted at theirs.
 void keep_store_for_readers(const std::shared_ptr<GroupCount>& group, std::chrono::milliseconds timeout);

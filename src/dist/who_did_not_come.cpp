@@ -71,6 +71,25 @@ void wait_for_readers(const GroupCount& group, std::chrono::steady_clock::time_p
   }
 }
 
+// Note [a silent rank] (below): the job's ranks other than `self` that have
+// not posted at a timeout in any group by `until`.
+std::vector<int64_t> silent_ranks(const GroupCount& group, int64_t self,
+                                  std::chrono::steady_clock::time_point until) {
+  std::vector<int64_t> silent;
+  for (int64_t r = 0; r < group.job_world; ++r) {
+    if (r != self) silent.push_back(r);
+  }
+  while (true) {
+    silent.erase(std::remove_if(silent.begin(), silent.end(),
+                                [&](int64_t r) {
+                                  return group.root->check({detail::str_cat("tandem/job-waited/", r)});
+                                }),
+                 silent.end());
+    if (silent.empty() || std::chrono::steady_clock::now() >= until) return silent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace
 
 // Note [who did not come]: a collective that times out on Gloo used to say
@@ -119,6 +138,10 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
     bool any() const { return !waited.empty() || launched >= 0; }
   };
   using Posts = std::vector<Post>;
+  struct Seen {
+    Posts posts;
+    std::vector<int64_t> silent;  // the job's ranks that posted nothing in any group (Note [a silent rank])
+  };
   auto result = run_detached([=] {
     auto& store = *group->store;
     auto put = [](c10d::Store& to, const std::string& k, const std::string& value) {
@@ -130,7 +153,7 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
     };
     put(*group->root, key("job-waited/", group->job_rank), "1");
     put(store, key("waited/", rank), detail::str_cat(number, " ", name));
-    for (const auto& g : groups_of(*group)) put(*g->store, key("launched/", rank), std::to_string(g->launched.load()));
+    for (const auto& g : groups_of(*group)) put(*g->store, key("launched/", g->rank), std::to_string(g->launched.load()));
     Posts posts(static_cast<size_t>(world));
     const auto deadline = steady_clock::now() + grace;
     while (true) {
@@ -146,26 +169,43 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
       if (missing == 0 || steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(milliseconds(50));
     }
+    Seen seen;
+    const bool all_posted = std::all_of(posts.begin(), posts.end(), [](const Post& p) { return p.any(); });
+    if (all_posted && group->job_world > 1) {
+      // Note [a silent rank]: every rank of this group reported, so the
+      // one they wait on is elsewhere: a rank frozen in the middle of
+      // another group's collective makes a chain (dp=2 x tp=2, rank 1
+      // frozen: rank 0 waits for it over tp, rank 2 for rank 0 over dp),
+      // and this group's verdict alone named the rank in the middle. Every
+      // rank that times out posts in the job's store, so the ranks that
+      // post nothing there within a grace are the chain's end.
+      seen.silent = silent_ranks(*group, group->job_rank, steady_clock::now() + grace);
+    }
     put(store, key("waited/read/", rank), "1");
     put(*group->root, key("job-waited/read/", group->job_rank), "1");
     if (group->job_rank == 0) wait_for_readers(*group, steady_clock::now() + grace);
-    return posts;
+    seen.posts = std::move(posts);
+    return seen;
   });
   Posts posts;
+  std::vector<int64_t> silent;
   // The store's host is the one that is not answering, if it is another
   // rank (Note [who did not come], above).
   const int64_t host = group->store_host;
   const bool host_named = host >= 0 && host != group->job_rank;
   try {
-    // Rank 0 may linger for a second grace.
-    if (result.wait_for((group->job_rank == 0 ? 2 * grace : grace) + seconds(1)) != std::future_status::ready) {
+    // The job's posts may take a second grace, and rank 0 may linger for
+    // one more.
+    if (result.wait_for((group->job_rank == 0 ? 3 * grace : 2 * grace) + seconds(1)) != std::future_status::ready) {
       if (!host_named) return {"which rank is missing is not known: the job's store did not answer", {}};
       return {detail::str_cat("rank ", host, " did not answer: neither this ", name, " nor the job's store, which "
                               "rank ", host, "'s process serves, answered (rank ", host,
                               " is stopped, hung, or cut off from this rank)"),
               {host}};
     }
-    posts = result.get();
+    auto seen = result.get();
+    posts = std::move(seen.posts);
+    silent = std::move(seen.silent);
   } catch (const std::exception& e) {
     if (!host_named) {
       return {detail::str_cat("which rank is missing is not known: the job's store failed (", first_line(e.what()), ")"),
@@ -213,12 +253,59 @@ Verdict who_did_not_come(const std::shared_ptr<GroupCount>& group, int64_t numbe
                                     " waited in an earlier collective, or in another group's)"));
   }
   if (!other.empty()) parts.push_back(other);
+  if (absent.empty() && !silent.empty()) {
+    parts.push_back(detail::str_cat(list(silent), " of the job reported nothing, in any group: ",
+                                    silent.size() == 1 ? "it is" : "they are",
+                                    " stopped, hung outside a collective, or cut off from the job's store, and the "
+                                    "ranks above wait on ", silent.size() == 1 ? "it" : "them"));
+    std::string text;
+    for (const auto& part : parts) text += (text.empty() ? "" : "; ") + part;
+    return {text, silent};
+  }
   if (parts.empty()) {
     return {detail::str_cat("every rank reached ", which, ": the connection between them did not carry it"), {}};
   }
   std::string text;
   for (const auto& part : parts) text += (text.empty() ? "" : "; ") + part;
   return {text, absent};  // the job's ranks
+}
+
+// A send or recv that timed out (Note [a silent rank]): its peer is named,
+// unless the peer timed out too, waiting elsewhere; then the ranks of the
+// job that posted nothing are (a pipeline stage waiting for the next, which
+// waits over tp for a frozen rank, named the next stage).
+Verdict who_did_not_answer(const std::shared_ptr<GroupCount>& group, int64_t peer, const std::string& name,
+                           std::chrono::milliseconds timeout) {
+  using namespace std::chrono;
+  const auto grace = grace_after(timeout);
+  const std::string named = detail::str_cat("rank ", peer, ", this ", name, "'s peer");
+  auto result = run_detached([=] {
+    auto& root = *group->root;
+    root.set(detail::str_cat("tandem/job-waited/", group->job_rank), std::vector<uint8_t>{'1'});
+    const auto until = steady_clock::now() + grace;
+    bool peer_waited = false;
+    while (!(peer_waited = root.check({detail::str_cat("tandem/job-waited/", peer)})) && steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    std::vector<int64_t> silent;
+    if (peer_waited) silent = silent_ranks(*group, group->job_rank, steady_clock::now() + grace);
+    root.set(detail::str_cat("tandem/job-waited/read/", group->job_rank), std::vector<uint8_t>{'1'});
+    if (group->job_rank == 0) wait_for_readers(*group, steady_clock::now() + grace);
+    return std::make_pair(peer_waited, silent);
+  });
+  try {
+    if (result.wait_for((group->job_rank == 0 ? 3 * grace : 2 * grace) + seconds(1)) != std::future_status::ready) {
+      return {named, {peer}};
+    }
+    const auto [peer_waited, silent] = result.get();
+    if (!peer_waited || silent.empty()) return {named, {peer}};
+    return {detail::str_cat(named, ", timed out too, waiting elsewhere; ", rank_list(silent),
+                            " of the job reported nothing, in any group: ", silent.size() == 1 ? "it is" : "they are",
+                            " stopped, hung outside a collective, or cut off from the job's store"),
+            silent};
+  } catch (const std::exception&) {
+    return {named, {peer}};
+  }
 }
 
 // Note [who did not come], continued: a rank's own timeout may make Gloo

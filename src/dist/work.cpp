@@ -31,7 +31,11 @@ void Work::wait() {
     if (timed_out) {
       hint = detail::str_cat(" (a peer did not answer within the --dist-timeout of ", impl_->timeout.count() / 1000.0,
                              " s");
-      if (impl_->peer >= 0) {
+      if (impl_->peer >= 0 && impl_->group) {
+        auto verdict = who_did_not_answer(impl_->group, impl_->peer, impl_->name, impl_->timeout);
+        hint += ": " + verdict.text;
+        unanswered = std::move(verdict.unanswered);
+      } else if (impl_->peer >= 0) {
         hint += detail::str_cat(": rank ", impl_->peer, ", this ", impl_->name, "'s peer");
         unanswered = {impl_->peer};
       } else if (impl_->number > 0 && impl_->group) {

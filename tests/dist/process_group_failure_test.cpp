@@ -2,6 +2,7 @@
 // no rank 0, ranks of another job or world size, NCCL without a GPU; each
 // ends in an error that names what happened, in bounded time.
 #include "process_group_fixture.h"
+#include "tandem/dist/device_mesh.h"
 
 namespace tandem::dist {
 namespace {
@@ -95,6 +96,65 @@ TEST(ProcessGroupTest, ATimeoutNamesTheRankThatDidNotCome) {
   EXPECT_NE(errors[1].find("(a peer did not answer within the --dist-timeout of 1.5 s: rank 0, this recv's peer)"),
             std::string::npos)
       << errors[1];
+}
+
+// Note [a silent rank]: a rank frozen in one group's collective leaves a
+// chain of waiting ranks in the others. Over dp=2 x tp=2, rank 1 never
+// comes: rank 0 waits for it over tp, rank 2 for rank 0 over dp, rank 3
+// for rank 2 over tp. Rank 2's group has no absent rank (rank 0 timed out
+// in the other), and it named rank 0 as not having reached the
+// all_reduce; every rank that times out now names rank 1, the one that
+// reported nothing in any group. So does a recv whose peer timed out too
+// (pp=2 x tp=2's stage 0 waiting for stage 1, which waits over tp).
+TEST(ProcessGroupTest, ASilentRankAtTheEndOfAChainIsNamed) {
+  GroupOptions options;
+  options.timeout = 1500ms;
+  // The silent rank stays in no collective until the others have failed.
+  std::atomic<int> failed{0};
+  auto fails = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (...) {
+      ++failed;
+      throw;
+    }
+  };
+  auto stay_silent = [&] {
+    while (failed < 3) std::this_thread::sleep_for(50ms);
+  };
+  auto errors = testing::run_ranks(4, [&](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh mesh(world, parse_mesh("dp=2,tp=2", 4));
+    auto t = torch::ones({3});
+    if (world->rank() == 1) return stay_silent();
+    fails([&] {
+      if (world->rank() == 2) mesh.group(MeshDim::kData)->all_reduce(t).wait();  // with rank 0, which never comes
+      mesh.group(MeshDim::kTensor)->all_reduce(t).wait();
+    });
+  }, options);
+  for (int r : {0, 2, 3}) {
+    EXPECT_NE(errors[r].find("rank 1 "), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+  EXPECT_NE(errors[2].find("rank 1 of the job reported nothing, in any group"), std::string::npos) << errors[2];
+
+  failed = 0;
+  errors = testing::run_ranks(4, [&](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh mesh(world, parse_mesh("pp=2,tp=2", 4));
+    auto t = torch::ones({3});
+    const auto pp = mesh.group(MeshDim::kPipeline);
+    if (world->rank() == 2) return stay_silent();  // stage 1's first tp rank
+    fails([&] {
+      if (pp->rank() == 0) {
+        pp->recv(t, 1).wait();  // from stage 1, which waits over tp
+      } else {
+        mesh.group(MeshDim::kTensor)->all_reduce(t).wait();
+      }
+    });
+  }, options);
+  EXPECT_NE(errors[1].find("rank 3, this recv's peer, timed out too, waiting elsewhere; rank 2 of the job reported "
+                           "nothing, in any group"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[3].find("rank 2 did not report reaching this all_reduce"), std::string::npos) << errors[3];
 }
 
 TEST(ProcessGroupTest, APeerThatLeavesFailsTheCollectiveQuickly) {

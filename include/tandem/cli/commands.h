@@ -41,6 +41,11 @@ int models_command(const std::vector<std::string>& args);
 int launch_command(const std::vector<std::string>& args);
 std::string launch_help();
 
+// Note [library warnings]: keeps libtorch's C++ log (c10's LOG, which
+// c10d's store writes a failed request to with its C++ stack) to errors,
+// unless TORCH_CPP_LOG_LEVEL asks for more. The CLI calls it first.
+void quiet_library_logs();
+
 // Dispatches argv to a subcommand.
 int main_command(int argc, char** argv);
 
