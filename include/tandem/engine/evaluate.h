@@ -21,7 +21,9 @@ struct EvalResult {
 };
 
 // Mean loss and accuracy of `model` over `dataset` by `task` (eval mode, no
-// grad; null: classification), with `workers` loader threads. With a group, each rank evaluates the
+// grad; null: classification), with `workers` loader threads, `batch_size`
+// samples a forward (a language model's short windows: at least 2,048
+// tokens a forward; Note [evaluation batches of tokens]). With a group, each rank evaluates the
 // samples r, r + W, ... and the sums are all-reduced: every rank returns the
 // result over the whole data set. `forward`, when given, runs the model
 // instead of model->forward (e.g. a pipeline's stages on their devices);
