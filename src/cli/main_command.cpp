@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -86,7 +87,7 @@ int run_command(int argc, char** argv) {
     launch::report_worker_error(message, failed != nullptr || dist::is_communication_failure(message),
                                 failed != nullptr ? failed->unanswered() : std::vector<int64_t>{});
     // libtorch's allocators name bytes, not the flags that asked for them.
-    if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+    if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr || dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
         message.find("can't allocate memory") != std::string::npos) {
       std::fprintf(stderr, "tandem: out of memory: a smaller --batch-size, --image-size or model needs less, "
                            "as do --grad-accum K and --checkpoint-activations N (for more time)\n");

@@ -461,6 +461,7 @@ int train_command(const std::vector<std::string>& args) {
     return result.exit_code;
   }
   engine::Trainer trainer(options);
+  if (engine::parse_device(options.device).is_cpu()) engine::limit_memory_to_available();  // Note [memory limit]
   auto result = trainer.run();
   // The trainer's options: the global batch as --batch-per-process made it.
   if (trainer.rank() == 0) print_summary(trainer.options(), result);

@@ -1,6 +1,7 @@
 #include "tandem/engine/worker_footprint.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,6 +145,26 @@ MachineResources machine_resources() {
   if (limit > 0 && used >= 0) r.available_bytes = std::min(r.available_bytes, std::max<int64_t>(0, limit - used));
   r.cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   return r;
+}
+
+// Note [memory limit]: Linux grants memory on demand and, once it is
+// gone, kills the process that asks for more (the OOM killer: SIGKILL, no
+// message). A run of 8192 x 8192 images resized 256 at a time (268 MB
+// each) ended that way. Capping the address space at what the process has
+// mapped now plus the memory available makes an allocation past it fail
+// in the allocator instead, which libtorch turns into an error naming the
+// bytes, and the CLI into its out-of-memory advice. Set after the data are
+// opened (token files are mapped whole, and their pages are not memory
+// the run takes); a lower limit already set (ulimit -v) is kept.
+void limit_memory_to_available() {
+  struct rlimit current {};
+  if (::getrlimit(RLIMIT_AS, &current) != 0) return;
+  const auto limit = static_cast<rlim_t>(status_bytes("VmSize") + machine_resources().available_bytes);
+  if (current.rlim_cur != RLIM_INFINITY && current.rlim_cur <= limit) return;
+  struct rlimit next = current;
+  next.rlim_cur = limit;
+  if (current.rlim_max != RLIM_INFINITY && next.rlim_cur > current.rlim_max) next.rlim_cur = current.rlim_max;
+  ::setrlimit(RLIMIT_AS, &next);
 }
 
 std::vector<std::string> check_worker_resources(int64_t workers, const WorkerFootprint& f,

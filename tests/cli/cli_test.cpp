@@ -1,9 +1,13 @@
 // End-to-end: the real `tandem` binary, as a user runs it.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "tandem/engine/safetensors.h"
@@ -150,6 +154,40 @@ TEST(CliTest, OutOfMemorySaysWhichFlagsNeedLess) {
   EXPECT_NE(r.output.find("tandem: out of memory: a smaller --batch-size, --image-size or model needs less"),
             std::string::npos)
       << r.output;
+}
+
+// Note [memory limit]: a CPU run caps its address space at what it maps
+// plus the memory available once its data are open, so that running out
+// is the allocation error above (exit 1, the advice) and not the OOM
+// killer's silent SIGKILL: --image-size 8192 on one process was killed.
+TEST(CliTest, ACpuRunCannotOutgrowTheMachinesMemory) {
+  TempDir dir;
+  testing::write_synthetic_idx(dir.path(), 4096, 16);
+  testing::run("(" TANDEM_CLI " train --data idx:" + dir.path() + " --model mlp --epochs 100 --progress lines > " +
+               dir.file("out") + " 2>&1 &) > /dev/null 2>&1");
+  std::string pid;
+  for (int i = 0; i < 600 && pid.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (testing::read_text(dir.file("out")).find("epoch 1/100") == std::string::npos) continue;
+    pid = testing::run("pgrep -f -- '^[^ ]*tandem train --data idx:" + dir.path() + " ' | head -1").output;
+  }
+  ASSERT_FALSE(pid.empty()) << testing::read_text(dir.file("out"));
+  pid = pid.substr(0, pid.find('\n'));
+  const std::string limits = testing::read_text("/proc/" + pid + "/limits");
+  const std::string status = testing::read_text("/proc/" + pid + "/status");
+  testing::run("kill " + pid);
+  const auto line = limits.substr(limits.find("Max address space"));
+  std::istringstream words(line.substr(std::string("Max address space").size()));
+  std::string soft;
+  words >> soft;
+  ASSERT_NE(soft, "unlimited") << limits;
+  std::istringstream meminfo(testing::read_text("/proc/meminfo"));
+  std::string key;
+  int64_t total_kib = 0;
+  meminfo >> key >> total_kib;  // MemTotal
+  const auto at = status.find("VmSize:");
+  const int64_t vm_kib = std::stoll(status.substr(at + 7));
+  EXPECT_LE(std::stoll(soft), (vm_kib + total_kib) * 1024) << limits << status;
 }
 
 TEST(CliTest, MissingDataDirectoryIsNamed) {

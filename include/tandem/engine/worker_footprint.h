@@ -46,6 +46,12 @@ struct WorkerFootprint {
 // (the same errors a worker would give).
 WorkerFootprint measure_worker_footprint(const TrainOptions& options, int64_t workers);
 
+// Caps this process's address space at what it maps now plus the memory
+// available, so that running out is an allocation error rather than the
+// OOM killer's SIGKILL (Note [memory limit]). For a CPU run, once its data
+// are open.
+void limit_memory_to_available();
+
 struct MachineResources {
   int64_t available_bytes = 0;  // MemAvailable, or a cgroup's room when that is less
   int64_t cores = 1;
