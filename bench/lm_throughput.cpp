@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
     o.vocab_size = vocab;
     o.seq_len = seq_len;
     auto model = models::make_model(model_name, o);
+    // nanoGPT's count (6 per multiplying weight, attention's 12 L d T), for MFU.
+    const auto traits = models::model_traits(model_name);
+    const double flops_per_token = traits.flops_per_token ? traits.flops_per_token(o) : 0.0;
     model->to(device);
     model->train();
     const auto adamw_options = torch::optim::AdamWOptions(6e-4).betas({0.9, 0.95}).weight_decay(0.1);
@@ -72,10 +75,10 @@ int main(int argc, char** argv) {
       loss.item<float>();  // waits for the device
       const double seconds = clock.seconds();
       std::printf("{\"impl\": \"tandem\", \"model\": \"%s\", \"vocab\": %lld, \"seq_len\": %lld, \"batch\": %lld, "
-                  "\"threads\": %d, \"amp\": \"%s\", \"tokens_per_second\": %.1f}\n",
+                  "\"threads\": %d, \"amp\": \"%s\", \"tokens_per_second\": %.1f, \"flops_per_token\": %.6g}\n",
                   model_name.c_str(), static_cast<long long>(vocab), static_cast<long long>(seq_len),
                   static_cast<long long>(batch), at::get_num_threads(), amp.c_str(),
-                  static_cast<double>(steps * batch * seq_len) / seconds);
+                  static_cast<double>(steps * batch * seq_len) / seconds, flops_per_token);
       std::fflush(stdout);
     }
   });
