@@ -282,6 +282,12 @@ Verdict who_did_not_answer(const std::shared_ptr<GroupCount>& group, int64_t pee
   auto result = run_detached([=] {
     auto& root = *group->root;
     root.set(detail::str_cat("tandem/job-waited/", group->job_rank), std::vector<uint8_t>{'1'});
+    // How far it got in each of its groups, as a collective's timeout posts:
+    // a group waiting for this rank then finds it waiting elsewhere.
+    for (const auto& g : groups_of(*group)) {
+      const std::string count = std::to_string(g->launched.load());
+      g->store->set(detail::str_cat("tandem/launched/", g->rank), std::vector<uint8_t>(count.begin(), count.end()));
+    }
     const auto until = steady_clock::now() + grace;
     bool peer_waited = false;
     while (!(peer_waited = root.check({detail::str_cat("tandem/job-waited/", peer)})) && steady_clock::now() < until) {
