@@ -13,10 +13,10 @@ namespace tandem::engine {
 
 torch::Tensor DataPlan::evaluation_forward(const torch::Tensor& x) { return model_->forward(x); }
 
-std::vector<std::pair<std::string, torch::Tensor>> DataPlan::named_parameters() const {
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-  return named;
+std::vector<dist::PlacedTensor> DataPlan::placed_parameters() const {
+  std::vector<dist::PlacedTensor> placed;
+  for (const auto& p : model_->named_parameters()) placed.push_back({p.key(), p.value(), p.value()});
+  return placed;
 }
 
 namespace {

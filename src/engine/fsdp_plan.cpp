@@ -9,6 +9,7 @@
 #include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/table.h"
+#include "tandem/util/check.h"
 
 namespace tandem::engine::internal {
 namespace {
@@ -64,10 +65,29 @@ class FsdpPlan : public DataPlan {
   void after_backward() override { fsdp_->after_backward(); }  // units were reduce-scattered during backward
 
   std::vector<torch::Tensor> parameters() const override { return fsdp_->parameters(); }
-  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& shard : fsdp_->parameters()) named.emplace_back("a parameter shard of this rank", shard);
-    return named;
+  // Each run of a flat shard that is part of one of the model's
+  // parameters, Shard over dp along the flat elements (the padding is in
+  // none).
+  std::vector<dist::PlacedTensor> placed_parameters() const override {
+    std::vector<std::string> names;
+    for (const auto& p : replica_->named_parameters()) names.push_back(p.key());
+    const auto& whole = fsdp_->model_parameters();
+    TANDEM_CHECK(names.size() == whole.size(), "fsdp: ", names.size(), " named parameters for ", whole.size());
+    std::vector<dist::PlacedTensor> placed;
+    const auto spans = fsdp_->shard_spans();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      for (const auto& span : spans[i]) {
+        dist::PlacedTensor t{names[span.parameter], fsdp_->parameters()[i], whole[span.parameter]};
+        t.flat_offset = span.shard_offset;
+        t.flat_numel = span.numel;
+        t.parameter_offset = span.offset;
+        int64_t numel = 1;
+        for (auto size : span.shape) numel *= size;
+        t.data_parallel = dist::Placement::shard(0, numel);
+        placed.push_back(std::move(t));
+      }
+    }
+    return placed;
   }
   bool sharded() const override { return true; }
   std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::SGDOptions& options) override {

@@ -24,10 +24,6 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
     if (layout.tensor_ranks() > 1) {  // the combinations tensor parallelism has so far
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
-      TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp || !o.sequence_parallel, flag, ": --sequence-parallel with "
-                         "--strategy fsdp is not available yet (the sequence's parts of a whole parameter's gradient "
-                         "would have to be summed over tp inside FSDP's reduction); use --strategy ddp with "
-                         "--shard-optimizer, or leave out --sequence-parallel");
       TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp || o.checkpoint_format != "sharded", flag, ": "
                          "--checkpoint-format sharded with --strategy fsdp and tp is not available yet (FSDP's shards "
                          "of tp's parts); --checkpoint-format file (or auto) writes one file");

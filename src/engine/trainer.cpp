@@ -222,7 +222,8 @@ std::string Trainer::keep_trained_weights(const std::string& checkpoint, const N
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::weights_and_buffers() const {
-  auto named = plan_->named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& t : plan_->placed_parameters()) named.emplace_back(t.name, t.value());
   for (const auto& b : model_->named_buffers()) named.emplace_back(b.key(), b.value());
   return named;
 }

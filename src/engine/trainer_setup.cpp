@@ -195,6 +195,19 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
   if (tensor_group_ && plan_->fully_sharded()) check_fsdp_units_agree();
+  if (tensor_plan_ && tensor_plan_->sequence_parallel()) {
+    // The whole parameters' partial gradients are summed over tp piece by
+    // piece (Note [sequence-parallel plans]): under FSDP, runs of shards.
+    // Every rank of the job learns whether any tp group's differ.
+    auto same = torch::tensor(
+        {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *tensor_group_) ? 1 : 0},
+        torch::kInt64).to(job_group_->wire_device());
+    job_group_->all_reduce(same, dist::ReduceOp::kMin).wait();
+    TANDEM_CHECK_USAGE(same.item<int64_t>() == 1,
+                       "--sequence-parallel with --strategy ", options_.strategy, ": the tp ranks hold different "
+                       "pieces of ", options_.model, "'s whole parameters (tp does not divide one of its sizes "
+                       "evenly); use sizes tp divides, or leave out --sequence-parallel");
+  }
 }
 
 // FSDP with tp: each tp coordinate's dp ranks shard their own parts, and

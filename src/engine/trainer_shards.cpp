@@ -57,7 +57,7 @@ StatePiece whole(const Named& named, const torch::Tensor& t) {
 // same on every tp rank), so each run of consecutive indices this rank
 // holds along it is one run of the whole's elements.
 void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const torch::Tensor& part,
-                    const parallel::TensorCut& cut, int64_t rank) {
+                    const dist::Placement& cut, int64_t rank, int64_t ranks) {
   const int64_t dim = cut.dim;
   auto shape = part.sizes().vec();
   shape[static_cast<size_t>(dim)] = cut.whole_size;
@@ -69,7 +69,7 @@ void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const t
     inner *= std::max<int64_t>(shape[d], 1);
   }
   strides[static_cast<size_t>(dim)] = inner;
-  const auto index = cut.indices[static_cast<size_t>(rank)].contiguous();
+  const auto index = cut.rows_of(rank, ranks).contiguous();
   const auto* at = index.data_ptr<int64_t>();
   const int64_t count = index.numel();
   for (int64_t begin = 0; begin < count;) {
@@ -148,10 +148,10 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
   const auto* zero = dynamic_cast<const optim::ShardedState*>(&optimizer);
   for (auto* module : mine) {
     for (const auto& p : module->parameters()) {
-      const parallel::TensorCut* cut = tensor_plan_ && tensor_plan_->cut(p).cut() ? &tensor_plan_->cut(p) : nullptr;
+      const dist::Placement* cut = tensor_plan_ && tensor_plan_->cut(p).is_shard() ? &tensor_plan_->cut(p) : nullptr;
       auto add = [&](const Named& named, const torch::Tensor& t) {
         if (cut && t.sizes() == p.sizes()) {
-          add_cut_pieces(pieces, named, t, *cut, tensor_group_->rank());
+          add_cut_pieces(pieces, named, t, *cut, tensor_group_->rank(), tensor_group_->size());
         } else if (first_part) {
           pieces.push_back(whole(named, t));
         }

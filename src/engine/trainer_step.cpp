@@ -33,7 +33,10 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     RECORD_USER_SCOPE("tandem::reduce");
     plan_->after_backward();  // the gradients averaged over the dp ranks
     if (tied_) tied_->reduce_gradients();  // Note [tied weights across stages]
-    if (tensor_plan_) tensor_plan_->reduce_gradients();  // Note [sequence-parallel plans]
+    if (tensor_plan_) {  // Note [sequence-parallel plans]: whole parameters' partial sums
+      dist::sum_partial_gradients(placed_parameters(/*gradients=*/true), &dist::PlacedTensor::tensor_parallel,
+                                  *tensor_group_);
+    }
   }
   {
     RECORD_USER_SCOPE("tandem::optimizer");
@@ -51,49 +54,31 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   return out;
 }
 
-// --clip-grad-norm: the norm of the whole model's gradient, each piece
-// counted once. It is summed over the ranks that hold disjoint pieces: the
-// dp ranks' shards, a pipeline's stages, or under a mesh all of them (the
-// job); with tensor parallelism the ranks of one copy of the model
-// (model_group_), a whole parameter (the same on every tp rank) counted on
-// the first tp rank only (under FSDP, the runs of the shards that hold
-// whole parameters). A tied weight's copy is clipped with the rest but
-// counted on its owner's stage only (Note [tied weights across stages]).
+// What this rank holds, placed on the mesh (Note [placements]): the dp
+// plan's pieces, each given its placement over tp by the tensor-parallel
+// plan, and a tied weight's copy marked as another stage's. `gradients`:
+// the placements of their gradients after backward, before the tp sum.
+std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const {
+  auto placed = plan_->placed_parameters();
+  for (auto& t : placed) {
+    if (tensor_plan_) {
+      t.tensor_parallel =
+          gradients ? tensor_plan_->gradient_placement(t.model_parameter) : tensor_plan_->cut(t.model_parameter);
+    }
+    if (tied_ && tied_->borrows(t.model_parameter)) t.owned = false;
+  }
+  return placed;
+}
+
+// --clip-grad-norm: the global norm of the whole model's gradient, summed
+// over the ranks that hold disjoint pieces (a pipeline's stages, tp's
+// parts, FSDP's shards) with each piece counted once (a replicated one on
+// its first rank there, a tied copy on its owner's stage), and every piece
+// clipped.
 void Trainer::clip_gradients() {
-  dist::ProcessGroup* holders = plan_->sharded() ? (stages_ ? job_group_.get() : group_.get()) : stages_.get();
-  auto counted = plan_->parameters();
-  std::vector<torch::Tensor> copies;
-  if (tensor_plan_ && plan_->fully_sharded() && tensor_group_->rank() > 0) {
-    // FSDP's flat shards mix cut and whole parameters: their runs, by the
-    // shards' spans (the padding is zeros, in neither).
-    auto* fsdp = plan_->fully_sharded();
-    std::vector<torch::Tensor> cut_runs, whole_runs;
-    const auto spans = fsdp->shard_spans();
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const auto& grad = fsdp->parameters()[i].grad();
-      if (!grad.defined()) continue;
-      for (const auto& span : spans[i]) {
-        const bool cut = tensor_plan_->cut(fsdp->model_parameters()[span.parameter]).cut();
-        (cut ? cut_runs : whole_runs).push_back(grad.narrow(0, span.shard_offset, span.numel));
-      }
-    }
-    optim::clip_gradients(cut_runs, options_.clip_grad_norm, job_group_.get(), whole_runs);
-    return;
-  }
-  if (tensor_plan_) {
-    holders = plan_->sharded() ? job_group_.get() : model_group_.get();
-    auto whole = [&](const torch::Tensor& p) { return !tensor_plan_->cut(p).cut(); };
-    if (tensor_group_->rank() > 0) {
-      std::copy_if(counted.begin(), counted.end(), std::back_inserter(copies), whole);
-      counted.erase(std::remove_if(counted.begin(), counted.end(), whole), counted.end());
-    }
-  }
-  if (tied_) {
-    counted.erase(std::remove_if(counted.begin(), counted.end(), [&](const auto& p) { return tied_->borrows(p); }),
-                  counted.end());
-    for (const auto& p : tied_->borrowed()) copies.push_back(p);
-  }
-  optim::clip_grad_norm(counted, options_.clip_grad_norm, holders, copies);
+  const dist::PlacementMesh mesh{job_group_, stages_, group_, tensor_group_, model_group_, plan_->sharded()};
+  auto grads = dist::counted_gradients(placed_parameters(), mesh);
+  optim::clip_gradients(grads.counted, options_.clip_grad_norm, mesh.sum_group(), grads.others);
 }
 
 EvalResult Trainer::evaluate() {

@@ -56,7 +56,17 @@ torch::Tensor clip_gradients(const std::vector<torch::Tensor>& counted, double m
   }
   torch::Tensor total;
   if (partial.empty()) {
-    total = torch::zeros({}, torch::TensorOptions().device(first));
+    // Only gradients counted elsewhere (a rank whose pieces are all
+    // replicas): the norm in their dtype, so their coefficient is not
+    // rounded to float32's.
+    auto dtype = torch::kFloat32;
+    for (const auto& grad : also_scaled) {
+      if (grad.defined()) {
+        dtype = grad.scalar_type();
+        break;
+      }
+    }
+    total = torch::zeros({}, torch::TensorOptions().device(first).dtype(dtype));
   } else {
     total = partial.size() == 1 ? partial.front() : torch::linalg_vector_norm(torch::stack(partial), 2);
   }

@@ -46,12 +46,9 @@ std::vector<torch::Tensor> head_rows(int64_t heads, int64_t width, int64_t block
 }  // namespace
 
 void TensorParallelPlan::cut_parameter(torch::Tensor& p, int64_t dim, std::vector<torch::Tensor> indices) {
-  TensorCut cut;
-  cut.dim = dim;
-  cut.whole_size = p.size(dim);
-  cut.indices = std::move(indices);
+  auto cut = dist::Placement::shard(dim, p.size(dim), std::move(indices));
   torch::NoGradGuard no_grad;
-  p.set_data(p.index_select(dim, cut.indices[group_->rank()].to(p.device())).contiguous());
+  p.set_data(dist::part_of_whole(p.detach(), cut, *group_).contiguous());
   cuts_[p.unsafeGetTensorImpl()] = std::move(cut);
 }
 
@@ -159,26 +156,21 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
                         options_.sequence_parallel ? "; sequence parallel between them" : "");
 }
 
+dist::Placement TensorParallelPlan::gradient_placement(const torch::Tensor& parameter) const {
+  const auto& placement = cut(parameter);
+  return sequence_parallel() && !placement.is_shard() ? dist::Placement::partial() : placement;
+}
+
 void TensorParallelPlan::reduce_gradients() {
-  if (!sequence_parallel() || group_->size() == 1) return;
-  std::vector<torch::Tensor> grads;
+  std::vector<dist::PlacedTensor> pieces;
   for (const auto& p : model_->parameters()) {
-    if (!cut(p).cut() && p.grad().defined()) grads.push_back(p.grad());
+    dist::PlacedTensor t{"", p, p};
+    t.tensor_parallel = gradient_placement(p);
+    pieces.push_back(std::move(t));
   }
-  if (grads.empty()) return;
-  // One all-reduce of them all (every rank holds the same parameters,
-  // in the same order, each with or without a gradient alike).
-  auto flat = torch::cat([&] {
-    std::vector<torch::Tensor> flat_grads;
-    for (const auto& g : grads) flat_grads.push_back(g.reshape({-1}));
-    return flat_grads;
-  }());
-  group_->all_reduce(flat).wait();
-  int64_t at = 0;
-  for (auto& g : grads) {
-    g.copy_(flat.narrow(0, at, g.numel()).view_as(g));
-    at += g.numel();
-  }
+  // One all-reduce of them all (every rank holds the same parameters, in
+  // the same order, each with or without a gradient alike).
+  dist::sum_partial_gradients(pieces, &dist::PlacedTensor::tensor_parallel, *group_);
 }
 
 namespace {
@@ -200,7 +192,7 @@ void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
   TANDEM_CHECK(!detached_ && held_parts_.empty(), "TensorParallelPlan: make_whole() after detach() or twice");
   torch::NoGradGuard no_grad;
   for (auto& p : model_->parameters()) {
-    if (!cut(p).cut()) continue;
+    if (!cut(p).is_shard()) continue;
     const auto part_shape = p.sizes().vec();
     const auto part = p.detach();
     held_parts_.push_back(part);
@@ -214,7 +206,7 @@ void TensorParallelPlan::cut_again(torch::optim::Optimizer* optimizer) {
   torch::NoGradGuard no_grad;
   size_t next = 0;
   for (auto& p : model_->parameters()) {
-    if (!cut(p).cut()) continue;
+    if (!cut(p).is_shard()) continue;
     TANDEM_CHECK(next < held_parts_.size(), "TensorParallelPlan: cut_again() without make_whole()");
     const auto whole_shape = p.sizes().vec();
     auto part = held_parts_[next++];
@@ -231,47 +223,24 @@ void TensorParallelPlan::detach() {
   TANDEM_CHECK(!detached_, "TensorParallelPlan: detach() twice");
   torch::NoGradGuard no_grad;
   for (auto& p : model_->parameters()) {  // every rank in the same order: the collectives pair up
-    if (cut(p).cut()) p.set_data(whole_of_part(p, p.detach()));
+    if (cut(p).is_shard()) p.set_data(whole_of_part(p, p.detach()));
   }
   for (auto* region : regions_) *region = {};
   for (auto* lookup : lookups_) *lookup = {};
   detached_ = true;
 }
 
-const TensorCut& TensorParallelPlan::cut(const torch::Tensor& parameter) const {
+const dist::Placement& TensorParallelPlan::cut(const torch::Tensor& parameter) const {
   auto found = cuts_.find(parameter.unsafeGetTensorImpl());
   return detached_ || found == cuts_.end() ? whole_ : found->second;
 }
 
 torch::Tensor TensorParallelPlan::part_of_whole(const torch::Tensor& parameter, const torch::Tensor& whole) const {
-  const auto& c = cut(parameter);
-  if (!c.cut()) return whole;
-  TANDEM_CHECK(whole.dim() > c.dim && whole.size(c.dim) == c.whole_size, "TensorParallelPlan: a tensor of ",
-               whole.sizes(), " in place of a whole parameter of ", c.whole_size, " along dimension ", c.dim);
-  return whole.index_select(c.dim, c.indices[group_->rank()].to(whole.device()));
+  return dist::part_of_whole(whole, cut(parameter), *group_);
 }
 
 torch::Tensor TensorParallelPlan::whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const {
-  const auto& c = cut(parameter);
-  if (!c.cut() || group_->size() == 1) return part.clone();
-  torch::NoGradGuard no_grad;
-  int64_t longest = 0;
-  for (const auto& index : c.indices) longest = std::max(longest, index.numel());
-  // Equal shapes for the all-gather: each part padded to the longest.
-  auto sizes = part.sizes().vec();
-  sizes[c.dim] = longest;
-  auto padded = torch::zeros(sizes, part.options());
-  padded.narrow(c.dim, 0, part.size(c.dim)).copy_(part);
-  std::vector<torch::Tensor> parts;
-  for (int64_t r = 0; r < group_->size(); ++r) parts.push_back(torch::empty_like(padded));
-  group_->all_gather(parts, padded).wait();
-  sizes[c.dim] = c.whole_size;
-  auto whole = torch::empty(sizes, part.options());
-  for (int64_t r = 0; r < group_->size(); ++r) {
-    const auto& index = c.indices[r];
-    whole.index_copy_(c.dim, index.to(whole.device()), parts[r].narrow(c.dim, 0, index.numel()));
-  }
-  return whole;
+  return dist::whole_of_part(part, cut(parameter), *group_);
 }
 
 }  // namespace tandem::parallel

@@ -27,8 +27,10 @@ constexpr testing::RunStyle kSixSteps{/*threads=*/true, /*steps=*/6};
 // and clipping (each cut parameter's parts counted once, a whole one on
 // the first tp rank only; 0.5 clips every step of this run) on tp=2,
 // dp=2 x tp=2 (DDP over each tp coordinate's replicas with ZeRO-1, and
-// FSDP over them: clipping counts the runs of its flat shards that hold
-// cut parameters on every tp rank, the rest on the first), tp=2 with
+// FSDP over them with sequence parallelism: the whole parameters' partial
+// gradients summed over tp as runs of the flat shards after FSDP's
+// reduce-scatter; clipping counts the runs that hold cut parameters on
+// every tp rank, the rest on the first: Note [placements]), tp=2 with
 // sequence parallelism (Note [sequence-parallel plans]: norms, residuals
 // and positions on half the sequence each), pp=2 x tp=2 with it (each
 // stage's layers split over its tp pair), and all three dimensions on 8
@@ -40,7 +42,7 @@ TEST(TensorParallelLayoutTest, Gpt2OnEveryMeshIsOneProcess) {
                             " --seq-len 16 --dtype float64 --lr 1e-3 --clip-grad-norm 0.5 ";
   testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2",
                                 "--nproc-per-node 4 --mesh dp=2,tp=2 --shard-optimizer",
-                                "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --fsdp-min-unit-params 0",
+                                "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --fsdp-min-unit-params 0 --sequence-parallel",
                                 "--nproc-per-node 2 --mesh tp=2 --sequence-parallel",
                                 "--nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel",
                                 "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2"},

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "tandem/dist/device_mesh.h"
+#include "tandem/dist/placement.h"
 #include "tandem/optim/clip.h"
 #include "tandem/util/check.h"
 #include "testing.h"
@@ -138,6 +140,76 @@ TEST(ClipGradNormTest, OverRanksTheNormIsTheWholeGradientsAndARankWithoutOneJoin
     for (int r = 0; r < 2; ++r) EXPECT_NEAR(norms[r], whole, 1e-6) << "rank " << r;
     EXPECT_NEAR(kept[0], 3.0 / whole, 1e-6);  // every part scaled by 1 / the whole norm
     EXPECT_NEAR(kept[1], second_has_gradient ? 4.0 / whole : -1.0, 1e-6);
+  }
+}
+
+// On a dp=2 x tp=2 mesh of thread ranks, each rank clips the pieces it
+// holds, counted by their placements (Note [placements]): A cut over tp
+// by chosen rows and replicated over dp (DDP x tp), B replicated on both,
+// C a run of an FSDP flat shard (Shard over dp, replicated over tp), D
+// held by ranks 0 and 3 as a tied weight and its copy (an HSDP-like mix:
+// the dp ranks hold some pieces disjoint, others replicated). Every rank gets
+// the whole gradient's norm in float64 and scales its pieces by the same
+// factor. The control counts every piece on every rank, as a plan that
+// knew no placements would, and misses the bound.
+TEST(ClipGradNormTest, OnAMeshEachPieceIsCountedOnceByItsPlacement) {
+  torch::manual_seed(5);
+  const auto a = torch::randn({6, 3}, torch::kFloat64), b = torch::randn({5}, torch::kFloat64);
+  const auto c = torch::randn({8}, torch::kFloat64), d = torch::randn({4}, torch::kFloat64);
+  const double whole = std::sqrt((a.pow(2).sum() + b.pow(2).sum() + c.pow(2).sum() + d.pow(2).sum()).item<double>());
+  const double max_norm = whole / 4;
+  std::vector<torch::Tensor> cut_rows = {torch::tensor({0, 2, 4}, torch::kLong), torch::tensor({1, 3, 5}, torch::kLong)};
+  std::vector<double> norms(4), controls(4), scaled(4);
+  testing::expect_no_errors(testing::run_ranks(4, [&](std::shared_ptr<dist::ProcessGroup> world) {
+    dist::DeviceMesh mesh(world, dist::parse_mesh("dp=2,tp=2", 4));
+    const dist::PlacementMesh placed_on{world, nullptr, mesh.group(dist::MeshDim::kData),
+                                        mesh.group(dist::MeshDim::kTensor), nullptr, /*data_sharded=*/true};
+    EXPECT_EQ(placed_on.sum_group(), world.get());
+    auto held = [&](bool counted_everywhere) {
+      auto tensor_of = [](const torch::Tensor& grad) {
+        auto p = torch::zeros_like(grad).requires_grad_();
+        p.mutable_grad() = grad.clone();
+        return p;
+      };
+      std::vector<dist::PlacedTensor> pieces;
+      auto cut = dist::Placement::shard(0, 6, cut_rows);
+      auto pa = tensor_of(dist::part_of_whole(a, cut, *mesh.group(dist::MeshDim::kTensor)));
+      pieces.push_back({"a", pa, pa});
+      pieces.back().tensor_parallel = cut;
+      auto pb = tensor_of(b);
+      pieces.push_back({"b", pb, pb});
+      // C's flat shard: 2 elements of padding before this rank's run of 4.
+      const int64_t dp = mesh.coordinate(dist::MeshDim::kData);
+      auto flat = tensor_of(torch::cat({torch::full({2}, 1e3, torch::kFloat64), c.narrow(0, 4 * dp, 4)}));
+      dist::PlacedTensor pc{"c", flat, flat};
+      pc.flat_offset = 2;
+      pc.flat_numel = 4;
+      pc.data_parallel = dist::Placement::shard(0, 8);
+      pieces.push_back(pc);
+      if (world->rank() == 0 || world->rank() == 3) {
+        auto pd = tensor_of(d);
+        pieces.push_back({"d", pd, pd});
+        pieces.back().owned = world->rank() == 0;
+      }
+      if (counted_everywhere) {
+        for (auto& t : pieces) t.owned = true, t.data_parallel = t.tensor_parallel = dist::Placement::shard(0, 1);
+      }
+      return pieces;
+    };
+    const auto r = world->rank();
+    auto pieces = held(false);
+    auto grads = dist::counted_gradients(pieces, placed_on);
+    norms[r] = clip_gradients(grads.counted, max_norm, world.get(), grads.others).item<double>();
+    scaled[r] = (pieces[1].grad().norm() / b.norm()).item<double>();
+    EXPECT_EQ(pieces[2].tensor.grad()[0].item<double>(), 1e3) << "the padding is not clipped";
+    auto control = held(true);
+    auto all = dist::counted_gradients(control, placed_on);
+    controls[r] = clip_gradients(all.counted, max_norm, world.get(), all.others).item<double>();
+  }));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(norms[r], whole, 1e-12 * whole) << "rank " << r;
+    EXPECT_NEAR(scaled[r], max_norm / (whole + 1e-6), 1e-12) << "rank " << r;
+    EXPECT_GT(std::abs(controls[r] - whole), 1e-3 * whole) << "the control must miss the bound";
   }
 }
 

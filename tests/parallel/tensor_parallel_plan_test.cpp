@@ -232,7 +232,7 @@ TEST(TensorParallelPlanTest, MemoryAndTrafficAreMegatronsFigures) {
     TensorParallelPlan plan(model, group);
     for (const auto& p : model->parameters()) {
       const auto bytes = static_cast<int64_t>(p.storage().nbytes());
-      (plan.cut(p).cut() ? cut_bytes : kept_bytes)[group->rank()] += bytes;
+      (plan.cut(p).is_shard() ? cut_bytes : kept_bytes)[group->rank()] += bytes;
     }
     group->reset_traffic();
     auto loss = tp::vocab_parallel_cross_entropy(model->forward(data[0].tokens), data[0].targets, plan.vocabulary(),
@@ -271,7 +271,7 @@ TEST(TensorParallelPlanTest, SequenceParallelTrafficIsMegatronsFigure) {
     auto model = copies[group->rank()];
     TensorParallelPlan plan(model, group, {true});
     int64_t whole_elements = 0;
-    for (const auto& p : model->parameters()) whole_elements += plan.cut(p).cut() ? 0 : p.numel();
+    for (const auto& p : model->parameters()) whole_elements += plan.cut(p).is_shard() ? 0 : p.numel();
     group->reset_traffic();
     auto loss = tp::vocab_parallel_cross_entropy(model->forward(data[0].tokens), data[0].targets, plan.vocabulary(),
                                                  plan.vocab_size(), plan.group())

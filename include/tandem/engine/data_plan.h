@@ -15,8 +15,9 @@
 // pipeline dimension: the pipeline runs the micro-batches between
 // begin_micro_batches() and end_micro_batches(), and the plan reduces once
 // after them. A plan's parameters() are what this rank steps and checks:
-// the model's, or FSDP's shards, whose gradient norm is then summed over
-// the ranks that hold them (sharded()).
+// the model's, or FSDP's shards; placed_parameters() says where each piece
+// lies, from which the gradient norm and the divergence check's names
+// follow.
 #pragma once
 
 #include <memory>
@@ -26,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include "tandem/dist/placement.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/train_options.h"
@@ -74,8 +76,11 @@ class DataPlan {
 
   // What this rank steps: the model's parameters, or its shards of them.
   virtual std::vector<torch::Tensor> parameters() const = 0;
-  // The same, named for the divergence check's report.
-  virtual std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
+  // The same, each with the model's name for it and its placement over
+  // the dp ranks (Note [placements]): Replicate for the model's own
+  // parameters, Shard for FSDP's runs of its flat shards. The other
+  // dimensions' parts add theirs (tp's cut, a pipeline's copies).
+  virtual std::vector<dist::PlacedTensor> placed_parameters() const;
   // Whether parameters() are this rank's shards, disjoint from the other
   // dp ranks' (a gradient norm is then summed over them).
   virtual bool sharded() const { return false; }

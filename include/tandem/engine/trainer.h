@@ -211,6 +211,7 @@ class Trainer {
   StepOutputs step(const torch::Tensor& inputs, const torch::Tensor& targets,
                    torch::optim::Optimizer& optimizer, StepCounters& counters);
   void clip_gradients();  // --clip-grad-norm, over the ranks that hold the gradients
+  std::vector<dist::PlacedTensor> placed_parameters(bool gradients = false) const;  // Note [placements]
 
   TrainOptions options_;
   std::FILE* log_;

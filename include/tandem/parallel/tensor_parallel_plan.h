@@ -56,21 +56,13 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include "tandem/dist/placement.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/models/sequence.h"
 #include "tandem/models/split_region.h"
 #include "tandem/parallel/tensor_parallel.h"
 
 namespace tandem::parallel {
-
-// How a parameter was cut: not at all (whole on every rank), or along
-// `dim`, where rank r holds the whole parameter's indices[r] (in order).
-struct TensorCut {
-  int64_t dim = -1;
-  int64_t whole_size = 0;              // the whole parameter's size along dim
-  std::vector<torch::Tensor> indices;  // per rank, int64
-  bool cut() const { return dim >= 0; }
-};
 
 struct TensorParallelPlanOptions {
   bool sequence_parallel = false;  // Note [sequence-parallel plans]
@@ -89,8 +81,10 @@ class TensorParallelPlan {
   dist::ProcessGroup& group() const { return *group_; }
   int64_t size() const { return group_->size(); }
 
-  // The cut of one of the model's parameters (whole for one it does not know).
-  const TensorCut& cut(const torch::Tensor& parameter) const;
+  // A parameter's placement over tp (dist/placement.h): Shard(dim) with
+  // the rows each rank holds for a cut one, Replicate for one that is
+  // whole on every rank (and one it does not know).
+  const dist::Placement& cut(const torch::Tensor& parameter) const;
   // This rank's part of `whole`, a tensor shaped like `parameter`'s whole
   // (its value, a gradient or optimizer state); no collective.
   torch::Tensor part_of_whole(const torch::Tensor& parameter, const torch::Tensor& whole) const;
@@ -99,6 +93,10 @@ class TensorParallelPlan {
   torch::Tensor whole_of_part(const torch::Tensor& parameter, const torch::Tensor& part) const;
 
   bool sequence_parallel() const { return options_.sequence_parallel && !detached_; }
+  // A parameter's gradient's placement over tp after backward: a whole
+  // parameter's is Partial under sequence parallelism (each rank saw its
+  // part of the sequence), otherwise the parameter's own (cut()).
+  dist::Placement gradient_placement(const torch::Tensor& parameter) const;
   // With sequence parallelism, the whole parameters' gradients summed over
   // the group (a collective, after backward; Note [sequence-parallel
   // plans]); nothing without it.
@@ -135,8 +133,8 @@ class TensorParallelPlan {
   TensorParallelPlanOptions options_;
   tp::Part vocabulary_;
   int64_t vocab_size_ = 0;
-  std::unordered_map<const c10::TensorImpl*, TensorCut> cuts_;
-  TensorCut whole_;  // what cut() returns for the others
+  std::unordered_map<const c10::TensorImpl*, dist::Placement> cuts_;
+  dist::Placement whole_;  // what cut() returns for the others
   std::string description_;
   std::vector<models::SplitRegion*> regions_;  // the hooks set, cleared by detach()
   std::vector<models::SplitLookup*> lookups_;
