@@ -119,8 +119,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "dimension is 1; the product is the number of ranks): every stage replicated over its dp "
                    "ranks, --strategy ddp, allreduce or fsdp doing the dp dimension; tp splits a language "
                    "model's heads, features and vocabulary (with DDP, ZeRO-1 or FSDP over dp, a pipeline over pp; "
-                   "see --sequence-parallel); default: pp=N under "
-                   "--strategy pipeline, else dp=N");
+                   "see --sequence-parallel); dp_replicate=R,dp_shard=S in place of dp=R*S: HSDP, FSDP over "
+                   "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); default: "
+                   "pp=N under --strategy pipeline, else dp=N");
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
                    "cuda:0,cuda:1 (repeats allowed)");

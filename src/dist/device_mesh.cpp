@@ -1,5 +1,6 @@
 #include "tandem/dist/device_mesh.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "tandem/util/check.h"
@@ -22,7 +23,12 @@ const char* mesh_dim_name(MeshDim dim) {
 std::string MeshShape::str() const {
   std::string text;
   for (MeshDim dim : kMeshDims) {
-    text += (text.empty() ? "" : ",") + std::string(mesh_dim_name(dim)) + "=" + std::to_string((*this)[dim]);
+    text += text.empty() ? "" : ",";
+    if (dim == MeshDim::kData && dp_shard > 0) {
+      text += "dp_replicate=" + std::to_string(dp_replicate()) + ",dp_shard=" + std::to_string(dp_shard);
+    } else {
+      text += std::string(mesh_dim_name(dim)) + "=" + std::to_string((*this)[dim]);
+    }
   }
   return text;
 }
@@ -31,22 +37,30 @@ MeshShape parse_mesh(const std::string& spec, int64_t world) {
   const std::string flag = "--mesh " + spec;
   TANDEM_CHECK_USAGE(!spec.empty(), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, tp), got nothing");
   MeshShape shape;
-  std::array<bool, 3> seen{};
+  // pp, dp, tp, then HSDP's dp_replicate and dp_shard.
+  const std::array<const char*, 5> names{"pp", "dp", "tp", "dp_replicate", "dp_shard"};
+  std::array<int64_t, 5> given{0, 0, 0, 0, 0};
   for (const auto& part : split(spec, ',')) {
     const auto equals = part.find('=');
     TANDEM_CHECK_USAGE(equals != std::string::npos, flag, ": expected dim=size, such as dp=2, got '", part, "'");
     const std::string name = part.substr(0, equals);
-    int index = -1;
-    for (MeshDim dim : kMeshDims) {
-      if (name == mesh_dim_name(dim)) index = static_cast<int>(dim);
-    }
-    TANDEM_CHECK_USAGE(index >= 0, flag, ": unknown dimension '", name, "' (expected pp, dp or tp)");
-    TANDEM_CHECK_USAGE(!seen[static_cast<size_t>(index)], flag, ": ", name, " given twice");
-    seen[static_cast<size_t>(index)] = true;
+    const auto found = std::find(names.begin(), names.end(), name);
+    TANDEM_CHECK_USAGE(found != names.end(), flag, ": unknown dimension '", name,
+                       "' (expected pp, dp, tp, or dp_replicate and dp_shard in place of dp)");
+    const auto index = static_cast<size_t>(found - names.begin());
+    TANDEM_CHECK_USAGE(given[index] == 0, flag, ": ", name, " given twice");
     const auto size = parse_int(part.substr(equals + 1));
     TANDEM_CHECK_USAGE(size && *size >= 1 && *size <= (int64_t{1} << 20), flag, ": ", name,
                        " expected a whole number of ranks >= 1, got '", part.substr(equals + 1), "'");
-    shape.sizes[static_cast<size_t>(index)] = *size;
+    given[index] = *size;
+  }
+  for (size_t i = 0; i < 3; ++i) shape.sizes[i] = std::max<int64_t>(given[i], 1);
+  if (given[3] > 0 || given[4] > 0) {
+    TANDEM_CHECK_USAGE(given[1] == 0, flag, ": dp with dp_replicate or dp_shard; give dp=N, or dp_replicate=R,"
+                       "dp_shard=S for HSDP (dp = R x S)");
+    const int64_t replicas = std::max<int64_t>(given[3], 1);
+    shape.dp_shard = std::max<int64_t>(given[4], 1);
+    shape.sizes[1] = replicas * shape.dp_shard;
   }
   TANDEM_CHECK_USAGE(world == 0 || shape.size() == world, flag, ": ", shape.str(), " is a mesh of ", shape.size(),
                      " ranks, but the job has ", world, " (the sizes' product must be the world size)");
@@ -85,13 +99,16 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
                " ranks, but the job has ", world_->size());
   // Note [same mesh]: a rank that lays the ranks out otherwise would join
   // other slices, and its groups would wait for ranks that never come.
-  auto sizes = torch::tensor(std::vector<int64_t>(shape_.sizes.begin(), shape_.sizes.end()), torch::kInt64);
+  std::vector<int64_t> mine(shape_.sizes.begin(), shape_.sizes.end());
+  mine.push_back(shape_.dp_shard);
+  auto sizes = torch::tensor(mine, torch::kInt64);
   std::vector<torch::Tensor> all;
   for (int64_t r = 0; r < world_->size(); ++r) all.push_back(torch::empty_like(sizes));
   world_->all_gather(all, sizes).wait();
   for (int64_t r = 0; r < world_->size(); ++r) {
     MeshShape theirs;
     for (size_t i = 0; i < 3; ++i) theirs.sizes[i] = all[static_cast<size_t>(r)][static_cast<int64_t>(i)].item<int64_t>();
+    theirs.dp_shard = all[static_cast<size_t>(r)][3].item<int64_t>();
     TANDEM_CHECK(theirs == shape_, "--mesh: rank ", r, " lays the ranks out as ", theirs.str(), ", rank ",
                  world_->rank(), " as ", shape_.str(), ": every rank must be given the same --mesh");
   }
@@ -108,6 +125,19 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
     model_group_ = world_->split("model", ranks);
   } else {
     model_group_ = group(pp > 1 ? MeshDim::kPipeline : MeshDim::kTensor);
+  }
+  if (shape_.dp_shard > 0) {
+    // HSDP: dp coordinate d is replica group d / S, shard d % S.
+    const int64_t shards = shape_.dp_shard, d = coordinate(MeshDim::kData);
+    std::vector<int64_t> same_replica, same_shard;
+    for (int64_t other = 0; other < shape_[MeshDim::kData]; ++other) {
+      auto at = coordinates_;
+      at[static_cast<size_t>(MeshDim::kData)] = other;
+      if (other / shards == d / shards) same_replica.push_back(mesh_rank(shape_, at));
+      if (other % shards == d % shards) same_shard.push_back(mesh_rank(shape_, at));
+    }
+    data_shard_ = world_->split("dp_shard", same_replica);
+    data_replicate_ = world_->split("dp_replicate", same_shard);
   }
 }
 

@@ -67,7 +67,7 @@ torch::Tensor PlacedTensor::grad() const {
 
 ProcessGroup* PlacementMesh::sum_group() const {
   const bool stages = spans(pipeline), parts = sums_over_tensor(), shards = sums_over_data();
-  if (shards) return stages || parts ? job.get() : data.get();
+  if (shards) return stages || parts || spans(data_replicate) ? job.get() : data.get();
   if (stages && parts) return model.get();
   if (stages) return pipeline.get();
   if (parts) return tensor.get();
@@ -80,6 +80,7 @@ bool counted_here(const PlacedTensor& t, const PlacementMesh& mesh) {
                  " is a pending sum (Partial) where a whole value was expected; reduce it first");
   }
   if (!t.owned) return false;
+  if (mesh.sums_over_data() && PlacementMesh::coordinate(mesh.data_replicate) != 0) return false;
   if (mesh.sums_over_data() && t.data_parallel.is_replicate() && PlacementMesh::coordinate(mesh.data) != 0) return false;
   if (mesh.sums_over_tensor() && t.tensor_parallel.is_replicate() && PlacementMesh::coordinate(mesh.tensor) != 0) {
     return false;

@@ -1,6 +1,18 @@
 // --strategy fsdp over ranks: parallel::FullyShardedDataParallel as a data
 // plan (engine/data_plan.h), over the whole model or, under a mesh, over
 // this rank's pipeline stage (Note [fsdp under a pipeline]).
+//
+// Note [hsdp]: --mesh dp_replicate=R,dp_shard=S (PyTorch's HYBRID_SHARD,
+// torchtitan's names) lays the dp ranks out as R groups of S consecutive
+// ones. FSDP shards over each group of S (its gathers and reduce-scatters
+// stay inside it, a node's ranks when S is a node's GPUs); the R ranks
+// that hold the same shard average their shards' gradients after the
+// reduce-scatter, an all-reduce of 1/S of the gradient's bytes. The
+// average over the S ranks then over the R groups is the average over all
+// R x S, so HSDP computes what FSDP over every dp rank does, holding R
+// copies of each shard. The shards are placed Shard over dp_shard and
+// Replicate over dp_replicate: a norm counts them on replica group 0, a
+// checkpoint is written by replica group 0's ranks.
 #include <algorithm>
 
 #include "data_plans.h"
@@ -20,10 +32,12 @@ class FsdpPlan : public DataPlan {
       : DataPlan(setup.model),
         replica_(replica_of(setup)),
         group_(setup.group),
+        replicate_(setup.replicate_group),
         under_pipeline_(!setup.pieces.empty()),
         full_sharding_(options.reshard_after_forward),
         parameter_count_(setup.parameter_count),
-        fsdp_(std::make_unique<parallel::FullyShardedDataParallel>(std::move(sharded), setup.group, options)) {}
+        fsdp_(std::make_unique<parallel::FullyShardedDataParallel>(
+            std::move(sharded), setup.shard_group ? setup.shard_group : setup.group, options)) {}
   std::string name() const override { return "fsdp"; }
 
   std::vector<std::string> describe() const override {
@@ -42,12 +56,16 @@ class FsdpPlan : public DataPlan {
                      "%.2f",
                      units, static_cast<long long>(largest), shards * mib, whole * mib)};
     }
-    return {format("fully sharded (FSDP, %s): %lld unit(s) of up to %lld parameters, gathered one at a time "
+    const std::string hsdp =
+        replicate_ ? format(" over each group of %lld dp ranks, the %lld groups' gradients averaged (HSDP)",
+                            static_cast<long long>(fsdp_->world_size()), static_cast<long long>(replicate_->size()))
+                   : "";
+    return {format("fully sharded (FSDP, %s)%s: %lld unit(s) of up to %lld parameters, gathered one at a time "
                    "(%s); each rank keeps %.2f MiB of parameters (as much of gradients and momentum) instead of %.2f",
                    full_sharding_ ? "ZeRO-3: parameters gathered again for backward"
                                   : "ZeRO-2: parameters kept from forward to backward",
-                   units, static_cast<long long>(largest), fsdp_->describe_units().c_str(), shards * mib,
-                   parameter_count_ * mib)};
+                   hsdp.c_str(), units, static_cast<long long>(largest), fsdp_->describe_units().c_str(),
+                   shards * mib, parameter_count_ * mib)};
   }
 
   void begin_step(torch::optim::Optimizer& optimizer) override {
@@ -62,7 +80,18 @@ class FsdpPlan : public DataPlan {
   // micro-batches, their summed gradients reduce-scattered after them.
   Held begin_micro_batches() override { return whole_model(/*write_back=*/false); }
   void end_micro_batches() override { fsdp_->reduce_accumulated_gradients(); }
-  void after_backward() override { fsdp_->after_backward(); }  // units were reduce-scattered during backward
+  void after_backward() override {
+    fsdp_->after_backward();  // units were reduce-scattered during backward
+    if (replicate_ && replicate_->size() > 1) {
+      // Note [hsdp]: each shard averaged over its shard group, then over
+      // the groups that hold the same shard: the average over every dp rank.
+      std::vector<torch::Tensor> grads;
+      for (const auto& shard : fsdp_->parameters()) {
+        if (shard.grad().defined()) grads.push_back(shard.grad());
+      }
+      replicate_->all_reduce(grads, dist::ReduceOp::kAvg).wait();
+    }
+  }
 
   std::vector<torch::Tensor> parameters() const override { return fsdp_->parameters(); }
   // Each run of a flat shard that is part of one of the model's
@@ -107,7 +136,7 @@ class FsdpPlan : public DataPlan {
 
  private:
   std::shared_ptr<torch::nn::Module> replica_;
-  std::shared_ptr<dist::ProcessGroup> group_;
+  std::shared_ptr<dist::ProcessGroup> group_, replicate_;
   bool under_pipeline_, full_sharding_;
   int64_t parameter_count_;
   std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;

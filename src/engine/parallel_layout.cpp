@@ -24,10 +24,11 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
     if (layout.tensor_ranks() > 1) {  // the combinations tensor parallelism has so far
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
-      TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp || o.checkpoint_format != "sharded", flag, ": "
-                         "--checkpoint-format sharded with --strategy fsdp and tp is not available yet (FSDP's shards "
-                         "of tp's parts); --checkpoint-format file (or auto) writes one file");
     }
+    TANDEM_CHECK_USAGE(layout.mesh.dp_shard == 0 || o.strategy == Strategy::kFsdp, flag, ": dp_replicate and "
+                       "dp_shard lay out HSDP (FSDP over each group of dp_shard ranks, replicated over dp_replicate "
+                       "groups); give --strategy fsdp, or dp=", layout.mesh[MeshDim::kData], " for --strategy ",
+                       o.strategy);
     TANDEM_CHECK_USAGE(o.strategy != Strategy::kNone && o.strategy != Strategy::kDp, flag, ": --strategy ", o.strategy,
                        " runs in one process; a mesh lays out the processes of a job");
     TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": with ", flag,

@@ -237,9 +237,6 @@ void Trainer::diverged(RunState& run, const std::string& what, const std::string
 
 bool Trainer::sharded_checkpoints() const {
   const auto& format = options_.checkpoint_format;
-  // FSDP with tp: one file (its shards are of tp's parts; parallel_layout
-  // refuses "sharded").
-  if (tensor_plan_ && plan_->fully_sharded()) return false;
   return format == "sharded" || (format == "auto" && job_group_ && job_group_->size() > 1);
 }
 

@@ -89,10 +89,14 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
     group_ = mesh_->group(dist::MeshDim::kData);
     if (layout_.tensor_ranks() > 1) tensor_group_ = mesh_->group(dist::MeshDim::kTensor);
     model_group_ = mesh_->model_group();
-  } else if (layout_.tensor_ranks() > 1) {  // dp x tp (tensor_parallel_plan.h)
+    data_shard_ = mesh_->data_shard_group();
+    data_replicate_ = mesh_->data_replicate_group();
+  } else if (layout_.tensor_ranks() > 1 || layout_.mesh.dp_shard > 0) {  // dp x tp (tensor_parallel_plan.h), HSDP
     dist::DeviceMesh mesh(job_group_, layout_.mesh);
     group_ = mesh.group(dist::MeshDim::kData);
-    tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
+    if (layout_.tensor_ranks() > 1) tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
+    data_shard_ = mesh.data_shard_group();
+    data_replicate_ = mesh.data_replicate_group();
   }
   auto model_options = model_options_for(o, info);
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
@@ -190,6 +194,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.model = model_;
   if (mesh_) plan.pieces = own_pieces_;
   plan.group = group_;
+  plan.shard_group = data_shard_;
+  plan.replicate_group = data_replicate_;
   plan.data_ranks = world_;
   plan.device = device_;
   plan.parameter_count = parameter_count_;

@@ -11,6 +11,7 @@
 #include "tandem/engine/trainer.h"
 #include "tandem/optim/state_tensors.h"
 #include "tandem/optim/zero.h"
+#include "tandem/parallel/fsdp.h"
 #include "tandem/util/check.h"
 
 namespace tandem::engine {
@@ -81,6 +82,42 @@ void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const t
   }
 }
 
+// Note [fsdp x tp checkpoints]: FSDP's shard of a tp rank's part holds a
+// run of the part's elements in its row-major order (`offset`, `run`),
+// which in the whole tensor are scattered: each element's index in the
+// part, its cut coordinate replaced by the whole's row (the placement's
+// rows of this rank), raveled in the whole's row-major shape; consecutive
+// indices make one piece. Row-major keeps a run of a part's row whole in
+// the whole, whichever dimension tp cut.
+void add_run_pieces(std::vector<StatePiece>& pieces, const Named& named,
+                    const parallel::FullyShardedDataParallel::ShardSpan& span, const dist::Placement& cut,
+                    int64_t rank, int64_t ranks, const torch::Tensor& run) {
+  const auto& part_shape = span.shape;
+  TANDEM_CHECK(span.strides == packed_strides(part_shape), "sharded checkpoint: ", named.name,
+               "'s part is not in row-major order");
+  auto whole_shape = part_shape;
+  whole_shape[static_cast<size_t>(cut.dim)] = cut.whole_size;
+  const auto rows = cut.rows_of(rank, ranks);
+  const auto index = torch::arange(span.offset, span.offset + run.numel(), torch::kLong);
+  auto at = torch::zeros_like(index);
+  int64_t part_stride = 1, whole_stride = 1;
+  for (size_t d = part_shape.size(); d-- > 0;) {
+    auto coordinate = index.div(part_stride, "floor").remainder(part_shape[d]);
+    if (static_cast<int64_t>(d) == cut.dim) coordinate = rows.index_select(0, coordinate);
+    at += coordinate * whole_stride;
+    part_stride *= part_shape[d];
+    whole_stride *= whole_shape[d];
+  }
+  const auto* where = at.data_ptr<int64_t>();
+  const auto strides = packed_strides(whole_shape);
+  for (int64_t begin = 0, count = at.numel(); begin < count;) {
+    int64_t end = begin + 1;
+    while (end < count && where[end] == where[end - 1] + 1) ++end;
+    pieces.push_back({named.name, named.order, whole_shape, strides, where[begin], run.narrow(0, begin, end - begin)});
+    begin = end;
+  }
+}
+
 }  // namespace
 
 std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
@@ -117,27 +154,37 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
     }
   }
   if (auto* fsdp = plan_->fully_sharded()) {
+    if (data_replicate_ && data_replicate_->rank() > 0) return pieces;  // HSDP: replica group 0's (Note [hsdp])
     // Every rank its shards' spans of the parameters and of their state
     // (Note [fsdp optimizer state]); AdamW's step, the same in every shard,
-    // by the rank whose span starts the parameter.
+    // by the rank whose span starts the parameter. Under tp a cut
+    // parameter's spans by every tp rank, as runs of the whole (Note [fsdp
+    // x tp checkpoints]), a whole one's by the first.
     const auto spans = fsdp->shard_spans();
     const auto& shards = fsdp->parameters();
     for (size_t i = 0; i < spans.size(); ++i) {
       const auto state = optim::parameter_state(optimizer, shards[i]);
       for (const auto& span : spans[i]) {
         const auto& p = fsdp->model_parameters()[span.parameter];
-        pieces.push_back({name_of(names, p).name, name_of(names, p).order, span.shape, span.strides, span.offset,
-                          shards[i].detach().narrow(0, span.shard_offset, span.numel)});
+        const dist::Placement* cut = tensor_plan_ && tensor_plan_->cut(p).is_shard() ? &tensor_plan_->cut(p) : nullptr;
+        if (!cut && !first_part) continue;
+        auto add = [&](const Named& named, const torch::Tensor& run) {
+          if (cut) {
+            add_run_pieces(pieces, named, span, *cut, tensor_group_->rank(), tensor_group_->size(), run);
+          } else {
+            pieces.push_back({named.name, named.order, span.shape, span.strides, span.offset, run});
+          }
+        };
+        add(name_of(names, p), shards[i].detach().narrow(0, span.shard_offset, span.numel));
         const auto& base = name_of(parameter_names, p);
         for (size_t slot = 0; slot < state.size(); ++slot) {
           const auto& [key, t] = state[slot];
           const Named named{base.name + key, base.order + static_cast<int64_t>(slot)};
           if (t.dim() == 0) {
-            if (span.offset == 0) pieces.push_back(whole(named, t));
+            if (span.offset == 0 && first_part) pieces.push_back(whole(named, t));
             continue;
           }
-          pieces.push_back({named.name, named.order, span.shape, span.strides, span.offset,
-                            t.narrow(0, span.shard_offset, span.numel)});
+          add(named, t.narrow(0, span.shard_offset, span.numel));
         }
       }
     }

@@ -76,7 +76,9 @@ std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const
 // its first rank there, a tied copy on its owner's stage), and every piece
 // clipped.
 void Trainer::clip_gradients() {
-  const dist::PlacementMesh mesh{job_group_, stages_, group_, tensor_group_, model_group_, plan_->sharded()};
+  const dist::PlacementMesh mesh{job_group_,    stages_,           data_shard_ ? data_shard_ : group_,
+                                 tensor_group_, model_group_,      plan_->sharded(),
+                                 data_replicate_};
   auto grads = dist::counted_gradients(placed_parameters(), mesh);
   optim::clip_gradients(grads.counted, options_.clip_grad_norm, mesh.sum_group(), grads.others);
 }

@@ -33,7 +33,8 @@ TEST(DeviceMeshTest, TheFlagIsParsedOrNamed) {
   EXPECT_EQ(usage_error_of("dp=3", 4), "--mesh dp=3: pp=1,dp=3,tp=1 is a mesh of 3 ranks, but the job has 4 (the "
                                        "sizes' product must be the world size)");
   EXPECT_EQ(usage_error_of("dp=2,dp=2", 4), "--mesh dp=2,dp=2: dp given twice");
-  EXPECT_EQ(usage_error_of("ep=2", 2), "--mesh ep=2: unknown dimension 'ep' (expected pp, dp or tp)");
+  EXPECT_EQ(usage_error_of("ep=2", 2),
+            "--mesh ep=2: unknown dimension 'ep' (expected pp, dp, tp, or dp_replicate and dp_shard in place of dp)");
   EXPECT_EQ(usage_error_of("dp=0", 1), "--mesh dp=0: dp expected a whole number of ranks >= 1, got '0'");
   EXPECT_EQ(usage_error_of("dp=two", 2), "--mesh dp=two: dp expected a whole number of ranks >= 1, got 'two'");
   EXPECT_EQ(usage_error_of("dp", 2), "--mesh dp: expected dim=size, such as dp=2, got 'dp'");
@@ -123,6 +124,56 @@ TEST(DeviceMeshTest, TheModelGroupIsOneReplicasRanks) {
     EXPECT_EQ(piped.model_group(), piped.group(MeshDim::kPipeline));
     DeviceMesh split(world, parse_mesh("dp=2,tp=2", 4));
     EXPECT_EQ(split.model_group(), split.group(MeshDim::kTensor));
+    auto barrier = torch::ones({1});  // no rank lets its groups go while another still joins them
+    world->all_reduce(barrier).wait();
+  }));
+}
+
+// HSDP's dp_replicate and dp_shard split dp (either alone: the other 1),
+// never beside dp; the shape says so when printed and compared.
+TEST(DeviceMeshTest, HsdpSplitsTheDataDimension) {
+  const auto hsdp = parse_mesh("dp_shard=2,dp_replicate=3,tp=2", 12);
+  EXPECT_EQ(hsdp[MeshDim::kData], 6);
+  EXPECT_EQ(hsdp.dp_shard, 2);
+  EXPECT_EQ(hsdp.dp_replicate(), 3);
+  EXPECT_EQ(hsdp.str(), "pp=1,dp_replicate=3,dp_shard=2,tp=2");
+  EXPECT_EQ(parse_mesh("dp_replicate=4", 4).str(), "pp=1,dp_replicate=4,dp_shard=1,tp=1");
+  EXPECT_EQ(parse_mesh("dp_shard=4", 4).str(), "pp=1,dp_replicate=1,dp_shard=4,tp=1");
+  EXPECT_FALSE(parse_mesh("dp_shard=4", 4) == parse_mesh("dp=4", 4));
+  EXPECT_EQ(usage_error_of("dp=2,dp_shard=2", 4), "--mesh dp=2,dp_shard=2: dp with dp_replicate or dp_shard; give "
+                                                 "dp=N, or dp_replicate=R,dp_shard=S for HSDP (dp = R x S)");
+  EXPECT_EQ(usage_error_of("dp_replicate=2,dp_shard=2", 8), "--mesh dp_replicate=2,dp_shard=2: pp=1,dp_replicate=2,"
+                                                           "dp_shard=2,tp=1 is a mesh of 4 ranks, but the job has 8 "
+                                                           "(the sizes' product must be the world size)");
+}
+
+// pp=2 x dp_replicate=2 x dp_shard=2 (8 ranks): the shard group of a rank
+// is its replica group's S consecutive dp ranks, its replicate group the
+// ranks of the same shard in the other replica groups; each group's sum
+// stays in it.
+TEST(DeviceMeshTest, HsdpGroupsAreTheShardsAndTheirReplicas) {
+  testing::expect_no_errors(testing::run_ranks(8, [](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh mesh(world, parse_mesh("pp=2,dp_replicate=2,dp_shard=2", 8));
+    const int64_t pp = mesh.coordinate(MeshDim::kPipeline), dp = mesh.coordinate(MeshDim::kData);
+    const int64_t base = pp * 4;  // dp ranks of this stage: base + dp
+    const std::vector<int64_t> shards = {base + dp / 2 * 2, base + dp / 2 * 2 + 1};
+    const std::vector<int64_t> replicas = {base + dp % 2, base + dp % 2 + 2};
+    EXPECT_EQ(mesh.data_shard_group()->job_ranks(), shards);
+    EXPECT_EQ(mesh.data_replicate_group()->job_ranks(), replicas);
+    EXPECT_EQ(mesh.data_shard_group()->rank(), dp % 2);
+    EXPECT_EQ(mesh.data_replicate_group()->rank(), dp / 2);
+    auto sum = torch::full({1}, static_cast<double>(1 << world->rank()), torch::kFloat64);
+    mesh.data_replicate_group()->all_reduce(sum).wait();
+    EXPECT_EQ(sum.item<double>(), static_cast<double>((1 << replicas[0]) + (1 << replicas[1])));
+    mesh.data_shard_group()->all_reduce(sum).wait();  // every group used before any is let go
+    world->all_reduce(sum).wait();
+  }));
+  testing::expect_no_errors(testing::run_ranks(2, [](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh plain(world, parse_mesh("dp=2", 2));
+    EXPECT_EQ(plain.data_shard_group(), nullptr);
+    EXPECT_EQ(plain.data_replicate_group(), nullptr);
+    auto barrier = torch::ones({1});
+    world->all_reduce(barrier).wait();
   }));
 }
 

@@ -1,6 +1,7 @@
 // Placements (Note [placements]): the rows a Shard gives each rank, and a
 // tensor cut by its placement and made whole again over thread ranks,
 // exactly, for even and chosen rows, Partial sums and Replicate copies.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -90,8 +91,9 @@ TEST(PlacementTest, EveryPlacementsPartIsMadeWholeExactly) {
 // only when they hold shards; none when every rank holds the whole.
 TEST(PlacementTest, ASumRunsOverTheDimensionsWhoseRanksHoldDisjointPieces) {
   testing::expect_no_errors(testing::run_ranks(4, [&](std::shared_ptr<ProcessGroup> world) {
+    std::vector<std::unique_ptr<DeviceMesh>> meshes;  // alive until every rank has made them all
     for (const std::string spec : {"dp=4", "pp=2,dp=2", "dp=2,tp=2", "pp=2,tp=2"}) {
-      DeviceMesh mesh(world, parse_mesh(spec, 4));
+      const auto& mesh = *meshes.emplace_back(std::make_unique<DeviceMesh>(world, parse_mesh(spec, 4)));
       auto group = [&](MeshDim d) { return mesh.shape()[d] > 1 ? mesh.group(d) : nullptr; };
       PlacementMesh on{world, group(MeshDim::kPipeline), group(MeshDim::kData), group(MeshDim::kTensor),
                        mesh.model_group()};
@@ -105,6 +107,8 @@ TEST(PlacementTest, ASumRunsOverTheDimensionsWhoseRanksHoldDisjointPieces) {
                              : spec == "pp=2,tp=2" ? mesh.model_group().get() : world.get();
       EXPECT_EQ(on.sum_group(), shards) << spec << " with the dp ranks' shards";
     }
+    auto barrier = torch::ones({1});
+    world->all_reduce(barrier).wait();
   }));
 }
 

@@ -73,8 +73,9 @@ TEST(TensorParallelLayoutTest, LlamaOnEveryMeshIsOneProcess) {
 // dp=2 x tp=2 with ZeRO-1 (a sharded checkpoint: each tp rank's parts as
 // runs of the whole tensors, the state by its dp owner) resumes in one
 // process, as pp=2 x tp=2 with sequence parallelism and as FSDP over
-// dp=2 x tp=2; FSDP over dp=2 x tp=2 writes one file (its shards of the
-// parts made whole), which resumes at tp=2 with sequence parallelism.
+// dp=2 x tp=2; FSDP over dp=2 x tp=2 writes a sharded checkpoint (each
+// rank its shards of its tp part as runs of the whole tensors: Note [fsdp
+// x tp checkpoints]), which resumes at tp=2 with sequence parallelism.
 // Each ends where the uninterrupted run does; the control is the weights
 // halfway.
 TEST(TensorParallelLayoutTest, CheckpointsResumeAtAnyTensorSize) {
@@ -94,8 +95,8 @@ TEST(TensorParallelLayoutTest, CheckpointsResumeAtAnyTensorSize) {
                                    "--lr 1e-3 --nproc-per-node 2 --mesh tp=2 --sequence-parallel", "ckpt",
                                    "resumed.safetensors", kEightSteps);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("checkpoint-00000004.pt (epoch"), std::string::npos) << r.output;
-  testing::expect_close_weights(file, "whole.safetensors", {{"resumed.safetensors", "FSDP x tp=2, one file, then tp=2"}},
+  EXPECT_NE(r.output.find("checkpoint-00000004 (epoch"), std::string::npos) << r.output;
+  testing::expect_close_weights(file, "whole.safetensors", {{"resumed.safetensors", "FSDP x tp=2, sharded, then tp=2"}},
                                 1e-10, "first-half.safetensors");
 }
 

@@ -36,16 +36,21 @@ const char* mesh_dim_name(MeshDim dim);
 
 struct MeshShape {
   std::array<int64_t, 3> sizes{1, 1, 1};  // pp, dp, tp
+  // HSDP (--mesh dp_replicate=R,dp_shard=S): dp = R x S, dp_shard = S, the
+  // dp ranks grouped in R groups of S consecutive ones; 0: dp not split.
+  int64_t dp_shard = 0;
+  int64_t dp_replicate() const { return dp_shard > 0 ? sizes[1] / dp_shard : 1; }
   int64_t operator[](MeshDim dim) const { return sizes[static_cast<size_t>(dim)]; }
   int64_t& operator[](MeshDim dim) { return sizes[static_cast<size_t>(dim)]; }
   int64_t size() const { return sizes[0] * sizes[1] * sizes[2]; }
-  std::string str() const;  // "pp=2,dp=2,tp=1"
-  bool operator==(const MeshShape& other) const { return sizes == other.sizes; }
+  std::string str() const;  // "pp=2,dp=2,tp=1", "pp=1,dp_replicate=2,dp_shard=2,tp=1"
+  bool operator==(const MeshShape& other) const { return sizes == other.sizes && dp_shard == other.dp_shard; }
 };
 
 // --mesh SPEC: comma-separated dim=size, each dimension at most once, an
-// omitted one 1; the sizes' product must be `world` (0: any). Throws
-// tandem::UsageError naming --mesh and what was expected.
+// omitted one 1; dp, or dp_replicate and dp_shard (HSDP: either may be
+// left out, as 1) in its place; the sizes' product must be `world` (0:
+// any). Throws tandem::UsageError naming --mesh and what was expected.
 MeshShape parse_mesh(const std::string& spec, int64_t world);
 
 using MeshCoordinates = std::array<int64_t, 3>;  // pp, dp, tp
@@ -76,6 +81,11 @@ class DeviceMesh {
   // together hold one copy of the model. Made with the others when pp > 1
   // and tp > 1; otherwise the pp or the tp group.
   const std::shared_ptr<ProcessGroup>& model_group() const { return model_group_; }
+  // HSDP (MeshShape::dp_shard): the S dp ranks of this rank's group, over
+  // which FSDP shards, and the R ranks that hold the same shards, over
+  // which their gradients are averaged. Null when dp is not split.
+  const std::shared_ptr<ProcessGroup>& data_shard_group() const { return data_shard_; }
+  const std::shared_ptr<ProcessGroup>& data_replicate_group() const { return data_replicate_; }
 
  private:
   std::shared_ptr<ProcessGroup> world_;
@@ -83,6 +93,7 @@ class DeviceMesh {
   MeshCoordinates coordinates_{};
   std::array<std::shared_ptr<ProcessGroup>, 3> groups_;
   std::shared_ptr<ProcessGroup> model_group_;
+  std::shared_ptr<ProcessGroup> data_shard_, data_replicate_;
 };
 
 }  // namespace tandem::dist

@@ -67,18 +67,21 @@ struct Placement {
 
 // The job's mesh as placements see it: the group of each dimension through
 // this rank (null where the run does not have it), the pp x tp ranks of
-// one replica, the whole job's, and whether the dp ranks hold disjoint
-// pieces (FSDP's shards) rather than copies.
+// one replica, the whole job's, whether the dp ranks hold disjoint pieces
+// (FSDP's shards) rather than copies, and under HSDP (Note [hsdp]) the
+// ranks that hold copies of the same shards, every piece Replicate over
+// them (`data` is then the ranks that shard).
 struct PlacementMesh {
   std::shared_ptr<ProcessGroup> job, pipeline, data, tensor, model;
   bool data_sharded = false;
+  std::shared_ptr<ProcessGroup> data_replicate;
 
   // This rank's coordinate along a dimension's group (0 without one).
   static int64_t coordinate(const std::shared_ptr<ProcessGroup>& group) { return group ? group->rank() : 0; }
   static bool spans(const std::shared_ptr<ProcessGroup>& group) { return group && group->size() > 1; }
   // Whether a sum over the job runs along the dp (tp) dimension: where its
   // ranks hold disjoint pieces.
-  bool sums_over_data() const { return data_sharded && spans(data); }
+  bool sums_over_data() const { return data_sharded && (spans(data) || spans(data_replicate)); }
   bool sums_over_tensor() const { return spans(tensor); }
   // The smallest group whose ranks hold between them one of each piece:
   // the dimensions whose ranks hold disjoint pieces (a pipeline's stages,

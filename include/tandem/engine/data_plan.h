@@ -112,6 +112,9 @@ struct DataPlanSetup {
   // pieces under a mesh (`pieces`, in the model's order).
   std::vector<models::Sequence> pieces;
   std::shared_ptr<dist::ProcessGroup> group;  // the dp group (null: one process or a pipeline's ranks)
+  // HSDP (--mesh dp_replicate=R,dp_shard=S): FSDP over the shard group,
+  // its gradients averaged over the replicate group; null otherwise.
+  std::shared_ptr<dist::ProcessGroup> shard_group, replicate_group;
   int64_t data_ranks = 1;
   torch::Device device{torch::kCPU};  // DataParallel's output device
   int64_t parameter_count = 0;        // the whole model's, for the account

@@ -247,6 +247,9 @@ class Trainer {
   // or under pp x tp the pp x tp slice (DeviceMesh::model_group).
   std::shared_ptr<dist::ProcessGroup> model_group_;
   std::unique_ptr<parallel::TensorParallelPlan> tensor_plan_;
+  // HSDP (Note [hsdp]): the dp ranks FSDP shards over, and those holding
+  // the same shards; null unless --mesh splits dp.
+  std::shared_ptr<dist::ProcessGroup> data_shard_, data_replicate_;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
