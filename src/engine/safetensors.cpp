@@ -16,7 +16,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::vector<std::pair<torch::ScalarType, std::string>>& dtype_names() {
+const std::vector<std::pair<torch::ScalarType, std::string>>& safetensors_dtype_names() {
   static const std::vector<std::pair<torch::ScalarType, std::string>> names = {
       {torch::kFloat64, "F64"}, {torch::kFloat32, "F32"}, {torch::kFloat16, "F16"},
       {torch::kBFloat16, "BF16"}, {torch::kInt64, "I64"}, {torch::kInt32, "I32"},
@@ -26,14 +26,14 @@ const std::vector<std::pair<torch::ScalarType, std::string>>& dtype_names() {
 }
 
 std::string dtype_name(torch::ScalarType type) {
-  for (const auto& [t, name] : dtype_names()) {
+  for (const auto& [t, name] : safetensors_dtype_names()) {
     if (t == type) return name;
   }
   TANDEM_FAIL("safetensors: unsupported tensor type ", c10::toString(type));
 }
 
 std::optional<torch::ScalarType> dtype_from(const std::string& name) {
-  for (const auto& [t, n] : dtype_names()) {
+  for (const auto& [t, n] : safetensors_dtype_names()) {
     if (n == name) return t;
   }
   return std::nullopt;

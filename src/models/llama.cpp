@@ -11,7 +11,7 @@ namespace tandem::models {
 
 namespace {
 
-const std::map<std::string, LlamaConfig>& presets() {
+const std::map<std::string, LlamaConfig>& llama_presets() {
   static const std::map<std::string, LlamaConfig> all = [] {
     LlamaConfig tiny;
     tiny.vocab_size = 32000;
@@ -42,14 +42,14 @@ const std::map<std::string, LlamaConfig>& presets() {
   return all;
 }
 
-void init_normal(torch::Tensor& t) {
+void init_llama_normal(torch::Tensor& t) {
   torch::NoGradGuard no_grad;
   t.normal_(0.0, 0.02);
 }
 
 torch::nn::Linear linear(int64_t in, int64_t out) {
   torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
-  init_normal(l->weight);
+  init_llama_normal(l->weight);
   return l;
 }
 
@@ -80,8 +80,8 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 }  // namespace
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
-  auto it = presets().find(name);
-  if (it == presets().end()) {
+  auto it = llama_presets().find(name);
+  if (it == llama_presets().end()) {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
     TANDEM_CHECK_USAGE(false, "unknown LLaMA size '", name, "' (known: ", known, ")");
@@ -206,7 +206,7 @@ LlamaEmbeddingImpl::LlamaEmbeddingImpl(LlamaConfig config) : config_(config) { r
 
 void LlamaEmbeddingImpl::reset() {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config_.vocab_size, config_.hidden_size));
-  init_normal(embed_tokens->weight);
+  init_llama_normal(embed_tokens->weight);
 }
 
 torch::Tensor LlamaEmbeddingImpl::forward(torch::Tensor tokens) {

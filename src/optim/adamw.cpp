@@ -23,7 +23,7 @@ namespace {
 
 // Parameters (with a gradient) of one device and dtype: the unit a foreach
 // or fused kernel takes.
-struct Slice {
+struct AdamWSlice {
   std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
   std::vector<torch::optim::AdamWParamState*> states;
   bool cuda = false;
@@ -63,7 +63,7 @@ torch::Tensor AdamW::step(LossClosure closure) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = o.betas();
     const double lr = o.lr(), weight_decay = o.weight_decay(), eps = o.eps();
-    std::map<std::tuple<int, int, int>, Slice> slices;  // (device type, index, dtype)
+    std::map<std::tuple<int, int, int>, AdamWSlice> slices;  // (device type, index, dtype)
     for (auto& p : group.params()) {
       if (!p.grad().defined() || !steps_parameter(p)) continue;
       TANDEM_CHECK(!p.grad().is_sparse(), "AdamW does not support sparse gradients");

@@ -19,8 +19,8 @@ namespace tandem::parallel {
 
 namespace {
 
-struct GradientReadyHook : torch::autograd::FunctionPostHook {
-  GradientReadyHook(FullyShardedDataParallel* fsdp, size_t index) : fsdp_(fsdp), index_(index) {}
+struct UnitGradientReadyHook : torch::autograd::FunctionPostHook {
+  UnitGradientReadyHook(FullyShardedDataParallel* fsdp, size_t index) : fsdp_(fsdp), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
     fsdp_->gradient_ready(index_);
@@ -180,7 +180,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
   // the shape its gradients must have).
   for (size_t k = 0; k < parameters_.size(); ++k) {
     auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[k]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this, k)));
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<UnitGradientReadyHook>(this, k)));
     accumulators_.push_back(std::move(accumulator));
   }
   for (size_t u = 0; u < units_.size(); ++u) release(u);
