@@ -25,10 +25,15 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
     }
-    TANDEM_CHECK_USAGE(layout.mesh.dp_shard == 0 || o.strategy == Strategy::kFsdp, flag, ": dp_replicate and "
-                       "dp_shard lay out HSDP (FSDP over each group of dp_shard ranks, replicated over dp_replicate "
-                       "groups); give --strategy fsdp, or dp=", layout.mesh[MeshDim::kData], " for --strategy ",
-                       o.strategy);
+    if (layout.mesh.dp_shard > 0 && o.strategy != Strategy::kFsdp) {
+      const std::string hsdp = flag + ": dp_replicate and dp_shard lay out HSDP (FSDP over each group of dp_shard "
+                                      "ranks, replicated over dp_replicate groups); give --strategy fsdp";
+      // dp=N only where that strategy takes a dp dimension.
+      TANDEM_CHECK_USAGE(o.strategy != Strategy::kDdp && o.strategy != Strategy::kAllReduce &&
+                             o.strategy != Strategy::kAuto,
+                         hsdp, ", or dp=", layout.mesh[MeshDim::kData], " for --strategy ", o.strategy);
+      TANDEM_CHECK_USAGE(false, hsdp);
+    }
     TANDEM_CHECK_USAGE(o.strategy != Strategy::kNone && o.strategy != Strategy::kDp, flag, ": --strategy ", o.strategy,
                        " runs in one process; a mesh lays out the processes of a job");
     TANDEM_CHECK_USAGE(o.devices.empty(), "--devices ", o.devices, ": with ", flag,

@@ -91,7 +91,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
     model_group_ = mesh_->model_group();
     data_shard_ = mesh_->data_shard_group();
     data_replicate_ = mesh_->data_replicate_group();
-  } else if (layout_.tensor_ranks() > 1 || layout_.mesh.dp_shard > 0) {  // dp x tp (tensor_parallel_plan.h), HSDP
+  } else if (layout_.tensor_ranks() > 1 || (layout_.mesh.dp_shard > 0 && job_group_)) {  // dp x tp, HSDP
     dist::DeviceMesh mesh(job_group_, layout_.mesh);
     group_ = mesh.group(dist::MeshDim::kData);
     if (layout_.tensor_ranks() > 1) tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
@@ -209,10 +209,15 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
         {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *tensor_group_) ? 1 : 0},
         torch::kInt64).to(job_group_->wire_device());
     job_group_->all_reduce(same, dist::ReduceOp::kMin).wait();
+    const int64_t tp = tensor_group_->size(), vocabulary = tensor_plan_->vocab_size();
+    const std::string culprit =
+        vocabulary % tp != 0 ? format("its vocabulary of %lld rows (--vocab-size) does not split evenly over tp=%lld",
+                                      static_cast<long long>(vocabulary), static_cast<long long>(tp))
+                             : "tp does not divide one of its sizes evenly";
     TANDEM_CHECK_USAGE(same.item<int64_t>() == 1,
                        "--sequence-parallel with --strategy ", options_.strategy, ": the tp ranks hold different "
-                       "pieces of ", options_.model, "'s whole parameters (tp does not divide one of its sizes "
-                       "evenly); use sizes tp divides, or leave out --sequence-parallel");
+                       "pieces of ", options_.model, "'s whole parameters (", culprit, "); use sizes tp divides, "
+                       "or leave out --sequence-parallel");
   }
 }
 

@@ -84,6 +84,12 @@ TEST(MeshCliTest, AMeshTheJobCannotHaveIsAUsageError) {
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --batch-size 33",
             "--batch-size 33: not divisible by the 2 data-parallel rank(s) of --mesh pp=2,dp=2,tp=1"},
            {"--nproc-per-node 8 --mesh pp=8", "mlp has 6 layers, fewer than the 8 pieces of --mesh pp=8"},
+           {"--nproc-per-node 4 --mesh dp_replicate=2,dp_shard=2",
+            "dp_replicate and dp_shard lay out HSDP (FSDP over each group of dp_shard ranks, replicated over "
+            "dp_replicate groups); give --strategy fsdp, or dp=4 for --strategy auto"},
+           {"--nproc-per-node 4 --mesh pp=2,dp_shard=2 --strategy pipeline", "HSDP (FSDP over each group of dp_shard "
+            "ranks, replicated over dp_replicate groups); give --strategy fsdp\n"},
+           {"--nproc-per-node 4 --mesh dp=2,dp_shard=2 --strategy fsdp", "dp with dp_replicate or dp_shard"},
            {"--nproc-per-node 4 --mesh dp=2,pp=2 --pipeline-split fc1,fc2",
             "--pipeline-split fc1,fc2: 2 name(s) begin 3 pieces, but --mesh dp=2,pp=2 runs 2 stages"},
        }) {

@@ -20,14 +20,16 @@ using testing::TempDir;
 constexpr testing::RunStyle kRuns{/*threads=*/true, /*steps=*/6};
 const std::string kHsdp = "--nproc-per-node 4 --mesh dp_replicate=2,dp_shard=2 --strategy fsdp";
 
-// mlp with SGD and momentum: HSDP on 2 x 2 (each layer a unit), 4 x 1
+// mlp with SGD and momentum: one process given dp_shard=1 (as dp=1), HSDP
+// on 2 x 2 (each layer a unit), 4 x 1
 // (FSDP over one rank: the replicas' all-reduce alone), 1 x 4 (FSDP over
 // all: the replicas' group of one) and under pp=2 on 8 ranks (control:
 // another momentum); with clipping, the shards counted on replica group 0
 // only (control: no clipping).
 TEST(HsdpLayoutTest, HsdpIsOneProcess) {
   const std::string model = "--model mlp --dtype float64 ";
-  testing::expect_same_weights({"--nproc-per-node 0", kHsdp + " --fsdp-min-unit-params 0",
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 0 --mesh dp_shard=1 --strategy fsdp",
+                                kHsdp + " --fsdp-min-unit-params 0",
                                 "--nproc-per-node 4 --mesh dp_replicate=4 --strategy fsdp",
                                 "--nproc-per-node 4 --mesh dp_shard=4 --strategy fsdp",
                                 "--nproc-per-node 8 --mesh pp=2,dp_replicate=2,dp_shard=2 --strategy fsdp"},
