@@ -1,7 +1,9 @@
 // tandem export: a checkpoint's weights as one safetensors file with the
 // model's names, whatever layout wrote the checkpoint.
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <regex>
 #include <string>
 
 #include "tandem/cli/commands.h"
@@ -37,6 +39,26 @@ std::string export_help() {
   return export_flags(checkpoint, out).help();
 }
 
+namespace {
+
+// Writing the weights over a checkpoint's file (checkpoint-N.pt, or a file
+// of a sharded checkpoint-N/ folder) would destroy what they are read from.
+void check_not_a_checkpoint(const std::string& checkpoint, const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto target = fs::weakly_canonical(out, ec);
+  const auto source = fs::weakly_canonical(checkpoint, ec);
+  const std::regex checkpoint_name(R"(checkpoint-[0-9]+(\.pt)?)");
+  const bool named_so = std::regex_match(target.filename().string(), checkpoint_name) ||
+                        std::regex_match(target.parent_path().filename().string(), checkpoint_name);
+  if (target == source || named_so) {
+    throw UsageError("--out " + printable(out) + ": is a checkpoint's file, or in a checkpoint's folder; writing "
+                     "the weights there would replace what they are read from: name a file elsewhere");
+  }
+}
+
+}  // namespace
+
 int export_command(const std::vector<std::string>& args) {
   std::string checkpoint, out;
   auto flags = export_flags(checkpoint, out);
@@ -47,6 +69,7 @@ int export_command(const std::vector<std::string>& args) {
   }
   if (checkpoint.empty()) throw UsageError("--checkpoint PATH is required (a checkpoint file or a --checkpoint-dir)");
   if (out.empty()) throw UsageError("--out FILE is required (the safetensors file to write)");
+  check_not_a_checkpoint(checkpoint, out);
   engine::check_output_file("--out", out);
   engine::check_replaceable_file("--out", out);
   auto weights = engine::read_checkpoint_weights(checkpoint);

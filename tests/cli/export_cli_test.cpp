@@ -78,7 +78,15 @@ TEST(ExportCliTest, BadInputIsNamed) {
                                     1, dir.file("checkpoint-00000003.pt") + ": damaged: no tandem checksum trailer"));
   EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path() + " --out " + dir.file("w.safetensors"), 1,
                                     "every checkpoint in it is damaged"));
-  EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path() + " --out " + dir.path(), 1, "--out"));
+  EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path() + " --out " + dir.path(), 2,
+                                    "--out " + dir.path() + ": is a checkpoint's file"));
+  // Never over the checkpoint read: its file, or a file of a sharded one.
+  for (const std::string& out : {dir.file("checkpoint-00000003.pt"), dir.file("checkpoint-00000004") + "/rank-0.pt"}) {
+    EXPECT_TRUE(testing::tandem_fails("export --checkpoint " + dir.path() + " --out " + out, 2,
+                                      "is a checkpoint's file, or in a checkpoint's folder"))
+        << out;
+  }
+  EXPECT_EQ(testing::read_text(dir.file("checkpoint-00000003.pt")), "not a checkpoint");
   EXPECT_FALSE(std::filesystem::exists(dir.file("w.safetensors")));
 }
 
