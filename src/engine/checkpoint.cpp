@@ -161,11 +161,16 @@ void Checkpointer::prune(int64_t step) const {
   // of this run's: a resumed run started from the newest good one, so a
   // later one was damaged (or foreign), and left in place it would take a
   // kept slot and be tried first by every --resume.
+  // Nor is one between the step this run resumed from and this one that
+  // the run did not write: resuming passed over it as damaged, and kept it
+  // would push the good one it resumed from out of the kept slots.
+  written_.insert(step);
   auto all = list_checkpoints(options_.dir);
   size_t kept = 0;
   std::error_code ec;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->first <= step && kept < static_cast<size_t>(options_.keep)) {
+    const bool passed_over = resumed_step_ >= 0 && it->first > resumed_step_ && written_.count(it->first) == 0;
+    if (it->first <= step && !passed_over && kept < static_cast<size_t>(options_.keep)) {
       ++kept;
     } else if (fs::is_directory(it->second, ec)) {
       // Renamed first: a folder half removed (its manifest gone first) is
@@ -210,6 +215,7 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
                                        it->second.string().c_str(), static_cast<long long>(it->first),
                                        static_cast<long long>(position.step)));
       }
+      resumed_step_ = position.step;
       return it->second.string();
     } catch (const DamagedCheckpoint& e) {  // an older one may be good: atomic writes keep it
       if (warnings) warnings->push_back(std::string(e.what()) + "; trying the one before it");

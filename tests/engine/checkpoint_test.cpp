@@ -225,6 +225,34 @@ TEST(CheckpointTest, OnlyRegularFilesCountAsCheckpoints) {
   EXPECT_TRUE(warnings.empty());
 }
 
+// Resumed from checkpoint 2 because 4 is damaged, a run that then writes
+// checkpoint 6 removes the damaged 4 and keeps the good 2 it resumed from
+// (the newest two by default): what was saved and good is never lost to a
+// damaged file's kept slot. The control is the order the damaged one had
+// taken: without it, 6 and 4 were kept and 2 removed.
+TEST(CheckpointTest, AfterAFallbackTheGoodCheckpointIsKeptNotTheDamaged) {
+  TempDir dir;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  TrainPosition p;
+  {
+    Checkpointer first({dir.path()});
+    for (p.step = 2; p.step <= 4; p.step += 2) first.save(p, *model, sgd, "model=linear");
+  }
+  std::ofstream(dir.file("checkpoint-00000004.pt"), std::ios::app) << "damage";
+  Checkpointer resumed({dir.path()});
+  TrainPosition loaded;
+  std::vector<std::string> warnings;
+  EXPECT_EQ(resumed.load_newest_good(loaded, *model, sgd, "model=linear", &warnings),
+            dir.file("checkpoint-00000002.pt"));
+  ASSERT_EQ(warnings.size(), 1u);
+  p.step = 6;
+  resumed.save(p, *model, sgd, "model=linear");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("checkpoint-00000006.pt")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("checkpoint-00000002.pt"))) << "the good one resumed from";
+  EXPECT_FALSE(std::filesystem::exists(dir.file("checkpoint-00000004.pt"))) << "the damaged one passed over";
+}
+
 // Three fuzz findings (fuzz/regressions/checkpoint): a data.pkl that
 // stores into memo slot 1.6 billion; a code record's .debug_pkl (unpickled
 // by libtorch when the archive's code fails to parse) declaring a

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,11 @@ class Checkpointer {
 
   CheckpointOptions options_;
   std::shared_ptr<const int> lock_;  // the lock file's descriptor, closed with the last copy
+  // The step load_newest_good resumed from (-1: none) and the steps this
+  // run wrote since: a checkpoint between them that this run did not
+  // write was passed over as damaged (prune()).
+  mutable int64_t resumed_step_ = -1;
+  mutable std::set<int64_t> written_;
 };
 
 // A checkpoint's model weights, read without building the model (`tandem
