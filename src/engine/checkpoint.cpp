@@ -82,7 +82,7 @@ void move_state_to_parameters(torch::optim::Optimizer& optimizer) {
 }
 
 // checkpoint-<step>.pt files of `dir`, oldest first.
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& dir) {
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& dir, bool with_unreadable = false) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return found;
@@ -91,7 +91,10 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
   // would block the read) nor kept in place of a real checkpoint when older
   // ones are removed. At most 18 digits, so that the step fits an int64_t.
   // A sharded checkpoint is a directory checkpoint-<step> holding its
-  // manifest (Note [sharded checkpoints]), which rank 0 writes last.
+  // manifest (Note [sharded checkpoints]), which rank 0 writes before the
+  // rename that names it so. A folder so named without one was damaged
+  // since: listed `with_unreadable` for --resume to name it and pass it
+  // over, never kept in place of a whole one.
   static const std::regex pattern(R"(checkpoint-(\d{1,18})(\.pt)?)");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch match;
@@ -100,7 +103,8 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
     if (!std::regex_match(name, match, pattern)) continue;
     const bool counts = match[2].matched ? fs::is_regular_file(entry.path(), kind)
                                          : fs::is_directory(entry.path(), kind) &&
-                                               fs::is_regular_file(entry.path() / sharded::kManifest, kind);
+                                               (with_unreadable ||
+                                                fs::is_regular_file(entry.path() / sharded::kManifest, kind));
     if (counts) found.emplace_back(std::stoll(match[1].str()), entry.path());
   }
   std::sort(found.begin(), found.end());
@@ -204,7 +208,7 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
                                                           torch::optim::Optimizer& optimizer,
                                                           const std::string& fingerprint,
                                                           std::vector<std::string>* warnings) const {
-  auto all = list_checkpoints(options_.dir);
+  auto all = list_checkpoints(options_.dir, /*with_unreadable=*/true);
   std::string damaged;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
@@ -363,7 +367,7 @@ std::vector<std::string> Checkpointer::remove_stale_temporaries() const {
 }
 
 std::optional<std::string> Checkpointer::latest() const {
-  auto all = list_checkpoints(options_.dir);
+  auto all = list_checkpoints(options_.dir, /*with_unreadable=*/true);
   if (all.empty()) return std::nullopt;
   return all.back().second.string();
 }
@@ -382,6 +386,14 @@ TrainPosition Checkpointer::load(const std::string& path, torch::nn::Module& mod
   return load_archive(bytes, path, model, optimizer, fingerprint);
 }
 
+void Checkpointer::check_settings(const std::string& saved, const std::string& fingerprint) const {
+  TANDEM_CHECK(without_fields(saved, options_.may_change) == without_fields(fingerprint, options_.may_change),
+               "it was written by a run with other settings (",
+               fingerprint_differences(saved, fingerprint, options_.may_change),
+               "); resume with the checkpoint's settings, or train afresh in another "
+               "--checkpoint-dir (the checkpoint's: ", saved, "; this run's: ", fingerprint, ")");
+}
+
 TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::string& path,
                                          torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                          const std::string& fingerprint) const {
@@ -394,13 +406,7 @@ TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::st
                  internal::kFormatVersion);
     c10::IValue saved;
     archive.read("fingerprint", saved);
-    TANDEM_CHECK(without_fields(saved.toStringRef(), options_.may_change) ==
-                     without_fields(fingerprint, options_.may_change),
-                 "it was written by a run with other settings (",
-                 fingerprint_differences(saved.toStringRef(), fingerprint, options_.may_change),
-                 "); resume with the checkpoint's settings, or train afresh in another "
-                 "--checkpoint-dir (the checkpoint's: ", saved.toStringRef(), "; this run's: ",
-                 fingerprint, ")");
+    check_settings(saved.toStringRef(), fingerprint);
     p.fingerprint = saved.toStringRef();
     p.epoch = read_int(archive, "epoch");
     p.batch_in_epoch = read_int(archive, "batch_in_epoch");

@@ -73,7 +73,8 @@ CheckpointWeights read_file(const std::string& path) {
 CheckpointWeights read_one(const std::string& path) {
   CheckpointWeights weights;
   try {
-    weights = is_sharded(path) ? read_sharded(path) : read_file(path);
+    std::error_code ec;  // a folder is a sharded checkpoint's, its manifest missing or not
+    weights = fs::is_directory(path, ec) ? read_sharded(path) : read_file(path);
   } catch (const tandem::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -103,8 +104,9 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
   for (const auto& entry : fs::directory_iterator(path, ec)) {
     std::smatch m;
     const std::string file = entry.path().filename().string();
+    std::error_code kind;  // a folder so named without its manifest is a damaged one: named below, not skipped
     if (std::regex_match(file, m, name) && m[1].length() <= 18 &&
-        (m[2].matched || is_sharded(entry.path().string()))) {
+        (m[2].matched || fs::is_directory(entry.path(), kind))) {
       found.emplace_back(std::stoll(m[1].str()), entry.path().string());
     }
   }

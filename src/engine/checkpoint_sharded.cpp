@@ -75,6 +75,16 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
   } catch (const DamagedCheckpoint& e) {
     throw DamagedCheckpoint("cannot resume from " + dir + ": " + e.what());
   }
+  // The settings first: another run's shapes (--vocab-size) would fail the
+  // assembly below in the optimizer state's terms rather than these.
+  const auto saved = c.header.find("fingerprint");
+  if (saved != c.header.end() && saved->second.isString()) {
+    try {
+      check_settings(saved->second.toStringRef(), fingerprint);
+    } catch (const tandem::Error& e) {
+      TANDEM_FAIL("cannot resume from ", dir, ": ", e.what());
+    }
+  }
   // The same checkpoint as one file's archive: the header, the model in
   // Module::save's layout, SGD's state over the model's parameters.
   const std::map<std::string, torch::Tensor> tensors(c.tensors.begin(), c.tensors.end());

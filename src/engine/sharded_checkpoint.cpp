@@ -194,6 +194,10 @@ AssembledCheckpoint read_checked(const std::string& dir) {
     manifest = json::parse(read_regular_file((fs::path(dir) / kManifest).string(), "a checkpoint manifest"));
   } catch (const json::exception& e) {
     TANDEM_FAIL(where, ": not valid JSON (", e.what(), ")");
+  } catch (const tandem::Error& e) {  // "manifest.json: what", without the folder's path again
+    std::string what = e.what();
+    const std::string path = (fs::path(dir) / kManifest).string() + ": ";
+    TANDEM_FAIL(where, ": ", what.rfind(path, 0) == 0 ? what.substr(path.size()) : what);
   }
   TANDEM_CHECK(manifest.is_object() && manifest.value("format", "") == kFormat, where, ": not a manifest of a ", kFormat);
   TANDEM_CHECK(integer(manifest, "version", where) == kVersion, where, ": version ", manifest.at("version").dump(),
@@ -201,8 +205,9 @@ AssembledCheckpoint read_checked(const std::string& dir) {
   const std::string id = field(manifest, "id", json::value_t::string, where).get<std::string>();
   const int64_t ranks = integer(manifest, "ranks", where), step = integer(manifest, "step", where);
   const auto& listed = field(manifest, "files", json::value_t::array, where);
-  TANDEM_CHECK(ranks >= 1 && static_cast<int64_t>(listed.size()) == ranks, where, ": ", listed.size(),
-               " files for a job of ", ranks, " ranks");
+  TANDEM_CHECK(ranks >= 1 && static_cast<int64_t>(listed.size()) == ranks, where, ": its \"files\" list ",
+               listed.size(), " file(s) but its \"ranks\" is ", ranks,
+               " (the writing job's, one file per rank expected)");
   AssembledCheckpoint out;
   std::map<std::string, RankFile> files;
   for (int64_t r = 0; r < ranks; ++r) {

@@ -273,9 +273,10 @@ void check_train_options(const TrainOptions& o) {
                      "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
   TANDEM_CHECK_USAGE(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
                      o.batch_per_process);
-  TANDEM_CHECK_USAGE(!pipeline || o.grad_accum == 1, "--grad-accum does not go with --strategy pipeline: "
-                     "the pipeline already passes each batch in --micro-batches chunks and accumulates "
-                     "their gradients (raise --micro-batches instead)");
+  TANDEM_CHECK_USAGE(!pipeline || o.grad_accum == 1, "--grad-accum does not go with a pipeline (",
+                     o.strategy == Strategy::kPipeline ? "--strategy pipeline" : "--mesh " + o.mesh,
+                     "): it already passes each batch in --micro-batches chunks and accumulates their "
+                     "gradients (raise --micro-batches instead)");
   TANDEM_CHECK_USAGE(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
                      "which shards the momentum already (with the parameters and gradients)");
   // A mesh's pipeline stages replicated over dp ranks (Note [replicated

@@ -1,6 +1,7 @@
 // Sharded checkpoints of real jobs (Note [sharded checkpoints]): each rank
-// writes only what it owns, and a checkpoint with a rank's file missing or
-// altered is passed over for the one before it. (That every layout's
+// writes only what it owns, and a checkpoint with a rank's file or its
+// manifest missing, or a file altered, is named and passed over for the
+// one before it. (That every layout's
 // checkpoint resumes under every other, to the uninterrupted run's
 // weights, is shown by the resume tests of mesh_cli_test.cpp and
 // sync_bn_cli_test.cpp, whose jobs of several ranks write sharded ones.)
@@ -104,12 +105,14 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
   const std::string written = data_.file("written");
   auto first = run_tandem(common + " --max-steps 4 --checkpoint-dir " + written);
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  for (const std::string how : {"removed", "altered", "foreign"}) {
+  for (const std::string how : {"removed", "altered", "foreign", "manifest"}) {
     const std::string dir = data_.file(how);
     std::filesystem::copy(written, dir, std::filesystem::copy_options::recursive);
     const std::string newest = dir + "/checkpoint-00000004", rank1 = newest + "/rank-1.pt";
     if (how == "removed") {
       std::filesystem::remove(rank1);
+    } else if (how == "manifest") {  // a folder so named is no checkpoint without it: named, not ignored
+      std::filesystem::remove(newest + "/manifest.json");
     } else if (how == "foreign") {
       std::filesystem::copy_file(dir + "/checkpoint-00000002/rank-1.pt", rank1,
                                  std::filesystem::copy_options::overwrite_existing);
@@ -120,16 +123,19 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
     }
     auto exported = run_tandem("export --checkpoint " + dir + " --out " + data_.file(how + ".safetensors"));
     EXPECT_EQ(exported.exit_code, 0) << exported.output;
-    EXPECT_NE(exported.output.find("warning: passed over " + newest + ": damaged: rank-1.pt"), std::string::npos)
+    EXPECT_NE(exported.output.find("warning: passed over " + newest + ": damaged: " +
+                                   (how == "manifest" ? "manifest.json" : "rank-1.pt")),
+              std::string::npos)
         << exported.output;
     EXPECT_NE(exported.output.find("(step 2, "), std::string::npos) << exported.output;
     auto resumed = run_tandem(common + " --max-steps 6 --resume --checkpoint-dir " + dir);
     ASSERT_EQ(resumed.exit_code, 0) << how << "\n" << resumed.output;
     EXPECT_NE(resumed.output.find("warning: cannot resume from " + newest + ": damaged"), std::string::npos)
         << how << "\n" << resumed.output;
-    const std::string why = how == "removed"   ? ": damaged: rank-1.pt: no such file"
-                            : how == "altered" ? ": damaged: rank-1.pt: its CRC-32 does not match"
-                                               : ": damaged: rank-1.pt is a file of another checkpoint";
+    const std::string why = how == "removed"    ? ": damaged: rank-1.pt: no such file"
+                            : how == "altered"  ? ": damaged: rank-1.pt: its CRC-32 does not match"
+                            : how == "manifest" ? ": damaged: manifest.json"
+                                                : ": damaged: rank-1.pt is a file of another checkpoint";
     EXPECT_NE(resumed.output.find(why), std::string::npos) << resumed.output;
     EXPECT_NE(resumed.output.find("resumed from " + dir + "/checkpoint-00000002 (epoch 1, step 2)"),
               std::string::npos) << how << "\n" << resumed.output;

@@ -12,6 +12,8 @@
 
 #include "tandem/engine/checkpoint.h"
 #include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/optim/adamw.h"
+#include "tandem/optim/state_tensors.h"
 #include "testing.h"
 
 namespace tandem::engine {
@@ -137,8 +139,8 @@ TEST(ShardedCheckpointTest, AnythingButOneWholeCheckpointIsDamaged) {
 
 // The Checkpointer's sharded checkpoint of one process loads as its
 // one-file checkpoint does: the same weights, momentum and position; a
-// directory without its manifest (a write cut short) is none, and one left
-// by a dead process's write is removed at the start.
+// folder without its manifest is named and passed over, and one left by a
+// dead process's write is removed at the start.
 TEST(ShardedCheckpointTest, TheCheckpointersShardedCheckpointLoadsAsItsFileDoes) {
   TempDir dir;
   torch::manual_seed(3);
@@ -195,11 +197,69 @@ TEST(ShardedCheckpointTest, TheCheckpointersShardedCheckpointLoadsAsItsFileDoes)
     };
     EXPECT_TRUE(torch::equal(momentum(*loaded_sgd, i), momentum(*file_sgd, i)));
   }
-  // Without its manifest a directory is no checkpoint; a dead writer's is removed.
+  // A folder so named without its manifest (which the rename that names it
+  // follows) was damaged since: --resume names it and goes back to the one
+  // before, and it is not a whole checkpoint to keep. A dead writer's
+  // temporary is removed.
   fs::create_directory(dir.file("checkpoint-00000009"));
   fs::create_directory(dir.file("checkpoint-00000008.tmp-999999999"));
-  EXPECT_EQ(checkpointer.latest(), file);
+  EXPECT_EQ(checkpointer.latest(), dir.file("checkpoint-00000009"));
+  {
+    torch::nn::Linear other(3, 2);
+    torch::optim::SGD other_sgd(other->parameters(), torch::optim::SGDOptions(0.5));
+    TrainPosition resumed;
+    std::vector<std::string> warnings;
+    EXPECT_EQ(checkpointer.load_newest_good(resumed, *other, other_sgd, "model=linear", &warnings), file);
+    EXPECT_EQ(resumed.step, 6);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0].rfind("cannot resume from " + dir.file("checkpoint-00000009") + ": damaged: ", 0), 0u)
+        << warnings[0];
+    EXPECT_NE(warnings[0].find("manifest.json"), std::string::npos) << warnings[0];
+  }
   EXPECT_EQ(checkpointer.remove_stale_temporaries(), std::vector<std::string>{"checkpoint-00000008.tmp-999999999"});
+  EXPECT_TRUE(fs::is_directory(dir.file("checkpoint-00000009")));
+}
+
+// A sharded checkpoint of another run's settings is refused in those terms
+// (the fields that differ) before its state is assembled: another
+// vocabulary's AdamW moments would otherwise fail on their shapes first.
+TEST(ShardedCheckpointTest, AnotherRunsSettingsAreNamedBeforeTheStatesShapes) {
+  TempDir dir;
+  auto adamw_run = [](int64_t inputs, std::vector<StatePiece>* pieces) {
+    torch::nn::Linear model(inputs, 2);
+    const torch::optim::AdamWOptions options(1e-3);
+    auto adamw = std::make_shared<optim::AdamW>(optim::decay_groups(model->named_parameters(), options), options);
+    model->forward(torch::ones({1, inputs})).sum().backward();
+    adamw->step();
+    int64_t order = 0;
+    for (const auto& p : model->named_parameters()) {
+      if (pieces == nullptr) break;
+      pieces->push_back({"model." + p.key(), order++, p.value().sizes().vec(), p.value().strides().vec(), 0,
+                         p.value().detach().reshape({-1})});
+      for (const auto& [slot, state] : optim::parameter_state(*adamw, p.value())) {
+        pieces->push_back({"optimizer." + p.key() + "." + slot, order++, state.sizes().vec(),
+                           state.strides().vec(), 0, state.reshape({-1})});
+      }
+    }
+    return std::make_pair(model, adamw);
+  };
+  std::vector<StatePiece> pieces;
+  auto [written, written_adamw] = adamw_run(3, &pieces);
+  Checkpointer checkpointer({dir.path()});
+  TrainPosition at;
+  at.step = 2;
+  const auto path = checkpointer.save_sharded(at, pieces, *written_adamw, "model=linear vocab=3",
+                                              {{"model", "linear"}}, nullptr, torch::kCPU);
+  auto [other, other_adamw] = adamw_run(4, nullptr);
+  try {
+    checkpointer.load(path, *other, *other_adamw, "model=linear vocab=4");
+    FAIL() << "loaded";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("cannot resume from " + path + ": it was written by a run with other "
+                                          "settings (vocab=3 in the checkpoint, vocab=4 in this run)", 0),
+              0u)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -204,7 +204,7 @@ TEST_F(TrainerTest, GradientAccumulationGivesTheWholeBatchsWeights) {
   bad.grad_accum = 2;
   bad.strategy = Strategy::kPipeline;
   bad.devices = "cpu,cpu";
-  refused(bad, "--grad-accum does not go with --strategy pipeline");
+  refused(bad, "--grad-accum does not go with a pipeline (--strategy pipeline)");
 }
 
 // --checkpoint-activations N: the same run bit for bit (the recomputed

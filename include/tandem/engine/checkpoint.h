@@ -140,6 +140,9 @@ class Checkpointer {
   TrainPosition load_sharded(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                              const std::string& fingerprint) const;
   void prune(int64_t step) const;  // keeps the newest `keep` up to `step`
+  // Refuses a checkpoint whose fingerprint (`saved`) differs from this
+  // run's beyond options.may_change, naming the fields that differ.
+  void check_settings(const std::string& saved, const std::string& fingerprint) const;
   // The position and fingerprint as a checkpoint's archive holds them.
   static std::vector<std::pair<std::string, c10::IValue>> header_fields(const TrainPosition& p,
                                                                        const std::string& fingerprint);
