@@ -14,6 +14,21 @@
 
 namespace tandem::dist {
 
+bool same_on_every_rank(const std::vector<int64_t>& values, ProcessGroup& group) {
+  const auto wire = group.wire_device();  // NCCL takes CUDA tensors only
+  auto most = torch::tensor({static_cast<int64_t>(values.size())}, torch::kInt64).to(wire);
+  group.all_reduce(most, ReduceOp::kMax).wait();
+  auto padded = torch::full({most.item<int64_t>() + 1}, -1, torch::kInt64);
+  padded[0] = static_cast<int64_t>(values.size());
+  if (!values.empty()) {
+    padded.narrow(0, 1, static_cast<int64_t>(values.size())).copy_(torch::tensor(values, torch::kInt64));
+  }
+  auto low = padded.to(wire), high = low.clone();
+  group.all_reduce(low, ReduceOp::kMin).wait();
+  group.all_reduce(high, ReduceOp::kMax).wait();
+  return low.equal(high);
+}
+
 void average_gradients(torch::nn::Module& module, ProcessGroup& group) {
   std::vector<Work> pending;
   for (auto& parameter : module.parameters()) {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "tandem/dist/collectives.h"
 #include "tandem/util/check.h"
 
 namespace tandem::dist {
@@ -138,16 +139,7 @@ bool same_pieces(const std::vector<PlacedTensor>& pieces, Placement PlacedTensor
       sizes.push_back(t.value().numel());
     }
   }
-  const auto wire = group.wire_device();  // NCCL takes CUDA tensors only
-  auto most = torch::tensor({static_cast<int64_t>(sizes.size())}, torch::kInt64).to(wire);
-  group.all_reduce(most, ReduceOp::kMax).wait();
-  auto padded = torch::full({most.item<int64_t>() + 1}, -1, torch::kInt64);
-  padded[0] = static_cast<int64_t>(sizes.size());
-  if (!sizes.empty()) padded.narrow(0, 1, static_cast<int64_t>(sizes.size())).copy_(torch::tensor(sizes, torch::kInt64));
-  auto low = padded.to(wire), high = low.clone();
-  group.all_reduce(low, ReduceOp::kMin).wait();
-  group.all_reduce(high, ReduceOp::kMax).wait();
-  return low.equal(high);
+  return same_on_every_rank(sizes, group);
 }
 
 torch::Tensor part_of_whole(const torch::Tensor& whole, const Placement& placement, const ProcessGroup& group) {

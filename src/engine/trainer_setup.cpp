@@ -227,17 +227,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
 // could wait on each other. Parts that tp divides evenly always agree.
 void Trainer::check_fsdp_units_agree() const {
   const auto& units = plan_->fully_sharded()->units();
-  std::vector<int64_t> mine{static_cast<int64_t>(units.size())};
-  for (const auto& unit : units) mine.push_back(static_cast<int64_t>(unit.end));
-  const auto wire = tensor_group_->wire_device();  // NCCL takes CUDA tensors only
-  auto most = torch::tensor({mine[0]}, torch::kInt64).to(wire);
-  tensor_group_->all_reduce(most, dist::ReduceOp::kMax).wait();
-  auto ends = torch::full({most.item<int64_t>() + 1}, -1, torch::kInt64);
-  ends.narrow(0, 0, static_cast<int64_t>(mine.size())).copy_(torch::tensor(mine, torch::kInt64));
-  auto low = ends.to(wire).clone(), high = ends.to(wire).clone();
-  tensor_group_->all_reduce(low, dist::ReduceOp::kMin).wait();
-  tensor_group_->all_reduce(high, dist::ReduceOp::kMax).wait();
-  TANDEM_CHECK_USAGE(low.equal(high), "--strategy fsdp with tp: the tp ranks' parts of ", options_.model,
+  std::vector<int64_t> ends;
+  for (const auto& unit : units) ends.push_back(static_cast<int64_t>(unit.end));
+  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *tensor_group_), "--strategy fsdp with tp: the tp ranks' parts of ", options_.model,
                      " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
                      "give --fsdp-min-unit-params 0 (every layer a unit)");
 }

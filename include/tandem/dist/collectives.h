@@ -15,6 +15,12 @@ namespace tandem::dist {
 // (NCCL takes CUDA tensors only). For checks at start-up, not a hot path.
 std::vector<std::string> all_gather_text(const std::string& text, ProcessGroup& group, const torch::Device& device);
 
+// Whether every rank of `group` passed the same list of `values` (its
+// length included): the lists padded to the longest, then an all_reduce of
+// the minimum and one of the maximum, equal where every rank's are. For
+// checks at start-up (do the ranks' layouts agree?), not a hot path.
+bool same_on_every_rank(const std::vector<int64_t>& values, ProcessGroup& group);
+
 // Seed 004's hand-written data parallelism: after backward, every gradient
 // is all-reduced and divided by the world size, so each rank holds the mean
 // gradient. The reductions of all parameters are started at once and then
