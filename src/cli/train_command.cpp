@@ -75,6 +75,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_double("beta2", "X", &o.beta2, "AdamW's second-moment decay (0.95: GPT-3's, nanoGPT's, llm.c's)", 0);
   flags.add_double("adam-eps", "X", &o.adam_eps, "AdamW's epsilon", 0);
   flags.add_double("label-smoothing", "X", &o.label_smoothing, "cross-entropy label smoothing", 0);
+  flags.add_double("dropout", "P", &o.dropout,
+                   "GPT-2's dropout (embeddings, attention probabilities, residuals, as transformers' three "
+                   "pdrops) while training; under tp each rank keeps its part of one process's mask",
+                   0, 1, "a probability from 0 up to, not including, 1");
   flags.add_int("max-steps", "N", &o.max_steps, "stop after N optimizer steps (0: no limit)", 0);
   flags.add_int("grad-accum", "K", &o.grad_accum,
                 "gradient accumulation: pass each rank's batch forward and backward in K "

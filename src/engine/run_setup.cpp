@@ -88,6 +88,7 @@ models::ModelOptions model_options_for(const TrainOptions& o, const data::Datase
   options.stem = o.stem;
   options.vocab_size = info.seq_len > 0 ? info.num_classes : 0;
   options.seq_len = info.seq_len;
+  options.dropout = o.dropout;
   return options;
 }
 

@@ -1,11 +1,13 @@
 // The checks of TrainOptions that concern the model's kind and the
 // optimizer (train_options_checks.h): a language model's token data and
 // flags, an image model's, and each optimizer's own flags.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 
 #include "tandem/data/source.h"
+#include "tandem/models/gpt2.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "train_options_checks.h"
@@ -56,6 +58,12 @@ void check_model_and_data(const TrainOptions& o) {
   // made an embedding libtorch could not allocate, blamed on the batch.
   TANDEM_CHECK_USAGE(o.vocab_size >= 0 && o.vocab_size <= (int64_t{1} << 24),
                      "--vocab-size: expected a size from 1 to 16777216 (0: the data's), got ", o.vocab_size);
+  TANDEM_CHECK_USAGE(o.dropout >= 0 && o.dropout < 1, "--dropout: expected a probability from 0 up to, not "
+                     "including, 1, got ", o.dropout);
+  const auto gpt2 = models::Gpt2Config::preset_names();
+  TANDEM_CHECK_USAGE(o.dropout == 0 || std::find(gpt2.begin(), gpt2.end(), o.model) != gpt2.end(),
+                     "--dropout is GPT-2's (its embeddings, attention and residuals); --model ", o.model,
+                     " has no dropout to set");
   if (language) {
     const auto context = models::model_traits(o.model).context_length;
     TANDEM_CHECK_USAGE(o.seq_len <= context, "--seq-len ", o.seq_len, ": ", o.model, " takes sequences of at most ",

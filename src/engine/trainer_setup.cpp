@@ -455,6 +455,7 @@ std::string Trainer::fingerprint() const {
                 static_cast<long long>(world_)) +
          // Only when set, so that checkpoints from before the flag still resume.
          (o.clip_grad_norm > 0 ? format(" clip=%g", o.clip_grad_norm) : std::string()) +
+         (o.dropout > 0 ? format(" dropout=%g", o.dropout) : std::string()) +
          // Language models: what the windows are and how the weights move.
          (data_.train->info().seq_len > 0
               ? format(" seq_len=%lld vocab=%lld", static_cast<long long>(data_.train->info().seq_len),

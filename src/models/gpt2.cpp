@@ -1,6 +1,7 @@
 #include "tandem/models/gpt2.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <torch/torch.h>
@@ -104,7 +105,7 @@ torch::Tensor Gpt2EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t
   auto positions =
       torch::arange(offset, offset + t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
   auto x = split.lookup(wte->weight, tokens) + wpe->forward(split.positions(positions));
-  return torch::dropout(x, config_.dropout, is_training());
+  return split.dropout(x, config_.dropout, is_training(), t);
 }
 
 Gpt2AttentionImpl::Gpt2AttentionImpl(Gpt2Config config) : config_(config) { reset(); }
@@ -125,7 +126,16 @@ torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) 
   auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, d}).transpose(1, 2); };
   const double p = is_training() ? config_.dropout : 0.0;
   torch::Tensor y;
-  if (cache == nullptr) {
+  if (cache == nullptr && p > 0) {
+    // The mask of the probabilities of every head, drawn whole, this
+    // rank's heads' part kept (Note [dropout under tp]); sdpa would draw
+    // the heads' part alone. The causal softmax as sdpa's math path.
+    auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+    auto later = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    auto probs = torch::softmax(scores.masked_fill(later, -std::numeric_limits<double>::infinity()), -1);
+    y = torch::matmul(split.dropout_heads(probs, p, true, config_.n_head), v);
+  } else if (cache == nullptr) {
     y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*attn_mask=*/{}, p,
                                          /*is_causal=*/true);
   } else {
@@ -134,7 +144,7 @@ torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) 
   }
   y = y.transpose(1, 2).contiguous().view({b, t, h * d});
   auto out = split.split() ? split.out(c_proj->forward(y, false)) + c_proj->bias : c_proj->forward(y);
-  return torch::dropout(out, config_.dropout, is_training());
+  return split.dropout_out(out, config_.dropout, is_training(), t);
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(Gpt2Config config) : config_(config) { reset(); }
@@ -146,9 +156,10 @@ void Gpt2MlpImpl::reset() {
 }
 
 torch::Tensor Gpt2MlpImpl::forward(const torch::Tensor& x) {
-  auto hidden = torch::gelu(c_fc->forward(split.in(x)), "tanh");
+  const auto in = split.in(x);  // under sequence parallelism the whole sequence, `x` a part
+  auto hidden = torch::gelu(c_fc->forward(in), "tanh");
   auto y = split.split() ? split.out(c_proj->forward(hidden, false)) + c_proj->bias : c_proj->forward(hidden);
-  return torch::dropout(y, config_.dropout, is_training());
+  return split.dropout_out(y, config_.dropout, is_training(), in.size(1));
 }
 
 Gpt2BlockImpl::Gpt2BlockImpl(Gpt2Config config) : config_(config) { reset(); }

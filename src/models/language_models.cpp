@@ -25,6 +25,7 @@ double flops(double multiplying_weights, int64_t layers, int64_t width, int64_t 
 Gpt2Config gpt2_config(const std::string& name, const ModelOptions& o) {
   auto c = Gpt2Config::preset(name);
   c.vocab_size = o.vocab_size;
+  c.dropout = o.dropout;
   return c;
 }
 

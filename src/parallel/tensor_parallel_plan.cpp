@@ -65,6 +65,15 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
     enter = [g](const torch::Tensor& x) { return tp::gather_sequence(x, *g, 1); };
     leave = [g](const torch::Tensor& x) { return tp::reduce_scatter_sequence(x, *g, 1); };
   }
+  // A region's hooks, and the part of its heads and (under sequence
+  // parallelism) of its output's positions this rank holds.
+  auto region = [&] {
+    models::SplitRegion r{enter, leave};
+    r.rank = group_->rank();
+    r.parts = world;
+    r.sequence = options_.sequence_parallel;
+    return r;
+  };
   auto divides = [&](int64_t heads, const char* what) {
     TANDEM_CHECK(heads % world == 0, "tensor parallelism: ", world, " ranks do not divide the model's ", heads, " ",
                  what, " (tp must divide the attention's heads)");
@@ -73,9 +82,6 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
   for (const auto& module : model_->modules(/*include_self=*/false)) {
     if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {
       divides(a->config().n_head, "heads");
-      TANDEM_CHECK(a->config().dropout == 0, "tensor parallelism: the model's dropout is ", a->config().dropout,
-                   "; dropout under tensor parallelism is not supported yet (each rank would draw the same mask "
-                   "for its own heads and positions), use dropout 0");
     }
     if (auto* a = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
       divides(a->config().num_heads, "heads");
@@ -102,7 +108,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->c_attn->weight, 1, head_rows(h, d, 3, world));
       cut_parameter(a->c_attn->bias, 0, head_rows(h, d, 3, world));
       cut_parameter(a->c_proj->weight, 0, head_rows(h, d, 1, world));
-      a->split = {enter, leave};
+      a->split = region();
       regions_.push_back(&a->split);
       ++blocks;
       heads = h;
@@ -111,7 +117,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->c_fc->weight, 1, rows);
       cut_parameter(m->c_fc->bias, 0, rows);
       cut_parameter(m->c_proj->weight, 0, rows);
-      m->split = {enter, leave};
+      m->split = region();
       regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::Gpt2EmbeddingImpl*>(module.get())) {
       cut_embedding(e->wte->weight, e->split);
@@ -125,7 +131,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->k_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->v_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->o_proj->weight, 1, head_rows(c.num_heads, d, 1, world));
-      a->split = {enter, leave};
+      a->split = region();
       regions_.push_back(&a->split);
       ++blocks;
       heads = c.num_heads;
@@ -134,7 +140,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->gate_proj->weight, 0, rows);
       cut_parameter(m->up_proj->weight, 0, rows);
       cut_parameter(m->down_proj->weight, 1, rows);
-      m->split = {enter, leave};
+      m->split = region();
       regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::LlamaEmbeddingImpl*>(module.get())) {
       cut_embedding(e->embed_tokens->weight, e->split);

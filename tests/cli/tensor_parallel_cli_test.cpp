@@ -29,6 +29,22 @@ TEST(TensorParallelCliTest, APipelinedTensorParallelJobIsOneProcess) {
                       1e-10, model + " --beta2 0.99 --nproc-per-node 0", {/*threads=*/false, /*steps=*/6});
 }
 
+// Note [dropout under tp]: with --dropout every tp rank drops its part of
+// the mask one process draws (the attention's heads, and under sequence
+// parallelism the sequence's positions), so tp=2, and tp=2 with sequence
+// parallelism and activation checkpointing (whose recomputation draws the
+// same masks again), end with one process's weights. Real processes: the
+// masks come from each process's own generator. Control: no dropout.
+TEST(TensorParallelCliTest, DropoutUnderTpIsOneProcesssDropout) {
+  TempDir text;
+  const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(text) +
+                            " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2",
+                       "--nproc-per-node 2 --mesh tp=2 --sequence-parallel --checkpoint-activations 2"},
+                      model + "--dropout 0.2 ", 1e-10, model + " --nproc-per-node 0",
+                      {/*threads=*/false, /*steps=*/4});
+}
+
 TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
   TempDir dir;
   const std::string text = "--data text:" + testing::write_text(dir) + " --seq-len 16 --max-steps 1 --progress off ";
@@ -45,6 +61,11 @@ TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
   for (const auto& [flags, expected] : cases) {
     EXPECT_TRUE(testing::tandem_fails("train " + text + flags, 2, expected)) << flags;
   }
+  EXPECT_TRUE(testing::tandem_fails("train " + text + "--model llama-tiny --dropout 0.1", 2,
+                                    "--dropout is GPT-2's (its embeddings, attention and residuals); --model "
+                                    "llama-tiny has no dropout to set"));
+  EXPECT_TRUE(testing::tandem_fails("train " + text + "--model gpt2-tiny --dropout 1", 2,
+                                    "--dropout: expected a probability from 0 up to, not including, 1, got 1"));
   EXPECT_TRUE(testing::tandem_fails("train --model convnet --nproc-per-node 2 --mesh tp=2 --max-steps 1", 2,
                                     "tensor parallelism splits a language model's layers; convnet is an image"));
 }

@@ -10,6 +10,7 @@
 #include "tandem/engine/safetensors.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/registry.h"
+#include "tandem/models/split_region.h"
 #include "tandem/parallel/data_parallel.h"
 #include "testing.h"
 
@@ -176,6 +177,64 @@ TEST(Gpt2Test, TooLongASequenceIsNamed) {
     EXPECT_NE(std::string(e.what()).find("a sequence of 17 tokens is longer than the model's 16 positions"),
               std::string::npos) << e.what();
   }
+}
+
+// Note [dropout under tp]: each part of a split activation is dropped with
+// its part of the one mask the whole would get from the same generator
+// state; the whole's mask is libtorch's dropout's (CPU), and evaluation
+// drops nothing. A part of the wrong size is named, not broadcast.
+TEST(Gpt2Test, DropoutKeepsEachPartOfOneWholeMask) {
+  torch::manual_seed(1);
+  const auto x = torch::randn({2, 6, 5, 5}, torch::kFloat64);
+  torch::manual_seed(7);
+  const auto whole = dropout_part(x, 0.3, true);
+  torch::manual_seed(7);
+  EXPECT_TRUE(torch::equal(whole, torch::dropout(x, 0.3, true)));
+  EXPECT_FALSE(torch::equal(whole, x));
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    torch::manual_seed(7);
+    const auto part = dropout_part(x.chunk(3, 1)[rank], 0.3, true, 1, 6, rank, 3);
+    EXPECT_TRUE(torch::equal(part, whole.chunk(3, 1)[rank])) << "part " << rank;
+  }
+  // A control: a part's own mask (drawn for its size alone) is another.
+  torch::manual_seed(7);
+  EXPECT_FALSE(torch::equal(dropout_part(x.chunk(3, 1)[1], 0.3, true), whole.chunk(3, 1)[1]));
+  EXPECT_TRUE(torch::equal(dropout_part(x, 0.3, false), x));
+  EXPECT_THROW(dropout_part(x.chunk(3, 1)[0], 0.3, true, 1, 9, 0, 3), std::exception);
+}
+
+// With dropout on, GPT-2's attention takes the softmax path whose mask it
+// draws itself (Note [dropout under tp]); with nothing dropped (p so small
+// that 1 - p is 1) it computes sdpa's function to rounding, and in
+// evaluation the model is the one without dropout.
+TEST(Gpt2Test, TheAttentionWithDropoutIsSdpasFunction) {
+  auto config = small_config();
+  torch::manual_seed(3);
+  auto plain = gpt2(config);
+  plain->to(torch::kFloat64);
+  config.dropout = 1e-300;
+  auto dropping = gpt2(config);
+  dropping->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    auto theirs = plain->named_parameters();
+    for (auto& p : dropping->named_parameters()) p.value().copy_(theirs[p.key()]);
+  }
+  const auto tokens = torch::randint(61, {2, 16}, torch::kInt64);
+  const auto expected = plain->forward(tokens);
+  const auto got = dropping->forward(tokens);
+  EXPECT_LT((got - expected).abs().max().item<double>(), 1e-12);
+  config.dropout = 0.5;
+  auto half = gpt2(config);
+  half->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    auto theirs = plain->named_parameters();
+    for (auto& p : half->named_parameters()) p.value().copy_(theirs[p.key()]);
+  }
+  EXPECT_GT((half->forward(tokens) - expected).abs().max().item<double>(), 1e-3);  // the control
+  half->eval();
+  EXPECT_TRUE(torch::equal(half->forward(tokens), plain->forward(tokens)));
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ struct TrainOptions {
   // Model
   std::string model = "convnet";
   double width_mult = 1.0;
+  double dropout = 0.0;  // GPT-2's embeddings, attention probabilities and residuals
   std::string stem = "auto";
   std::string init_weights;  // safetensors file to start from (engine/safetensors.h load_weights)
   std::string init_weights_except;  // comma-separated names it leaves at random, e.g. "fc"

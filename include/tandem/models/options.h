@@ -34,6 +34,7 @@ struct ModelOptions {
   // Language models (ModelKind::kLanguageModel in models/registry.h):
   int64_t vocab_size = 0;  // taken from the data set (its tokens' vocabulary)
   int64_t seq_len = 0;     // --seq-len: the longest sequence trained on, at most the model's context
+  double dropout = 0.0;    // --dropout: GPT-2's (Gpt2Config::dropout)
 };
 
 // The ResNet stem `o` builds: "cifar" or "imagenet" ("auto" resolved by

@@ -17,6 +17,18 @@
 // sequence (a reduce-scatter), `enter` gathers the whole sequence back,
 // and what is added per position (GPT-2's positions) is taken for the
 // positions this rank holds (`positions`).
+//
+// Note [dropout under tp]: a dropout mask is drawn whole, as one process
+// draws it (the same shape, from the same generator state), and each rank
+// keeps the part of it its activations hold: the heads of the attention's
+// probabilities it runs, the positions of the sequence it holds under
+// sequence parallelism, all of it where the activations are replicated.
+// The ranks of a tp group run the same draws in the same order, so their
+// default generators stay equal: a replicated activation gets one mask on
+// every rank (its copies stay equal), a split one gets distinct parts of
+// one mask, and the run equals one process's to rounding, dropout and all
+// (where Megatron's tracker gives each rank a stream of its own). The cost:
+// each rank draws the whole mask, tp times the random numbers of its part.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +40,34 @@ namespace tandem::models {
 
 using TensorMap = std::function<torch::Tensor(const torch::Tensor&)>;
 
+// Dropout of `x` with probability `p` when `training`: `x` is part `rank`
+// of `parts` (torch.chunk's) along `dim` of a tensor of `whole` there; the
+// mask is drawn for the whole (contiguous, in one bernoulli_ from the
+// default generator) and this part kept (Note [dropout under tp]). With
+// parts 1 it is plain dropout, x * mask / (1 - p).
+torch::Tensor dropout_part(const torch::Tensor& x, double p, bool training, int64_t dim = 0, int64_t whole = -1,
+                           int64_t rank = 0, int64_t parts = 1);
+
 struct SplitRegion {
   TensorMap enter, leave;
+  // The tp rank and group size: the region holds part `rank` of `parts` of
+  // its heads (attention); `sequence`: its output holds that part of the
+  // sequence (sequence parallelism), else all of it.
+  int64_t rank = 0, parts = 1;
+  bool sequence = false;
   torch::Tensor in(const torch::Tensor& x) const { return enter ? enter(x) : x; }
   torch::Tensor out(const torch::Tensor& x) const { return leave ? leave(x) : x; }
   // Whether the last projection's partial sum needs `leave` before its bias.
   bool split() const { return static_cast<bool>(leave); }
+  // Dropout of the attention's probabilities [B, heads held, T, T] of a
+  // layer of `heads` heads, and of the region's output [B, T held, C] of
+  // a sequence of `positions` (Note [dropout under tp]).
+  torch::Tensor dropout_heads(const torch::Tensor& probs, double p, bool training, int64_t heads) const {
+    return dropout_part(probs, p, training, 1, heads, rank, parts);
+  }
+  torch::Tensor dropout_out(const torch::Tensor& y, double p, bool training, int64_t positions) const {
+    return sequence ? dropout_part(y, p, training, 1, positions, rank, parts) : dropout_part(y, p, training);
+  }
 };
 
 struct SplitLookup {
@@ -47,6 +81,10 @@ struct SplitLookup {
   torch::Tensor positions(const torch::Tensor& all) const;
   // The embedding of `tokens` [B, T] through `weight` (this rank's rows).
   torch::Tensor lookup(const torch::Tensor& weight, const torch::Tensor& tokens) const;
+  // Dropout of the embedding [B, T held, C] of a sequence of `positions`.
+  torch::Tensor dropout(const torch::Tensor& x, double p, bool training, int64_t positions) const {
+    return dropout_part(x, p, training, 1, positions, sequence_rank, sequence_parts);
+  }
 };
 
 }  // namespace tandem::models
