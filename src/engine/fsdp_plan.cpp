@@ -159,6 +159,7 @@ std::unique_ptr<DataPlan> make_fsdp_plan(const DataPlanSetup& setup) {
   // pipeline's stages recompute themselves.
   models::Sequence stage;
   for (size_t k = 0; k < setup.pieces.size(); ++k) stage->push_back("piece" + std::to_string(k), setup.pieces[k]);
+  options.foreign_tied_weights = true;  // Note [tied weights under fsdp]: the head's copy, kept by TiedStages
   return std::make_unique<FsdpPlan>(setup, stage, options);
 }
 

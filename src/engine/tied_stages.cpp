@@ -24,6 +24,7 @@ std::unique_ptr<TiedStages> TiedStages::make(const std::vector<models::Sequence>
   };
   auto result = std::make_unique<TiedStages>();
   result->data_ = std::move(data);
+  result->options_ = torch::TensorOptions().device(device);
   // Every rank finds the same ties in the same order (the same pieces), so
   // the splits below agree.
   for (size_t k = 0; k < pieces.size(); ++k) {
@@ -44,7 +45,9 @@ std::unique_ptr<TiedStages> TiedStages::make(const std::vector<models::Sequence>
                                       static_cast<long long>(owner_rank), static_cast<long long>(user_rank));
       }
       if (!mine) continue;
-      Tie tie{user->tied(), rank == user_rank, std::move(group)};
+      Tie tie{user->tied(), rank == user_rank, std::move(group), user_rank > owner_rank ? 1 : 0,
+              user->tied().sizes().vec()};
+      result->options_ = result->options_.dtype(user->tied().dtype());
       if (tie.copy) {
         // Another rank's piece may have been left on the CPU: the copy is
         // used here, so it lives on this rank's device.
@@ -64,8 +67,60 @@ bool TiedStages::borrows(const torch::Tensor& p) const {
                      [&](const torch::Tensor& b) { return b.unsafeGetTensorImpl() == p.unsafeGetTensorImpl(); });
 }
 
-void TiedStages::reduce_gradients() {
+void TiedStages::share_owner_shards(std::shared_ptr<dist::ProcessGroup> shard_group) {
+  shard_group_ = std::move(shard_group);
+}
+
+torch::Tensor TiedStages::flat_of(const Tie& tie, const std::vector<dist::PlacedTensor>* runs) const {
+  int64_t numel = 1;
+  for (auto size : tie.shape) numel *= size;
+  auto flat = torch::zeros({numel}, options_);
+  if (runs == nullptr) return flat;
+  for (const auto& run : *runs) {
+    if (run.model_parameter.unsafeGetTensorImpl() != tie.weight.unsafeGetTensorImpl()) continue;
+    flat.narrow(0, run.parameter_offset, run.flat_numel)
+        .copy_(run.tensor.detach().narrow(0, run.flat_offset, run.flat_numel));
+  }
+  return flat;
+}
+
+void TiedStages::refresh_copies(const DataPlan& plan) {
+  if (!shard_group_) return;  // both uses step their own, equal weights
   torch::NoGradGuard no_grad;
+  const auto placed = plan.placed_parameters();
+  for (auto& tie : ties_) {
+    auto flat = flat_of(tie, tie.copy ? nullptr : &placed);
+    if (!tie.copy && shard_group_->size() > 1) shard_group_->all_reduce(flat).wait();  // the runs made whole
+    tie.pair->broadcast(flat, 1 - tie.copy_root).wait();
+    if (tie.copy) tie.weight.detach().copy_(flat.view(tie.shape));
+  }
+}
+
+void TiedStages::reduce_gradients(const DataPlan& plan) {
+  torch::NoGradGuard no_grad;
+  if (shard_group_) {  // Note [tied weights under fsdp]
+    const auto placed = plan.placed_parameters();
+    for (auto& tie : ties_) {
+      auto flat = flat_of(tie, nullptr);
+      if (tie.copy) {
+        auto& grad = tie.weight.mutable_grad();
+        if (grad.defined()) {
+          if (data_ && data_->size() > 1) data_->all_reduce(grad, dist::ReduceOp::kAvg).wait();
+          flat.copy_(grad.reshape({-1}));
+          grad.zero_();  // the copy does not step: refresh_copies gives it the owner's weight
+        }
+      }
+      tie.pair->broadcast(flat, tie.copy_root).wait();
+      if (tie.copy) continue;
+      for (const auto& run : placed) {
+        if (run.model_parameter.unsafeGetTensorImpl() != tie.weight.unsafeGetTensorImpl()) continue;
+        auto& grad = run.tensor.mutable_grad();
+        if (!grad.defined()) grad = torch::zeros_like(run.tensor);
+        grad.narrow(0, run.flat_offset, run.flat_numel).add_(flat.narrow(0, run.parameter_offset, run.flat_numel));
+      }
+    }
+    return;
+  }
   for (auto& tie : ties_) {
     auto& grad = tie.weight.mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(tie.weight);

@@ -370,13 +370,6 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   }
   TANDEM_CHECK_USAGE(ranks == 1 || o.strategy != Strategy::kNone, "--strategy none runs one process, not a job of ",
                      ranks, " processes; a job of several ranks needs a data-parallel strategy");
-  // Note [tied embedding]: the Trainer refuses this too (for a model
-  // registered without its traits saying so); named here before the workers.
-  const bool tied = models::model_traits(o.model).tied_embedding;
-  TANDEM_CHECK_USAGE(!tied || !pipeline || ranks == 1 || o.strategy != Strategy::kFsdp, "--mesh with --strategy "
-                     "fsdp: ", o.model, "'s output layer is tied to its token embedding on another pipeline stage, "
-                     "and FSDP over a stage does not carry the tie yet; use --strategy ddp (with --shard-optimizer "
-                     "for ZeRO-1), or a model with an untied head such as llama-tiny");
   TANDEM_CHECK_USAGE(ranks == 1 || !o.cuda_graph, "--cuda-graph captures the step of one process on one "
                      "device; it does not work in a job of ", ranks, " processes");
   // A pipeline's ranks are its stages and their replicas: the replicas share

@@ -98,6 +98,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   check_train_outputs(o, rank_);  // --export-hf, --metrics-out, ... likewise, whoever launched this rank
   // --checkpoint-dir, and --resume or a launcher's restart (trainer_resume.cpp).
   run->start = open_checkpoints(*run->optimizer);
+  if (tied_) tied_->refresh_copies(*plan_);  // the copies as their owners, resumed or not
   const auto& position = run->position();
   run->record = std::make_unique<RunRecorder>(o, rank_, run->start.resume && position.step > 0 ? position.step : -1);
   if (!run->record->notice().empty()) warn(run->record->notice());

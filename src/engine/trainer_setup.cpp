@@ -200,6 +200,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
+  if (tied_ && plan_->sharded()) tied_->share_owner_shards(data_shard_ ? data_shard_ : group_);
   if (tensor_group_ && plan_->fully_sharded()) check_fsdp_units_agree();
   if (tensor_plan_ && tensor_plan_->sequence_parallel()) {
     // The whole parameters' partial gradients are summed over tp piece by
@@ -229,8 +230,8 @@ void Trainer::check_fsdp_units_agree() const {
   const auto& units = plan_->fully_sharded()->units();
   std::vector<int64_t> ends;
   for (const auto& unit : units) ends.push_back(static_cast<int64_t>(unit.end));
-  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *tensor_group_), "--strategy fsdp with tp: the tp ranks' parts of ", options_.model,
-                     " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
+  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *tensor_group_), "--strategy fsdp with tp: the tp ranks' parts of ",
+                     options_.model, " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
                      "give --fsdp-min-unit-params 0 (every layer a unit)");
 }
 
@@ -260,19 +261,13 @@ void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
 // Note [tied embedding] (models/gpt2.h): the head reads the embedding's
 // tensor. That holds within one process and device (one replica, DDP's,
 // DataParallel's copies), within FSDP (Note [fsdp tied weights]) and over
-// a pipeline's ranks (Note [tied weights across stages]). Not yet carried:
-// a pipeline over several devices of one process, and FSDP over a stage
-// whose head reads another stage's embedding.
+// a pipeline's ranks (Note [tied weights across stages]), with FSDP over
+// the stages too (Note [tied weights under fsdp]). Not yet carried: a
+// pipeline over several devices of one process.
 void Trainer::check_tied_weights(bool pipeline) const {
   const auto& o = options_;
   if (model_->ties().empty() || !pipeline) return;
-  if (stages_) {
-    TANDEM_CHECK_USAGE(o.strategy != Strategy::kFsdp, "--mesh with --strategy fsdp: ", o.model, "'s output layer is "
-                       "tied to its token embedding on another pipeline stage, and FSDP over a stage does not carry "
-                       "the tie yet; use --strategy ddp (with --shard-optimizer for ZeRO-1), or a model with an "
-                       "untied head such as llama-tiny");
-    return;
-  }
+  if (stages_) return;  // Note [tied weights across stages], under FSDP too
   bool one_device = true;
   const auto devices = parallel::parse_devices(o.devices);
   for (const auto& d : devices) one_device = one_device && d == devices.front();

@@ -32,7 +32,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   {
     RECORD_USER_SCOPE("tandem::reduce");
     plan_->after_backward();  // the gradients averaged over the dp ranks
-    if (tied_) tied_->reduce_gradients();  // Note [tied weights across stages]
+    if (tied_) tied_->reduce_gradients(*plan_);  // Note [tied weights across stages]
     if (tensor_plan_) {  // Note [sequence-parallel plans]: whole parameters' partial sums
       dist::sum_partial_gradients(placed_parameters(/*gradients=*/true), &dist::PlacedTensor::tensor_parallel,
                                   *tensor_group_);
@@ -50,6 +50,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     } else {
       optimizer.step();
     }
+    if (tied_) tied_->refresh_copies(*plan_);  // Note [tied weights under fsdp]
   }
   return out;
 }

@@ -132,9 +132,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
       for (const auto& ps : layer_parameters) {
         for (const auto& p : ps) owned = owned || p.unsafeGetTensorImpl() == impl;
       }
-      TANDEM_CHECK(owned, "FullyShardedDataParallel: layer '", layer_names_[layer], "' reads a tied weight that is "
-                   "not a parameter of the sharded model (its owner is elsewhere: another pipeline stage?)");
-      tied.insert(impl);
+      TANDEM_CHECK(owned || options_.foreign_tied_weights, "FullyShardedDataParallel: layer '", layer_names_[layer],
+                   "' reads a tied weight that is not a parameter of the sharded model (its owner is elsewhere: "
+                   "another pipeline stage?)");
+      if (owned) tied.insert(impl);
     }
   }
   dist::check_same_parameters(*model_, *group_, "FullyShardedDataParallel");

@@ -309,8 +309,6 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
       {"--model gpt2-tiny --data " + text + " --momentum 0.5", "--momentum is SGD's"},
       {"--model gpt2-tiny --data " + text + " --nesterov --momentum 0", "is SGD's; the optimizer is adamw"},
       {"--model convnet --beta2 0.9", "are AdamW's; the optimizer is sgd"},
-      {"--model gpt2-tiny --data " + text + " --nproc-per-node 4 --mesh dp=2,pp=2 --strategy fsdp",
-       "tied to its token embedding on another pipeline stage"},
       {"--model gpt2-tiny --data tokens:" + dir.file("none*.bin"), "no file matches"},
       {"--model gpt2-tiny --data " + text + " --val-data fashion-mnist", "--val-data fashion-mnist: image data"},
       {"--model gpt2-tiny --data " + text + " --val-data tokens:" + dir.file("text.txt") + " --vocab-size 65536",

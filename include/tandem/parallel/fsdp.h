@@ -129,6 +129,11 @@ struct FsdpOptions {
   bool prefetch = true;                       // Note [fsdp prefetch]
   bool broadcast_buffers = true;              // before each step's first forward in training, from rank 0
   bool checkpoint_activations = false;        // Note [fsdp activation checkpointing]
+  // A layer may read a tied weight that is not the model's (a pipeline
+  // stage's head reading another stage's embedding): left whole and to the
+  // caller, who keeps it equal to its owner (engine/tied_stages.h). Else
+  // such a weight is refused.
+  bool foreign_tied_weights = false;
 };
 
 class FullyShardedDataParallel {
