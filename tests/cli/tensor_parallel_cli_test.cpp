@@ -19,8 +19,8 @@ using testing::TempDir;
 // A tp job through the CLI (its workers, rendezvous and export), the
 // pipeline and sequence parallelism on: gpt2-tiny over pp=2 x tp=2 ends
 // with one process's weights after six steps. Every other layout, and
-// resuming across them, is tests/layout/tensor_parallel_layout_test.cpp's,
-// in threads. Control: another beta2.
+// resuming across them, is the generated matrix's
+// (tests/layout/matrix_layout_test.cpp), in threads. Control: another beta2.
 TEST(TensorParallelCliTest, APipelinedTensorParallelJobIsOneProcess) {
   TempDir text;
   const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(text) +

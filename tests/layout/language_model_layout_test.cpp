@@ -124,19 +124,12 @@ TEST(LanguageModelLayoutTest, AdamWCheckpointsResumeExactly) {
 }
 
 // Note [tied weights under fsdp]: FSDP over pipeline stages with GPT-2's
-// tied embedding, the head's copy on the last stage kept by value (its
-// gradient added to the owner's runs, the owner's weight broadcast back
-// after each step): dp=2 x pp=2 with clipping (the copy's gradient counted
-// once, in the owner's shards), as ZeRO-2, and HSDP over 2 x 2 shard
-// groups of a stage. A checkpoint it writes (sharded: each rank its runs)
-// resumes in one process and as DDP over pp=2. Control: another beta2.
-TEST(LanguageModelLayoutTest, TiedGpt2UnderFsdpOverPipelineStagesIsOneProcess) {
-  TempDir text;
-  const auto model = gpt2_flags(text) + " --clip-grad-norm 0.5 ";
-  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 4 --mesh pp=2,dp=2 --strategy fsdp",
-                       "--nproc-per-node 4 --mesh pp=2,dp=2 --strategy fsdp --fsdp-sharding grad-op",
-                       "--nproc-per-node 8 --mesh pp=2,dp_replicate=2,dp_shard=2 --strategy fsdp"},
-                      model, 1e-10, model + " --beta2 0.99");
+// tied embedding (its layouts against one process are the generated
+// matrix's, matrix_layout_test.cpp): the head's copy is not in the
+// checkpoint, which holds the owner's runs; resumed in one process and as
+// DDP over pp=2 (the copy loaded whole), it ends where the uninterrupted
+// run does.
+TEST(LanguageModelLayoutTest, TiedGpt2UnderFsdpOverPipelineStagesResumesAnywhere) {
   TempDir dir;
   expect_resumes(dir, gpt2_flags(dir), "--nproc-per-node 4 --mesh pp=2,dp=2 --strategy fsdp",
                  {"--lr 1e-3", "--lr 1e-3 --nproc-per-node 2 --mesh pp=2"}, "gpt2-tiny, FSDP over pp=2", 1e-10);

@@ -1,9 +1,8 @@
-// Tensor parallelism (--mesh with tp, alone or with dp and pp,
-// --sequence-parallel), the ranks as threads: gpt2-tiny and llama-tiny
-// trained in float64 end with one process's weights (the exported whole
-// model), with a control run that must fail the bound; checkpoints resume
-// at any tp; fp16's loss scale skips no step. The CLI's own test of a tp
-// job is tests/cli/tensor_parallel_cli_test.cpp.
+// Tensor parallelism (--mesh with tp, --sequence-parallel), the ranks as
+// threads, beside the generated matrix (matrix_layout_test.cpp): llama-tiny
+// with activation checkpointing under tp, checkpoints resumed at any tp,
+// and fp16's loss scale skipping no step. The CLI's own test of a tp job
+// is tests/cli/tensor_parallel_cli_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,49 +21,18 @@ using testing::TempDir;
 // or more by then (the controls: 0.016 and 0.1).
 constexpr testing::RunStyle kSixSteps{/*threads=*/true, /*steps=*/6};
 
-// Note [AdamW amplifies rounding] (language_model_layout_test.cpp): 1e-10.
-// GPT-2 (tied embedding, cut by vocabulary rows on both ends) with AdamW
-// and clipping (each cut parameter's parts counted once, a whole one on
-// the first tp rank only; 0.5 clips every step of this run) on tp=2,
-// dp=2 x tp=2 (DDP over each tp coordinate's replicas with ZeRO-1, and
-// FSDP over them with sequence parallelism: the whole parameters' partial
-// gradients summed over tp as runs of the flat shards after FSDP's
-// reduce-scatter; clipping counts the runs that hold cut parameters on
-// every tp rank, the rest on the first: Note [placements]), tp=2 with
-// sequence parallelism (Note [sequence-parallel plans]: norms, residuals
-// and positions on half the sequence each), pp=2 x tp=2 with it (each
-// stage's layers split over its tp pair), and all three dimensions on 8
-// ranks, dp=2 x pp=2 x tp=2 (the tie between the stages' tp parts,
-// clipping over each replica's pp x tp ranks). Control: another beta2.
-TEST(TensorParallelLayoutTest, Gpt2OnEveryMeshIsOneProcess) {
-  TempDir text;
-  const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(text) +
-                            " --seq-len 16 --dtype float64 --lr 1e-3 --clip-grad-norm 0.5 ";
-  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2",
-                                "--nproc-per-node 4 --mesh dp=2,tp=2 --shard-optimizer",
-                                "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --fsdp-min-unit-params 0 --sequence-parallel",
-                                "--nproc-per-node 2 --mesh tp=2 --sequence-parallel",
-                                "--nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel",
-                                "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2"},
-                               model, 1e-10, model + " --beta2 0.99", kSixSteps);
-}
+// Every layout of dp x pp x tp x sp against one process is the generated
+// matrix's (matrix_layout_test.cpp); these are what it leaves out.
 
-// LLaMA (grouped-query heads, SwiGLU, an untied head; RMSNorm on the
-// sequence's parts, rotary positions inside the gathered regions) with SGD
-// and label smoothing (the vocabulary-parallel loss's smoothing term) on
-// tp=2 with activation checkpointing (the recomputed regions' collectives
-// run again in backward), FSDP over dp=2 x tp=2, DDP over it with
-// sequence parallelism, pp=2 x tp=2, and dp=2 x pp=2 x tp=2 with sequence
-// parallelism. Control: another momentum.
-TEST(TensorParallelLayoutTest, LlamaOnEveryMeshIsOneProcess) {
+// LLaMA (grouped-query heads, SwiGLU, an untied head) with SGD and label
+// smoothing on tp=2 without dp, with activation checkpointing: the
+// recomputed regions' collectives run again in backward. Control: another
+// momentum.
+TEST(TensorParallelLayoutTest, LlamaWithRecomputedRegionsIsOneProcess) {
   TempDir text;
   const std::string model = "--model llama-tiny --data text:" + testing::write_text(text) +
                             " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 --label-smoothing 0.1 ";
-  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --checkpoint-activations 2",
-                                "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp",
-                                "--nproc-per-node 4 --mesh dp=2,tp=2 --sequence-parallel",
-                                "--nproc-per-node 4 --mesh pp=2,tp=2",
-                                "--nproc-per-node 8 --mesh pp=2,dp=2,tp=2 --sequence-parallel"},
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --checkpoint-activations 2"},
                                model, 1e-12, model + " --momentum 0.5", kSixSteps);
 }
 
