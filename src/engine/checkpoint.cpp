@@ -102,9 +102,10 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
     std::error_code kind;
     if (!std::regex_match(name, match, pattern)) continue;
     const bool counts = match[2].matched ? fs::is_regular_file(entry.path(), kind)
-                                         : fs::is_directory(entry.path(), kind) &&
-                                               (with_unreadable ||
-                                                fs::is_regular_file(entry.path() / sharded::kManifest, kind));
+                        : with_unreadable    ? fs::is_directory(entry.path(), kind) ||
+                                                fs::is_regular_file(entry.path(), kind)  // a file in its place too
+                                             : fs::is_directory(entry.path(), kind) &&
+                                                fs::is_regular_file(entry.path() / sharded::kManifest, kind);
     if (counts) found.emplace_back(std::stoll(match[1].str()), entry.path());
   }
   std::sort(found.begin(), found.end());

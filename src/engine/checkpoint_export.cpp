@@ -89,7 +89,15 @@ CheckpointWeights read_one(const std::string& path) {
 
 CheckpointWeights read_checkpoint_weights(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec) || is_sharded(path)) {
+  // A sharded checkpoint's folder (checkpoint-<step>, or one holding rank
+  // files), its manifest there or not, is one checkpoint; any other folder
+  // a --checkpoint-dir.
+  static const std::regex one(R"(checkpoint-\d{1,18})");
+  auto named = fs::path(path);
+  if (named.filename().empty()) named = named.parent_path();  // "dir/"
+  const bool sharded_folder = is_sharded(path) || fs::exists(fs::path(path) / sharded::rank_file(0), ec) ||
+                              std::regex_match(named.filename().string(), one);
+  if (!fs::is_directory(path, ec) || sharded_folder) {
     try {
       return read_one(path);
     } catch (const tandem::Error& e) {
@@ -106,7 +114,7 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
     const std::string file = entry.path().filename().string();
     std::error_code kind;  // a folder so named without its manifest is a damaged one: named below, not skipped
     if (std::regex_match(file, m, name) && m[1].length() <= 18 &&
-        (m[2].matched || fs::is_directory(entry.path(), kind))) {
+        (m[2].matched || fs::is_directory(entry.path(), kind) || fs::is_regular_file(entry.path(), kind))) {
       found.emplace_back(std::stoll(m[1].str()), entry.path().string());
     }
   }

@@ -233,11 +233,12 @@ bool has_hf_form(const std::string& model_name) {
 }
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
-                     int64_t vocab_size, const std::map<std::string, std::string>& metadata) {
+                     int64_t vocab_size, const std::map<std::string, std::string>& metadata, double dropout) {
   TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
   if (among(model_name, models::Gpt2Config::preset_names())) {
     auto c = models::Gpt2Config::preset(model_name);
     c.vocab_size = vocab_size;
+    c.dropout = dropout;
     write_hf_folder(dir, model, c, metadata);
   } else {
     auto c = models::LlamaConfig::preset(model_name);

@@ -324,6 +324,9 @@ void check_train_options(const TrainOptions& o) {
                      "lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
                      "state has nothing to be sharded over; leave out --shard-optimizer");
+  TANDEM_CHECK_USAGE(!o.cuda_graph || o.dropout == 0, "--cuda-graph replays one captured step, and --dropout "
+                     "draws each step's masks from that step's seed (Note [dropout seeds]), which a replay does "
+                     "not set; leave out one of them");
   TANDEM_CHECK_USAGE(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
                      "backward; it does not work with --grad-accum ", o.grad_accum);
   TANDEM_CHECK_USAGE(!o.cuda_graph || amp != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
@@ -388,11 +391,14 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
                                   : detail::str_cat("the world size ", world);
   TANDEM_CHECK_USAGE(batch % world == 0, "--batch-size ", batch, ": not divisible by ", divisor,
                      " (each data-parallel rank takes batch-size / ", world, " samples a step)");
+  // What set each rank's share: the flag the user gave.
+  const std::string share = o.batch_per_process > 0
+                                ? detail::str_cat("--batch-per-process ", o.batch_per_process)
+                                : detail::str_cat("--batch-size ", batch, " over ", world, " data-parallel rank(s)");
   TANDEM_CHECK_USAGE(o.grad_accum <= batch / world, "--grad-accum ", o.grad_accum, ": more chunks than the ",
-                     batch / world, " samples each rank takes a step (--batch-size ", batch, " over ", world,
-                     " rank(s))");
+                     batch / world, " samples each rank takes a step (", share, ")");
   TANDEM_CHECK_USAGE(!pipeline || o.micro_batches <= batch / world, "--micro-batches ", o.micro_batches,
-                     ": more than the ", batch / world, " samples of a batch (--batch-size ", batch,
+                     ": more than the ", batch / world, " samples each rank takes a step (", share,
                      "); each micro-batch needs at least one");
   // A pipeline over ranks: the model must cut into its stages, named once
   // here rather than by every worker.

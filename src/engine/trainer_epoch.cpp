@@ -57,6 +57,7 @@ void Trainer::train_epoch(RunState& run) {
     optim::set_lr(optimizer, epoch.lr);
     const auto& inputs = batch->inputs;  // on device_ already
     const auto& targets = batch->targets;
+    if (options_.dropout > 0) seed_dropout(position.step);  // Note [dropout seeds]
     // --cuda-graph: copy in and replay; otherwise the step itself.
     run.traffic->begin();
     auto out = run.graphed ? run.graphed->run(inputs, targets) : step(inputs, targets, optimizer, epoch.counters);
@@ -252,6 +253,24 @@ void Trainer::report_pipeline_idle(StepCounters& counters) const {
     say(format("pipeline: stage idle share %s (mean over %lld steps; the schedule's, simulated = %.2f)",
                shares.c_str(), static_cast<long long>(counters.pipeline_steps), textbook));
   }
+}
+
+// Note [dropout seeds]: with --dropout each step's masks come from the
+// default generator seeded by (--seed, the step, the pipeline stage), not
+// from wherever the run's earlier draws left it. So a resumed run draws
+// the uninterrupted run's masks (a checkpoint holds rank 0's generator,
+// and a later stage's had moved elsewhere), draws before training (the
+// pipeline's measured balance runs forwards) change nothing, and every
+// layout with the same stages draws alike: the ranks of a tp group (Note
+// [dropout under tp]) and of a dp group, one process and a mesh without
+// pp. Stages are seeded apart so that their layers' masks are not the
+// same stream again.
+void Trainer::seed_dropout(int64_t step) const {
+  const uint64_t stage = stages_ ? static_cast<uint64_t>(stages_->rank()) : 0;
+  const uint64_t seed = static_cast<uint64_t>(options_.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1) +
+                        0xBF58476D1CE4E5B9ull * stage;
+  auto held = models::hold_default_generator();  // thread ranks share it (Note [seeded model])
+  torch::manual_seed(seed);
 }
 
 }  // namespace tandem::engine

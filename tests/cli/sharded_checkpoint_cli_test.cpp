@@ -105,7 +105,7 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
   const std::string written = data_.file("written");
   auto first = run_tandem(common + " --max-steps 4 --checkpoint-dir " + written);
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  for (const std::string how : {"removed", "altered", "foreign", "manifest"}) {
+  for (const std::string how : {"removed", "altered", "foreign", "manifest", "file"}) {
     const std::string dir = data_.file(how);
     std::filesystem::copy(written, dir, std::filesystem::copy_options::recursive);
     const std::string newest = dir + "/checkpoint-00000004", rank1 = newest + "/rank-1.pt";
@@ -113,6 +113,12 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
       std::filesystem::remove(rank1);
     } else if (how == "manifest") {  // a folder so named is no checkpoint without it: named, not ignored
       std::filesystem::remove(newest + "/manifest.json");
+      auto direct = run_tandem("export --checkpoint " + newest + " --out " + data_.file("direct.safetensors"));
+      EXPECT_EQ(direct.exit_code, 1) << direct.output;
+      EXPECT_NE(direct.output.find("manifest.json: no such file"), std::string::npos) << direct.output;
+    } else if (how == "file") {  // a plain file in the folder's place: named, not skipped
+      std::filesystem::remove_all(newest);
+      std::ofstream(newest) << "not a checkpoint";
     } else if (how == "foreign") {
       std::filesystem::copy_file(dir + "/checkpoint-00000002/rank-1.pt", rank1,
                                  std::filesystem::copy_options::overwrite_existing);
@@ -123,8 +129,10 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
     }
     auto exported = run_tandem("export --checkpoint " + dir + " --out " + data_.file(how + ".safetensors"));
     EXPECT_EQ(exported.exit_code, 0) << exported.output;
-    EXPECT_NE(exported.output.find("warning: passed over " + newest + ": damaged: " +
-                                   (how == "manifest" ? "manifest.json" : "rank-1.pt")),
+    EXPECT_NE(exported.output.find("warning: passed over " + newest + ": " +
+                                   (how == "manifest" ? "damaged: manifest.json"
+                                    : how == "file"   ? ""
+                                                      : "damaged: rank-1.pt")),
               std::string::npos)
         << exported.output;
     EXPECT_NE(exported.output.find("(step 2, "), std::string::npos) << exported.output;
@@ -135,6 +143,7 @@ TEST_F(ShardedCheckpointCliTest, ADamagedOrForeignRankFileFallsBackToThePrevious
     const std::string why = how == "removed"    ? ": damaged: rank-1.pt: no such file"
                             : how == "altered"  ? ": damaged: rank-1.pt: its CRC-32 does not match"
                             : how == "manifest" ? ": damaged: manifest.json"
+                            : how == "file"     ? ": damaged"
                                                 : ": damaged: rank-1.pt is a file of another checkpoint";
     EXPECT_NE(resumed.output.find(why), std::string::npos) << resumed.output;
     EXPECT_NE(resumed.output.find("resumed from " + dir + "/checkpoint-00000002 (epoch 1, step 2)"),

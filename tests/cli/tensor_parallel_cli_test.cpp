@@ -45,6 +45,29 @@ TEST(TensorParallelCliTest, DropoutUnderTpIsOneProcesssDropout) {
                       {/*threads=*/false, /*steps=*/4});
 }
 
+// Note [dropout seeds]: each step's masks come from (--seed, the step, the
+// stage), so under a pipeline with dropout the measured balance (whose
+// timing forwards drew masks) equals a given split, pp=2 x tp=2 equals
+// pp=2, and a run stopped at step 2 and resumed (a later stage's
+// generator not in the checkpoint) ends where the uninterrupted one does.
+// Real processes, float64. Controls: no dropout; the weights halfway.
+TEST(TensorParallelCliTest, DropoutUnderAPipelineResumesExactly) {
+  TempDir text;
+  const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(text) +
+                            " --seq-len 16 --dtype float64 --lr 1e-3 --dropout 0.2 ";
+  const testing::RunStyle processes{/*threads=*/false, /*steps=*/4};
+  expect_same_weights({"--nproc-per-node 2 --mesh pp=2 --pipeline-split h2", "--nproc-per-node 2 --mesh pp=2",
+                       "--nproc-per-node 4 --mesh pp=2,tp=2 --pipeline-split h2"},
+                      model, 1e-10, model + "--dropout 0 --nproc-per-node 2 --mesh pp=2 --pipeline-split h2",
+                      processes);
+  TempDir dir;
+  const std::string resumed = "--model gpt2-tiny --data text:" + testing::write_text(dir) +
+                              " --seq-len 16 --dtype float64 --dropout 0.2 ";
+  testing::expect_resumes_as_uninterrupted(dir, resumed, "--lr 1e-3 --nproc-per-node 2 --mesh pp=2",
+                                           {"--lr 1e-3 --nproc-per-node 2 --mesh pp=2"}, "pp=2 with dropout", 1e-10,
+                                           processes);
+}
+
 TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
   TempDir dir;
   const std::string text = "--data text:" + testing::write_text(dir) + " --seq-len 16 --max-steps 1 --progress off ";

@@ -159,6 +159,18 @@ TEST(HfFormatTest, WhatTransformersSavedLoadsIntoTandem) {
   EXPECT_GT(largest_difference(fresh->forward(tokens), theirs), 1e-3);
 }
 
+// --export-hf of a run with --dropout writes it as GPT-2's three pdrops,
+// as transformers would train the folder on.
+TEST(HfFormatTest, TheRunsDropoutIsTheConfigsPdrops) {
+  TempDir dir;
+  auto config = models::Gpt2Config::preset("gpt2-tiny");
+  config.vocab_size = 61;
+  auto model = models::gpt2(config);
+  write_hf_folder(dir.file("hf"), model, "gpt2-tiny", config.vocab_size, {}, 0.25);
+  const auto written = nlohmann::json::parse(testing::read_text(dir.file("hf/config.json")));
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) EXPECT_EQ(written.at(key), 0.25) << key;
+}
+
 TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
   TempDir dir;
   auto small = models::gpt2(gpt2_config());

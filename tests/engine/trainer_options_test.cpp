@@ -279,7 +279,8 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
             c.devices = "cpu,cpu";
             c.micro_batches = 65;
           }),
-          "--micro-batches 65: more than the 64 samples of a batch (--batch-size 64)");
+          "--micro-batches 65: more than the 64 samples each rank takes a step (--batch-size 64 over 1 data-parallel "
+          "rank(s))");
   refused(with([](auto& c) { c.image_size = 8193; }), "--image-size: expected 1 to 8192 pixels");
   // What the options alone show is a usage error (the CLI's exit 2), also
   // checked by `tandem train --nproc-per-node` before any worker starts.
@@ -297,8 +298,16 @@ TEST_F(TrainerTest, InvalidOptionsNameTheFlag) {
                                   c.micro_batches = 65;
                                 }), 2);
             }),
-            "--micro-batches 65: more than the 64 samples of a batch (--batch-size 64); each micro-batch needs "
-            "at least one");
+            "--micro-batches 65: more than the 64 samples each rank takes a step (--batch-size 64 over 1 "
+            "data-parallel rank(s)); each micro-batch needs at least one");
+  // The flag the user gave names the share (a hostile run saw --batch-size named for --batch-per-process).
+  EXPECT_EQ(testing::error_of([&] {
+              check_train_ranks(with([](auto& c) {
+                                  c.batch_per_process = 2;
+                                  c.grad_accum = 3;
+                                }), 2);
+            }),
+            "--grad-accum 3: more chunks than the 2 samples each rank takes a step (--batch-per-process 2)");
   // --export-weights is checked when run() starts, before the first step.
   EXPECT_EQ(testing::error_of([&] { Trainer(with([](auto& c) { c.export_weights = "/no/such/folder/w.st"; }), nullptr).run(); }),
             "--export-weights /no/such/folder/w.st: /no/such/folder is not a folder this process can write to");

@@ -42,12 +42,13 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
 
 // The same for a registry model by its preset name (gpt2-tiny ... gpt2-xl,
-// llama-tiny, llama-3.2-1b) with the data's vocabulary (--export-hf,
-// --init-weights). Throws tandem::Error for a model without transformers'
-// form.
+// llama-tiny, llama-3.2-1b) with the data's vocabulary and the run's
+// dropout (GPT-2's three pdrops) (--export-hf, --init-weights). Throws
+// tandem::Error for a model without transformers' form.
 bool has_hf_form(const std::string& model_name);
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
-                     int64_t vocab_size, const std::map<std::string, std::string>& metadata = {});
+                     int64_t vocab_size, const std::map<std::string, std::string>& metadata = {},
+                     double dropout = 0.0);
 void load_hf_weights(const std::string& path, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size);
 

@@ -212,6 +212,7 @@ class Trainer {
                    torch::optim::Optimizer& optimizer, StepCounters& counters);
   void clip_gradients();  // --clip-grad-norm, over the ranks that hold the gradients
   std::vector<dist::PlacedTensor> placed_parameters(bool gradients = false) const;  // Note [placements]
+  void seed_dropout(int64_t step) const;  // Note [dropout seeds]
 
   TrainOptions options_;
   std::FILE* log_;
