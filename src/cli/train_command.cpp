@@ -145,7 +145,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "--strategy pipeline: the layers that begin stages 2, 3, ... (one stage per "
                    "device, or devices x --virtual-stages), e.g. conv2 (default: balanced, see "
                    "--pipeline-balance)");
-  flags.add_choice("pipeline-balance", &o.pipeline_balance, {"time", "params"},
+  flags.add_enum("pipeline-balance", &o.pipeline_balance, engine::pipeline_balance_names(),
                    "--strategy pipeline without --pipeline-split: balance the stages by "
                    "measured forward+backward time or by parameter count");
   flags.add_switch("sync-bn", &o.sync_bn,
@@ -161,7 +161,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "positions) each tp rank holds 1/tp of the sequence, with an all-gather and a "
                    "reduce-scatter in place of each all-reduce (Megatron-LM's sequence parallelism: "
                    "the same traffic, 1/tp of those activations); --seq-len must be a multiple of tp");
-  flags.add_choice("fsdp-sharding", &o.fsdp_sharding, {"full", "grad-op"},
+  flags.add_enum("fsdp-sharding", &o.fsdp_sharding, engine::fsdp_sharding_names(),
                    "--strategy fsdp: full frees each unit's parameters after its forward and "
                    "gathers them again for its backward (ZeRO-3, PyTorch's FULL_SHARD); grad-op "
                    "keeps them from forward to backward (ZeRO-2, SHARD_GRAD_OP: one all-gather "
@@ -217,7 +217,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_string("profile-steps", "A:B", &o.profile_steps,
                    "with --profile-out: trace the optimizer steps from A up to B (not included), "
                    "counted from 0");
-  flags.add_choice("progress", &o.progress, {"auto", "bar", "lines", "off"},
+  flags.add_enum("progress", &o.progress, engine::progress_names(),
                    "live bar on a terminal (auto), plain lines, or nothing (warnings are printed whatever this is)");
   return flags;
 }

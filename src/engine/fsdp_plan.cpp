@@ -148,7 +148,7 @@ std::unique_ptr<DataPlan> make_fsdp_plan(const DataPlanSetup& setup) {
   const auto& o = *setup.options;
   parallel::FsdpOptions options;
   options.min_unit_numel = o.fsdp_min_unit_params;
-  options.reshard_after_forward = o.fsdp_sharding == "full";
+  options.reshard_after_forward = o.fsdp_sharding == FsdpSharding::kFull;
   if (setup.pieces.empty()) {
     // Note [fully sharded parameters]: from here on the model's parameters
     // hold no elements outside forward, backward and FullParams.

@@ -51,6 +51,24 @@ const EnumNames<DistBackend>& dist_backend_names() {
   return names;
 }
 
+const EnumNames<PipelineBalance>& pipeline_balance_names() {
+  static const EnumNames<PipelineBalance> names = {{"time", PipelineBalance::kTime},
+                                                   {"params", PipelineBalance::kParams}};
+  return names;
+}
+
+const EnumNames<FsdpSharding>& fsdp_sharding_names() {
+  static const EnumNames<FsdpSharding> names = {{"full", FsdpSharding::kFull}, {"grad-op", FsdpSharding::kGradOp}};
+  return names;
+}
+
+const EnumNames<ProgressMode>& progress_names() {
+  static const EnumNames<ProgressMode> names = {
+      {"auto", ProgressMode::kAuto}, {"bar", ProgressMode::kBar}, {"lines", ProgressMode::kLines},
+      {"off", ProgressMode::kOff}};
+  return names;
+}
+
 const EnumNames<Optimizer>& optimizer_names() {
   static const EnumNames<Optimizer> names = {
       {"auto", Optimizer::kAuto}, {"sgd", Optimizer::kSgd}, {"adamw", Optimizer::kAdamW}};
@@ -75,12 +93,18 @@ const std::string& option_name(Optimizer o) { return name_in(optimizer_names(), 
 const std::string& option_name(Dtype d) { return name_in(dtype_names(), d); }
 const std::string& option_name(Schedule s) { return name_in(schedule_names(), s); }
 const std::string& option_name(DistBackend b) { return name_in(dist_backend_names(), b); }
+const std::string& option_name(PipelineBalance b) { return name_in(pipeline_balance_names(), b); }
+const std::string& option_name(FsdpSharding s) { return name_in(fsdp_sharding_names(), s); }
+const std::string& option_name(ProgressMode p) { return name_in(progress_names(), p); }
 
 std::ostream& operator<<(std::ostream& out, Strategy s) { return out << strategy_name(s); }
 std::ostream& operator<<(std::ostream& out, Optimizer o) { return out << option_name(o); }
 std::ostream& operator<<(std::ostream& out, Dtype d) { return out << option_name(d); }
 std::ostream& operator<<(std::ostream& out, Schedule s) { return out << option_name(s); }
 std::ostream& operator<<(std::ostream& out, DistBackend b) { return out << option_name(b); }
+std::ostream& operator<<(std::ostream& out, PipelineBalance b) { return out << option_name(b); }
+std::ostream& operator<<(std::ostream& out, FsdpSharding s) { return out << option_name(s); }
+std::ostream& operator<<(std::ostream& out, ProgressMode p) { return out << option_name(p); }
 namespace {
 
 // The model's top-level layer names as the command line alone determines
@@ -220,8 +244,6 @@ void check_train_options(const TrainOptions& o) {
   }
   TANDEM_CHECK_USAGE(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
                      "--profile-steps goes with --profile-out");
-  TANDEM_CHECK_USAGE(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "off",
-                     "--progress: expected auto, bar, lines or off, got '", o.progress, "'");
 
   const bool fsdp = o.strategy == Strategy::kFsdp;
   const bool pipeline = pipelined(o);  // --strategy pipeline or a --mesh with pp > 1
@@ -246,8 +268,6 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(fsdp || (o.fsdp_sharding == defaults.fsdp_sharding &&
                               o.fsdp_min_unit_params == defaults.fsdp_min_unit_params),
                      "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp");
-  TANDEM_CHECK_USAGE(o.fsdp_sharding == "full" || o.fsdp_sharding == "grad-op",
-                     "--fsdp-sharding: expected full or grad-op, got '", o.fsdp_sharding, "'");
   TANDEM_CHECK_USAGE(o.fsdp_min_unit_params >= 0, "--fsdp-min-unit-params: expected >= 0, got ",
                      o.fsdp_min_unit_params);
   TANDEM_CHECK_USAGE(!fsdp || (o.ddp_comm_hook == defaults.ddp_comm_hook && o.bucket_cap_mb == defaults.bucket_cap_mb),
@@ -260,8 +280,6 @@ void check_train_options(const TrainOptions& o) {
                      "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over "
                      "several processes); --strategy ", o.strategy, " has none");
   TANDEM_CHECK_USAGE(o.micro_batches >= 1, "--micro-batches: expected a positive integer, got ", o.micro_batches);
-  TANDEM_CHECK_USAGE(o.pipeline_balance == "time" || o.pipeline_balance == "params",
-                     "--pipeline-balance: expected time or params, got '", o.pipeline_balance, "'");
   // An explicit split leaves nothing to balance (the flag was ignored).
   TANDEM_CHECK_USAGE(o.pipeline_split.empty() || o.pipeline_balance == defaults.pipeline_balance,
                      "--pipeline-balance ", o.pipeline_balance, " chooses the stages when --pipeline-split does "

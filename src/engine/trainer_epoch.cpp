@@ -24,10 +24,10 @@ void Trainer::train_epoch(RunState& run) {
   auto& profiler = *profiler_;
   model_->train();
   EpochState epoch;
-  if (log_ && o.progress != "off") {
+  if (log_ && o.progress != ProgressMode::kOff) {
     epoch.progress.emplace(ProgressOptions{
         format("epoch %lld/%lld", static_cast<long long>(position.epoch + 1), static_cast<long long>(o.epochs)),
-        run.steps_per_epoch, tokens_per_sample_ > 0 ? "seq" : "img", o.progress == "bar" || (o.progress == "auto" && is_terminal(log_)), 10.0, log_});
+        run.steps_per_epoch, tokens_per_sample_ > 0 ? "seq" : "img", o.progress == ProgressMode::kBar || (o.progress == ProgressMode::kAuto && is_terminal(log_)), 10.0, log_});
   }
   epoch.counters.stage_idle.assign(static_cast<size_t>(stage_plan_->stages()), 0.0);
   epoch.loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));

@@ -317,7 +317,7 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
   // Under tensor parallelism the layers run collectives over the tp
   // group, so rank 0 cannot time them alone: balanced by parameter count.
-  if (o.pipeline_balance == "params" || tensor_group_) {
+  if (o.pipeline_balance == PipelineBalance::kParams || tensor_group_) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }
@@ -396,14 +396,14 @@ std::string Trainer::job_settings() const {
                 static_cast<long long>(o.grad_accum), static_cast<long long>(o.max_steps), o.shard_optimizer,
                 o.skip_bad_images, !o.checkpoint_dir.empty(), static_cast<long long>(o.checkpoint_every),
                 o.resume, o.checkpoint_format.c_str()) +
-         (o.strategy == Strategy::kFsdp ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", o.fsdp_sharding.c_str(),
+         (o.strategy == Strategy::kFsdp ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", option_name(o.fsdp_sharding).c_str(),
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +
          format(" mesh=%s", layout_.mesh.str().c_str()) +
          (layout_.pipeline
               ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", option_name(o.schedule).c_str(),
                        static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
-                       o.pipeline_balance.c_str())
+                       option_name(o.pipeline_balance).c_str())
               : format(" ddp_comm_hook=%s bucket_cap_mb=%g", o.ddp_comm_hook.c_str(), o.bucket_cap_mb));
 }
 

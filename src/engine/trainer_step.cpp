@@ -105,7 +105,7 @@ StepSettings Trainer::step_settings() const {
 }
 
 void Trainer::say(const std::string& line) const {
-  if (log_ && options_.progress != "off") std::fprintf(log_, "%s\n", printable(line).c_str());
+  if (log_ && options_.progress != ProgressMode::kOff) std::fprintf(log_, "%s\n", printable(line).c_str());
 }
 
 void Trainer::notice(const std::string& line) const {

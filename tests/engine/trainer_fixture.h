@@ -27,7 +27,7 @@ inline TrainOptions small_run(const std::string& data_dir) {
   o.batch_size = 64;
   o.lr = 0.05;
   o.seed = 11;
-  o.progress = "off";
+  o.progress = ProgressMode::kOff;
   return o;
 }
 

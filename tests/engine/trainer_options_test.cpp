@@ -128,7 +128,7 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   Trainer(checkpointed, nullptr).run();
   checkpointed.resume = true;
   checkpointed.max_steps = 3;
-  checkpointed.progress = "lines";
+  checkpointed.progress = ProgressMode::kLines;
   checkpointed.init_weights = o.export_weights;
   const std::string resumed = run_logged(checkpointed);
   EXPECT_NE(resumed.find("--init-weights " + o.export_weights + " is not used: the checkpoint's weights replace it"),

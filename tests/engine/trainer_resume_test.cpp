@@ -52,7 +52,7 @@ TEST_F(TrainerTest, AResumedRunSaysSoEvenWithProgressOff) {
   Trainer(o, nullptr).run();
   o.max_steps = 5;
   o.resume = true;
-  ASSERT_EQ(o.progress, "off");
+  ASSERT_EQ(o.progress, ProgressMode::kOff);
   EXPECT_NE(run_logged(o).find("resumed from " + checkpoints.file("checkpoint-00000003.pt") + " (epoch 1, step 3)"),
             std::string::npos);
 }
@@ -130,7 +130,7 @@ TEST_F(TrainerTest, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
     o.checkpoint_dir = checkpoints.path();
     o.checkpoint_every = 3;
     o.max_steps = 10;  // keeps checkpoint-00000009.pt (every 3 steps) and -00000010.pt (the stop)
-    o.progress = "off";
+    o.progress = ProgressMode::kOff;
     o.resume = false;
     Trainer(o, nullptr).run();
     auto newest = checkpoints.file("checkpoint-00000010.pt");
@@ -149,7 +149,7 @@ TEST_F(TrainerTest, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
     }
     o.max_steps = 0;
     o.resume = true;
-    o.progress = "lines";
+    o.progress = ProgressMode::kLines;
     char* text = nullptr;
     size_t length = 0;
     std::FILE* log = open_memstream(&text, &length);
@@ -297,7 +297,7 @@ TEST_F(TrainerTest, ACheckpointOfNonFiniteWeightsIsPassedOverAsDamaged) {
   }
   o.resume = true;
   o.max_steps = 12;
-  o.progress = "lines";
+  o.progress = ProgressMode::kLines;
   const std::string output = run_logged(o);
   EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000011.pt") +
                         ": damaged: its weights hold NaN or infinite values (conv1.weight), as a diverged run's do"),
@@ -366,7 +366,7 @@ TEST_F(TrainerTest, CheckpointsOfLaterStepsThanTheRunsAreNotKeptOrTrusted) {
   std::filesystem::resize_file(checkpoints.file("checkpoint-00000099.pt"), 1000);
   o.resume = true;
   o.max_steps = 12;
-  o.progress = "lines";
+  o.progress = ProgressMode::kLines;
   const std::string output = run_logged(o);
   EXPECT_NE(output.find("tandem: warning: cannot resume from " + checkpoints.file("checkpoint-00000099.pt") +
                         ": damaged"), std::string::npos) << output;

@@ -145,7 +145,7 @@ TEST_F(TrainerTest, WarningsAreNotSilencedByProgressOff) {
   TempDir out;
   auto o = small_run(data_.path());
   o.epochs = 1;
-  o.progress = "off";
+  o.progress = ProgressMode::kOff;
   o.profile_out = out.file("trace.json");
   o.profile_steps = "50:60";
   std::FILE* log = std::tmpfile();

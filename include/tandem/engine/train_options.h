@@ -29,6 +29,15 @@ const EnumNames<Schedule>& schedule_names();
 // --dist-backend: auto (NCCL on CUDA, Gloo on the CPU), gloo, nccl.
 enum class DistBackend { kAuto, kGloo, kNccl };
 const EnumNames<DistBackend>& dist_backend_names();
+// --pipeline-balance: the stages cut by measured time or by parameters.
+enum class PipelineBalance { kTime, kParams };
+const EnumNames<PipelineBalance>& pipeline_balance_names();
+// --fsdp-sharding: full (ZeRO-3) or grad-op (ZeRO-2) (parallel/fsdp.h).
+enum class FsdpSharding { kFull, kGradOp };
+const EnumNames<FsdpSharding>& fsdp_sharding_names();
+// --progress: auto (a bar on a terminal, else lines), bar, lines, off.
+enum class ProgressMode { kAuto, kBar, kLines, kOff };
+const EnumNames<ProgressMode>& progress_names();
 
 // --strategy, parsed once where the flags are: auto (ddp with several
 // ranks), none, ddp, allreduce (seed 004's hand-written loop), fsdp, dp
@@ -49,10 +58,16 @@ const std::string& option_name(Optimizer o);
 const std::string& option_name(Dtype d);
 const std::string& option_name(Schedule s);
 const std::string& option_name(DistBackend b);
+const std::string& option_name(PipelineBalance b);
+const std::string& option_name(FsdpSharding s);
+const std::string& option_name(ProgressMode p);
 std::ostream& operator<<(std::ostream& out, Optimizer o);
 std::ostream& operator<<(std::ostream& out, Dtype d);
 std::ostream& operator<<(std::ostream& out, Schedule s);
 std::ostream& operator<<(std::ostream& out, DistBackend b);
+std::ostream& operator<<(std::ostream& out, PipelineBalance b);
+std::ostream& operator<<(std::ostream& out, FsdpSharding s);
+std::ostream& operator<<(std::ostream& out, ProgressMode p);
 
 // The defaults the CLI gives --lr and --weight-decay when the optimizer is
 // AdamW and they are not given (nanoGPT's GPT-2 settings).
@@ -113,11 +128,11 @@ struct TrainOptions {
   Schedule schedule = Schedule::k1F1B;  // --strategy pipeline
   int64_t virtual_stages = 0;         // --schedule interleaved: chunks per device (0: 2 if interleaved, else 1)
   std::string pipeline_split;         // --strategy pipeline: layer names that begin stages 2..S
-  std::string pipeline_balance = "time";  // --strategy pipeline without a split: time | params
+  PipelineBalance pipeline_balance = PipelineBalance::kTime;  // --strategy pipeline without a split
   bool sync_bn = false;               // BatchNorm over the global batch (SyncBatchNorm)
   bool shard_optimizer = false;       // SGD's momentum sharded over the ranks (optim/zero.h)
   bool sequence_parallel = false;     // --mesh with tp: norms and residuals on 1/tp of the sequence
-  std::string fsdp_sharding = "full";  // --strategy fsdp: full (ZeRO-3) | grad-op (ZeRO-2) (parallel/fsdp.h)
+  FsdpSharding fsdp_sharding = FsdpSharding::kFull;  // --strategy fsdp (parallel/fsdp.h)
   int64_t fsdp_min_unit_params = int64_t(1) << 17;  // --strategy fsdp: the smallest unit (plan_units)
   std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
@@ -146,7 +161,7 @@ struct TrainOptions {
   std::string export_hf;        // a language model's final weights as a transformers folder (engine/hf_format.h)
   std::string profile_out;      // Chrome trace of --profile-steps (engine/profile.h); "{rank}": per rank
   std::string profile_steps = "5:8";  // A:B, the steps traced
-  std::string progress = "auto";  // auto | bar | lines | off
+  ProgressMode progress = ProgressMode::kAuto;
 };
 
 }  // namespace tandem::engine
