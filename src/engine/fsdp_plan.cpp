@@ -119,11 +119,11 @@ class FsdpPlan : public DataPlan {
     return placed;
   }
   bool sharded() const override { return true; }
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::SGDOptions& options) override {
-    return std::make_unique<parallel::FsdpSgd>(*fsdp_, options);
-  }
-  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::AdamWOptions& options) override {
-    return std::make_unique<parallel::FsdpAdamW>(*fsdp_, options);  // Note [fsdp weight decay]
+  std::unique_ptr<torch::optim::Optimizer> make_optimizer(const optim::OptimizerSettings& settings) override {
+    if (settings.kind == optim::OptimizerSettings::Kind::kAdamW) {
+      return std::make_unique<parallel::FsdpAdamW>(*fsdp_, settings.adamw);  // Note [fsdp weight decay]
+    }
+    return std::make_unique<parallel::FsdpSgd>(*fsdp_, settings.sgd);
   }
   Held whole_model(bool write_back) override {
     if (fsdp_->detached()) return nullptr;

@@ -11,12 +11,22 @@
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "train_options_checks.h"
+#include "trainer_internal.h"
 
 namespace tandem::engine {
 
 Optimizer resolved_optimizer(const TrainOptions& o) {
   if (o.optimizer != Optimizer::kAuto) return o.optimizer;
   return models::is_language_model(o.model) ? Optimizer::kAdamW : Optimizer::kSgd;
+}
+
+optim::OptimizerSettings internal::optimizer_settings(const TrainOptions& o) {
+  if (resolved_optimizer(o) == Optimizer::kAdamW) {
+    return optim::OptimizerSettings::of(
+        torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.adam_eps).weight_decay(o.weight_decay));
+  }
+  return optim::OptimizerSettings::of(
+      torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
 }
 
 int64_t resolved_seq_len(const TrainOptions& o) {

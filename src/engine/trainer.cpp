@@ -48,11 +48,9 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   const int64_t steps_per_epoch = run->steps_per_epoch = run->loader->num_batches();
   TANDEM_CHECK(steps_per_epoch > 0, o.data, ": no training samples");
 
-  // The optimizer: the data plan's own (FSDP's over the shards), or with
-  // --shard-optimizer each rank keeping the momentum of its share only
-  // (Note [sharded optimizer state]; the weights are plain SGD's), or SGD.
-  const auto sgd_options =
-      torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay);
+  // The optimizer: the data plan's own (FSDP's over the shards), or
+  // optim::make_optimizer's over the model, with --shard-optimizer its
+  // state sharded over the dp ranks (Note [sharded optimizer state]).
   // A pipeline's other stages' parameters keep their places in a sharded
   // optimizer (a checkpoint holds the whole model) but are stepped by their
   // own ranks.
@@ -63,31 +61,14 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
       if (!borrowed) elsewhere.push_back(p);  // Note [tied weights across stages]: the copy is stepped here
     }
   }
-  if (resolved_optimizer(o) == Optimizer::kAdamW) {
-    // nanoGPT's groups: matrices and embeddings decayed, vectors not.
-    const auto adamw_options = torch::optim::AdamWOptions(o.lr)
-                                   .betas({o.beta1, o.beta2})
-                                   .eps(o.adam_eps)
-                                   .weight_decay(o.weight_decay);
-    if ((run->optimizer = plan_->make_optimizer(adamw_options))) {
-      run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
-    } else if (o.shard_optimizer) {
-      auto groups = optim::decay_groups(model_->named_parameters(), adamw_options);
-      auto sharded = std::make_unique<optim::ZeroAdamW>(std::move(groups), adamw_options, group_, elsewhere);
-      run->zero = sharded.get();
-      run->optimizer = std::move(sharded);
-    } else {
-      run->optimizer = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), adamw_options),
-                                                      adamw_options);
-    }
-  } else if ((run->optimizer = plan_->make_optimizer(sgd_options))) {
+  const auto settings = internal::optimizer_settings(o);
+  if ((run->optimizer = plan_->make_optimizer(settings))) {
     run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
-  } else if (o.shard_optimizer) {
-    auto sharded = std::make_unique<optim::ZeroSgd>(model_->parameters(), sgd_options, group_, elsewhere);
-    run->zero = sharded.get();
-    run->optimizer = std::move(sharded);
   } else {
-    run->optimizer = std::make_unique<optim::Sgd>(model_->parameters(), sgd_options);
+    auto built = optim::make_optimizer(settings, model_->named_parameters(), o.shard_optimizer ? group_ : nullptr,
+                                       elsewhere);
+    run->optimizer = std::move(built.optimizer);
+    run->zero = built.sharded;
   }
   run->schedule = std::make_unique<optim::CosineSchedule>(optim::CosineOptions{
       o.lr, o.min_lr, o.epochs * steps_per_epoch, static_cast<int64_t>(std::llround(o.warmup_epochs * steps_per_epoch))});

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include "tandem/data/loader.h"
+#include "tandem/engine/train_options.h"
+#include "tandem/optim/make_optimizer.h"
 
 namespace tandem::engine::internal {
 
@@ -18,5 +20,9 @@ inline data::LoaderOptions loader_options(int64_t batch_size, int64_t workers, c
   options.pin_memory = device.is_cuda();
   return options;
 }
+
+// The resolved optimizer (--optimizer) with its flags (--lr, --momentum,
+// --beta1, ...), for optim::make_optimizer or a data plan's own.
+optim::OptimizerSettings optimizer_settings(const TrainOptions& options);
 
 }  // namespace tandem::engine::internal

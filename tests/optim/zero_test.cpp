@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "tandem/optim/make_optimizer.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/optim/zero.h"
 #include "testing.h"
@@ -347,6 +348,31 @@ TEST(ZeroSgdTest, AParameterOutsideThePlanIsNamed) {
   EXPECT_NE(error_of([&] { ZeroSgd twice({params[0], params[0]}, kOptions, nullptr); })
                 .find("parameter 1 appears twice"),
             std::string::npos);
+}
+
+// optim::make_optimizer, the one place a run's optimizer is built: AdamW in
+// nanoGPT's decay groups (matrices decayed, vectors not) or SGD, plain
+// without a group and ZeRO-1 over one, which steps as the plain one does.
+TEST(MakeOptimizerTest, PlainOrShardedAsAsked) {
+  torch::nn::Linear layer(4, 3);
+  const auto adamw = OptimizerSettings::of(torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+  auto plain = make_optimizer(adamw, layer->named_parameters());
+  ASSERT_NE(dynamic_cast<AdamW*>(plain.optimizer.get()), nullptr);
+  EXPECT_EQ(plain.sharded, nullptr);
+  ASSERT_EQ(plain.optimizer->param_groups().size(), 2u);
+  EXPECT_EQ(static_cast<torch::optim::AdamWOptions&>(plain.optimizer->param_groups()[0].options()).weight_decay(), 0.1);
+  EXPECT_EQ(static_cast<torch::optim::AdamWOptions&>(plain.optimizer->param_groups()[1].options()).weight_decay(), 0.0);
+  const auto sgd = OptimizerSettings::of(torch::optim::SGDOptions(0.1).momentum(0.9));
+  EXPECT_NE(dynamic_cast<Sgd*>(make_optimizer(sgd, layer->named_parameters()).optimizer.get()), nullptr);
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    torch::manual_seed(1);
+    torch::nn::Linear mine(4, 3);
+    auto built = make_optimizer(sgd, mine->named_parameters(), group);
+    if (built.sharded == nullptr || dynamic_cast<ZeroSgd*>(built.optimizer.get()) == nullptr) {
+      throw std::runtime_error("not ZeRO-1's SGD");
+    }
+    EXPECT_EQ(built.sharded->world_size(), 2);
+  }));
 }
 
 }  // namespace zero_test

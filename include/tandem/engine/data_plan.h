@@ -33,6 +33,7 @@
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
 #include "tandem/optim/sgd.h"
+#include "tandem/optim/make_optimizer.h"
 
 namespace tandem::parallel {
 class FullyShardedDataParallel;
@@ -84,11 +85,10 @@ class DataPlan {
   // Whether parameters() are this rank's shards, disjoint from the other
   // dp ranks' (a gradient norm is then summed over them).
   virtual bool sharded() const { return false; }
-  // The optimizer the plan steps with, or null for the Trainer's own
-  // (plain SGD or ZeRO-1 over the model's parameters).
-  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::SGDOptions&) { return nullptr; }
-  // The same for AdamW in nanoGPT's decay groups (optim::decay_groups).
-  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer(const torch::optim::AdamWOptions&) { return nullptr; }
+  // The optimizer the plan steps with (FSDP's over its shards), or null
+  // for optim::make_optimizer's over the model's parameters (plain, or
+  // ZeRO-1).
+  virtual std::unique_ptr<torch::optim::Optimizer> make_optimizer(const optim::OptimizerSettings&) { return nullptr; }
   // The whole model's weights on this rank while held (FSDP gathers them;
   // `write_back`: what is loaded into them is kept as the shards).
   virtual Held whole_model(bool /*write_back*/) { return nullptr; }
