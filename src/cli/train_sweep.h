@@ -22,6 +22,9 @@ void complete_train_options(engine::TrainOptions& o, const FlagSet& flags);
 // AdamW's own --lr and --weight-decay where the command line gives none
 // (the flag table's defaults are SGD's): kAdamWLr, kAdamWWeightDecay.
 void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags);
+// Refuses a flag given for a feature the run does not have (a pipeline's,
+// FSDP's), even at its default value, naming it.
+void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags);
 
 // This program's path, for re-running it as workers.
 std::string self_executable();

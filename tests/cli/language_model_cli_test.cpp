@@ -310,6 +310,13 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
       {"--model gpt2-tiny --data " + text + " --nesterov --momentum 0", "is SGD's; the optimizer is adamw"},
       {"--model convnet --beta2 0.9", "are AdamW's; the optimizer is sgd"},
       {"--model gpt2-tiny --data tokens:" + dir.file("none*.bin"), "no file matches"},
+      // A feature's flag given at its default value where the run lacks the feature.
+      {"--model gpt2-tiny --data " + text + " --fsdp-sharding full",
+       "--fsdp-sharding goes with --strategy fsdp; this run's is auto"},
+      {"--model gpt2-tiny --data " + text + " --micro-batches 4",
+       "--micro-batches goes with a pipeline (--strategy pipeline, or --mesh with pp > 1); this run has none"},
+      {"--model gpt2-tiny --data " + text + " --nproc-per-node 4 --mesh pp=2,tp=2 --pipeline-balance time",
+       "--pipeline-balance time: a pipeline with tp > 1 is cut by parameter count"},
       {"--model gpt2-tiny --data " + text + " --val-data fashion-mnist", "--val-data fashion-mnist: image data"},
       {"--model gpt2-tiny --data " + text + " --val-data tokens:" + dir.file("text.txt") + " --vocab-size 65536",
        "tokens data, but --data text:"},
