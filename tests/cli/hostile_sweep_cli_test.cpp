@@ -66,7 +66,7 @@ const Case kUsageErrors[] = {
     {"stray", "unexpected argument 'stray'"},
     // Flags that do not go together.
     {"--amp bf16 --dtype float64", "--amp bf16 needs --dtype float32"},
-    {"--micro-batches 2", "go with --strategy pipeline"},
+    {"--micro-batches 2", "--micro-batches goes with a pipeline (--strategy pipeline, or --mesh with pp > 1)"},
     {"--cuda-graph", "--cuda-graph needs --device cuda"},
     {"--resume", "--resume needs --checkpoint-dir"},
     {"--init-weights-except fc", "--init-weights-except goes with --init-weights"},

@@ -136,10 +136,10 @@ TEST(PipelineCliOptionsTest, BadOptionsAreNamed) {
   EXPECT_TRUE(testing::tandem_fails("train --strategy pipeline --max-steps 1", 2,
                                     "--strategy pipeline needs --devices"));
   EXPECT_TRUE(testing::tandem_fails("train --micro-batches 8 --max-steps 1", 2,
-                                    "--micro-batches, --schedule, --virtual-stages, --pipeline-split and "
-                                    "--pipeline-balance go with --strategy pipeline"));
+                                    "--micro-batches goes with a pipeline (--strategy pipeline, or --mesh with "
+                                    "pp > 1); this run has none"));
   EXPECT_TRUE(testing::tandem_fails("train --virtual-stages 2 --max-steps 1", 2,
-                                    "--virtual-stages, --pipeline-split"));
+                                    "--virtual-stages goes with a pipeline"));
   EXPECT_TRUE(testing::tandem_fails(
       "train --strategy pipeline --devices cpu,cpu --virtual-stages 2 --max-steps 1", 2,
       "--virtual-stages 2: more than one chunk per device needs --schedule interleaved, not 1f1b"));
