@@ -351,56 +351,6 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 
 namespace internal {
 
-void complete_train_options(engine::TrainOptions& o, const FlagSet& flags) {
-  if (flags.given("batch-size") && flags.given("batch-per-process")) {
-    throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
-  }
-  check_flags_that_apply(o, flags);
-  apply_optimizer_defaults(o, flags);
-}
-
-// A flag of something this run does not have, given at its default value,
-// would change nothing and say nothing (the engine's checks see values,
-// not what was given): it is named, as the engine names a changed one.
-void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags) {
-  const bool pipeline = engine::pipelined(o);
-  for (const char* flag : {"micro-batches", "schedule", "virtual-stages", "pipeline-split", "pipeline-balance"}) {
-    if (!pipeline && flags.given(flag)) {
-      throw UsageError(std::string("--") + flag + " goes with a pipeline (--strategy pipeline, or --mesh with "
-                       "pp > 1); this run has none");
-    }
-  }
-  for (const char* flag : {"fsdp-sharding", "fsdp-min-unit-params"}) {
-    if (o.strategy != engine::Strategy::kFsdp && flags.given(flag)) {
-      throw UsageError(std::string("--") + flag + " goes with --strategy fsdp; this run's is " +
-                       engine::strategy_name(o.strategy));
-    }
-  }
-  int64_t tp = 1;
-  try {
-    tp = o.mesh.empty() ? 1 : dist::parse_mesh(o.mesh, 0)[dist::MeshDim::kTensor];
-  } catch (const std::exception&) {  // a bad --mesh: the engine's checks name it
-  }
-  if (pipeline && tp > 1 && flags.given("pipeline-balance") && o.pipeline_balance != engine::PipelineBalance::kParams) {
-    throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + ": a pipeline with tp > 1 "
-                     "is cut by parameter count (its tp ranks must cut alike); give --pipeline-balance params, "
-                     "--pipeline-split, or neither");
-  }
-}
-
-// AdamW's own --lr and --weight-decay where the command line gives none
-// (the table's defaults are SGD's).
-void apply_optimizer_defaults(engine::TrainOptions& o, const FlagSet& flags) {
-  const auto names = models::model_names();
-  if (std::find(names.begin(), names.end(), o.model) == names.end()) return;  // check_train_options names it
-  if (engine::resolved_optimizer(o) != engine::Optimizer::kAdamW) return;
-  if (flags.given("momentum")) {
-    throw UsageError("--momentum is SGD's; the optimizer is adamw (--beta1 is its first-moment decay)");
-  }
-  if (!flags.given("lr")) o.lr = engine::kAdamWLr;
-  if (!flags.given("weight-decay")) o.weight_decay = engine::kAdamWWeightDecay;
-}
-
 // This program's path, for re-running it as workers.
 std::string self_executable() {
   char path[4096];

@@ -36,22 +36,31 @@ TEST(TaskTest, ClassificationSmoothsTheTrainingLossOnly) {
   EXPECT_EQ(task->hits(output, predicted).item<int64_t>(), 6);
 }
 
+// About `bytes` of repetitive text in `dir`, as windows of `seq_len`.
+data::DataSplits river_text(const testing::TempDir& dir, size_t bytes, int64_t seq_len) {
+  std::string text;
+  for (int i = 0; text.size() < bytes; ++i) text += "the river " + std::to_string(i % 97) + " and the stone. ";
+  std::ofstream(dir.file("t.txt")) << text;
+  data::DataOptions options;
+  options.seq_len = seq_len;
+  return data::open_data("text:" + dir.file("t.txt"), options);
+}
+
+models::Sequence gpt2_tiny(int64_t seq_len) {
+  models::ModelOptions options;
+  options.vocab_size = 256;
+  options.seq_len = seq_len;
+  return models::make_seeded_model("gpt2-tiny", options, 5);
+}
+
 // Note [evaluation batches of tokens]: one-token windows asked for 8 at a
 // time are evaluated at least 2,048 tokens a forward (3,788 forwards of 8
 // took 15.8 s, 84% of it OpenMP's fork and join), with the loss and
 // accuracy of any grouping.
 TEST(EvaluateTest, ShortWindowsAreEvaluatedManyAForward) {
   testing::TempDir dir;
-  std::string text;
-  for (int i = 0; text.size() < 40000; ++i) text += "the river " + std::to_string(i % 97) + " and the stone. ";
-  std::ofstream(dir.file("t.txt")) << text;
-  data::DataOptions options;
-  options.seq_len = 1;
-  const auto splits = data::open_data("text:" + dir.file("t.txt"), options);
-  models::ModelOptions model_options;
-  model_options.vocab_size = 256;
-  model_options.seq_len = 1;
-  auto model = models::make_seeded_model("gpt2-tiny", model_options, 5);
+  const auto splits = river_text(dir, 40000, 1);
+  auto model = gpt2_tiny(1);
   model->to(torch::kFloat64);
   int64_t forwards = 0;
   const Forward counted = [&](const torch::Tensor& x) {
@@ -76,16 +85,8 @@ TEST(EvaluateTest, ShortWindowsAreEvaluatedManyAForward) {
 // about 3 digits (4.8889 for 4.8724); the control scores them in bf16.
 TEST(EvaluateTest, HalfPrecisionLogitsAreScoredInFloat32) {
   testing::TempDir dir;
-  std::string text;
-  for (int i = 0; text.size() < 20000; ++i) text += "the river " + std::to_string(i % 97) + " and the stone. ";
-  std::ofstream(dir.file("t.txt")) << text;
-  data::DataOptions options;
-  options.seq_len = 16;
-  const auto splits = data::open_data("text:" + dir.file("t.txt"), options);
-  models::ModelOptions model_options;
-  model_options.vocab_size = 256;
-  model_options.seq_len = 16;
-  auto model = models::make_seeded_model("gpt2-tiny", model_options, 5);
+  const auto splits = river_text(dir, 20000, 16);
+  auto model = gpt2_tiny(16);
   const Forward in_bf16 = [&](const torch::Tensor& x) { return model->forward(x).to(torch::kBFloat16); };
   const auto task = language_model_task();
   const auto scored = evaluate(model, *splits.test, 64, torch::kCPU, 0, nullptr, in_bf16, task.get());
