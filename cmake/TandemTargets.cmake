@@ -54,6 +54,16 @@ endfunction()
 # COST N: CTest's cost of each of the layer's tests, so that `ctest -j` on a
 # fresh build starts the long ones (the CLI's jobs, the install) first
 # instead of leaving them to the end, one core idle.
+# PROCESSORS N: the slots of `ctest -j` each of the layer's tests takes
+# (Note [one test more than cores]); 1 unless given.
+# Note [one test more than cores]: scripts/test runs `ctest -j` with one
+# slot more than the machine has cores. At one a core the 2-core machine
+# was busy 86% of the suite's time (user + sys over 2 x wall): tests wait
+# on timeouts, on peers starting, on a killed rank's exit. The extra slot
+# fills those waits: 799 s -> 730 s for the same tests (-j4: 683 s, but a
+# test then runs beside three others and takes up to 1.6 times as long).
+# A test that runs a parallel build of its own (the install's) takes two
+# slots, so that it never shares the cores with more than one other.
 # Note [idle OpenMP threads sleep]: `ctest -j N` runs N tests at once, and
 # each tandem process's OpenMP team is as large as the machine. libgomp's
 # threads spin between parallel regions (active wait), so two tests on two
@@ -75,10 +85,14 @@ set(TANDEM_TEST_ENV "OMP_WAIT_POLICY=PASSIVE")
 # layers of many short tests group them; the CLI's and the layouts', whose
 # tests take seconds each, run one a process.
 function(tandem_test layer)
-  cmake_parse_arguments(T "" "QUICK;COST;GROUP" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "QUICK;COST;GROUP;PROCESSORS" "SOURCES;DEPS;LABELS" ${ARGN})
   set(cost 0)
   if(T_COST)
     set(cost ${T_COST})
+  endif()
+  set(processors 1)
+  if(T_PROCESSORS)
+    set(processors ${T_PROCESSORS})
   endif()
   set(group 1)
   if(T_GROUP)
@@ -104,7 +118,8 @@ function(tandem_test layer)
   string(REPLACE ";" "," labels "${layer};${T_LABELS}")
   add_custom_command(TARGET ${exe} POST_BUILD BYPRODUCTS "${groups_file}"
     COMMAND "${CMAKE_COMMAND}" -D "EXE=$<TARGET_FILE:${exe}>" -D "CTEST_FILE=${groups_file}" -D "GROUP=${group}"
-            -D "LABELS=${labels}" -D "COST=${cost}" -D "ENVIRONMENT=${TANDEM_TEST_ENV}" -D "TIMEOUT=900"
+            -D "LABELS=${labels}" -D "COST=${cost}" -D "PROCESSORS=${processors}"
+            -D "ENVIRONMENT=${TANDEM_TEST_ENV}" -D "TIMEOUT=900"
             -P "${PROJECT_SOURCE_DIR}/cmake/TestGroups.cmake"
     VERBATIM)
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${exe}_include.cmake")

@@ -3,6 +3,7 @@
 # (Note [test groups] in cmake/TandemTargets.cmake): the tests of one suite,
 # GROUP at a time, each group one process.
 #   -D EXE=... -D CTEST_FILE=... -D GROUP=N -D LABELS=a,b -D COST=N
+#   -D PROCESSORS=N (the slots of `ctest -j` each test takes)
 #   -D ENVIRONMENT=K=V -D TIMEOUT=S
 execute_process(COMMAND "${EXE}" --gtest_list_tests OUTPUT_VARIABLE listing RESULT_VARIABLE rc
                 TIMEOUT 120)
@@ -28,6 +29,9 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 
+if(NOT PROCESSORS)
+  set(PROCESSORS 1)
+endif()
 string(REPLACE "," ";" LABELS "${LABELS}")
 set(script "")
 foreach(suite IN LISTS suites)
@@ -60,7 +64,8 @@ foreach(suite IN LISTS suites)
     endif()
     string(APPEND script "add_test([==[${name}]==] [==[${EXE}]==] [==[--gtest_filter=${filter}]==])\n"
                          "set_tests_properties([==[${name}]==] PROPERTIES LABELS [==[${LABELS}]==] "
-                         "TIMEOUT ${TIMEOUT} COST ${COST} ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
+                         "TIMEOUT ${TIMEOUT} COST ${COST} PROCESSORS ${PROCESSORS} "
+                         "ENVIRONMENT [==[${ENVIRONMENT}]==])\n")
   endforeach()
 endforeach()
 file(WRITE "${CTEST_FILE}" "${script}")
