@@ -8,7 +8,7 @@
 #   PREFIX/lib/cmake/tandem/                   tandemConfig.cmake and the targets
 #
 # Targets: tandem::<layer> (util, dist, data, models, optim, parallel,
-# engine, launch, cli), each linking the layers it stands on, and
+# checkpoint, observe, engine, launch, cli), each linking the layers it stands on, and
 # tandem::tandem, every layer but cli. The installed libraries are built
 # against this build's libtorch, so a program must find that same torch
 # (the config asks for Torch 2.11 exactly, as this tree does).
@@ -18,7 +18,8 @@ include(CMakePackageConfigHelpers)
 # Every layer but the CLI's, for `target_link_libraries(app PRIVATE tandem::tandem)`.
 add_library(tandem_all INTERFACE)
 target_link_libraries(tandem_all INTERFACE tandem_util tandem_dist tandem_data tandem_models
-                      tandem_optim tandem_parallel tandem_engine tandem_launch)
+                      tandem_optim tandem_parallel tandem_checkpoint
+                      tandem_observe tandem_engine tandem_launch)
 set_target_properties(tandem_all PROPERTIES EXPORT_NAME tandem)
 add_library(tandem::tandem ALIAS tandem_all)
 

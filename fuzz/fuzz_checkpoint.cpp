@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include "fuzz_common.h"
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   namespace fs = std::filesystem;
   Tiny tiny;
   auto scratch = fs::path(dir) / "scratch";
-  tandem::engine::Checkpointer checkpointer({scratch.string()});
+  tandem::checkpoint::Checkpointer checkpointer({scratch.string()});
   auto path = checkpointer.save({}, *tiny.model, tiny.sgd, "fuzz");
   // Seed 1: the whole file (path 0). Seed 2: its archive alone (path 1).
   auto whole = fs::path(dir) / "whole.pt";
@@ -54,10 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] % 2 == 0) {
     tandem::fuzz::write_bytes(path, data + 1, size - 1);
   } else {
-    auto bytes = tandem::engine::seal_checkpoint(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
+    auto bytes = tandem::checkpoint::seal_checkpoint(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
     tandem::fuzz::write_bytes(path, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   }
   Tiny tiny;
   return tandem::fuzz::expect_result_or_error(
-      [&] { tandem::engine::Checkpointer({"/dev/shm"}).load(path, *tiny.model, tiny.sgd, "fuzz"); });
+      [&] { tandem::checkpoint::Checkpointer({"/dev/shm"}).load(path, *tiny.model, tiny.sgd, "fuzz"); });
 }

@@ -1,4 +1,4 @@
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -24,15 +24,15 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/optim/state_tensors.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -464,4 +464,4 @@ TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::st
   return p;
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

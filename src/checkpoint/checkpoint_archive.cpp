@@ -18,11 +18,11 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace internal {
 namespace {
 
@@ -243,4 +243,4 @@ std::string seal_checkpoint(std::string archive) {
   return archive;
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -10,7 +10,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-namespace tandem::engine::internal {
+namespace tandem::checkpoint::internal {
 
 // The checkpoint format this tandem writes and reads.
 constexpr int64_t kFormatVersion = 2;
@@ -52,4 +52,4 @@ struct ReadTensor {
 // Every tensor in `value`, named `name` and the path below it.
 void collect_tensors(const c10::IValue& value, const std::string& name, std::vector<ReadTensor>& out);
 
-}  // namespace tandem::engine::internal
+}  // namespace tandem::checkpoint::internal

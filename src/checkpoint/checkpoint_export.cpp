@@ -8,14 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/checkpoint.h"
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -138,4 +138,4 @@ CheckpointWeights read_checkpoint_weights(const std::string& path) {
   TANDEM_FAIL(path, ": every checkpoint in it is damaged (", damaged, ")");
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -10,7 +10,7 @@
 #include "checkpoint_archive.h"
 #include "tandem/util/check.h"
 
-namespace tandem::engine::internal {
+namespace tandem::checkpoint::internal {
 namespace {
 
 // What the walk knows of a value on the unpickler's stack: only what a
@@ -187,4 +187,4 @@ std::vector<StorageReference> check_pickle(const uint8_t* data, size_t size, con
   return references;
 }
 
-}  // namespace tandem::engine::internal
+}  // namespace tandem::checkpoint::internal

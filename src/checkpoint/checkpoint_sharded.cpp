@@ -11,15 +11,15 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
-#include "tandem/engine/checkpoint.h"
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/state_tensors.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 #include "checkpoint_archive.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -127,4 +127,4 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
   return load_archive(zip.str(), dir, model, optimizer, fingerprint);
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

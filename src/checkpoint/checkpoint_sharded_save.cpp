@@ -13,12 +13,12 @@
 
 #include "tandem/dist/collectives.h"
 
-#include "tandem/engine/checkpoint.h"
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -95,4 +95,4 @@ std::string Checkpointer::save_sharded(const TrainPosition& p, const std::vector
   return final_path.string();
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

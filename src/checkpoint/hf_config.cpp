@@ -7,7 +7,7 @@
 
 #include "tandem/util/check.h"
 
-namespace tandem::engine::internal {
+namespace tandem::checkpoint::internal {
 
 namespace {
 
@@ -29,7 +29,7 @@ using json = nlohmann::json;
 //   returns, other tasks' heads, old generation defaults);
 // - anything else, refused naming it: a key tandem does not know may
 //   change what transformers computes, so it is never ignored.
-// tests/engine/hf_config_test.cpp walks every key the config classes
+// HfConfigTest (tests/checkpoint/hf_format_test.cpp) walks every key the config classes
 // document with a value other than the default: each either loads and
 // gives transformers' logits in float64, or is refused naming the key.
 const std::set<std::string>& inert_keys() {
@@ -160,4 +160,4 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
   }
 }
 
-}  // namespace tandem::engine::internal
+}  // namespace tandem::checkpoint::internal

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tandem::engine::internal {
+namespace tandem::checkpoint::internal {
 
 enum class HfFamily { kGpt2, kLlama };
 
@@ -18,4 +18,4 @@ enum class HfFamily { kGpt2, kLlama };
 void check_hf_config(const std::string& file, const nlohmann::json& config, const nlohmann::json& model,
                      HfFamily family);
 
-}  // namespace tandem::engine::internal
+}  // namespace tandem::checkpoint::internal

@@ -1,4 +1,4 @@
-#include "tandem/engine/hf_format.h"
+#include "tandem/checkpoint/hf_format.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,12 +12,12 @@
 #include <torch/torch.h>
 
 #include "hf_config.h"
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/registry.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 namespace {
 
@@ -281,4 +281,4 @@ bool has_hf_names(const SafetensorsFile& file) {
   return false;
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -1,4 +1,4 @@
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 
 #include <cerrno>
 #include <cstring>
@@ -7,11 +7,11 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/atomic_file.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 using json = nlohmann::json;
@@ -244,4 +244,4 @@ void load_weights(const SafetensorsFile& file, const std::string& path, torch::n
   for (auto& [target, source] : copies) target.copy_(source);
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -1,6 +1,6 @@
 // The files of a sharded checkpoint (sharded_checkpoint.h): each rank's
 // pieces, rank 0's manifest, and the whole tensors read back from them.
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -12,13 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "checkpoint_archive.h"
 
-namespace tandem::engine::sharded {
+namespace tandem::checkpoint::sharded {
 namespace {
 
 namespace fs = std::filesystem;
@@ -330,4 +330,4 @@ AssembledCheckpoint read(const std::string& dir) {
   }
 }
 
-}  // namespace tandem::engine::sharded
+}  // namespace tandem::checkpoint::sharded

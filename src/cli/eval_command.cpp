@@ -7,19 +7,19 @@
 
 #include "common_flags.h"
 #include "weights_defaults.h"
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
-#include "tandem/data/source.h"
 #include "tandem/cli/flags.h"
+#include "tandem/data/source.h"
 #include "tandem/engine/divergence.h"
-#include "tandem/engine/safetensors.h"
-#include "tandem/util/file.h"
-#include "tandem/util/table.h"
-#include "tandem/engine/hf_format.h"
-#include "tandem/engine/run_setup.h"
 #include "tandem/engine/evaluate.h"
-#include "tandem/engine/metrics.h"
+#include "tandem/engine/run_setup.h"
+#include "tandem/observe/metrics.h"
 #include "tandem/optim/amp.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
+#include "tandem/util/table.h"
 
 namespace tandem::cli {
 namespace {
@@ -66,7 +66,7 @@ int eval_command(const std::vector<std::string>& args) {
   }
   if (weights.empty()) throw UsageError("--weights FILE is required (what tandem train --export-weights wrote)");
   check_given_flags(options, flags);  // a usage mistake is named before any file is read
-  auto file = engine::read_weights_or_folder(weights);  // an --export-weights file or an --export-hf folder
+  auto file = checkpoint::read_weights_or_folder(weights);  // an --export-weights file or an --export-hf folder
   const auto from = defaults_from_weights(file.metadata, weights, flags, options);
   // An image folder has no test split of its own: the command line alone
   // says there is nothing to evaluate (it failed only after the set-up, exit 1).
@@ -101,7 +101,7 @@ int eval_command(const std::vector<std::string>& args) {
   auto model = engine::build_model(options, info, engine::model_options_for(options, info), device);
   std::error_code ec;
   if (std::filesystem::is_directory(weights, ec)) {
-    engine::load_hf_weights(weights, model, options.model, info.num_classes);
+    checkpoint::load_hf_weights(weights, model, options.model, info.num_classes);
   } else {
     engine::load_run_weights(options, data, file, weights, *model);
   }
@@ -138,8 +138,8 @@ int eval_command(const std::vector<std::string>& args) {
                 "(%lld windows of %lld tokens)\n",
                 options.model.c_str(), weights.c_str(),
                 options.val_data.empty() ? options.data.c_str() : options.val_data.c_str(), result.loss,
-                engine::perplexity(result.loss),
-                text ? format(", %.3f bits per byte", engine::bits_per_byte(result.loss)).c_str() : "",
+                observe::perplexity(result.loss),
+                text ? format(", %.3f bits per byte", observe::bits_per_byte(result.loss)).c_str() : "",
                 100 * result.accuracy, static_cast<long long>(result.count), static_cast<long long>(info.seq_len));
   } else if (rank == 0) {
     std::printf("%s from %s on %s: test loss %.4f, test accuracy %.2f%% (%lld image%s)\n",

@@ -6,11 +6,11 @@
 #include <regex>
 #include <string>
 
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/checkpoint.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
@@ -70,9 +70,9 @@ int export_command(const std::vector<std::string>& args) {
   if (checkpoint.empty()) throw UsageError("--checkpoint PATH is required (a checkpoint file or a --checkpoint-dir)");
   if (out.empty()) throw UsageError("--out FILE is required (the safetensors file to write)");
   check_not_a_checkpoint(checkpoint, out);
-  engine::check_output_file("--out", out);
-  engine::check_replaceable_file("--out", out);
-  auto weights = engine::read_checkpoint_weights(checkpoint);
+  check_output_file("--out", out);
+  check_replaceable_file("--out", out);
+  auto weights = checkpoint::read_checkpoint_weights(checkpoint);
   for (const auto& line : weights.passed_over) {  // newer checkpoints that were damaged: said, not skipped silently
     std::fprintf(stderr, "tandem: warning: passed over %s\n", printable(line).c_str());
   }
@@ -80,10 +80,10 @@ int export_command(const std::vector<std::string>& args) {
   metadata["format"] = "pt";
   metadata["producer"] = "tandem";
   if (metadata.count("model") == 0) {  // a checkpoint from before its metadata was kept
-    if (auto model = engine::fingerprint_field(weights.fingerprint, "model")) metadata["model"] = *model;
+    if (auto model = checkpoint::fingerprint_field(weights.fingerprint, "model")) metadata["model"] = *model;
   }
   metadata["checkpoint_step"] = std::to_string(weights.step);
-  engine::write_safetensors(out, weights.tensors, metadata);
+  checkpoint::write_safetensors(out, weights.tensors, metadata);
   std::printf("weights of %s (step %lld, %zu tensors) written to %s\n", printable(checkpoint).c_str(),
               static_cast<long long>(weights.step), weights.tensors.size(), printable(out).c_str());
   return 0;

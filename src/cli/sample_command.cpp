@@ -9,11 +9,11 @@
 
 #include <torch/torch.h>
 
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
-#include "tandem/engine/hf_format.h"
 #include "tandem/engine/run_setup.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/models/decoding.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
@@ -54,7 +54,7 @@ FlagSet sample_flags(SampleFlags& f) {
   return flags;
 }
 
-const std::string* field(const engine::SafetensorsFile& file, const char* key) {
+const std::string* field(const checkpoint::SafetensorsFile& file, const char* key) {
   auto it = file.metadata.find(key);
   return it == file.metadata.end() ? nullptr : &it->second;
 }
@@ -81,7 +81,7 @@ int sample_command(const std::vector<std::string>& args) {
   const auto device = engine::parse_device(f.device);
   // An --export-weights file, or an --export-hf folder, whose
   // model.safetensors carries the same metadata: what the model is.
-  const auto file = engine::read_weights_or_folder(f.weights);
+  const auto file = checkpoint::read_weights_or_folder(f.weights);
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(f.weights, ec);
   const auto* model_name = field(file, "model");
@@ -128,9 +128,9 @@ int sample_command(const std::vector<std::string>& args) {
   const auto dtype = file.tensors.empty() ? torch::kFloat32 : file.tensors.front().second.scalar_type();
   model->to(device, dtype);
   if (folder) {
-    engine::load_hf_weights(f.weights, model, *model_name, *vocab_size);
+    checkpoint::load_hf_weights(f.weights, model, *model_name, *vocab_size);
   } else {
-    engine::load_weights(file, f.weights, *model);
+    checkpoint::load_weights(file, f.weights, *model);
   }
   // Note [sampling context]: every token is predicted from the whole
   // sequence up to the model's context (its positions: GPT-2's table, the

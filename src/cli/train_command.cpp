@@ -18,13 +18,13 @@
 #include "tandem/data/source.h"
 #include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
-#include "tandem/engine/metrics.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/engine/worker_footprint.h"
 #include "tandem/launch/launcher.h"
-#include "tandem/util/env.h"
 #include "tandem/models/registry.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/util/env.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stats.h"
 #include "tandem/util/table.h"
@@ -294,8 +294,8 @@ void print_language_summary(const engine::TrainOptions& o, const engine::TrainRe
   for (const auto& m : r.epochs) {
     std::vector<std::string> row{std::to_string(m.epoch) + (m.partial ? "*" : ""), format("%.4f", m.train_loss),
                                  m.evaluated ? format("%.4f", m.test_loss) : "-",
-                                 m.evaluated ? format("%.2f", engine::perplexity(m.test_loss)) : "-"};
-    if (text) row.push_back(m.evaluated ? format("%.3f", engine::bits_per_byte(m.test_loss)) : "-");
+                                 m.evaluated ? format("%.2f", observe::perplexity(m.test_loss)) : "-"};
+    if (text) row.push_back(m.evaluated ? format("%.3f", observe::bits_per_byte(m.test_loss)) : "-");
     row.insert(row.end(), {m.evaluated ? format("%.2f%%", 100 * m.test_acc) : "-", format("%.1f", m.epoch_seconds),
                            format("%.0f", m.tokens_per_second)});
     if (mfu) row.push_back(format("%.1f%%", 100 * m.mfu));
@@ -306,8 +306,8 @@ void print_language_summary(const engine::TrainOptions& o, const engine::TrainRe
   const auto& last = r.epochs.back();
   std::string result = "not evaluated";
   if (last.evaluated) {
-    result = format("test loss %.4f nats/token (perplexity %.2f", last.test_loss, engine::perplexity(last.test_loss)) +
-             (text ? format(", %.3f bits per byte)", engine::bits_per_byte(last.test_loss)) : std::string(")"));
+    result = format("test loss %.4f nats/token (perplexity %.2f", last.test_loss, observe::perplexity(last.test_loss)) +
+             (text ? format(", %.3f bits per byte)", observe::bits_per_byte(last.test_loss)) : std::string(")"));
   }
   std::printf("\n%s on %s, batch %lld x %lld tokens, device %s: %s after %lld steps, %.1f s\n", o.model.c_str(),
               o.data.c_str(), static_cast<long long>(o.batch_size), static_cast<long long>(engine::resolved_seq_len(o)),

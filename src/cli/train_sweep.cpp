@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <optional>
 
-#include "tandem/engine/metrics.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/launch/launcher.h"
+#include "tandem/observe/metrics.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/stats.h"
 #include "tandem/util/table.h"
@@ -41,7 +41,7 @@ std::optional<std::vector<int64_t>> sweep_counts(const std::string& text) {
 struct SweepRun {
   int64_t processes = 0;
   int64_t global_batch = 0;
-  std::vector<engine::EpochMetrics> epochs;
+  std::vector<observe::EpochMetrics> epochs;
 };
 
 // The scaling table over the sweep's runs, with the speed-up and the scaling
@@ -144,7 +144,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
       return result.exit_code;
     }
     const int64_t global = o.batch_per_process > 0 ? o.batch_per_process * n : o.batch_size;
-    runs.push_back({n, global, engine::read_metrics(metrics)});
+    runs.push_back({n, global, observe::read_metrics(metrics)});
   }
   print_sweep_table(o, runs);
   return 0;

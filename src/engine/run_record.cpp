@@ -1,6 +1,6 @@
 #include "tandem/engine/run_record.h"
 
-#include "tandem/engine/atomic_file.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
@@ -14,19 +14,19 @@ RunRecorder::RunRecorder(const TrainOptions& o, int64_t rank, int64_t resumed_at
   if (!o.tensorboard.empty()) check_output_folder("--tensorboard", o.tensorboard);
   if (!o.metrics_out.empty()) check_output_file("--metrics-out", o.metrics_out);
   if (!o.tensorboard.empty()) {
-    tensorboard_ = TensorBoardWriter(o.tensorboard, resumed_at);
+    tensorboard_ = observe::TensorBoardWriter(o.tensorboard, resumed_at);
     if (resumed_at < 0 && tensorboard_.earlier_files() > 0) {
       notice_ = format("--tensorboard %s held %lld event file(s) of an earlier run: TensorBoard shows this run "
                        "there in their place (give each run a folder of its own to compare them)",
                        printable(o.tensorboard).c_str(), static_cast<long long>(tensorboard_.earlier_files()));
     }
   }
-  if (!o.metrics_out.empty()) metrics_ = MetricsWriter(o.metrics_out, /*append=*/resumed_at > 0);
+  if (!o.metrics_out.empty()) metrics_ = observe::MetricsWriter(o.metrics_out, /*append=*/resumed_at > 0);
 }
 
 void RunRecorder::steps(const StepRecord& r) {
   if (!tensorboard_.enabled()) return;
-  Scalars scalars{{"train/loss", r.loss},
+  observe::Scalars scalars{{"train/loss", r.loss},
                   {"train/lr", r.lr},
                   {"train/samples_per_second", r.samples_per_second},
                   {"train/step_seconds", r.step_seconds}};
@@ -34,11 +34,11 @@ void RunRecorder::steps(const StepRecord& r) {
   tensorboard_.write(r.step, scalars);
 }
 
-void RunRecorder::epoch(const EpochMetrics& m) {
+void RunRecorder::epoch(const observe::EpochMetrics& m) {
   if (metrics_.enabled()) metrics_.write(m);
   if (!tensorboard_.enabled()) return;
   // The epoch's figures at its last step, tagged as --metrics-out names them.
-  Scalars scalars{{"epoch/train_loss", m.train_loss},
+  observe::Scalars scalars{{"epoch/train_loss", m.train_loss},
                   {"epoch/train_acc", m.train_acc}};
   if (m.evaluated) {
     scalars.emplace_back("epoch/test_loss", m.test_loss);
@@ -52,8 +52,8 @@ void RunRecorder::epoch(const EpochMetrics& m) {
   if (m.tokens_per_second > 0) {
     scalars.emplace_back("epoch/tokens_per_second", m.tokens_per_second);
     if (m.mfu > 0) scalars.emplace_back("epoch/mfu", m.mfu);
-    if (m.evaluated) scalars.emplace_back("epoch/test_perplexity", perplexity(m.test_loss));
-    if (m.text && m.evaluated) scalars.emplace_back("epoch/test_bits_per_byte", bits_per_byte(m.test_loss));
+    if (m.evaluated) scalars.emplace_back("epoch/test_perplexity", observe::perplexity(m.test_loss));
+    if (m.text && m.evaluated) scalars.emplace_back("epoch/test_bits_per_byte", observe::bits_per_byte(m.test_loss));
   }
   tensorboard_.write(m.step, scalars);
 }

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/source.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
@@ -62,10 +62,10 @@ std::map<std::string, std::string> shape_settings(const TrainOptions& o, const d
   return settings;
 }
 
-void load_run_weights(const TrainOptions& o, const data::DataSplits& splits, const SafetensorsFile& file,
+void load_run_weights(const TrainOptions& o, const data::DataSplits& splits, const checkpoint::SafetensorsFile& file,
                       const std::string& path, torch::nn::Module& model, const std::vector<std::string>& except) {
   try {
-    engine::load_weights(file, path, model, except);
+    checkpoint::load_weights(file, path, model, except);
   } catch (const UsageError&) {
     throw;  // a name in `except` that the model lacks: not the settings' doing
   } catch (const Error& e) {

@@ -13,13 +13,13 @@
 
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
-#include "tandem/engine/atomic_file.h"
 #include "tandem/engine/parallel_layout.h"
-#include "tandem/engine/tensorboard.h"
 #include "tandem/models/registry.h"
-#include "tandem/engine/profile.h"
+#include "tandem/observe/profile.h"
+#include "tandem/observe/tensorboard.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 #include "train_options_checks.h"
@@ -220,7 +220,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.metrics_out.find("{rank}") == std::string::npos, "--metrics-out ", o.metrics_out,
                      ": one file for the job (rank 0 writes the figures summed over the ranks); {rank} applies to "
                      "--export-weights and --profile-out");
-  as_usage_error([&] { return parse_profile_steps(o.profile_steps); });
+  as_usage_error([&] { return observe::parse_profile_steps(o.profile_steps); });
   {
     // Two output flags on one file: the last writer's would win and the
     // other's output be lost, with exit 0 (a sweep's find: metrics lines

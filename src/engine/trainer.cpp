@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <tuple>
 
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/hf_format.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/optim/adamw.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
@@ -151,17 +151,18 @@ TrainResult Trainer::finish_run(RunState& run) {
     gather_stages(tensor_plan_ ? nullptr : run.optimizer.get());
   }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
-  NamedTensors tensors;
+  checkpoint::NamedTensors tensors;
   for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());
   for (const auto& b : model_->named_buffers()) tensors.emplace_back(b.key(), b.value());
   try {
     if (!run.export_path.empty()) {
-      write_safetensors(run.export_path, tensors, weights_metadata());
+      checkpoint::write_safetensors(run.export_path, tensors, weights_metadata());
       say("weights written to " + run.export_path);
     }
     // --export-hf: the folder AutoModelForCausalLM.from_pretrained loads.
     if (!o.export_hf.empty() && rank_ == 0) {
-      write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes, weights_metadata(), o.dropout);
+      checkpoint::write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes, weights_metadata(),
+                                  o.dropout);
       say("transformers folder written to " + o.export_hf);
     }
   } catch (const Error& e) {
@@ -185,7 +186,8 @@ TrainResult Trainer::finish_run(RunState& run) {
 // not lost with the error: the last checkpoint holds them, or, without
 // --checkpoint-dir, they are written to tandem-weights-PID.safetensors in
 // the working folder (else the temporary one), and the error says where.
-std::string Trainer::keep_trained_weights(const std::string& checkpoint, const NamedTensors& tensors) const {
+std::string Trainer::keep_trained_weights(const std::string& checkpoint,
+                                          const checkpoint::NamedTensors& tensors) const {
   if (!checkpoint.empty()) {
     return "the trained weights are in the checkpoint " + checkpoint + " (tandem export --checkpoint " +
            options_.checkpoint_dir + " --out FILE writes them)";
@@ -194,7 +196,7 @@ std::string Trainer::keep_trained_weights(const std::string& checkpoint, const N
   for (const auto& folder : {std::filesystem::path("."), std::filesystem::temp_directory_path()}) {
     const auto path = (folder / format("tandem-weights-%d.safetensors", static_cast<int>(::getpid()))).string();
     try {
-      write_safetensors(path, tensors, weights_metadata());
+      checkpoint::write_safetensors(path, tensors, weights_metadata());
       return "the trained weights were written to " + path + " instead";
     } catch (const Error& e) {
       tried += (tried.empty() ? "" : "; ") + std::string(e.what());

@@ -104,7 +104,7 @@ void Trainer::train_epoch(RunState& run) {
   epoch.train_seconds = epoch.clock.seconds();
   if (epoch.progress) epoch.progress->freeze();
 
-  const EpochMetrics m = end_epoch(run, epoch);
+  const observe::EpochMetrics m = end_epoch(run, epoch);
   run.record->epoch(m);
   run.result.epochs.push_back(m);
   if (!m.partial) {  // the next position is the start of the next epoch
@@ -174,9 +174,9 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   epoch.correct.zero_();
 }
 
-EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
+observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
   const auto& position = run.position();
-  EpochMetrics m;
+  observe::EpochMetrics m;
   m.epoch = position.epoch + 1;
   m.step = position.step;
   m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;

@@ -31,7 +31,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
   // The global batch must stay: with --batch-per-process it changes with the
   // world size, and the fingerprint's batch then refuses the checkpoint.
   if (!o.checkpoint_dir.empty()) {
-    checkpointer.emplace(CheckpointOptions{o.checkpoint_dir, 2, {"world", "samples", "micro_batches"}});
+    checkpointer.emplace(checkpoint::CheckpointOptions{o.checkpoint_dir, 2, {"world", "samples", "micro_batches"}});
     if (rank_ == 0) {
       checkpointer->check_writable();  // rank 0 writes them: now, not after an epoch
       checkpointer->lock();            // and alone: a second run on the directory is refused
@@ -91,7 +91,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       started_from = "the checkpoint " + *path;
       // The same --data text may name a data set that changed since: the
       // checkpoint's place in its epoch would then point at other samples.
-      const auto samples = fingerprint_field(position.fingerprint, "samples");
+      const auto samples = checkpoint::fingerprint_field(position.fingerprint, "samples");
       TANDEM_CHECK(!samples || *samples == std::to_string(data_.train->size()), "cannot resume from ", *path,
                    ": it was written by a run on ", samples.value_or(""), " training samples, but --data ", o.data,
                    " now has ", data_.train->size(), ": the data set changed since; resume on the data it was "
@@ -101,7 +101,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       // micro-batch on its own: a model with BatchNorm then continues on
       // other arithmetic than the uninterrupted run (a sweep measured up to
       // 0.6 relative in convnet's weights), which is said.
-      const auto micro_batches = fingerprint_field(position.fingerprint, "micro_batches");
+      const auto micro_batches = checkpoint::fingerprint_field(position.fingerprint, "micro_batches");
       if (micro_batches && *micro_batches != std::to_string(o.micro_batches)) {
         const auto buffers = model_->named_buffers();
         const bool batch_norm = std::any_of(buffers.begin(), buffers.end(), [](const auto& b) {
@@ -115,7 +115,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
                       micro_batches->c_str()));
         }
       }
-      auto written_by = fingerprint_field(position.fingerprint, "world");
+      auto written_by = checkpoint::fingerprint_field(position.fingerprint, "world");
       if (written_by && *written_by != std::to_string(world_)) {
         say(format("the checkpoint was written by a run of %s data-parallel rank(s); resuming on %lld "
                    "(Note [resuming on another world size])",

@@ -38,7 +38,7 @@ struct Trainer::RunState {
   std::unique_ptr<StepTraffic> traffic;  // what the steps send over each dimension
   std::unique_ptr<CudaGraphStep> graphed;  // --cuda-graph
   bool stop = false;  // --max-steps reached
-  TrainPosition& position() { return start.position; }
+  checkpoint::TrainPosition& position() { return start.position; }
 };
 
 struct Trainer::EpochState {

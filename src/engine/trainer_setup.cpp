@@ -15,21 +15,21 @@
 #include <nlohmann/json.hpp>
 
 
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/collectives.h"
-#include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/hf_format.h"
 #include "tandem/engine/run_setup.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
-#include "tandem/util/file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 #include "tandem/util/parse.h"
 #include "tandem/util/table.h"
 
@@ -46,7 +46,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
     : options_(std::move(options)), log_(log), warnings_log_(log), device_(parse_device(options_.device)) {
   const auto& o = options_;
   check_train_options(o);  // the command line alone (exit 2), before anything is joined or read
-  auto profile_options = parse_profile_steps(o.profile_steps);
+  auto profile_options = observe::parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
   const bool pipeline = pipelined(o);
   if ((group_ = job ? std::move(job) : join_job(o, device_))) {
@@ -76,7 +76,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (o.batch_per_process > 0) options_.batch_size = o.batch_per_process * world_;  // seed 002's setting
   if (rank_ != 0) log_ = nullptr;  // rank 0 speaks for the job
   // --profile-out: its folder is checked now, before the data are opened.
-  profiler_ = std::make_unique<StepProfiler>(profile_options, rank_);
+  profiler_ = std::make_unique<observe::StepProfiler>(profile_options, rank_);
 
   data_ = open_run_data(o);
   const auto info = data_.train->info();
@@ -121,12 +121,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
       const bool language = info.seq_len > 0;
       std::error_code ec;
       const bool folder = std::filesystem::is_directory(o.init_weights, ec);
-      std::optional<SafetensorsFile> file;
-      if (!(language && folder)) file = read_safetensors(o.init_weights);  // names what else it is
-      if (language && (folder || has_hf_names(*file))) {
+      std::optional<checkpoint::SafetensorsFile> file;
+      if (!(language && folder)) file = checkpoint::read_safetensors(o.init_weights);  // names what else it is
+      if (language && (folder || checkpoint::has_hf_names(*file))) {
         TANDEM_CHECK_USAGE(except.empty(), "--init-weights-except applies to tandem's weights files, not to "
                            "transformers' ", o.init_weights);
-        load_hf_weights(o.init_weights, model_, o.model, info.num_classes);
+        checkpoint::load_hf_weights(o.init_weights, model_, o.model, info.num_classes);
       } else {
         load_weights(*file, o.init_weights, except);
       }
@@ -388,7 +388,7 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
 // --progress, the output files, --dist-timeout, --checkpoint-activations.
 std::string Trainer::job_settings() const {
   const auto& o = options_;
-  return without_fields(fingerprint(), {"data"}) +
+  return checkpoint::without_fields(fingerprint(), {"data"}) +
          format(" data_content=%08x/%08x", data_.train->content_digest(), data_.test ? data_.test->content_digest() : 0u) +
          format(" test_samples=%lld strategy=%s grad_accum=%lld max_steps=%lld shard_optimizer=%d "
                 "skip_bad_images=%d checkpoints=%d checkpoint_every=%lld resume=%d checkpoint_format=%s",
@@ -422,9 +422,10 @@ void Trainer::check_same_settings() const {
   for (size_t i = 0; i < others.size() && i < 8; ++i) ranks += (i ? ", " : "") + std::to_string(others[i]);
   if (others.size() > 8) ranks += format(", ... (%zu ranks)", others.size());
   const std::string label = "on rank " + std::to_string(named);
-  const auto differences = fingerprint_differences(all[0], all[named], {}, "on rank 0", label);
+  const auto differences = checkpoint::fingerprint_differences(all[0], all[named], {}, "on rank 0", label);
   // Only the data's digests differ: the flags agree and the data do not.
-  const bool data_only = without_fields(all[0], {"data_content"}) == without_fields(all[named], {"data_content"});
+  const bool data_only = checkpoint::without_fields(all[0], {"data_content"}) ==
+                         checkpoint::without_fields(all[named], {"data_content"});
   throw UsageError(detail::str_cat(
       "rank", others.size() > 1 ? "s " : " ", ranks, others.size() > 1 ? " were" : " was",
       " started with other settings than rank 0: ", differences,
@@ -479,7 +480,7 @@ void Trainer::check_weights_metadata(const std::map<std::string, std::string>& m
   engine::check_weights_metadata(options_, data_, metadata, path);
 }
 
-void Trainer::load_weights(const SafetensorsFile& file, const std::string& path,
+void Trainer::load_weights(const checkpoint::SafetensorsFile& file, const std::string& path,
                            const std::vector<std::string>& except) {
   load_run_weights(options_, data_, file, path, *model_, except);
 }

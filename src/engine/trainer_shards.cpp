@@ -1,6 +1,6 @@
 // What each rank owns of the run's state, for a sharded checkpoint
 // (Trainer::owned_state; Note [sharded checkpoints] in
-// engine/sharded_checkpoint.h): a tensor replicated over the data-parallel
+// checkpoint/sharded_checkpoint.h): a tensor replicated over the data-parallel
 // ranks is written by the first of them, a sharded one by every owner of a
 // part, and a pipeline rank writes only its own stage's pieces.
 #include <algorithm>
@@ -47,7 +47,7 @@ std::vector<int64_t> packed_strides(c10::IntArrayRef shape) {
   return strides;
 }
 
-StatePiece whole(const Named& named, const torch::Tensor& t) {
+checkpoint::StatePiece whole(const Named& named, const torch::Tensor& t) {
   auto data = t.detach().contiguous().reshape({-1});
   return {named.name, named.order, t.sizes().vec(), packed_strides(t.sizes()), 0, data};
 }
@@ -57,7 +57,7 @@ StatePiece whole(const Named& named, const torch::Tensor& t) {
 // memory order puts the cut dimension outermost (its strides say so, the
 // same on every tp rank), so each run of consecutive indices this rank
 // holds along it is one run of the whole's elements.
-void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const torch::Tensor& part,
+void add_cut_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& named, const torch::Tensor& part,
                     const dist::Placement& cut, int64_t rank, int64_t ranks) {
   const int64_t dim = cut.dim;
   auto shape = part.sizes().vec();
@@ -89,7 +89,7 @@ void add_cut_pieces(std::vector<StatePiece>& pieces, const Named& named, const t
 // rows of this rank), raveled in the whole's row-major shape; consecutive
 // indices make one piece. Row-major keeps a run of a part's row whole in
 // the whole, whichever dimension tp cut.
-void add_run_pieces(std::vector<StatePiece>& pieces, const Named& named,
+void add_run_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& named,
                     const parallel::FullyShardedDataParallel::ShardSpan& span, const dist::Placement& cut,
                     int64_t rank, int64_t ranks, const torch::Tensor& run) {
   const auto& part_shape = span.shape;
@@ -120,7 +120,7 @@ void add_run_pieces(std::vector<StatePiece>& pieces, const Named& named,
 
 }  // namespace
 
-std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
+std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
   NameOf names;
   int64_t order = 0;
   number_tensors(*model_, "", names, order);
@@ -147,7 +147,7 @@ std::vector<StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer)
   // Under tp a whole tensor (the same on every tp rank) is the first tp
   // rank's to write, a cut one every tp rank's part.
   const bool first_part = !tensor_group_ || tensor_group_->rank() == 0;
-  std::vector<StatePiece> pieces;
+  std::vector<checkpoint::StatePiece> pieces;
   if (first_replica && first_part) {
     for (auto* module : mine) {
       for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));

@@ -23,7 +23,7 @@ namespace tandem::engine {
 
 StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targets,
                           torch::optim::Optimizer& optimizer, StepCounters& counters) {
-  RECORD_USER_SCOPE("tandem::step");  // the phases, for --profile-out (engine/profile.h)
+  RECORD_USER_SCOPE("tandem::step");  // the phases, for --profile-out (observe/profile.h)
   // Note [stage plans]: the data plan begins and reduces, the stage plan
   // runs forward and backward between.
   plan_->begin_step(optimizer);  // gradients cleared, BatchNorm statistics from dp rank 0

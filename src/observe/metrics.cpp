@@ -1,4 +1,4 @@
-#include "tandem/engine/metrics.h"
+#include "tandem/observe/metrics.h"
 
 #include <unistd.h>
 
@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/atomic_file.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
 
-namespace tandem::engine {
+namespace tandem::observe {
 
 std::string to_json_line(const EpochMetrics& m) {
   nlohmann::ordered_json j;
@@ -125,4 +125,4 @@ void MetricsWriter::write(const EpochMetrics& metrics) {
   write_all(fd_, line, "--metrics-out " + printable(path_));
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::observe

@@ -1,4 +1,4 @@
-#include "tandem/engine/profile.h"
+#include "tandem/observe/profile.h"
 
 #include <unistd.h>
 
@@ -9,11 +9,11 @@
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
-#include "tandem/engine/atomic_file.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
 
-namespace tandem::engine {
+namespace tandem::observe {
 
 ProfileOptions parse_profile_steps(const std::string& text, ProfileOptions options) {
   auto colon = text.find(':');
@@ -84,4 +84,4 @@ std::string StepProfiler::finish() {
   return path_;
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::observe

@@ -1,4 +1,4 @@
-#include "tandem/engine/tensorboard.h"
+#include "tandem/observe/tensorboard.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
-namespace tandem::engine {
+namespace tandem::observe {
 namespace {
 
 namespace fs = std::filesystem;
@@ -129,26 +129,6 @@ std::string session_start_event(double wall_time, int64_t step) {
   return out;
 }
 
-void check_output_folder(const std::string& flag, const std::string& folder) {
-  const std::string named = flag + " " + printable(folder);
-  std::error_code ec;
-  TANDEM_CHECK(!folder.empty(), flag, ": expected a folder, got an empty name");
-  const std::string kind = path_kind(folder);
-  TANDEM_CHECK(kind != "a link to nothing", named, ": is a link to nothing; expected a folder (or a name to make one)");
-  if (fs::exists(folder, ec)) {
-    TANDEM_CHECK(fs::is_directory(folder, ec), named, ": is ", path_kind(folder), "; expected a folder");
-    TANDEM_CHECK(::access(folder.c_str(), W_OK | X_OK) == 0, named, ": a folder this process cannot write to");
-    return;
-  }
-  // Made at the start of the run: the nearest folder that exists must let it.
-  fs::path above = fs::absolute(folder, ec).parent_path();
-  while (!above.empty() && !fs::exists(above, ec)) above = above.parent_path();
-  TANDEM_CHECK(fs::is_directory(above, ec), named, ": cannot be made: ", printable(above.string()), " is ",
-               path_kind(above.string()), ", not a folder");
-  TANDEM_CHECK(::access(above.c_str(), W_OK | X_OK) == 0, named, ": cannot be made: ", printable(above.string()),
-               " is not a folder this process can write to");
-}
-
 TensorBoardWriter::TensorBoardWriter(const std::string& folder, int64_t resumed_at) {
   check_output_folder("--tensorboard", folder);
   std::error_code ec;
@@ -207,4 +187,4 @@ void TensorBoardWriter::append(const std::string& payload) {
   write_all(fd_, event_record(payload), "--tensorboard " + printable(path_));
 }
 
-}  // namespace tandem::engine
+}  // namespace tandem::observe

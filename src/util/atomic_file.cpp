@@ -1,4 +1,4 @@
-#include "tandem/engine/atomic_file.h"
+#include "tandem/util/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "tandem/util/file.h"
 #include "tandem/util/removed_on_signal.h"
 
-namespace tandem::engine {
+namespace tandem {
 namespace {
 
 void sync_path(const std::string& path, bool directory) {
@@ -81,4 +81,24 @@ void write_atomically(const std::string& path,
   }
 }
 
-}  // namespace tandem::engine
+void check_output_folder(const std::string& flag, const std::string& folder) {
+  const std::string named = flag + " " + printable(folder);
+  std::error_code ec;
+  TANDEM_CHECK(!folder.empty(), flag, ": expected a folder, got an empty name");
+  const std::string kind = path_kind(folder);
+  TANDEM_CHECK(kind != "a link to nothing", named, ": is a link to nothing; expected a folder (or a name to make one)");
+  if (std::filesystem::exists(folder, ec)) {
+    TANDEM_CHECK(std::filesystem::is_directory(folder, ec), named, ": is ", path_kind(folder), "; expected a folder");
+    TANDEM_CHECK(::access(folder.c_str(), W_OK | X_OK) == 0, named, ": a folder this process cannot write to");
+    return;
+  }
+  // Made at the start of the run: the nearest folder that exists must let it.
+  std::filesystem::path above = std::filesystem::absolute(folder, ec).parent_path();
+  while (!above.empty() && !std::filesystem::exists(above, ec)) above = above.parent_path();
+  TANDEM_CHECK(std::filesystem::is_directory(above, ec), named, ": cannot be made: ", printable(above.string()), " is ",
+               path_kind(above.string()), ", not a folder");
+  TANDEM_CHECK(::access(above.c_str(), W_OK | X_OK) == 0, named, ": cannot be made: ", printable(above.string()),
+               " is not a folder this process can write to");
+}
+
+}  // namespace tandem

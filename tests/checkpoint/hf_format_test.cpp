@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/hf_format.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 using testing::TempDir;
@@ -209,7 +209,7 @@ TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
 // Note [a folder's config.json]: every key that GPT2Config and LlamaConfig
 // document (and the older spellings transformers still reads), set to a
 // value other than its default in a folder save_pretrained wrote
-// (tests/engine/hf_config_variants.py), either loads and gives the logits
+// (tests/checkpoint/hf_config_variants.py), either loads and gives the logits
 // of the model transformers built from it (float64, 1e-10), or is refused
 // naming the key. Settings that change nothing tandem computes (dropout,
 // token ids, provenance) and equivalent spellings must load. Before this
@@ -218,7 +218,7 @@ TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
 TEST(HfConfigTest, EveryDocumentedKeyIsComputedOrRefused) {
   TempDir dir;
   auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
-                        "/tests/engine/hf_config_variants.py " TANDEM_SOURCE_DIR "/tests/testing " + dir.path() +
+                        "/tests/checkpoint/hf_config_variants.py " TANDEM_SOURCE_DIR "/tests/testing " + dir.path() +
                         " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto tokens = read_safetensors(dir.file("tokens.safetensors")).tensors.at(0).second;
@@ -259,4 +259,4 @@ TEST(HfConfigTest, EveryDocumentedKeyIsComputedOrRefused) {
 }
 
 }  // namespace
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -8,14 +8,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tandem/engine/atomic_file.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/registry.h"
-#include "tandem/util/table.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/table.h"
 #include "testing.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 using testing::TempDir;
@@ -187,4 +187,4 @@ TEST(AtomicFileTest, ASignalMidWriteLeavesNoTemporary) {
 }
 
 }  // namespace
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -1,5 +1,5 @@
 // Sharded checkpoints (Note [sharded checkpoints] in
-// engine/sharded_checkpoint.h): pieces in any memory order assemble into
+// checkpoint/sharded_checkpoint.h): pieces in any memory order assemble into
 // the whole tensors, a manifest that does not describe its pieces is
 // refused, and the Checkpointer's sharded checkpoint loads as its one-file
 // checkpoint does.
@@ -10,13 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/checkpoint.h"
-#include "tandem/engine/sharded_checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/state_tensors.h"
 #include "testing.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -263,4 +263,4 @@ TEST(ShardedCheckpointTest, AnotherRunsSettingsAreNamedBeforeTheStatesShapes) {
 }
 
 }  // namespace
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

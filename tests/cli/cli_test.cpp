@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -295,8 +295,8 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
                                     "this run's model for 32 x 32 images"));
   // A file without that metadata (written by another program): the first
   // tensor that does not fit is named.
-  auto file = engine::read_safetensors(dir.file("w.safetensors"));
-  engine::write_safetensors(dir.file("bare.safetensors"), file.tensors);
+  auto file = checkpoint::read_safetensors(dir.file("w.safetensors"));
+  checkpoint::write_safetensors(dir.file("bare.safetensors"), file.tensors);
   r = run_tandem("eval --weights " + dir.file("bare.safetensors") + " --data idx:" + dir.path() + " --model mlp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // (the mlp's fc1 has another shape than the convnet's)
@@ -330,7 +330,7 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   char moved[64];
   std::snprintf(moved, sizeof moved, "[%.9f]", mean * (1 + 2e-6));
   edited["normalize_mean"] = moved;
-  engine::write_safetensors(dir.file("moved.safetensors"), file.tensors, edited);
+  checkpoint::write_safetensors(dir.file("moved.safetensors"), file.tensors, edited);
   r = run_tandem("eval --weights " + dir.file("moved.safetensors") + data);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   char shown[64];
@@ -339,12 +339,12 @@ TEST(CliTest, EvalGivesBackTheRunsTestAccuracy) {
   // One of the two: damaged; neither (older exports, other programs): a warning.
   edited = file.metadata;
   edited.erase("normalize_std");
-  engine::write_safetensors(dir.file("half.safetensors"), file.tensors, edited);
+  checkpoint::write_safetensors(dir.file("half.safetensors"), file.tensors, edited);
   EXPECT_TRUE(testing::tandem_fails("eval --weights " + dir.file("half.safetensors") + data, 1,
                                     dir.file("half.safetensors") + ": its metadata has normalize_mean but no "
                                     "normalize_std; tandem train --export-weights writes both"));
   edited.erase("normalize_mean");
-  engine::write_safetensors(dir.file("older.safetensors"), file.tensors, edited);
+  checkpoint::write_safetensors(dir.file("older.safetensors"), file.tensors, edited);
   r = run_tandem("eval --weights " + dir.file("older.safetensors") + data);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tandem: warning: " + dir.file("older.safetensors") + ": its metadata does not say how the "

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -73,13 +73,13 @@ TEST_F(DivergenceCliTest, HugeWeightsAreNamedInTrainAndEval) {
   auto r = testing::run_tandem("train" + data() + "--batch-size 64 --max-steps 2 --progress off --export-weights " +
                                out.file("w.safetensors"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto file = engine::read_safetensors(out.file("w.safetensors"));
-  engine::NamedTensors huge;
+  auto file = checkpoint::read_safetensors(out.file("w.safetensors"));
+  checkpoint::NamedTensors huge;
   for (const auto& [name, tensor] : file.tensors) {
     const bool weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
     huge.emplace_back(name, weight ? tensor * 1e20 : tensor);
   }
-  engine::write_safetensors(out.file("huge.safetensors"), huge, file.metadata);
+  checkpoint::write_safetensors(out.file("huge.safetensors"), huge, file.metadata);
 
   r = testing::run_tandem("train" + data() + "--batch-size 64 --max-steps 20 --progress off --init-weights " +
                           out.file("huge.safetensors"));

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -129,7 +129,7 @@ TEST_F(EvalImageFolderCliTest, FlagsAndMetadataThatDisagreeAreSaidOrRefused) {
   const std::string resnet = dir_.file("resnet.safetensors"), mobilenet = dir_.file("mobilenet.safetensors");
   train(" --model resnet18 --max-steps 1", resnet);
   train(" --model mobilenetv2 --width-mult 0.5 --max-steps 1", mobilenet);
-  const auto file = engine::read_safetensors(resnet);
+  const auto file = checkpoint::read_safetensors(resnet);
   std::string out = eval(resnet, " --stem " + file.metadata.at("stem"));
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;
   out = eval(mobilenet, " --width-mult 0.5");
@@ -157,7 +157,7 @@ TEST_F(EvalImageFolderCliTest, FlagsAndMetadataThatDisagreeAreSaidOrRefused) {
     auto metadata = file.metadata;
     metadata[edit.key] = edit.value;
     const std::string edited = dir_.file(std::string("edited-") + edit.key + ".safetensors");
-    engine::write_safetensors(edited, file.tensors, metadata);
+    checkpoint::write_safetensors(edited, file.tensors, metadata);
     EXPECT_TRUE(testing::tandem_fails("eval --weights " + edited + " --val-data imagefolder:" + dir_.file("val"), 1,
                                       edited + edit.message))
         << edit.key << " " << edit.value;

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "testing.h"
 
 namespace tandem {
@@ -31,8 +31,8 @@ void expect_export_is_the_runs_weights(const std::string& layout) {
   auto e = run_tandem("export --checkpoint " + dir.file("ck") + " --out " + dir.file("ck.safetensors"));
   ASSERT_EQ(e.exit_code, 0) << e.output;
   EXPECT_NE(e.output.find("(step 6, 16 tensors) written to"), std::string::npos) << e.output;
-  auto run = engine::read_safetensors(dir.file("run.safetensors"));
-  auto exported = engine::read_safetensors(dir.file("ck.safetensors"));
+  auto run = checkpoint::read_safetensors(dir.file("run.safetensors"));
+  auto exported = checkpoint::read_safetensors(dir.file("ck.safetensors"));
   ASSERT_EQ(run.tensors.size(), exported.tensors.size());
   std::map<std::string, torch::Tensor> by_name(exported.tensors.begin(), exported.tensors.end());
   for (const auto& [name, tensor] : run.tensors) {

@@ -225,7 +225,7 @@ TEST(LanguageModelCliTest, TransformersFoldersGoInAndComeOut) {
                                     "model_type is \"gpt2\", the model's \"llama\""));
   // Note [a folder's config.json]: 8 heads of 16 have the tensors of 4 of
   // 32; the config says which, and is checked, as every key of it is
-  // (tests/engine/hf_format_test.cpp). A config that is not JSON is named.
+  // (tests/checkpoint/hf_format_test.cpp). A config that is not JSON is named.
   std::filesystem::copy(dir.file("in"), dir.file("heads"));
   std::string config = testing::read_text(dir.file("in") + "/config.json");
   const auto heads = config.find("\"n_head\": 4");

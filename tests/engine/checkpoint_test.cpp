@@ -26,12 +26,12 @@
 #include <cstring>
 #include <torch/cuda.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 
@@ -43,25 +43,25 @@ namespace {
 using testing::TempDir;
 
 TEST(CheckpointTest, FieldsThatMayChangeAreLeftOutOfTheComparison) {
-  EXPECT_EQ(without_fields("model=mlp lr=0.1 world=2 seed=3", {"world"}), "model=mlp lr=0.1 seed=3");
-  EXPECT_EQ(without_fields("model=mlp world=2", {}), "model=mlp world=2");
-  EXPECT_EQ(without_fields("world=2 worldly=1 x=world=2", {"world"}), "worldly=1 x=world=2");
-  EXPECT_EQ(fingerprint_field("worldly=1 world=2 x=world=3", "world"), "2");
-  EXPECT_EQ(fingerprint_field("model=mlp", "world"), std::nullopt);
+  EXPECT_EQ(checkpoint::without_fields("model=mlp lr=0.1 world=2 seed=3", {"world"}), "model=mlp lr=0.1 seed=3");
+  EXPECT_EQ(checkpoint::without_fields("model=mlp world=2", {}), "model=mlp world=2");
+  EXPECT_EQ(checkpoint::without_fields("world=2 worldly=1 x=world=2", {"world"}), "worldly=1 x=world=2");
+  EXPECT_EQ(checkpoint::fingerprint_field("worldly=1 world=2 x=world=3", "world"), "2");
+  EXPECT_EQ(checkpoint::fingerprint_field("model=mlp", "world"), std::nullopt);
   // A --data path with spaces is one value (one word of it that looks like
   // KEY=VALUE, such as "/a world=3", would still start a field).
   const std::string spaced = "data=idx:/my data/Fashion MNIST world=2";
-  EXPECT_EQ(fingerprint_field(spaced, "data"), "idx:/my data/Fashion MNIST");
-  EXPECT_EQ(fingerprint_field(spaced, "world"), "2");
-  EXPECT_EQ(without_fields(spaced, {"world"}), "data=idx:/my data/Fashion MNIST");
+  EXPECT_EQ(checkpoint::fingerprint_field(spaced, "data"), "idx:/my data/Fashion MNIST");
+  EXPECT_EQ(checkpoint::fingerprint_field(spaced, "world"), "2");
+  EXPECT_EQ(checkpoint::without_fields(spaced, {"world"}), "data=idx:/my data/Fashion MNIST");
 
   TempDir dir;
   torch::manual_seed(1);
   torch::nn::Linear model(3, 2);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  Checkpointer plain({dir.path()});
-  auto path = plain.save(TrainPosition{}, *model, sgd, "model=linear lr=0.1 world=2");
-  Checkpointer elastic({dir.path(), 2, {"world"}});
+  checkpoint::Checkpointer plain({dir.path()});
+  auto path = plain.save(checkpoint::TrainPosition{}, *model, sgd, "model=linear lr=0.1 world=2");
+  checkpoint::Checkpointer elastic({dir.path(), 2, {"world"}});
   auto position = elastic.load(path, *model, sgd, "model=linear lr=0.1 world=4");
   EXPECT_EQ(position.fingerprint, "model=linear lr=0.1 world=2");
   EXPECT_THROW(plain.load(path, *model, sgd, "model=linear lr=0.1 world=4"), Error);
@@ -71,20 +71,20 @@ TEST(CheckpointTest, FieldsThatMayChangeAreLeftOutOfTheComparison) {
 // The refusal of a checkpoint written under other settings names the fields
 // that differ, not only the two fingerprints.
 TEST(CheckpointTest, FingerprintDifferencesNameTheFields) {
-  EXPECT_EQ(fingerprint_differences("model=mlp lr=0.1 world=2", "model=mlp lr=0.1 world=4", {"world"}), "");
-  EXPECT_EQ(fingerprint_differences("model=mlp lr=0.1 batch=32 world=2", "model=convnet lr=0.1 batch=64 world=4",
+  EXPECT_EQ(checkpoint::fingerprint_differences("model=mlp lr=0.1 world=2", "model=mlp lr=0.1 world=4", {"world"}), "");
+  EXPECT_EQ(checkpoint::fingerprint_differences("model=mlp lr=0.1 batch=32 world=2", "model=convnet lr=0.1 batch=64 world=4",
                                     {"world"}),
             "model=mlp in the checkpoint, model=convnet in this run, batch=32 in the checkpoint, "
             "batch=64 in this run");
-  EXPECT_EQ(fingerprint_differences("model=mlp", "model=mlp clip=1", {}), "no clip in the checkpoint, clip=1 in this run");
-  EXPECT_EQ(fingerprint_differences("data=idx:/a b model=mlp", "data=idx:/a c model=mlp", {}),
+  EXPECT_EQ(checkpoint::fingerprint_differences("model=mlp", "model=mlp clip=1", {}), "no clip in the checkpoint, clip=1 in this run");
+  EXPECT_EQ(checkpoint::fingerprint_differences("data=idx:/a b model=mlp", "data=idx:/a c model=mlp", {}),
             "data=idx:/a b in the checkpoint, data=idx:/a c in this run");
 
   TempDir dir;
   torch::nn::Linear model(3, 2);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  Checkpointer checkpointer({dir.path()});
-  auto path = checkpointer.save(TrainPosition{}, *model, sgd, "model=linear lr=0.1");
+  checkpoint::Checkpointer checkpointer({dir.path()});
+  auto path = checkpointer.save(checkpoint::TrainPosition{}, *model, sgd, "model=linear lr=0.1");
   EXPECT_EQ(testing::error_of([&] { checkpointer.load(path, *model, sgd, "model=linear lr=0.2"); }),
             "cannot resume from " + path + ": it was written by a run with other settings (lr=0.1 in the "
             "checkpoint, lr=0.2 in this run); resume with the checkpoint's settings, or train afresh in "
@@ -112,7 +112,7 @@ std::string rewritten_checkpoint(const std::string& path,
     writer.writeRecord(name, bytes.data(), bytes.size());
   }
   writer.writeEndOfFile();
-  return seal_checkpoint(out);
+  return checkpoint::seal_checkpoint(out);
 }
 
 // A checkpoint of a Linear(3, 2) with momentum, saved in `dir`.
@@ -120,7 +120,7 @@ struct SavedLinear {
   explicit SavedLinear(const TempDir& dir) : checkpointer({dir.path()}) {
     model->forward(torch::ones({1, 3})).sum().backward();
     sgd.step();  // momentum buffers to save
-    path = checkpointer.save(TrainPosition{}, *model, sgd, "model=linear");
+    path = checkpointer.save(checkpoint::TrainPosition{}, *model, sgd, "model=linear");
   }
   // The message of the error loading `file` throws; a test failure if none.
   std::string load_error(const std::string& file) {
@@ -128,7 +128,7 @@ struct SavedLinear {
   }
   torch::nn::Linear model{3, 2};
   torch::optim::SGD sgd{model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
-  Checkpointer checkpointer;
+  checkpoint::Checkpointer checkpointer;
   std::string path;
 };
 
@@ -211,13 +211,13 @@ TEST(CheckpointTest, OnlyRegularFilesCountAsCheckpoints) {
   std::ofstream(dir.file("checkpoint-99999999999999999999.pt")) << "too large a step";
   torch::nn::Linear model(3, 2);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  Checkpointer checkpointer({dir.path()});
-  TrainPosition p;
+  checkpoint::Checkpointer checkpointer({dir.path()});
+  checkpoint::TrainPosition p;
   for (p.step = 1; p.step <= 3; ++p.step) checkpointer.save(p, *model, sgd, "model=linear");
   EXPECT_FALSE(std::filesystem::exists(dir.file("checkpoint-00000001.pt")));
   EXPECT_TRUE(std::filesystem::exists(dir.file("checkpoint-00000002.pt")));
   EXPECT_EQ(checkpointer.latest(), dir.file("checkpoint-00000003.pt"));
-  TrainPosition loaded;
+  checkpoint::TrainPosition loaded;
   std::vector<std::string> warnings;
   EXPECT_EQ(checkpointer.load_newest_good(loaded, *model, sgd, "model=linear", &warnings),
             dir.file("checkpoint-00000003.pt"));
@@ -234,14 +234,14 @@ TEST(CheckpointTest, AfterAFallbackTheGoodCheckpointIsKeptNotTheDamaged) {
   TempDir dir;
   torch::nn::Linear model(3, 2);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  TrainPosition p;
+  checkpoint::TrainPosition p;
   {
-    Checkpointer first({dir.path()});
+    checkpoint::Checkpointer first({dir.path()});
     for (p.step = 2; p.step <= 4; p.step += 2) first.save(p, *model, sgd, "model=linear");
   }
   std::ofstream(dir.file("checkpoint-00000004.pt"), std::ios::app) << "damage";
-  Checkpointer resumed({dir.path()});
-  TrainPosition loaded;
+  checkpoint::Checkpointer resumed({dir.path()});
+  checkpoint::TrainPosition loaded;
   std::vector<std::string> warnings;
   EXPECT_EQ(resumed.load_newest_good(loaded, *model, sgd, "model=linear", &warnings),
             dir.file("checkpoint-00000002.pt"));
@@ -273,11 +273,11 @@ TEST(CheckpointTest, ArchivesTheFuzzerFoundAreRefusedBeforeLibtorchReadsThem) {
     ASSERT_EQ(input[0] % 2, 1) << file;  // the fuzzer's "archive, sealed" path
     TempDir dir;
     auto path = dir.file("checkpoint-00000001.pt");
-    std::ofstream(path, std::ios::binary) << seal_checkpoint(input.substr(1));
+    std::ofstream(path, std::ios::binary) << checkpoint::seal_checkpoint(input.substr(1));
     torch::nn::Linear model(2, 2);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     try {
-      Checkpointer({dir.path()}).load(path, *model, sgd, "fuzz");
+      checkpoint::Checkpointer({dir.path()}).load(path, *model, sgd, "fuzz");
       ADD_FAILURE() << file << ": the archive loaded";
     } catch (const tandem::Error& e) {
       std::string message = e.what();

@@ -26,12 +26,12 @@
 #include <cstring>
 #include <torch/cuda.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 
@@ -64,12 +64,12 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
     EXPECT_DOUBLE_EQ(j["test_acc"].get<double>(), result.epochs[lines - 1].test_acc);
   }
   EXPECT_EQ(lines, 2);
-  auto file = read_safetensors(o.export_weights);
+  auto file = checkpoint::read_safetensors(o.export_weights);
   auto state = state_of(trainer);
   expect_equal_states(file.tensors, state);
 
   // read_metrics gives the records back as the run returned them.
-  auto records = read_metrics(o.metrics_out);
+  auto records = observe::read_metrics(o.metrics_out);
   ASSERT_EQ(records.size(), 2u);
   for (size_t i = 0; i < records.size(); ++i) {
     const auto& a = records[i];
@@ -83,23 +83,23 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
     EXPECT_EQ(a.partial, b.partial);
     EXPECT_TRUE(a.evaluated);
   }
-  std::ofstream(out.file("bad.jsonl")) << to_json_line(records[0]) << "\n{\"epoch\": 2}\n";
+  std::ofstream(out.file("bad.jsonl")) << observe::to_json_line(records[0]) << "\n{\"epoch\": 2}\n";
   EXPECT_THROW(
       {
         try {
-          read_metrics(out.file("bad.jsonl"));
+          observe::read_metrics(out.file("bad.jsonl"));
         } catch (const Error& e) {
           EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: not a metrics record"), std::string::npos) << e.what();
           throw;
         }
       },
       Error);
-  EXPECT_THROW(read_metrics(out.file("missing.jsonl")), Error);
+  EXPECT_THROW(observe::read_metrics(out.file("missing.jsonl")), Error);
 
   // load_weights puts the exported weights into a fresh model of the same
   // flags, which then evaluates as the run did after its last epoch.
   Trainer fresh(small_run(data_.path()), nullptr);
-  load_weights(o.export_weights, *fresh.model());
+  checkpoint::load_weights(o.export_weights, *fresh.model());
   expect_equal_states(state_of(fresh), state);
   auto eval = fresh.evaluate();
   EXPECT_EQ(eval.accuracy, result.epochs.back().test_acc);
@@ -136,11 +136,11 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
 
   // --init-weights-except: the head of a file made for 5 classes is left out
   // (fine-tuning), the rest loads; the head keeps the seed's initialisation.
-  NamedTensors five_classes;
+  checkpoint::NamedTensors five_classes;
   for (const auto& [name, tensor] : file.tensors) {
     five_classes.emplace_back(name, name.rfind("fc2.", 0) == 0 ? tensor.narrow(0, 0, 5).clone() : tensor);
   }
-  write_safetensors(out.file("five.safetensors"), five_classes);
+  checkpoint::write_safetensors(out.file("five.safetensors"), five_classes);
   auto tuned = small_run(data_.path());
   tuned.init_weights = out.file("five.safetensors");
   try {
@@ -169,12 +169,12 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
   }
 
   // Strict: a tensor missing, one too many, or one of another shape is named.
-  auto expect_refused = [&](const NamedTensors& tensors, const std::string& why) {
-    write_safetensors(out.file("other.safetensors"), tensors);
+  auto expect_refused = [&](const checkpoint::NamedTensors& tensors, const std::string& why) {
+    checkpoint::write_safetensors(out.file("other.safetensors"), tensors);
     Trainer target(small_run(data_.path()), nullptr);
     auto before = state_of(target);
     try {
-      load_weights(out.file("other.safetensors"), *target.model());
+      checkpoint::load_weights(out.file("other.safetensors"), *target.model());
       ADD_FAILURE() << "loaded: " << why;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(out.file("other.safetensors") + ": " + why), std::string::npos)
@@ -182,12 +182,12 @@ TEST_F(TrainerTest, MetricsLinesAndExportedWeights) {
     }
     expect_equal_states(state_of(target), before);  // nothing copied
   };
-  NamedTensors missing(file.tensors.begin() + 1, file.tensors.end());
+  checkpoint::NamedTensors missing(file.tensors.begin() + 1, file.tensors.end());
   expect_refused(missing, "no tensor for the model's");
-  NamedTensors extra = file.tensors;
+  checkpoint::NamedTensors extra = file.tensors;
   extra.emplace_back("head.extra", torch::zeros({2}));
   expect_refused(extra, "tensor 'head.extra' is not a parameter or buffer of the model");
-  NamedTensors reshaped = file.tensors;
+  checkpoint::NamedTensors reshaped = file.tensors;
   reshaped.back().second = torch::zeros({reshaped.back().second.numel() + 1});
   expect_refused(reshaped, "tensor '" + reshaped.back().first + "' has shape");
 }
@@ -199,8 +199,8 @@ TEST_F(TrainerTest, WeightsOfOtherShapeSettingsNameTheFlag) {
   TempDir out;
   auto expect_named = [&](const TrainOptions& made, TrainOptions used, const std::string& line) {
     Trainer maker(made, nullptr);
-    write_safetensors(out.file("w.safetensors"), state_of(maker), maker.weights_metadata());
-    write_safetensors(out.file("bare.safetensors"), state_of(maker));
+    checkpoint::write_safetensors(out.file("w.safetensors"), state_of(maker), maker.weights_metadata());
+    checkpoint::write_safetensors(out.file("bare.safetensors"), state_of(maker));
     for (const std::string name : {"w.safetensors", "bare.safetensors"}) {
       used.init_weights = out.file(name);
       try {

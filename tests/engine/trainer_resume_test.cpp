@@ -26,12 +26,12 @@
 #include <cstring>
 #include <torch/cuda.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 
@@ -208,9 +208,9 @@ TEST_F(TrainerTest, AFullDiskLeavesThePreviousCheckpointIntact) {
   EXPECT_EQ(file_names(checkpoints.path()), (std::vector<std::string>{"checkpoint-00000008.pt"}));  // no temporary left
   Trainer fresh(o, nullptr);
   torch::optim::SGD sgd(fresh.model()->parameters(), 0.1);
-  TrainPosition position;
+  checkpoint::TrainPosition position;
   std::vector<std::string> damaged;
-  auto path = Checkpointer({checkpoints.path()})
+  auto path = checkpoint::Checkpointer({checkpoints.path()})
                   .load_newest_good(position, *fresh.model(), sgd, fresh.fingerprint(), &damaged);
   ASSERT_TRUE(path.has_value());
   EXPECT_EQ(*path, checkpoints.file("checkpoint-00000008.pt"));
@@ -251,7 +251,7 @@ TEST_F(TrainerTest, TemporariesOfDeadProcessesAreRemovedAtTheStart) {
   const std::string live = "checkpoint-00000008.pt.tmp-1";  // init
   const std::string other = "checkpoint-00000008.pt.tmp-x" + std::to_string(child);  // not tandem's name
   for (const auto& name : {dead, live, other}) std::ofstream(checkpoints.file(name)) << "partial";
-  EXPECT_EQ(Checkpointer({checkpoints.path()}).remove_stale_temporaries(), (std::vector<std::string>{dead}));
+  EXPECT_EQ(checkpoint::Checkpointer({checkpoints.path()}).remove_stale_temporaries(), (std::vector<std::string>{dead}));
   std::ofstream(checkpoints.file(dead)) << "partial";
   auto o = small_run(data_.path());
   o.epochs = 1;
@@ -286,7 +286,7 @@ TEST_F(TrainerTest, ACheckpointOfNonFiniteWeightsIsPassedOverAsDamaged) {
     // Step 10's checkpoint with one weight made NaN, written as step 11.
     Trainer t(o, nullptr);
     torch::optim::SGD sgd(t.model()->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    Checkpointer c(CheckpointOptions{checkpoints.path(), 3});
+    checkpoint::Checkpointer c(checkpoint::CheckpointOptions{checkpoints.path(), 3});
     auto position = c.load(checkpoints.file("checkpoint-00000010.pt"), *t.model(), sgd, t.fingerprint());
     {
       torch::NoGradGuard no_grad;
@@ -315,7 +315,7 @@ TEST_F(TrainerTest, ASecondRunOnTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
   o.max_steps = 2;
   o.checkpoint_dir = checkpoints.path();
   {
-    Checkpointer first(CheckpointOptions{checkpoints.path()});
+    checkpoint::Checkpointer first(checkpoint::CheckpointOptions{checkpoints.path()});
     first.check_writable();
     first.lock();
     EXPECT_EQ(testing::error_of([&] { Trainer(o, nullptr).run(); }),

@@ -26,12 +26,12 @@
 #include <cstring>
 #include <torch/cuda.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 

@@ -25,12 +25,12 @@
 #include <cstring>
 #include <torch/cuda.h>
 
-#include "tandem/engine/checkpoint.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/engine/cuda_graph.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/util/check.h"
 #include "testing.h"
 
@@ -161,10 +161,10 @@ TEST_F(TrainerTest, WarningsAreNotSilencedByProgressOff) {
 
 TEST(StepProfilerTest, RankZeroAloneUnlessThePathNamesTheRank) {
   TempDir out;
-  EXPECT_TRUE(StepProfiler({out.file("t.json")}, 0).enabled());
-  EXPECT_FALSE(StepProfiler({out.file("t.json")}, 1).enabled());
-  EXPECT_FALSE(StepProfiler({""}, 0).enabled());
-  StepProfiler third({out.file("t-{rank}.json")}, 3);
+  EXPECT_TRUE(observe::StepProfiler({out.file("t.json")}, 0).enabled());
+  EXPECT_FALSE(observe::StepProfiler({out.file("t.json")}, 1).enabled());
+  EXPECT_FALSE(observe::StepProfiler({""}, 0).enabled());
+  observe::StepProfiler third({out.file("t-{rank}.json")}, 3);
   EXPECT_TRUE(third.enabled());
   EXPECT_EQ(third.path(), out.file("t-3.json"));
 }

@@ -8,8 +8,8 @@
 
 #include <fstream>
 
-#include "tandem/engine/hf_format.h"
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/decoding.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/llama.h"
@@ -161,19 +161,19 @@ TEST(DecodingTest, GreedyGenerationIsTransformers) {
     TempDir dir;
     auto& model = models[m];
     if (kinds[m] == "gpt2") {
-      engine::write_hf_folder(dir.file("hf"), model, small_gpt2());
+      checkpoint::write_hf_folder(dir.file("hf"), model, small_gpt2());
     } else {
-      engine::write_hf_folder(dir.file("hf"), model, small_llama());
+      checkpoint::write_hf_folder(dir.file("hf"), model, small_llama());
     }
     torch::manual_seed(5);
     auto prompt = torch::randint(61, {2, 6}, torch::kInt64);
-    engine::write_safetensors(dir.file("io.safetensors"), {{"prompt", prompt}});
+    checkpoint::write_safetensors(dir.file("io.safetensors"), {{"prompt", prompt}});
     std::ofstream(dir.file("script.py")) << kScript;
     auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " + dir.file("script.py") +
                           " " TANDEM_SOURCE_DIR "/tests/testing " + dir.file("hf") + " " +
                           dir.file("io.safetensors") + " 2>&1");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    auto theirs = engine::read_safetensors(dir.file("io.safetensors.out")).tensors.at(0).second;
+    auto theirs = checkpoint::read_safetensors(dir.file("io.safetensors.out")).tensors.at(0).second;
     SampleOptions o;
     o.max_tokens = 12;
     o.temperature = 0;

@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/registry.h"
 #include "tandem/models/split_region.h"
@@ -67,9 +67,9 @@ Compared compare_with_transformers(torch::ScalarType dtype, bool untie_gradient 
   auto tokens = torch::randint(0, 61, {2, 10}, torch::kInt64);
   auto targets = torch::randint(0, 61, {2, 10}, torch::kInt64);
   TempDir dir;
-  engine::NamedTensors saved = {{"tokens", tokens}, {"targets", targets}};
+  checkpoint::NamedTensors saved = {{"tokens", tokens}, {"targets", targets}};
   for (const auto& p : model->named_parameters()) saved.emplace_back(gpt2_hf_name(p.key()), p.value().detach());
-  engine::write_safetensors(dir.file("in.safetensors"), saved);
+  checkpoint::write_safetensors(dir.file("in.safetensors"), saved);
   const std::string script = dir.file("reference.py");
   std::ofstream(script) << kReference;
   auto r = testing::run(std::string(TANDEM_PYTHON) + " " + script + " " + dir.file("in.safetensors") + " " +
@@ -77,7 +77,7 @@ Compared compare_with_transformers(torch::ScalarType dtype, bool untie_gradient 
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {1, 1, 1, 0};
   std::map<std::string, torch::Tensor> theirs;
-  for (auto& [name, t] : engine::read_safetensors(dir.file("out.safetensors")).tensors) theirs[name] = t;
+  for (auto& [name, t] : checkpoint::read_safetensors(dir.file("out.safetensors")).tensors) theirs[name] = t;
 
   if (untie_gradient) {
     auto* head = model->at(model->size() - 1).get<Gpt2Head>().get();

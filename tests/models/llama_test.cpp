@@ -12,7 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/registry.h"
 #include "testing.h"
@@ -87,9 +87,9 @@ Compared compare_with_transformers(const LlamaConfig& config, torch::ScalarType 
   auto tokens = torch::randint(0, config.vocab_size, {2, 24}, torch::kInt64);
   auto targets = torch::randint(0, config.vocab_size, {2, 24}, torch::kInt64);
   TempDir dir;
-  engine::NamedTensors saved = {{"tokens", tokens}, {"targets", targets}};
+  checkpoint::NamedTensors saved = {{"tokens", tokens}, {"targets", targets}};
   for (const auto& p : model->named_parameters()) saved.emplace_back(llama_hf_name(p.key()), p.value().detach());
-  engine::write_safetensors(dir.file("in.safetensors"), saved);
+  checkpoint::write_safetensors(dir.file("in.safetensors"), saved);
   const nlohmann::json c = {{"vocab", config.vocab_size},       {"hidden", config.hidden_size},
                             {"intermediate", config.intermediate_size}, {"layers", config.num_layers},
                             {"heads", config.num_heads},        {"kv", config.num_kv_heads},
@@ -103,7 +103,7 @@ Compared compare_with_transformers(const LlamaConfig& config, torch::ScalarType 
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {};
   std::map<std::string, torch::Tensor> theirs;
-  for (auto& [name, t] : engine::read_safetensors(dir.file("out.safetensors")).tensors) theirs[name] = t;
+  for (auto& [name, t] : checkpoint::read_safetensors(dir.file("out.safetensors")).tensors) theirs[name] = t;
   auto logits = model->forward(tokens);
   auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}));
   loss.backward();

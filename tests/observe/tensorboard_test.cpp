@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include "tandem/engine/tensorboard.h"
+#include "tandem/observe/tensorboard.h"
 
-namespace tandem::engine {
+namespace tandem::observe {
 namespace {
 
 uint32_t read_u32(const std::string& bytes, size_t at) {
@@ -44,4 +44,4 @@ TEST(TensorBoardTest, ARecordIsLengthChecksumPayloadChecksum) {
 }
 
 }  // namespace
-}  // namespace tandem::engine
+}  // namespace tandem::observe

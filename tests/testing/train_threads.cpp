@@ -8,11 +8,11 @@
 #include <sstream>
 #include <thread>
 
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/dist/rendezvous.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/trainer.h"
 
 namespace tandem::testing {
@@ -118,7 +118,7 @@ ThreadJob train_in_threads(const std::string& flags) {
 
 std::map<std::string, torch::Tensor> read_weights(const std::string& path) {
   std::map<std::string, torch::Tensor> out;
-  for (auto& [name, t] : engine::read_safetensors(path).tensors) out.emplace(name, t);
+  for (auto& [name, t] : checkpoint::read_safetensors(path).tensors) out.emplace(name, t);
   return out;
 }
 

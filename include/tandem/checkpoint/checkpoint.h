@@ -1,4 +1,4 @@
-// tandem/engine/checkpoint.h: training state saved to and restored from disk.
+// tandem/checkpoint/checkpoint.h: training state saved to and restored from disk.
 //
 // A checkpoint is DIR/checkpoint-<step>.pt, a libtorch archive holding the
 // position in training (epoch, batch within the epoch, optimizer step), the
@@ -21,11 +21,11 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/dist/process_group.h"
-#include "tandem/engine/sharded_checkpoint.h"
 #include "tandem/util/check.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 struct TrainPosition {
   int64_t epoch = 0;            // epoch in progress (0-based)
@@ -47,7 +47,7 @@ class DamagedCheckpoint : public Error {
 };
 
 // A checkpoint file's bytes: `archive` (a libtorch archive) followed by its
-// checksum trailer (Note [checkpoint trailer] in src/engine/checkpoint.cpp),
+// checksum trailer (Note [checkpoint trailer] in src/checkpoint/checkpoint.cpp),
 // as save() writes them; fuzz/fuzz_checkpoint seals its inputs with it.
 std::string seal_checkpoint(std::string archive);
 
@@ -175,4 +175,4 @@ struct CheckpointWeights {
 // tandem::Error naming the file and what is wrong with it.
 CheckpointWeights read_checkpoint_weights(const std::string& path);
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -1,4 +1,4 @@
-// tandem/engine/hf_format.h: the language models' weights in Hugging Face
+// tandem/checkpoint/hf_format.h: the language models' weights in Hugging Face
 // transformers' form, both ways.
 //
 //   engine::write_hf_folder("out/", model, config);       // config.json + model.safetensors
@@ -22,12 +22,12 @@
 #include <map>
 #include <string>
 
-#include "tandem/engine/safetensors.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/gpt2.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/sequence.h"
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 // `metadata` goes into model.safetensors' header beside transformers'
 // "format" (tandem's --export-weights metadata: what the model was trained
@@ -63,4 +63,4 @@ SafetensorsFile read_weights_or_folder(const std::string& path);
 // GPT-2 "wte."/"wpe."), not tandem's.
 bool has_hf_names(const SafetensorsFile& file);
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

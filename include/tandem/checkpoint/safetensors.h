@@ -1,4 +1,4 @@
-// tandem/engine/safetensors.h: the safetensors weight format.
+// tandem/checkpoint/safetensors.h: the safetensors weight format.
 //
 // File layout: an 8-byte little-endian header length N, N bytes of JSON
 // ({"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
@@ -15,7 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
@@ -46,4 +46,4 @@ void load_weights(const std::string& path, torch::nn::Module& module,
 void load_weights(const SafetensorsFile& file, const std::string& path, torch::nn::Module& module,
                   const std::vector<std::string>& except = {});
 
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

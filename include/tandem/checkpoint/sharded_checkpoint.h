@@ -1,4 +1,4 @@
-// tandem/engine/sharded_checkpoint.h: a checkpoint written by every rank,
+// tandem/checkpoint/sharded_checkpoint.h: a checkpoint written by every rank,
 // each with only what it owns (PyTorch's distributed checkpoint, in idea).
 //
 // Note [sharded checkpoints]: a job of several ranks holds its state in
@@ -29,7 +29,7 @@
 
 #include <torch/torch.h>
 
-namespace tandem::engine {
+namespace tandem::checkpoint {
 
 // A run of a named tensor's elements that one rank owns: `data` (1-D)
 // holds the elements offset .. offset + numel of the tensor `name` (shape
@@ -94,4 +94,4 @@ AssembledCheckpoint read(const std::string& dir);
 int64_t manifest_step(const std::string& dir);
 
 }  // namespace sharded
-}  // namespace tandem::engine
+}  // namespace tandem::checkpoint

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <string>
 
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/tensorboard.h"
 #include "tandem/engine/train_options.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/tensorboard.h"
 
 namespace tandem::engine {
 
@@ -34,15 +34,15 @@ class RunRecorder {
   RunRecorder(const TrainOptions& options, int64_t rank, int64_t resumed_at);
 
   void steps(const StepRecord& record);
-  void epoch(const EpochMetrics& metrics);
+  void epoch(const observe::EpochMetrics& metrics);
   // What opening the sinks found that the run should say (a TensorBoard
   // folder that held another run's files); empty if nothing.
   const std::string& notice() const { return notice_; }
 
  private:
   std::string notice_;
-  MetricsWriter metrics_;
-  TensorBoardWriter tensorboard_;
+  observe::MetricsWriter metrics_;
+  observe::TensorBoardWriter tensorboard_;
 };
 
 }  // namespace tandem::engine

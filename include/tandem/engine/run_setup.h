@@ -12,10 +12,10 @@
 
 #include <torch/torch.h>
 
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/source.h"
 #include "tandem/dist/process_group.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/registry.h"
 #include "tandem/models/sequence.h"
@@ -68,7 +68,7 @@ void check_weights_metadata(const TrainOptions& o, const data::DataSplits& data,
 // engine::load_weights into `model`, leaving out the names under `except`;
 // a file whose tensors do not fit also has its shape settings that differ
 // from this run's named as flags (Note [shape settings]).
-void load_run_weights(const TrainOptions& o, const data::DataSplits& data, const SafetensorsFile& file,
+void load_run_weights(const TrainOptions& o, const data::DataSplits& data, const checkpoint::SafetensorsFile& file,
                       const std::string& path, torch::nn::Module& model, const std::vector<std::string>& except = {});
 
 // Prints, on `to`, the data's warnings not yet printed (the images left out

@@ -90,7 +90,7 @@ struct TrainOptions {
   double width_mult = 1.0;
   double dropout = 0.0;  // GPT-2's embeddings, attention probabilities and residuals
   std::string stem = "auto";
-  std::string init_weights;  // safetensors file to start from (engine/safetensors.h load_weights)
+  std::string init_weights;  // safetensors file to start from (checkpoint/safetensors.h load_weights)
   std::string init_weights_except;  // comma-separated names it leaves at random, e.g. "fc"
   Dtype dtype = Dtype::kFloat32;  // parameters and compute
   std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
@@ -155,11 +155,11 @@ struct TrainOptions {
   std::string checkpoint_format = "auto";
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string metrics_out;      // JSON lines, one per epoch
-  std::string tensorboard;      // folder of TensorBoard event files (engine/tensorboard.h); rank 0
+  std::string tensorboard;      // folder of TensorBoard event files (observe/tensorboard.h); rank 0
   int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
   std::string export_weights;   // safetensors file with the final weights
-  std::string export_hf;        // a language model's final weights as a transformers folder (engine/hf_format.h)
-  std::string profile_out;      // Chrome trace of --profile-steps (engine/profile.h); "{rank}": per rank
+  std::string export_hf;        // a language model's final weights as a transformers folder (checkpoint/hf_format.h)
+  std::string profile_out;      // Chrome trace of --profile-steps (observe/profile.h); "{rank}": per rank
   std::string profile_steps = "5:8";  // A:B, the steps traced
   ProgressMode progress = ProgressMode::kAuto;
 };

@@ -18,33 +18,33 @@
 
 #include <torch/torch.h>
 
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/dataset.h"
 #include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
-#include "tandem/engine/checkpoint.h"
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/data_plan.h"
+#include "tandem/engine/evaluate.h"
+#include "tandem/engine/parallel_layout.h"
+#include "tandem/engine/run_setup.h"
 #include "tandem/engine/stage_plan.h"
 #include "tandem/engine/tied_stages.h"
-#include "tandem/engine/evaluate.h"
-#include "tandem/engine/metrics.h"
-#include "tandem/engine/parallel_layout.h"
-#include "tandem/engine/profile.h"
-#include "tandem/engine/run_setup.h"
-#include "tandem/engine/safetensors.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/models/sequence.h"
+#include "tandem/observe/metrics.h"
+#include "tandem/observe/profile.h"
 #include "tandem/optim/grad_scaler.h"
 #include "tandem/optim/zero.h"
 #include "tandem/parallel/fsdp.h"
 #include "tandem/parallel/fsdp_optimizer.h"
-#include "tandem/parallel/tensor_parallel_plan.h"
 #include "tandem/parallel/pipeline.h"
+#include "tandem/parallel/tensor_parallel_plan.h"
 
 namespace tandem::engine {
 
 struct TrainResult {
-  std::vector<EpochMetrics> epochs;  // one per epoch trained in this run
+  std::vector<observe::EpochMetrics> epochs;  // one per epoch trained in this run
   int64_t steps = 0;                 // optimizer steps taken in all
   double seconds = 0.0;              // wall time of this run
   std::string last_checkpoint;       // empty when none was written
@@ -109,7 +109,7 @@ class Trainer {
   // engine::load_weights into the model, leaving out the names under
   // `except`; a file whose tensors do not fit also has its shape settings
   // that differ from this run's named as flags (Note [shape settings]).
-  void load_weights(const SafetensorsFile& file, const std::string& path,
+  void load_weights(const checkpoint::SafetensorsFile& file, const std::string& path,
                     const std::vector<std::string>& except = {});
   int64_t virtual_stages() const;  // --virtual-stages, its default resolved
 
@@ -127,9 +127,9 @@ class Trainer {
   // worker) the newest good checkpoint loaded into the model, `optimizer`,
   // the position and the loss scale.
   struct Resumption {
-    std::optional<Checkpointer> checkpointer;
+    std::optional<checkpoint::Checkpointer> checkpointer;
     bool resume = false;         // asked to resume (by --resume or a restart)
-    TrainPosition position;      // where the run goes on
+    checkpoint::TrainPosition position;      // where the run goes on
     std::string started_from;    // for the advice should it diverge (Note [diverged])
   };
   Resumption open_checkpoints(torch::optim::Optimizer& optimizer);
@@ -168,7 +168,7 @@ class Trainer {
   void keep_shards_of(const torch::optim::Optimizer& whole, torch::optim::Optimizer& sharded);
   // The pieces of the model and optimizer state this rank writes into a
   // sharded checkpoint (trainer_shards.cpp); no collective.
-  std::vector<StatePiece> owned_state(torch::optim::Optimizer& optimizer) const;
+  std::vector<checkpoint::StatePiece> owned_state(torch::optim::Optimizer& optimizer) const;
   // Whether checkpoints are sharded: --checkpoint-format, auto resolved.
   bool sharded_checkpoints() const;
   // What one epoch's steps add up for its report.
@@ -188,7 +188,7 @@ class Trainer {
   // rank calls it at the same steps (a collective). A loss that is no longer
   // finite ends the run on every rank (Note [diverged]).
   void sync_sums(RunState& run, EpochState& epoch);
-  EpochMetrics end_epoch(RunState& run, EpochState& epoch);
+  observe::EpochMetrics end_epoch(RunState& run, EpochState& epoch);
   // The peak FLOPs a second of the job's devices, 0 when unknown (Note
   // [peak for MFU] in src/engine/trainer_account.cpp).
   double peak_flops() const;
@@ -199,7 +199,7 @@ class Trainer {
   // Where the trained weights are when an output written at the end failed
   // (Note [trained weights are never lost]): `checkpoint`, the last one
   // written, or a file written now; a sentence for the error.
-  std::string keep_trained_weights(const std::string& checkpoint, const NamedTensors& tensors) const;
+  std::string keep_trained_weights(const std::string& checkpoint, const checkpoint::NamedTensors& tensors) const;
   // This rank's weights and buffers, checked at every sync (Note [diverged]).
   std::vector<std::pair<std::string, torch::Tensor>> weights_and_buffers() const;
   // Ends the run: `what` diverged at `when` (Note [diverged]).
@@ -254,7 +254,7 @@ class Trainer {
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
-  std::unique_ptr<StepProfiler> profiler_;                  // --profile-out (off when not given)
+  std::unique_ptr<observe::StepProfiler> profiler_;                  // --profile-out (off when not given)
   std::shared_ptr<const Task> task_;  // what the model is trained to do
   int64_t rank_ = 0, world_ = 1;  // world_: data-parallel ranks (1 for a pipeline over ranks)
   int64_t data_rank_ = 0;         // this rank's place among world_ (the sampler's rank)

@@ -1,4 +1,4 @@
-// tandem/engine/metrics.h: per-epoch results and their JSON-lines record.
+// tandem/observe/metrics.h: per-epoch results and their JSON-lines record.
 #pragma once
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem::engine {
+namespace tandem::observe {
 
 struct EpochMetrics {
   int64_t epoch = 0;  // 1-based, as printed
@@ -61,4 +61,4 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
-}  // namespace tandem::engine
+}  // namespace tandem::observe

@@ -1,4 +1,4 @@
-// tandem/engine/profile.h: a Chrome trace of a window of training steps.
+// tandem/observe/profile.h: a Chrome trace of a window of training steps.
 //
 //   StepProfiler profiler({"trace-{rank}.json", /*first=*/5, /*last=*/8}, rank);
 //   for (...) { profiler.before_step(step); ... the step ...; profiler.after_step(step + 1); }
@@ -26,7 +26,7 @@
 #include <memory>
 #include <string>
 
-namespace tandem::engine {
+namespace tandem::observe {
 
 struct ProfileOptions {
   std::string path;   // "{rank}" becomes the rank; empty: off
@@ -71,4 +71,4 @@ class StepProfiler {
   std::unique_ptr<Recording> recording_;
 };
 
-}  // namespace tandem::engine
+}  // namespace tandem::observe

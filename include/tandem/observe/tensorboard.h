@@ -1,4 +1,4 @@
-// tandem/engine/tensorboard.h: scalars in TensorBoard's event files.
+// tandem/observe/tensorboard.h: scalars in TensorBoard's event files.
 //
 // An event file is a sequence of records, each a length, the masked CRC-32C
 // of the length, the bytes of one Event message (TensorBoard's event.proto)
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace tandem::engine {
+namespace tandem::observe {
 
 using Scalars = std::vector<std::pair<std::string, double>>;  // tag, value
 
@@ -62,9 +62,4 @@ class TensorBoardWriter {
   int64_t earlier_files_ = 0;
 };
 
-// Refuses, before any work starts, a --tensorboard folder that could not
-// be written: a file is there, or the nearest existing folder above it is
-// not writable by this process. Throws tandem::Error naming the flag.
-void check_output_folder(const std::string& flag, const std::string& folder);
-
-}  // namespace tandem::engine
+}  // namespace tandem::observe

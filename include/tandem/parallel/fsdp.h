@@ -208,7 +208,7 @@ class FullyShardedDataParallel {
   std::vector<torch::Tensor> shard_like_parameters(const std::vector<torch::Tensor>& full) const;
 
   // Where this rank's shards lie in the model's parameters, without a
-  // collective (a checkpoint written by each rank: engine/sharded_checkpoint.h):
+  // collective (a checkpoint written by each rank: checkpoint/sharded_checkpoint.h):
   // per entry of parameters(), the spans of it that are parts of
   // parameters (padding is none), each a run of `numel` elements starting
   // at `shard_offset` in the shard and at `offset` in the parameter's

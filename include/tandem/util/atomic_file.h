@@ -1,4 +1,4 @@
-// tandem/engine/atomic_file.h: replace a file all at once or not at all.
+// tandem/util/atomic_file.h: replace a file all at once or not at all.
 //
 // The content goes to "<path>.tmp-<pid>", is flushed to disk (fsync), renamed
 // over <path>, and the directory is synced. A crash or a full disk leaves the
@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-namespace tandem::engine {
+namespace tandem {
 
 // The file rank `rank` writes for an output flag's `pattern`: rank 0 alone
 // writes `pattern`, unless it holds "{rank}", when every rank writes its own
@@ -32,4 +32,10 @@ void check_replaceable_file(const std::string& flag, const std::string& path);
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string& tmp_path)>& write_to);
 
-}  // namespace tandem::engine
+// Refuses, before any work starts, an output folder (--tensorboard,
+// --export-hf) that could not
+// be written: a file is there, or the nearest existing folder above it is
+// not writable by this process. Throws tandem::Error naming the flag.
+void check_output_folder(const std::string& flag, const std::string& folder);
+
+}  // namespace tandem
