@@ -56,7 +56,7 @@ void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {
   flags.add_switch("cudnn-benchmark", &o.cudnn_benchmark,
                    "let cuDNN time the convolution algorithms for each input shape and keep "
                    "the fastest (CUDA only)");
-  flags.add_choice("amp", &o.amp, {"off", "bf16", "fp16"},
+  flags.add_enum("amp", &o.amp, engine::amp_names(),
                    "mixed precision: autocast the forward pass to bf16 or fp16 (fp16 with "
                    "dynamic loss scaling); parameters stay float32");
 }

@@ -170,7 +170,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("fsdp-min-unit-params", "N", &o.fsdp_min_unit_params,
                 "--strategy fsdp: consecutive top-level layers are grouped into units of at "
                 "least N parameters, gathered one at a time (0: every layer a unit)", 0);
-  flags.add_choice("ddp-comm-hook", &o.ddp_comm_hook, {"allreduce", "fp16", "bf16"},
+  flags.add_enum("ddp-comm-hook", &o.ddp_comm_hook, engine::ddp_comm_hook_names(),
                    "how DDP reduces gradient buckets: allreduce in float32, or compressed to "
                    "fp16 / bf16 on the wire (half the bytes, rounded)");
   flags.add_double("bucket-cap-mb", "MB", &o.bucket_cap_mb,
@@ -191,7 +191,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "save a checkpoint there after every epoch (atomic writes)");
   flags.add_int("checkpoint-every", "N", &o.checkpoint_every,
                 "also save every N optimizer steps (0: epoch ends only)", 0);
-  flags.add_choice("checkpoint-format", &o.checkpoint_format, {"auto", "file", "sharded"},
+  flags.add_enum("checkpoint-format", &o.checkpoint_format, engine::checkpoint_format_names(),
                    "sharded: every rank writes what it owns into a checkpoint-<step> folder with a manifest "
                    "(needs a --checkpoint-dir all nodes share); file: rank 0 gathers the state and writes one "
                    "file; auto: sharded when the job has several ranks");

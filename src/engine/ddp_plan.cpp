@@ -88,7 +88,8 @@ std::unique_ptr<DataPlan> make_ddp_plan(const DataPlanSetup& setup) {
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (const auto& piece : setup.pieces) replicas.push_back(piece.ptr());
   if (replicas.empty()) replicas.push_back(setup.model.ptr());
-  return std::make_unique<DdpPlan>(setup.model, replicas, setup.group, ddp, o.ddp_comm_hook, setup.device.is_cuda());
+  return std::make_unique<DdpPlan>(setup.model, replicas, setup.group, ddp, option_name(o.ddp_comm_hook),
+                                   setup.device.is_cuda());
 }
 
 }  // namespace tandem::engine::internal

@@ -17,7 +17,6 @@
 #include "tandem/models/registry.h"
 #include "tandem/observe/profile.h"
 #include "tandem/observe/tensorboard.h"
-#include "tandem/optim/amp.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
@@ -26,85 +25,6 @@
 
 namespace tandem::engine {
 
-const EnumNames<Strategy>& strategy_names() {
-  static const EnumNames<Strategy> names = {
-      {"auto", Strategy::kAuto}, {"none", Strategy::kNone}, {"ddp", Strategy::kDdp},
-      {"allreduce", Strategy::kAllReduce}, {"fsdp", Strategy::kFsdp}, {"dp", Strategy::kDp},
-      {"pipeline", Strategy::kPipeline}};
-  return names;
-}
-
-const EnumNames<Dtype>& dtype_names() {
-  static const EnumNames<Dtype> names = {{"float32", Dtype::kFloat32}, {"float64", Dtype::kFloat64}};
-  return names;
-}
-
-const EnumNames<Schedule>& schedule_names() {
-  static const EnumNames<Schedule> names = {
-      {"gpipe", Schedule::kGpipe}, {"1f1b", Schedule::k1F1B}, {"interleaved", Schedule::kInterleaved}};
-  return names;
-}
-
-const EnumNames<DistBackend>& dist_backend_names() {
-  static const EnumNames<DistBackend> names = {
-      {"auto", DistBackend::kAuto}, {"gloo", DistBackend::kGloo}, {"nccl", DistBackend::kNccl}};
-  return names;
-}
-
-const EnumNames<PipelineBalance>& pipeline_balance_names() {
-  static const EnumNames<PipelineBalance> names = {{"time", PipelineBalance::kTime},
-                                                   {"params", PipelineBalance::kParams}};
-  return names;
-}
-
-const EnumNames<FsdpSharding>& fsdp_sharding_names() {
-  static const EnumNames<FsdpSharding> names = {{"full", FsdpSharding::kFull}, {"grad-op", FsdpSharding::kGradOp}};
-  return names;
-}
-
-const EnumNames<ProgressMode>& progress_names() {
-  static const EnumNames<ProgressMode> names = {
-      {"auto", ProgressMode::kAuto}, {"bar", ProgressMode::kBar}, {"lines", ProgressMode::kLines},
-      {"off", ProgressMode::kOff}};
-  return names;
-}
-
-const EnumNames<Optimizer>& optimizer_names() {
-  static const EnumNames<Optimizer> names = {
-      {"auto", Optimizer::kAuto}, {"sgd", Optimizer::kSgd}, {"adamw", Optimizer::kAdamW}};
-  return names;
-}
-
-namespace {
-
-template <class E>
-const std::string& name_in(const EnumNames<E>& names, E value) {
-  for (const auto& [name, e] : names) {
-    if (e == value) return name;
-  }
-  static const std::string unknown = "?";
-  return unknown;
-}
-
-}  // namespace
-
-const std::string& strategy_name(Strategy s) { return name_in(strategy_names(), s); }
-const std::string& option_name(Optimizer o) { return name_in(optimizer_names(), o); }
-const std::string& option_name(Dtype d) { return name_in(dtype_names(), d); }
-const std::string& option_name(Schedule s) { return name_in(schedule_names(), s); }
-const std::string& option_name(DistBackend b) { return name_in(dist_backend_names(), b); }
-const std::string& option_name(PipelineBalance b) { return name_in(pipeline_balance_names(), b); }
-const std::string& option_name(FsdpSharding s) { return name_in(fsdp_sharding_names(), s); }
-const std::string& option_name(ProgressMode p) { return name_in(progress_names(), p); }
-
-std::ostream& operator<<(std::ostream& out, Strategy s) { return out << strategy_name(s); }
-std::ostream& operator<<(std::ostream& out, Optimizer o) { return out << option_name(o); }
-std::ostream& operator<<(std::ostream& out, Dtype d) { return out << option_name(d); }
-std::ostream& operator<<(std::ostream& out, Schedule s) { return out << option_name(s); }
-std::ostream& operator<<(std::ostream& out, DistBackend b) { return out << option_name(b); }
-std::ostream& operator<<(std::ostream& out, PipelineBalance b) { return out << option_name(b); }
-std::ostream& operator<<(std::ostream& out, FsdpSharding s) { return out << option_name(s); }
-std::ostream& operator<<(std::ostream& out, ProgressMode p) { return out << option_name(p); }
 namespace {
 
 // The model's top-level layer names as the command line alone determines
@@ -206,9 +126,7 @@ void check_train_options(const TrainOptions& o) {
                      "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
   TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
   TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
-  TANDEM_CHECK_USAGE(o.checkpoint_format == "auto" || o.checkpoint_format == "file" || o.checkpoint_format == "sharded",
-                     "--checkpoint-format: expected auto, file or sharded, got ", o.checkpoint_format);
-  TANDEM_CHECK_USAGE(o.checkpoint_format == "auto" || !o.checkpoint_dir.empty(), "--checkpoint-format ",
+  TANDEM_CHECK_USAGE(o.checkpoint_format == CheckpointFormat::kAuto || !o.checkpoint_dir.empty(), "--checkpoint-format ",
                      o.checkpoint_format, " needs --checkpoint-dir (where the checkpoints go)");
   TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
   TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
@@ -337,9 +255,8 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!o.cuda_graph || (!dp && !pipeline && !fsdp),
                      "--cuda-graph captures the step of one process on one device; it does not work with "
                      "--strategy ", o.strategy);
-  const auto amp = as_usage_error([&] { return optim::parse_amp(o.amp); });
-  TANDEM_CHECK_USAGE(!amp || o.dtype == Dtype::kFloat32, "--amp ", o.amp, " needs --dtype float32 (autocast "
-                     "lowers float32 ops), got --dtype ", o.dtype);
+  TANDEM_CHECK_USAGE(o.amp == AmpMode::kOff || o.dtype == Dtype::kFloat32, "--amp ", o.amp,
+                     " needs --dtype float32 (autocast lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
                      "state has nothing to be sharded over; leave out --shard-optimizer");
   TANDEM_CHECK_USAGE(!o.cuda_graph || o.dropout == 0, "--cuda-graph replays one captured step, and --dropout "
@@ -347,7 +264,7 @@ void check_train_options(const TrainOptions& o) {
                      "not set; leave out one of them");
   TANDEM_CHECK_USAGE(!o.cuda_graph || o.grad_accum == 1, "--cuda-graph captures a step of one forward and "
                      "backward; it does not work with --grad-accum ", o.grad_accum);
-  TANDEM_CHECK_USAGE(!o.cuda_graph || amp != torch::kHalf, "--cuda-graph does not work with --amp fp16: the "
+  TANDEM_CHECK_USAGE(!o.cuda_graph || o.amp != AmpMode::kFp16, "--cuda-graph does not work with --amp fp16: the "
                      "loss scaler decides on the host whether to take each step; use --amp bf16");
   // Flags that name or count the model's layers, in the trainer's words.
   if (auto layers = layers_before_data(o)) {

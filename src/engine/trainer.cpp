@@ -220,8 +220,9 @@ void Trainer::diverged(RunState& run, const std::string& what, const std::string
 }
 
 bool Trainer::sharded_checkpoints() const {
-  const auto& format = options_.checkpoint_format;
-  return format == "sharded" || (format == "auto" && job_group_ && job_group_->size() > 1);
+  const auto format = options_.checkpoint_format;
+  return format == CheckpointFormat::kSharded ||
+         (format == CheckpointFormat::kAuto && job_group_ && job_group_->size() > 1);
 }
 
 }  // namespace tandem::engine

@@ -46,7 +46,7 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero)
     }
     if (o.shard_optimizer) idle.push_back("--shard-optimizer");
     if (o.sync_bn) idle.push_back("--sync-bn");
-    if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + o.ddp_comm_hook);
+    if (o.ddp_comm_hook != defaults.ddp_comm_hook) idle.push_back("--ddp-comm-hook " + option_name(o.ddp_comm_hook));
     if (o.bucket_cap_mb != defaults.bucket_cap_mb) idle.push_back(format("--bucket-cap-mb %g", o.bucket_cap_mb));
     if (o.dist_backend != defaults.dist_backend) idle.push_back("--dist-backend " + option_name(o.dist_backend));
     if (o.dist_timeout != defaults.dist_timeout) idle.push_back(format("--dist-timeout %g", o.dist_timeout));

@@ -166,7 +166,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
   }
-  amp_ = optim::parse_amp(o.amp);
+  amp_ = optim::parse_amp(option_name(o.amp));
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
   if (amp_ == torch::kHalf) {
@@ -395,7 +395,7 @@ std::string Trainer::job_settings() const {
                 static_cast<long long>(data_.test ? data_.test->size() : 0), strategy_name(o.strategy).c_str(),
                 static_cast<long long>(o.grad_accum), static_cast<long long>(o.max_steps), o.shard_optimizer,
                 o.skip_bad_images, !o.checkpoint_dir.empty(), static_cast<long long>(o.checkpoint_every),
-                o.resume, o.checkpoint_format.c_str()) +
+                o.resume, option_name(o.checkpoint_format).c_str()) +
          (o.strategy == Strategy::kFsdp ? format(" fsdp_sharding=%s fsdp_min_unit_params=%lld", option_name(o.fsdp_sharding).c_str(),
                                         static_cast<long long>(o.fsdp_min_unit_params))
                                : std::string()) +
@@ -404,7 +404,7 @@ std::string Trainer::job_settings() const {
               ? format(" schedule=%s virtual_stages=%lld pipeline_split=%s pipeline_balance=%s", option_name(o.schedule).c_str(),
                        static_cast<long long>(virtual_stages()), o.pipeline_split.c_str(),
                        option_name(o.pipeline_balance).c_str())
-              : format(" ddp_comm_hook=%s bucket_cap_mb=%g", o.ddp_comm_hook.c_str(), o.bucket_cap_mb));
+              : format(" ddp_comm_hook=%s bucket_cap_mb=%g", option_name(o.ddp_comm_hook).c_str(), o.bucket_cap_mb));
 }
 
 void Trainer::check_same_settings() const {
@@ -444,7 +444,7 @@ std::string Trainer::fingerprint() const {
   const int64_t image_size = o.image_size == data_.default_image_size ? 0 : o.image_size;
   return format("model=%s dtype=%s amp=%s width=%g stem=%s sync_bn=%d data=%s augment=%s image_size=%lld epochs=%lld batch=%lld lr=%g min_lr=%g "
                 "warmup=%g momentum=%g nesterov=%d wd=%g smoothing=%g seed=%llu world=%lld",
-                o.model.c_str(), option_name(o.dtype).c_str(), o.amp.c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), augment.c_str(),
+                o.model.c_str(), option_name(o.dtype).c_str(), option_name(o.amp).c_str(), o.width_mult, o.stem.c_str(), o.sync_bn, o.data.c_str(), augment.c_str(),
                 static_cast<long long>(image_size), static_cast<long long>(o.epochs), static_cast<long long>(o.batch_size), o.lr,
                 o.min_lr, o.warmup_epochs, o.momentum, o.nesterov, o.weight_decay,
                 o.label_smoothing, static_cast<unsigned long long>(o.seed),

@@ -102,11 +102,11 @@ TEST_F(TrainerTest, ResumedRunEqualsUninterruptedRun) {
 // checkpoint.
 TEST_F(TrainerTest, MixedPrecisionLearnsAndResumesExactly) {
   auto o = small_run(data_.path());
-  o.amp = "bf16";
+  o.amp = AmpMode::kBf16;
   Trainer bf16(o, nullptr);
   EXPECT_GT(bf16.run().epochs.back().test_acc, 0.9);
 
-  o.amp = "fp16";
+  o.amp = AmpMode::kFp16;
   Trainer whole(o, nullptr);
   EXPECT_GT(whole.run().epochs.back().test_acc, 0.9);
   TempDir checkpoints;
@@ -234,7 +234,7 @@ TEST_F(TrainerTest, CheckpointedActivationsGiveTheSameRun) {
   {  // under bf16 autocast (float32 parameters): the recomputation autocasts as the forward did
     auto plain_options = o;
     plain_options.dtype = Dtype::kFloat32;
-    plain_options.amp = "bf16";
+    plain_options.amp = AmpMode::kBf16;
     auto checkpointed_options = plain_options;
     checkpointed_options.checkpoint_activations = 3;
     Trainer plain(plain_options, nullptr), checkpointed(checkpointed_options, nullptr);
@@ -336,7 +336,7 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
        "--shard-optimizer does not go with --strategy fsdp, which shards the momentum already"},
       {true, [](TrainOptions& b) { b.checkpoint_activations = 2; },
        "--checkpoint-activations 2: with --strategy fsdp every unit but the last is recomputed whole"},
-      {true, [](TrainOptions& b) { b.ddp_comm_hook = "fp16"; },
+      {true, [](TrainOptions& b) { b.ddp_comm_hook = DdpCommHook::kFp16; },
        "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets; --strategy fsdp reduces"},
       {true, [](TrainOptions& b) { b.bucket_cap_mb = 5; }, "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets"},
       {true, [](TrainOptions& b) { b.fsdp_min_unit_params = -1; }, "--fsdp-min-unit-params: expected >= 0, got -1"},
@@ -345,7 +345,7 @@ TEST_F(TrainerTest, FsdpInOneProcessIsPlainAndItsMisfitsAreNamed) {
       {false, [](TrainOptions& b) { b.fsdp_min_unit_params = 0; },
        "--fsdp-sharding and --fsdp-min-unit-params go with --strategy fsdp"},
       // DDP's tuning with a strategy that has no buckets (allreduce ignored them)
-      {false, [](TrainOptions& b) { b.strategy = Strategy::kAllReduce; b.ddp_comm_hook = "fp16"; },
+      {false, [](TrainOptions& b) { b.strategy = Strategy::kAllReduce; b.ddp_comm_hook = DdpCommHook::kFp16; },
        "--ddp-comm-hook and --bucket-cap-mb tune DDP's buckets (--strategy ddp, or auto over several processes); "
        "--strategy allreduce has none"},
       {false, [](TrainOptions& b) { b.strategy = Strategy::kNone; b.bucket_cap_mb = 5; },

@@ -192,7 +192,7 @@ TEST_F(TrainerTest, AClippedStepMovesTheWeightsByTheLearningRateTimesTheLimit) {
   std::vector<Case> cases = {
       {"float64", [](TrainOptions& c) { c.dtype = Dtype::kFloat64; }, 1e-5},
       {"float32", [](TrainOptions&) {}, 1e-4},
-      {"--amp fp16", [](TrainOptions& c) { c.amp = "fp16"; }, 1e-3},
+      {"--amp fp16", [](TrainOptions& c) { c.amp = AmpMode::kFp16; }, 1e-3},
       {"--grad-accum 4", [](TrainOptions& c) { c.grad_accum = 4; }, 1e-4},
       {"--strategy dp", [](TrainOptions& c) { c.strategy = Strategy::kDp; c.devices = "cpu,cpu"; }, 1e-4},
       {"--strategy pipeline", [](TrainOptions& c) { c.strategy = Strategy::kPipeline; c.devices = "cpu,cpu"; }, 1e-4},
@@ -241,7 +241,7 @@ TEST_F(TrainerTest, CudaGraphTrainsLikeTheEagerStepOnTheGpu) {
   o.cuda_graph = true;
   o.device = "cuda";
   auto fp16 = o;
-  fp16.amp = "fp16";
+  fp16.amp = AmpMode::kFp16;
   refused(fp16, "--cuda-graph does not work with --amp fp16");
   auto dp = o;
   dp.strategy = Strategy::kDp;

@@ -38,6 +38,12 @@ const EnumNames<FsdpSharding>& fsdp_sharding_names();
 // --progress: auto (a bar on a terminal, else lines), bar, lines, off.
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
 const EnumNames<ProgressMode>& progress_names();
+enum class AmpMode { kOff, kBf16, kFp16 };  // --amp (optim/amp.h parses the name into a dtype)
+const EnumNames<AmpMode>& amp_names();
+enum class DdpCommHook { kAllReduce, kFp16, kBf16 };  // --ddp-comm-hook (parallel/comm_hook.h, by name)
+const EnumNames<DdpCommHook>& ddp_comm_hook_names();
+enum class CheckpointFormat { kAuto, kFile, kSharded };  // --checkpoint-format
+const EnumNames<CheckpointFormat>& checkpoint_format_names();
 
 // --strategy, parsed once where the flags are: auto (ddp with several
 // ranks), none, ddp, allreduce (seed 004's hand-written loop), fsdp, dp
@@ -61,6 +67,9 @@ const std::string& option_name(DistBackend b);
 const std::string& option_name(PipelineBalance b);
 const std::string& option_name(FsdpSharding s);
 const std::string& option_name(ProgressMode p);
+const std::string& option_name(AmpMode a);
+const std::string& option_name(DdpCommHook h);
+const std::string& option_name(CheckpointFormat f);
 std::ostream& operator<<(std::ostream& out, Optimizer o);
 std::ostream& operator<<(std::ostream& out, Dtype d);
 std::ostream& operator<<(std::ostream& out, Schedule s);
@@ -68,6 +77,9 @@ std::ostream& operator<<(std::ostream& out, DistBackend b);
 std::ostream& operator<<(std::ostream& out, PipelineBalance b);
 std::ostream& operator<<(std::ostream& out, FsdpSharding s);
 std::ostream& operator<<(std::ostream& out, ProgressMode p);
+std::ostream& operator<<(std::ostream& out, AmpMode a);
+std::ostream& operator<<(std::ostream& out, DdpCommHook h);
+std::ostream& operator<<(std::ostream& out, CheckpointFormat f);
 
 // The defaults the CLI gives --lr and --weight-decay when the optimizer is
 // AdamW and they are not given (nanoGPT's GPT-2 settings).
@@ -93,7 +105,7 @@ struct TrainOptions {
   std::string init_weights;  // safetensors file to start from (checkpoint/safetensors.h load_weights)
   std::string init_weights_except;  // comma-separated names it leaves at random, e.g. "fc"
   Dtype dtype = Dtype::kFloat32;  // parameters and compute
-  std::string amp = "off";        // mixed precision: off | bf16 | fp16 (optim/amp.h)
+  AmpMode amp = AmpMode::kOff;    // mixed precision: autocast to bf16 or fp16 (optim/amp.h)
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
   bool cudnn_benchmark = false;   // let cuDNN time its convolution algorithms (CUDA only)
   bool cuda_graph = false;        // capture the step as a CUDA graph (engine/cuda_graph.h)
@@ -134,7 +146,7 @@ struct TrainOptions {
   bool sequence_parallel = false;     // --mesh with tp: norms and residuals on 1/tp of the sequence
   FsdpSharding fsdp_sharding = FsdpSharding::kFull;  // --strategy fsdp (parallel/fsdp.h)
   int64_t fsdp_min_unit_params = int64_t(1) << 17;  // --strategy fsdp: the smallest unit (plan_units)
-  std::string ddp_comm_hook = "allreduce";  // allreduce | fp16 | bf16 (parallel/comm_hook.h)
+  DdpCommHook ddp_comm_hook = DdpCommHook::kAllReduce;  // parallel/comm_hook.h
   double bucket_cap_mb = 25;          // DDP bucket cap (the first bucket is 1 MiB)
   DistBackend dist_backend = DistBackend::kAuto;
   double dist_timeout = 300;          // seconds any collective may wait
@@ -152,7 +164,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0; // also save every N steps (0: at epoch ends only)
   // auto (sharded when the job has several ranks), file (rank 0 writes one
   // file), sharded (every rank writes its pieces: Note [sharded checkpoints])
-  std::string checkpoint_format = "auto";
+  CheckpointFormat checkpoint_format = CheckpointFormat::kAuto;
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string metrics_out;      // JSON lines, one per epoch
   std::string tensorboard;      // folder of TensorBoard event files (observe/tensorboard.h); rank 0
