@@ -107,7 +107,7 @@ int eval_command(const std::vector<std::string>& args) {
   }
   if (options.channels_last) models::to_channels_last(*model);
   if (options.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
-  const auto amp = optim::parse_amp(engine::option_name(options.amp));
+  const auto amp = engine::autocast_dtype(options.amp);
   engine::Forward forward;
   if (amp || options.channels_last) {
     forward = [&](const torch::Tensor& x) {

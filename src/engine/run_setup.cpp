@@ -12,6 +12,15 @@
 
 namespace tandem::engine {
 
+std::optional<torch::ScalarType> autocast_dtype(AmpMode amp) {
+  switch (amp) {
+    case AmpMode::kBf16: return torch::kBFloat16;
+    case AmpMode::kFp16: return torch::kHalf;
+    case AmpMode::kOff: break;
+  }
+  return std::nullopt;
+}
+
 torch::Device parse_device(const std::string& text) {
   return parallel::parse_one_device(text, "--device", text, "cpu, cuda or cuda:N");
 }

@@ -24,7 +24,7 @@
 #include "tandem/engine/run_setup.h"
 #include "tandem/models/activation_checkpoint.h"
 #include "tandem/models/registry.h"
-#include "tandem/optim/amp.h"
+#include "tandem/optim/grad_scaler.h"
 #include "tandem/parallel/data_parallel.h"
 #include "tandem/parallel/stage_split.h"
 #include "tandem/parallel/sync_batch_norm.h"
@@ -166,7 +166,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
   }
-  amp_ = optim::parse_amp(option_name(o.amp));
+  amp_ = autocast_dtype(o.amp);
   // Over a pipeline's ranks each holds its own stage's gradients, and an
   // inf in any of them skips the step on all.
   if (amp_ == torch::kHalf) {

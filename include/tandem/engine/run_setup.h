@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ namespace tandem::engine {
 // Parses "cpu", "cuda", "cuda:N"; throws tandem::Error naming --device if the
 // text is bad or CUDA is asked for but absent.
 torch::Device parse_device(const std::string& text);
+
+// --amp's autocast dtype (optim/amp.h's AutocastGuard takes it): none for off.
+std::optional<torch::ScalarType> autocast_dtype(AmpMode amp);
 
 // Joins the job the environment names (tandem launch, torchrun, srun,
 // mpirun), with --dist-backend and --dist-timeout; null when it names none.

@@ -1,4 +1,5 @@
-// tandem/util/atomic_file.h: replace a file all at once or not at all.
+// tandem/util/atomic_file.h: replace a file all at once or not at all, and
+// refuse before a run starts the outputs it could not write.
 //
 // The content goes to "<path>.tmp-<pid>", is flushed to disk (fsync), renamed
 // over <path>, and the directory is synced. A crash or a full disk leaves the
@@ -33,9 +34,9 @@ void write_atomically(const std::string& path,
                       const std::function<void(const std::string& tmp_path)>& write_to);
 
 // Refuses, before any work starts, an output folder (--tensorboard,
-// --export-hf) that could not
-// be written: a file is there, or the nearest existing folder above it is
-// not writable by this process. Throws tandem::Error naming the flag.
+// --export-hf) that could not be written: a file is there, or the nearest
+// existing folder above it is not writable by this process. Throws
+// tandem::Error naming the flag.
 void check_output_folder(const std::string& flag, const std::string& folder);
 
 }  // namespace tandem
