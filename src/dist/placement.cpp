@@ -1,6 +1,7 @@
 #include "tandem/dist/placement.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include <torch/torch.h>
 
@@ -56,14 +57,24 @@ std::string Placement::str() const {
   return "?";
 }
 
+torch::Tensor in_memory_order(const torch::Tensor& t) {
+  if (t.is_contiguous()) return t.view({-1});
+  TANDEM_CHECK(t.is_non_overlapping_and_dense(), "placements: a tensor of shape ", t.sizes(), " and strides ",
+               t.strides(), " is not dense; its elements are no run of memory");
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return t.permute(order).view({-1});
+}
+
 torch::Tensor PlacedTensor::value() const {
-  return flat_numel < 0 ? tensor : tensor.view({-1}).narrow(0, flat_offset, flat_numel);
+  return flat_numel < 0 ? tensor : in_memory_order(tensor).narrow(0, flat_offset, flat_numel);
 }
 
 torch::Tensor PlacedTensor::grad() const {
   const auto& g = tensor.grad();
   if (!g.defined() || flat_numel < 0) return g;
-  return g.view({-1}).narrow(0, flat_offset, flat_numel);
+  return in_memory_order(g).narrow(0, flat_offset, flat_numel);
 }
 
 ProcessGroup* PlacementMesh::sum_group() const {

@@ -94,9 +94,9 @@ class FsdpPlan : public DataPlan {
   }
 
   std::vector<torch::Tensor> parameters() const override { return fsdp_->parameters(); }
-  // Each run of a flat shard that is part of one of the model's
-  // parameters, Shard over dp along the flat elements (the padding is in
-  // none).
+  // Each shard: Shard(0) over dp of its parameter (of the parameter's tp
+  // part under tp), with where its rows lie in the parameter's memory
+  // order; a rank without rows of a parameter holds no piece of it.
   std::vector<dist::PlacedTensor> placed_parameters() const override {
     std::vector<std::string> names;
     for (const auto& p : replica_->named_parameters()) names.push_back(p.key());
@@ -110,9 +110,7 @@ class FsdpPlan : public DataPlan {
         t.flat_offset = span.shard_offset;
         t.flat_numel = span.numel;
         t.parameter_offset = span.offset;
-        int64_t numel = 1;
-        for (auto size : span.shape) numel *= size;
-        t.data_parallel = dist::Placement::shard(0, numel);
+        t.data_parallel = dist::Placement::shard(0, span.shape.empty() ? 1 : span.shape[0]);
         placed.push_back(std::move(t));
       }
     }

@@ -79,7 +79,7 @@ torch::Tensor TiedStages::flat_of(const Tie& tie, const std::vector<dist::Placed
   for (const auto& run : *runs) {
     if (run.model_parameter.unsafeGetTensorImpl() != tie.weight.unsafeGetTensorImpl()) continue;
     flat.narrow(0, run.parameter_offset, run.flat_numel)
-        .copy_(run.tensor.detach().narrow(0, run.flat_offset, run.flat_numel));
+        .copy_(run.value().detach());
   }
   return flat;
 }
@@ -116,7 +116,8 @@ void TiedStages::reduce_gradients(const DataPlan& plan) {
         if (run.model_parameter.unsafeGetTensorImpl() != tie.weight.unsafeGetTensorImpl()) continue;
         auto& grad = run.tensor.mutable_grad();
         if (!grad.defined()) grad = torch::zeros_like(run.tensor);
-        grad.narrow(0, run.flat_offset, run.flat_numel).add_(flat.narrow(0, run.parameter_offset, run.flat_numel));
+        dist::in_memory_order(grad).narrow(0, run.flat_offset, run.flat_numel)
+            .add_(flat.narrow(0, run.parameter_offset, run.flat_numel));
       }
     }
     return;

@@ -204,21 +204,16 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (tensor_group_ && plan_->fully_sharded()) check_fsdp_units_agree();
   if (tensor_plan_ && tensor_plan_->sequence_parallel()) {
     // The whole parameters' partial gradients are summed over tp piece by
-    // piece (Note [sequence-parallel plans]): under FSDP, runs of shards.
-    // Every rank of the job learns whether any tp group's differ.
+    // piece (Note [sequence-parallel plans]). A whole parameter has the
+    // same shape on every tp rank, and so the same pieces: under FSDP its
+    // Shard(0) rows depend on its shape and dp alone (Note [fsdp shards]).
+    // Checked once, as every rank of the job learns.
     auto same = torch::tensor(
         {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *tensor_group_) ? 1 : 0},
         torch::kInt64).to(job_group_->wire_device());
     job_group_->all_reduce(same, dist::ReduceOp::kMin).wait();
-    const int64_t tp = tensor_group_->size(), vocabulary = tensor_plan_->vocab_size();
-    const std::string culprit =
-        vocabulary % tp != 0 ? format("its vocabulary of %lld rows (--vocab-size) does not split evenly over tp=%lld",
-                                      static_cast<long long>(vocabulary), static_cast<long long>(tp))
-                             : "tp does not divide one of its sizes evenly";
-    TANDEM_CHECK_USAGE(same.item<int64_t>() == 1,
-                       "--sequence-parallel with --strategy ", options_.strategy, ": the tp ranks hold different "
-                       "pieces of ", options_.model, "'s whole parameters (", culprit, "); use sizes tp divides, "
-                       "or leave out --sequence-parallel");
+    TANDEM_CHECK(same.item<int64_t>() == 1, "--sequence-parallel with --strategy ", strategy_name(options_.strategy),
+                 ": the tp ranks hold different pieces of ", options_.model, "'s whole parameters");
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <c10/util/accumulate.h>
 
+#include "tandem/dist/placement.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/optim/state_tensors.h"
 #include "tandem/optim/zero.h"
@@ -175,7 +176,7 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
             pieces.push_back({named.name, named.order, span.shape, span.strides, span.offset, run});
           }
         };
-        add(name_of(names, p), shards[i].detach().narrow(0, span.shard_offset, span.numel));
+        add(name_of(names, p), dist::in_memory_order(shards[i].detach()).narrow(0, span.shard_offset, span.numel));
         const auto& base = name_of(parameter_names, p);
         for (size_t slot = 0; slot < state.size(); ++slot) {
           const auto& [key, t] = state[slot];
@@ -184,7 +185,7 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
             if (span.offset == 0 && first_part) pieces.push_back(whole(named, t));
             continue;
           }
-          add(named, t.narrow(0, span.shard_offset, span.numel));
+          add(named, dist::in_memory_order(t).narrow(0, span.shard_offset, span.numel));
         }
       }
     }

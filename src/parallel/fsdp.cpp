@@ -30,10 +30,14 @@ struct UnitGradientReadyHook : torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-// The strides a parameter keeps inside the flat buffer: its own when they
-// are dense (channels-last weights stay channels-last), else contiguous.
+// The strides a parameter keeps inside the full buffer: its own when they
+// are dense with dim 0 outermost (channels-last weights stay channels-last),
+// else contiguous. Dim 0 outermost makes a shard's rows one run of memory.
 std::vector<int64_t> flat_strides(const torch::Tensor& p) {
-  if (p.is_non_overlapping_and_dense()) return p.strides().vec();
+  if (p.dim() == 0) return {};
+  if (p.is_non_overlapping_and_dense() && p.stride(0) * std::max<int64_t>(p.size(0), 1) == std::max<int64_t>(p.numel(), 1)) {
+    return p.strides().vec();
+  }
   std::vector<int64_t> strides(p.dim());
   int64_t stride = 1;
   for (int64_t d = p.dim() - 1; d >= 0; --d) {
@@ -117,7 +121,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
         TANDEM_CHECK(p.device() == first->device() && p.scalar_type() == first->scalar_type(),
                      "FullyShardedDataParallel: layer '", layer_names_[layer], "' has a parameter of ",
                      p.scalar_type(), " on ", p.device(), ", unlike the rest of its unit (",
-                     first->scalar_type(), " on ", first->device(), "); a unit is one flat buffer");
+                     first->scalar_type(), " on ", first->device(), "); a unit is gathered as one buffer");
       }
     }
   }
@@ -148,28 +152,29 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::Sequence model,
   for (const auto& plan : plans_) {
     auto unit = std::make_unique<Unit>();
     unit->plan = plan;
-    std::vector<int64_t> numels;
     for (size_t layer = plan.begin; layer < plan.end; ++layer) {
       for (auto& p : layer_parameters[layer]) {
         unit->pinned = unit->pinned || tied.count(p.unsafeGetTensorImpl()) != 0;
         unit->parameters.push_back(parameters_.size());
         unit_of_.push_back(units_.size());
         parameters_.push_back(p);
-        numels.push_back(p.numel());
         unit->shapes.push_back(p.sizes().vec());
         unit->strides.push_back(flat_strides(p));
       }
     }
-    unit->layout = plan_flat(numels, world_);
+    unit->layout = plan_shards(unit->shapes, world_);
     if (!unit->empty()) {
       const auto& first = parameters_[unit->parameters[0]];
-      unit->full = torch::zeros({unit->layout.padded}, first.options().requires_grad(false));
+      const auto options = first.options().requires_grad(false);
+      unit->full = torch::zeros({unit->layout.padded}, options);
+      unit->block = torch::zeros({unit->layout.shard}, options);
       for (size_t k = 0; k < unit->parameters.size(); ++k) {
         unit->slot(unit->full, k).copy_(parameters_[unit->parameters[k]]);
+        unit->own_chunk(unit->block, k).copy_(unit->rows(unit->full, k)[rank_]);
+        auto shard = unit->shard_of(unit->block, k, rank_);  // Note [fully sharded parameters]
+        shard.set_requires_grad(true);
+        shards_.push_back(shard);
       }
-      unit->shard = unit->full.narrow(0, rank_ * unit->layout.shard, unit->layout.shard).clone();
-      unit->shard.set_requires_grad(true);
-      shards_.push_back(unit->shard);
       unit->at_rest = torch::empty({0}, first.options().requires_grad(false));
       unit->allocated = true;
     }
@@ -236,9 +241,11 @@ void FullyShardedDataParallel::gather(size_t index) {
   for (size_t k = 0; k < unit.parameters.size(); ++k) {
     parameters_[unit.parameters[k]].set_data(unit.slot(unit.full, k));  // the same tensor, its values
   }
-  auto chunks = unit.full.chunk(world_);
+  // Note [fsdp shards]: the ranks' blocks, copied into the full buffer when waited for.
+  unit.gathered = torch::empty({unit.layout.padded}, unit.block.options());
+  auto chunks = unit.gathered.chunk(world_);
   std::vector<torch::Tensor> outputs(chunks.begin(), chunks.end());
-  unit.gather_work = gather_group_->all_gather(outputs, unit.shard.detach());
+  unit.gather_work = gather_group_->all_gather(outputs, unit.block);
   unit.gathering = true;
 }
 
@@ -247,7 +254,11 @@ void FullyShardedDataParallel::wait_gathered(size_t index) {
   auto& unit = *units_[index];
   if (!unit.gathering) return;
   unit.gather_work.wait();
+  unit.gather_work = dist::Work();  // it holds the gathered blocks, which go now
   unit.gathering = false;
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < unit.parameters.size(); ++k) unit.rows(unit.full, k).copy_(unit.chunks(unit.gathered, k));
+  unit.gathered = torch::Tensor();
 }
 
 void FullyShardedDataParallel::release(size_t index) {
@@ -255,7 +266,9 @@ void FullyShardedDataParallel::release(size_t index) {
   if (unit.empty() || !unit.allocated) return;
   if (unit.gathering) {  // a prefetch nobody used: the buffer is being written
     unit.gather_work.wait();
+    unit.gather_work = dist::Work();
     unit.gathering = false;
+    unit.gathered = torch::Tensor();
   }
   release_storage(unit.full);
   unit.allocated = false;
@@ -338,7 +351,7 @@ void FullyShardedDataParallel::before_unit_backward(size_t index) {
     auto& unit = *units_[index];
     if (in_backward_ && !unit.empty() && !unit.grad_flat.defined() && index < reduced_down_to_) {
       torch::NoGradGuard no_grad;
-      unit.grad_flat = torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+      unit.grad_flat = torch::zeros({unit.layout.padded}, unit.block.options());
       for (size_t k = 0; k < unit.parameters.size(); ++k) {
         auto& p = parameters_[unit.parameters[k]];
         auto place = unit.alias(unit.grad_flat, k);
@@ -385,7 +398,7 @@ void FullyShardedDataParallel::reduce(size_t index) {
   // (none was set up: the unit's hook did not run) is copied in.
   auto flat = unit.grad_flat.defined()
                   ? unit.grad_flat
-                  : torch::zeros({unit.layout.padded}, unit.shard.options().requires_grad(false));
+                  : torch::zeros({unit.layout.padded}, unit.block.options());
   unit.grad_flat = torch::Tensor();
   for (size_t k = 0; k < unit.parameters.size(); ++k) {
     auto& p = parameters_[unit.parameters[k]];
@@ -397,12 +410,15 @@ void FullyShardedDataParallel::reduce(size_t index) {
   release(index);  // its backward is over
   settle_reductions();  // Note [fsdp prefetch]: the previous unit's, which ran during this one's backward
   Unit::Pending pending;
-  pending.input = flat;
-  if (world_ == 1) {
+  if (world_ == 1) {  // the full layout is the block's
     pending.output = flat;
   } else {
-    pending.output = torch::empty({unit.layout.shard}, flat.options());
-    auto chunks = flat.chunk(world_);
+    // Note [fsdp shards]: each parameter's rows into the ranks' blocks.
+    pending.input = torch::empty({unit.layout.padded}, flat.options());
+    for (size_t k = 0; k < unit.parameters.size(); ++k) unit.chunks(pending.input, k).copy_(unit.rows(flat, k));
+    flat = torch::Tensor();
+    pending.output = torch::empty({unit.layout.shard}, pending.input.options());
+    auto chunks = pending.input.chunk(world_);
     std::vector<torch::Tensor> inputs(chunks.begin(), chunks.end());
     pending.work = reduce_group_->reduce_scatter(pending.output, inputs, dist::ReduceOp::kAvg);
   }
@@ -437,8 +453,11 @@ void FullyShardedDataParallel::settle_reductions() {
   for (auto& unit : units_) {
     for (auto& pending : unit->pending) {
       if (world_ > 1) pending.work.wait();
-      auto& grad = unit->shard.mutable_grad();
-      grad = grad.defined() ? grad + pending.output : pending.output;
+      for (size_t k = 0; k < unit->parameters.size(); ++k) {
+        auto part = unit->shard_of(pending.output, k, rank_);
+        auto& grad = shards_[unit->parameters[k]].mutable_grad();
+        grad = grad.defined() ? grad + part : part;
+      }
     }
     unit->pending.clear();  // the flat gradient goes
   }

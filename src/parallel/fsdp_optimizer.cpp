@@ -13,19 +13,10 @@ namespace tandem::parallel {
 template <class Base>
 void FullyShardedOptimizer<Base>::plan_decay() {
   if constexpr (std::is_same_v<Base, optim::AdamW>) {
-    // Note [fsdp weight decay]: the runs of each shard that belong to
-    // parameters of two or more dimensions, adjacent runs joined.
-    const auto spans = fsdp_.shard_spans();
-    for (size_t i = 0; i < spans.size(); ++i) {
-      for (const auto& span : spans[i]) {
-        if (span.shape.size() < 2) continue;
-        if (!decayed_.empty() && decayed_.back().shard == i &&
-            decayed_.back().offset + decayed_.back().numel == span.shard_offset) {
-          decayed_.back().numel += span.numel;
-        } else {
-          decayed_.push_back({i, span.shard_offset, span.numel});
-        }
-      }
+    // Note [fsdp weight decay]: the shards of parameters of two or more dimensions.
+    const auto shapes = fsdp_.parameter_shapes();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (shapes[i].size() >= 2) decayed_.push_back(i);
     }
   }
 }
@@ -42,9 +33,9 @@ torch::Tensor FullyShardedOptimizer<Base>::step(torch::optim::Optimizer::LossClo
     if (weight_decay != 0) {
       torch::NoGradGuard no_grad;
       const auto& shards = fsdp_.parameters();
-      for (const auto& run : decayed_) {
-        if (!shards[run.shard].grad().defined()) continue;  // AdamW skips a parameter without a gradient
-        shards[run.shard].narrow(0, run.offset, run.numel).mul_(1 - o.lr() * weight_decay);
+      for (size_t i : decayed_) {
+        if (!shards[i].grad().defined()) continue;  // AdamW skips a parameter without a gradient
+        shards[i].mul_(1 - o.lr() * weight_decay);
       }
     }
     // The rest is AdamW's own, with the decay done; its option restored

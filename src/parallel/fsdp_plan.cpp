@@ -1,5 +1,7 @@
 #include "tandem/parallel/fsdp_plan.h"
 
+#include <algorithm>
+
 #include "tandem/util/check.h"
 
 namespace tandem::parallel {
@@ -28,16 +30,36 @@ std::vector<FsdpUnitPlan> plan_units(const std::vector<int64_t>& layer_numels, i
   return units;
 }
 
-FlatLayout plan_flat(const std::vector<int64_t>& numels, int64_t world) {
+int64_t ShardLayout::first_row(size_t k, int64_t rank) const {
+  const auto& p = parameters.at(k);
+  return std::min(p.rows, rank * p.chunk);
+}
+
+int64_t ShardLayout::rows_of(size_t k, int64_t rank) const {
+  const auto& p = parameters.at(k);
+  return std::min(p.rows, (rank + 1) * p.chunk) - first_row(k, rank);
+}
+
+ShardLayout plan_shards(const std::vector<std::vector<int64_t>>& shapes, int64_t world) {
   TANDEM_CHECK(world >= 1, "FSDP: expected a world size >= 1, got ", world);
-  FlatLayout layout;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    TANDEM_CHECK(numels[i] >= 0, "FSDP: parameter ", i, " has a negative size ", numels[i]);
-    layout.offsets.push_back(layout.numel);
-    layout.numel += numels[i];
+  ShardLayout layout;
+  layout.world = world;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ShardLayout::Parameter p;
+    p.rows = shapes[i].empty() ? 1 : shapes[i][0];
+    p.row_numel = 1;
+    for (size_t d = 0; d < shapes[i].size(); ++d) {
+      TANDEM_CHECK(shapes[i][d] >= 0, "FSDP: parameter ", i, " has a negative size ", shapes[i][d]);
+      if (d > 0) p.row_numel *= shapes[i][d];
+    }
+    p.chunk = (p.rows + world - 1) / world;
+    p.full_offset = layout.padded;
+    p.shard_offset = layout.shard;
+    layout.numel += p.rows * p.row_numel;
+    layout.shard += p.chunk * p.row_numel;
+    layout.padded += world * p.chunk * p.row_numel;
+    layout.parameters.push_back(p);
   }
-  layout.shard = (layout.numel + world - 1) / world;
-  layout.padded = layout.shard * world;
   return layout;
 }
 

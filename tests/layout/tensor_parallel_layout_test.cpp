@@ -36,6 +36,21 @@ TEST(TensorParallelLayoutTest, LlamaWithRecomputedRegionsIsOneProcess) {
                                model, 1e-12, model + " --momentum 0.5", kSixSteps);
 }
 
+// Note [fsdp shards]: FSDP cuts each parameter's rows, so a whole
+// parameter's shards are the same on every tp rank even where tp cuts the
+// embedding unevenly (257 rows as 129 and 128), and sequence parallelism's
+// sum of its partial gradients over tp composes with FSDP. Control:
+// another beta2.
+TEST(TensorParallelLayoutTest, FsdpWithSequenceParallelismOverAnUnevenVocabularyIsOneProcess) {
+  TempDir text;
+  const std::string model = "--model gpt2-tiny --data text:" + testing::write_text(text) +
+                            " --seq-len 16 --dtype float64 --lr 1e-3 --vocab-size 257 ";
+  testing::expect_same_weights(
+      {"--nproc-per-node 0",
+       "--nproc-per-node 4 --mesh dp=2,tp=2 --strategy fsdp --sequence-parallel --fsdp-min-unit-params 0"},
+      model, 1e-10, model + " --beta2 0.99 --nproc-per-node 0", kSixSteps);
+}
+
 // Note [tensor-parallel checkpoints]: a checkpoint holds the whole model
 // and AdamW's state over it, whatever tp wrote it. Stopped halfway,
 // dp=2 x tp=2 with ZeRO-1 (a sharded checkpoint: each tp rank's parts as

@@ -57,7 +57,7 @@ TEST(FsdpTest, ShardLikeTensorsGatherIntoParameterShapes) {
     ASSERT_EQ(back.size(), values.size());
     for (size_t i = 0; i < values.size(); ++i) EXPECT_TRUE(torch::equal(back[i], values[i])) << i;
     EXPECT_TRUE(back[0].is_contiguous(torch::MemoryFormat::ChannelsLast));
-    EXPECT_NE(error_of([&] { fsdp.gather_like_parameters({shards[0]}); }).find("expected 3 tensors shaped like the shards, got 1"),
+    EXPECT_NE(error_of([&] { fsdp.gather_like_parameters({shards[0]}); }).find("expected 6 tensors shaped like the shards, got 1"),
               std::string::npos);
   });
   expect_no_errors(errors);

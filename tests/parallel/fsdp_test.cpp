@@ -30,18 +30,36 @@ TEST(FsdpPlanTest, UnitsCloseAtTheMinimumAndTheRestJoinsTheLast) {
             std::string::npos);
 }
 
-TEST(FsdpPlanTest, FlatLayoutPadsToTheWorldSize) {
-  auto layout = plan_flat({6, 4, 1}, 4);
-  EXPECT_EQ(layout.offsets, (std::vector<int64_t>{0, 6, 10}));
-  EXPECT_EQ(layout.numel, 11);
-  EXPECT_EQ(layout.padded, 12);
-  EXPECT_EQ(layout.shard, 3);
-  layout = plan_flat({6, 4, 2}, 3);
-  EXPECT_EQ(layout.padded, 12);  // no padding needed
-  EXPECT_EQ(layout.shard, 4);
-  layout = plan_flat({}, 2);
+// FSDP2's layout: each parameter cut along dim 0 in torch.chunk's pieces,
+// a rank's pieces one after another in its block, each with room for a full
+// chunk.
+TEST(FsdpPlanTest, ShardsAreChunksOfEachParametersRows) {
+  auto layout = plan_shards({{6, 2}, {4}, {}}, 4);  // 12 elements, 4, and a 0-dim one
+  ASSERT_EQ(layout.parameters.size(), 3u);
+  EXPECT_EQ(layout.parameters[0].chunk, 2);  // ceil(6 / 4) rows of 2
+  EXPECT_EQ(layout.parameters[1].chunk, 1);
+  EXPECT_EQ(layout.parameters[2].rows, 1);   // a 0-dim parameter is one row
+  EXPECT_EQ(layout.parameters[2].chunk, 1);
+  EXPECT_EQ(layout.parameters[0].shard_offset, 0);
+  EXPECT_EQ(layout.parameters[1].shard_offset, 4);
+  EXPECT_EQ(layout.parameters[2].shard_offset, 5);
+  EXPECT_EQ(layout.shard, 6);
+  EXPECT_EQ(layout.padded, 24);
+  EXPECT_EQ(layout.parameters[1].full_offset, 16);  // 4 ranks x 2 rows of 2
+  EXPECT_EQ(layout.parameters[2].full_offset, 20);
+  EXPECT_EQ(layout.numel, 17);
+  // torch.chunk(6 rows, 4): 2, 2, 2, none.
+  EXPECT_EQ(layout.rows_of(0, 0), 2);
+  EXPECT_EQ(layout.rows_of(0, 2), 2);
+  EXPECT_EQ(layout.rows_of(0, 3), 0);
+  EXPECT_EQ(layout.first_row(0, 3), 6);
+  EXPECT_EQ(layout.rows_of(2, 0), 1);
+  EXPECT_EQ(layout.rows_of(2, 1), 0);
+  layout = plan_shards({}, 2);
   EXPECT_EQ(layout.padded, 0);
-  EXPECT_NE(error_of([] { plan_flat({1}, 0); }).find("expected a world size >= 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_shards({{1}}, 0); }).find("expected a world size >= 1, got 0"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_shards({{2, -1}}, 2); }).find("parameter 0 has a negative size -1"),
+            std::string::npos);
 }
 
 // float64, so that the sums over ranks differ from one process's only in
@@ -200,14 +218,16 @@ TEST(FsdpTest, AtRestOnlyShardsHoldMemory) {
     FullyShardedDataParallel fsdp(net, group, options);
     // conv (76) | relu1 flatten fc1 (1616) | relu2 fc2 (51)
     ASSERT_EQ(fsdp.units().size(), 3u);
-    ASSERT_EQ(fsdp.parameters().size(), 3u);
-    EXPECT_EQ(fsdp.parameters()[0].numel(), 26);  // 76 padded to 78, over 3
-    EXPECT_EQ(fsdp.parameters()[1].numel(), 539);  // 1616 padded to 1617
-    EXPECT_EQ(fsdp.parameters()[2].numel(), 17);
-    for (const auto& shard : fsdp.parameters()) {
+    // One shard per parameter: this rank's torch.chunk of its rows (conv's
+    // 4 rows as 2, 2 and none; fc1's 16 as 6, 6, 4).
+    ASSERT_EQ(fsdp.parameters().size(), before.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      const auto& shard = fsdp.parameters()[i];
       EXPECT_TRUE(shard.requires_grad());
       EXPECT_TRUE(shard.is_leaf());
     }
+    EXPECT_EQ(fsdp.parameters()[0].size(0), group->rank() < 2 ? 2 : 0);
+    EXPECT_EQ(fsdp.parameters()[2].size(0), group->rank() < 2 ? 6 : 4);
     EXPECT_EQ(fsdp.gathered_units(), 0);
     auto params = net->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -218,7 +238,16 @@ TEST(FsdpTest, AtRestOnlyShardsHoldMemory) {
     {
       auto full = fsdp.full_params();
       EXPECT_EQ(fsdp.gathered_units(), 3);
-      for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].sizes().vec(), shapes[i]) << i;
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(params[i].sizes().vec(), shapes[i]) << i;
+        auto chunks = params[i].detach().chunk(3);
+        const auto rank = static_cast<size_t>(group->rank());
+        if (rank < chunks.size()) {
+          EXPECT_TRUE(torch::equal(fsdp.parameters()[i], chunks[rank])) << i;
+        } else {
+          EXPECT_EQ(fsdp.parameters()[i].size(0), 0) << i;
+        }
+      }
       EXPECT_GT(params[0].storage().nbytes(), 0u);
       {
         auto nested = fsdp.full_params();
@@ -241,7 +270,7 @@ TEST(FsdpTest, AtRestOnlyShardsHoldMemory) {
 // gradients and its momentum are nearly all of it: under DDP every rank
 // holds the 3 x 8 MiB (plus its buckets' gradient copies); under FSDP on 4
 // ranks a rank holds a quarter of them plus at most two units gathered and
-// two flat gradients at a time. The ranks are threads of this process, so
+// two units' gradients at a time. The ranks are threads of this process, so
 // the counts add up over the 4.
 TEST(FsdpTest, ATrainingStepsPeakOfMemoryIsFarBelowDdps) {
   auto build = [] {
@@ -298,7 +327,8 @@ TEST(FsdpTest, ATrainingStepsPeakOfMemoryIsFarBelowDdps) {
               ddp_peak / 1048576.0, fsdp_peak / 1048576.0);
   // What DDP must hold: parameters, gradients and momentum on every rank
   // (measured: 111 to 128 MiB, as the ranks' steps overlap); FSDP measured
-  // 46 to 49 MiB, and 83 with every reduction left to the end of backward.
+  // 51 MiB (its copies into and out of the ranks' blocks hold about a unit
+  // more at a time), and 83 with every reduction left to the end of backward.
   const int64_t held_by_ddp = int64_t(4) * 24 * 1048576;
   EXPECT_GT(ddp_peak, held_by_ddp);
   EXPECT_LT(fsdp_peak, held_by_ddp * 6 / 10);

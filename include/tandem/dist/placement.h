@@ -14,8 +14,9 @@
 // torch.chunk pieces, or the rows a plan chose, as tensor parallelism
 // takes q, k and v's parts of a fused projection), or Partial (each holds
 // a summand of the value, pending a sum over the dimension, as gradients
-// before their reduction). FSDP's flat shards are Shard along the flat
-// elements (`flat`: a run of them is one parameter's part). The pipeline
+// before their reduction). FSDP's shards are Shard(0) of the (tp part of
+// the) parameter; their run of the parameter's memory order says where
+// they lie in it (`flat_offset`, `parameter_offset`). The pipeline
 // dimension holds no placement: a stage holds its own parameters, disjoint
 // from the other stages', except a copy of another stage's (a tied
 // weight), which is not `owned`. PyTorch's DTensor names the same three
@@ -99,8 +100,9 @@ struct PlacedTensor {
   std::string name;              // the model's name for the whole
   torch::Tensor tensor;          // what this rank holds and steps (a parameter)
   torch::Tensor model_parameter; // the model's parameter it is (part of)
-  // A run of a flat shard: `tensor`'s elements [flat_offset, flat_offset +
-  // flat_numel) are this piece (flat_numel < 0: all of `tensor`).
+  // A run of `tensor`'s elements in its memory order (in_memory_order):
+  // [flat_offset, flat_offset + flat_numel) are this piece (flat_numel <
+  // 0: all of `tensor`, as it is).
   int64_t flat_offset = 0, flat_numel = -1;
   int64_t parameter_offset = 0;  // where the run starts in model_parameter's elements
   Placement data_parallel, tensor_parallel;
@@ -110,6 +112,11 @@ struct PlacedTensor {
   torch::Tensor value() const;
   torch::Tensor grad() const;
 };
+
+// A dense tensor's elements in its memory order (its strides: a
+// channels-last one's too), 1-D, a view of it. Throws tandem::Error for a
+// tensor that is not dense.
+torch::Tensor in_memory_order(const torch::Tensor& t);
 
 // Whether this rank counts `t` in a sum over mesh.sum_group() (a norm), so
 // that each piece is counted once: an owned tensor, on coordinate 0 of

@@ -79,7 +79,7 @@ class DataPlan {
   virtual std::vector<torch::Tensor> parameters() const = 0;
   // The same, each with the model's name for it and its placement over
   // the dp ranks (Note [placements]): Replicate for the model's own
-  // parameters, Shard for FSDP's runs of its flat shards. The other
+  // parameters, Shard(0) for FSDP's shards of them. The other
   // dimensions' parts add theirs (tp's cut, a pipeline's copies).
   virtual std::vector<dist::PlacedTensor> placed_parameters() const;
   // Whether parameters() are this rank's shards, disjoint from the other

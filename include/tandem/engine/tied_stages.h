@@ -18,8 +18,9 @@
 // (drop_others_state spares it) and, on CUDA, its copy on the device.
 //
 // Note [tied weights under fsdp]: FSDP over the stages (share_owner_shards)
-// holds the owner's weight as runs of its dp ranks' flat shards, and steps
-// only those, so the copy is kept equal by value instead: after the dp
+// holds the owner's weight as its dp ranks' shards (each a run of the
+// weight's rows), and steps only those, so the copy is kept equal by
+// value instead: after the dp
 // reduction the copy's gradient, averaged over its dp ranks, is broadcast
 // to the owner's rank, which adds to each run it holds that run of it (the
 // owner's shards then hold the average of both uses' gradients, as one
@@ -55,7 +56,7 @@ class TiedStages {
                                           const std::shared_ptr<dist::ProcessGroup>& stages,
                                           std::shared_ptr<dist::ProcessGroup> data, const torch::Device& device);
 
-  // FSDP over the stages: the owners' weights are runs of flat shards over
+  // FSDP over the stages: the owners' weights are shards (runs of rows) over
   // `shard_group` (Note [tied weights under fsdp]). Called on every rank
   // of the job, after make.
   void share_owner_shards(std::shared_ptr<dist::ProcessGroup> shard_group);

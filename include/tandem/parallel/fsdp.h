@@ -2,7 +2,7 @@
 // PyTorch's FullyShardedDataParallel) for a models::Sequence.
 //
 //   FullyShardedDataParallel fsdp(model, group);
-//   optim::Sgd optimizer(fsdp.parameters(), options);  // the shards: 1/W of the model
+//   optim::Sgd optimizer(fsdp.parameters(), options);  // the shards: 1/W of each parameter's rows
 //   for (...) {
 //     optimizer.zero_grad();
 //     loss = loss_fn(fsdp.forward(x));   // each unit gathered, run, freed
@@ -19,15 +19,16 @@
 // that does is kept whole).
 //
 // Note [fully sharded parameters]: the layers are grouped into units
-// (fsdp_plan.h). Each unit's parameters lie in one flat
-// buffer, and each rank keeps only its 1/W slice of it, the shard, which is
-// what the optimizer steps (its momentum is a shard too). The model's own
+// (fsdp_plan.h). Each rank keeps of every parameter only its shard, its
+// 1/W of the rows (dim 0, as PyTorch's FSDP2), which is what the optimizer
+// steps (its momentum is a shard too). The model's own
 // parameter tensors stay (the same objects and names, so autograd's graph
 // and a checkpoint's keys find them), but at rest they hold no elements
 // (shape [0]): outside forward, backward and a FullParams scope their
 // values are not there to be read. In forward, unit by unit: all-gather the
-// shards into the flat buffer, make the parameters aliases of their places
-// in it (their own shapes and strides), run the unit's layers, then release
+// shards into the unit's full buffer (Note [fsdp shards]), make the
+// parameters aliases of their places in it (their own shapes and strides,
+// dim 0 outermost), run the unit's layers, then release
 // the buffer's memory (reshard_after_forward; otherwise it stays until the
 // unit's backward: ZeRO-2's trade of memory for a collective). Releasing
 // frees the memory of the buffer's storage itself, which the views of the
@@ -35,18 +36,27 @@
 // memory really goes, and gathering again fills the same storage.
 // An identity node on the unit's output gathers the unit again when
 // backward reaches it, before any of the unit's own backward runs. When the
-// last of the unit's parameters has its gradient, the gradients are packed
-// into a flat buffer and reduce-scattered (averaged) into the shard's
-// gradient, and the unit's parameters and gradients are released. So a rank
+// last of the unit's parameters has its gradient, the gradients are
+// reduce-scattered (averaged) into the shards' gradients, and the unit's
+// parameters and gradients are released. So a rank
 // holds 1/W of the parameters, gradients and optimizer state, plus the full
 // parameters and gradients of one or two units at a time.
 //
+// Note [fsdp shards]: a rank's shards of a unit lie one after another in
+// one block, each with room for the ceil(rows / W) rows of a full chunk
+// (fsdp_plan.h); the shards the optimizer steps are tensors of their own
+// over the block's memory. So a unit is one all-gather of the blocks,
+// after which each parameter's chunks are copied out of the gathered
+// blocks into its rows of the full buffer, and one reduce-scatter of
+// blocks, into which the gradients' rows were copied first (PyTorch's FSDP2
+// copies out and in alike). A shard is Shard(0) of its parameter: the
+// optimizer, a norm and a checkpoint see the parameter's own rows.
+//
 // Note [fsdp gradients in place]: when backward reaches a unit (the hook
-// that gathers it), a zeroed flat gradient buffer is made and each
-// parameter's .grad() becomes the alias of its place in it, so autograd
-// adds the gradients straight into the buffer the reduce-scatter reads (as
-// DDP's gradients live in its buckets): no copy, and no second set of the
-// unit's gradients in memory.
+// that gathers it), a zeroed gradient buffer laid out as the full one is
+// made and each parameter's .grad() becomes the alias of its place in it,
+// so autograd adds the gradients straight into one buffer, whose rows are
+// then copied into the reduce-scatter's blocks in one pass a parameter.
 //
 // Note [fsdp activation checkpointing]: with checkpoint_activations, every
 // unit but the last (and but one without parameters fed the data, which
@@ -68,7 +78,7 @@
 // memory. A unit's reduce-scatter is started as soon as its gradients are
 // in and runs while backward computes the unit before it; it is waited for
 // when that unit's own starts (or in after_backward()), so one reduction is
-// in flight at a time and at most two units' flat gradients exist at once,
+// in flight at a time and at most two units' gradient buffers exist at once,
 // not the whole model's.
 //
 // Note [fsdp collective order]: ranks must issue collectives in the same
@@ -146,8 +156,9 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // This rank's shards, one 1-D tensor per unit that has parameters (leaves
-  // that require gradients): what the optimizer steps.
+  // This rank's shards, one per model parameter in model_parameters()'s
+  // order (leaves that require gradients; a parameter's shape with this
+  // rank's rows of it, possibly none): what the optimizer steps.
   const std::vector<torch::Tensor>& parameters() const { return shards_; }
 
   // The model's forward, unit by unit (a collective: every rank calls it).
@@ -209,10 +220,10 @@ class FullyShardedDataParallel {
 
   // Where this rank's shards lie in the model's parameters, without a
   // collective (a checkpoint written by each rank: checkpoint/sharded_checkpoint.h):
-  // per entry of parameters(), the spans of it that are parts of
-  // parameters (padding is none), each a run of `numel` elements starting
-  // at `shard_offset` in the shard and at `offset` in the parameter's
-  // memory order (its strides: the model's, which may be channels-last).
+  // per entry of parameters(), none (no rows here) or one span, a run of
+  // `numel` elements starting at `shard_offset` (0) in the shard's memory
+  // order and at `offset` in the parameter's (its strides: the model's,
+  // which may be channels-last; dim 0 outermost, so the rows are one run).
   struct ShardSpan {
     size_t parameter = 0;  // into model_parameters()
     int64_t offset = 0, numel = 0, shard_offset = 0;

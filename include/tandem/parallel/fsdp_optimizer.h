@@ -21,13 +21,14 @@
 // keeps this rank's slices, with no collective. So a run may resume with
 // or without FSDP, on another world size.
 //
-// Note [fsdp weight decay]: a flat shard mixes matrices and vectors, but
-// AdamW decays only the parameters of two or more dimensions (nanoGPT's
-// groups). So FsdpAdamW's one group steps with weight decay 0 and, first,
-// multiplies the shard's runs of decayed elements by 1 - lr * weight_decay:
-// the very product AdamW makes as its first operation on a decayed
-// parameter, so the weights stay bit-identical to plain AdamW's. SGD decays
-// every parameter (tandem's plain Sgd does), so FsdpSgd needs no mask.
+// Note [fsdp weight decay]: AdamW decays only the parameters of two or more
+// dimensions (nanoGPT's groups), and the checkpoint holds its options once
+// (the plain optimizer's form, above). So FsdpAdamW's one group steps with
+// weight decay 0 and, first, multiplies the shards of decayed parameters
+// by 1 - lr * weight_decay: the very product AdamW makes as its first
+// operation on a decayed parameter, so the weights stay bit-identical to
+// plain AdamW's. SGD decays every parameter (tandem's plain Sgd does), so
+// FsdpSgd needs no mask.
 #pragma once
 
 #include <string>
@@ -94,11 +95,7 @@ class FullyShardedOptimizer : public Base, public FsdpState {
   FullyShardedDataParallel& fsdp_;
   bool consolidated_ = false;
   std::vector<NamedState> full_state_;  // after consolidate_state(): per model parameter
-  struct Run {
-    size_t shard;
-    int64_t offset, numel;
-  };
-  std::vector<Run> decayed_;  // AdamW: the shards' runs of elements of decayed parameters
+  std::vector<size_t> decayed_;  // AdamW: the shards of decayed parameters
 };
 
 using FsdpSgd = FullyShardedOptimizer<optim::Sgd>;

@@ -15,10 +15,15 @@
 //    every layer;
 //  - min_unit_numel 0 makes every layer a unit of its own.
 //
-// Flat layout (PyTorch's FlatParameter): a unit's parameters lie one after
-// another in one flat buffer, each in its own memory order, padded at the
-// end to a multiple of the world size; rank r holds elements
-// [r * shard, (r + 1) * shard). A parameter may straddle two shards.
+// Shards (PyTorch's FSDP2): every parameter is cut along its first
+// dimension into torch.chunk's pieces, ceil(rows / world) rows a rank (the
+// last ranks fewer, or none), so a rank's shard of a parameter is a tensor
+// of the parameter's shape but for its rows: Shard(0). Each rank keeps its
+// shards of a unit one after another in one block (each padded to the full
+// ceil(rows / world) rows), so the unit is gathered with one all-gather of
+// the blocks and reduced with one reduce-scatter; the parameters are copied
+// out of the gathered blocks into a buffer that holds each whole, and the
+// gradients copied into blocks again. A 0-dim parameter counts as one row.
 #pragma once
 
 #include <cstddef>
@@ -36,15 +41,27 @@ struct FsdpUnitPlan {
 // tandem::Error for a negative size or min_unit_numel.
 std::vector<FsdpUnitPlan> plan_units(const std::vector<int64_t>& layer_numels, int64_t min_unit_numel);
 
-struct FlatLayout {
-  std::vector<int64_t> offsets;  // per parameter, its first element in the flat buffer
-  int64_t numel = 0;             // the parameters' elements together
-  int64_t padded = 0;            // numel rounded up to a multiple of the world size
-  int64_t shard = 0;             // padded / world: the elements each rank holds
+struct ShardLayout {
+  struct Parameter {
+    int64_t rows = 0;         // along dim 0 (1 for a 0-dim parameter)
+    int64_t row_numel = 0;    // the elements of one row
+    int64_t chunk = 0;        // rows per rank: ceil(rows / world)
+    int64_t full_offset = 0;  // its first element in the gathered buffer (world * chunk rows reserved)
+    int64_t shard_offset = 0; // its first element in a rank's block (chunk rows reserved)
+  };
+  std::vector<Parameter> parameters;
+  int64_t world = 1;
+  int64_t numel = 0;   // the parameters' elements together
+  int64_t shard = 0;   // the elements of each rank's block
+  int64_t padded = 0;  // world * shard: the gathered buffer
+  // The rows of parameter k that `rank` holds (torch.chunk: 0 past the end).
+  int64_t rows_of(size_t k, int64_t rank) const;
+  // The first of them.
+  int64_t first_row(size_t k, int64_t rank) const;
 };
 
-// `numels`: the unit's parameters in order. Throws tandem::Error for world
+// `shapes`: the unit's parameters in order. Throws tandem::Error for world
 // < 1 or a negative size.
-FlatLayout plan_flat(const std::vector<int64_t>& numels, int64_t world);
+ShardLayout plan_shards(const std::vector<std::vector<int64_t>>& shapes, int64_t world);
 
 }  // namespace tandem::parallel
