@@ -91,6 +91,16 @@ void FlagSet::add_string(const std::string& name, const std::string& metavar,
   add(std::move(flag));
 }
 
+void FlagSet::add_parsed(const std::string& name, const std::string& metavar, const std::string& current,
+                         const std::string& help, std::function<void(const std::string&)> parse) {
+  Flag flag{name, metavar, help, current};
+  flag.set = [parse = std::move(parse), name, metavar](const std::string& value) {
+    if (value.empty()) throw UsageError("--" + name + ": expected " + metavar + ", got an empty value");
+    parse(value);
+  };
+  add(std::move(flag));
+}
+
 void FlagSet::add_choice(const std::string& name, std::string* target,
                          const std::vector<std::string>& choices, const std::string& help) {
   std::string metavar;

@@ -118,7 +118,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "(DataParallel); pipeline: the model cut into one stage per device of "
                    "--devices, micro-batches flowing through them (or, launched over N "
                    "processes, one stage per process on its --device)");
-  flags.add_string("mesh", "DIMS", &o.mesh,
+  flags.add_parsed("mesh", "DIMS", o.mesh.text(),
                    "the job's ranks as a grid of pipeline stages x data-parallel replicas x tensor-parallel "
                    "shards, e.g. dp=2,pp=2 or dp=2,tp=2 on 4 ranks (pp outermost, tp innermost; an omitted "
                    "dimension is 1; the product is the number of ranks): every stage replicated over its dp "
@@ -126,7 +126,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "model's heads, features and vocabulary (with DDP, ZeRO-1 or FSDP over dp, a pipeline over pp; "
                    "see --sequence-parallel); dp_replicate=R,dp_shard=S in place of dp=R*S: HSDP, FSDP over "
                    "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); default: "
-                   "pp=N under --strategy pipeline, else dp=N");
+                   "pp=N under --strategy pipeline, else dp=N",
+                   [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
                    "cuda:0,cuda:1 (repeats allowed)");

@@ -39,11 +39,7 @@ void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags)
                        engine::strategy_name(o.strategy));
     }
   }
-  int64_t tp = 1;
-  try {
-    tp = o.mesh.empty() ? 1 : dist::parse_mesh(o.mesh, 0)[dist::MeshDim::kTensor];
-  } catch (const std::exception&) {  // a bad --mesh: the engine's checks name it
-  }
+  const int64_t tp = o.mesh[dist::MeshDim::kTensor];
   if (pipeline && tp > 1 && flags.given("pipeline-balance") && o.pipeline_balance != engine::PipelineBalance::kParams) {
     throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + ": a pipeline with tp > 1 "
                      "is cut by parameter count (its tp ranks must cut alike); give --pipeline-balance params, "

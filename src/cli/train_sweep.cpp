@@ -90,7 +90,7 @@ int train_sweep(const std::vector<int64_t>& counts, const std::vector<std::strin
                      " needs a strategy over processes (auto, ddp, allreduce or fsdp)");
   }
   if (!o.mesh.empty()) {
-    throw UsageError("--mesh " + o.mesh + " lays out one number of ranks; " + sweep +
+    throw UsageError("--mesh " + o.mesh.text() + " lays out one number of ranks; " + sweep +
                      " runs the job once per process count (leave out --mesh)");
   }
   if (o.strategy == engine::Strategy::kPipeline) {

@@ -62,9 +62,13 @@ MeshShape parse_mesh(const std::string& spec, int64_t world) {
     shape.dp_shard = std::max<int64_t>(given[4], 1);
     shape.sizes[1] = replicas * shape.dp_shard;
   }
-  TANDEM_CHECK_USAGE(world == 0 || shape.size() == world, flag, ": ", shape.str(), " is a mesh of ", shape.size(),
-                     " ranks, but the job has ", world, " (the sizes' product must be the world size)");
+  check_mesh_size(shape, spec, world);
   return shape;
+}
+
+void check_mesh_size(const MeshShape& shape, const std::string& spec, int64_t world) {
+  TANDEM_CHECK_USAGE(world == 0 || shape.size() == world, "--mesh ", spec, ": ", shape.str(), " is a mesh of ",
+                     shape.size(), " ranks, but the job has ", world, " (the sizes' product must be the world size)");
 }
 
 MeshCoordinates mesh_coordinates(const MeshShape& shape, int64_t rank) {

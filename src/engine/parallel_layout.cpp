@@ -8,9 +8,8 @@ namespace tandem::engine {
 
 using dist::MeshDim;
 
-bool pipelined(const TrainOptions& o) {
-  if (o.strategy == Strategy::kPipeline) return true;
-  return !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[MeshDim::kPipeline] > 1;
+bool pipelined(const ParallelSection& o) {
+  return o.strategy == Strategy::kPipeline || o.mesh[MeshDim::kPipeline] > 1;
 }
 
 ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
@@ -19,8 +18,8 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
   if (o.mesh.empty()) {
     layout.mesh[layout.pipeline && o.devices.empty() ? MeshDim::kPipeline : MeshDim::kData] = ranks;
   } else {
-    const std::string flag = "--mesh " + o.mesh;
-    layout.mesh = dist::parse_mesh(o.mesh, ranks);
+    const std::string flag = "--mesh " + o.mesh.text();
+    layout.mesh = o.mesh.for_ranks(ranks);
     if (layout.tensor_ranks() > 1) {  // the combinations tensor parallelism has so far
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");

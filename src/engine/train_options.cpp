@@ -75,47 +75,60 @@ std::optional<std::vector<std::string>> layers_before_data(const TrainOptions& o
 
 }  // namespace
 
-void check_train_options(const TrainOptions& o) {
-  // Names the command line gives that nothing answers to (they used to be
-  // found by the model's or the data's set-up, exit 1, on every worker).
-  auto one_of = [](const char* flag, const std::string& value, const std::vector<std::string>& names) {
-    std::string known;
-    for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
-    TANDEM_CHECK_USAGE(std::find(names.begin(), names.end(), value) != names.end(), flag, ": expected one of ",
-                       known, ", got '", value, "'");
-  };
-  one_of("--model", o.model, models::model_names());
+MeshFlag::MeshFlag(std::string text) : text_(std::move(text)) {
+  if (!text_.empty()) shape_ = dist::parse_mesh(text_, 0);
+}
+
+dist::MeshShape MeshFlag::for_ranks(int64_t ranks) const {
+  dist::check_mesh_size(shape_, text_, ranks);
+  return shape_;
+}
+
+std::ostream& operator<<(std::ostream& out, const MeshFlag& mesh) { return out << mesh.text(); }
+
+namespace {
+
+void one_of(const char* flag, const std::string& value, const std::vector<std::string>& names) {
+  std::string known;
+  for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
+  TANDEM_CHECK_USAGE(std::find(names.begin(), names.end(), value) != names.end(), flag, ": expected one of ", known,
+                     ", got '", value, "'");
+}
+
+}  // namespace
+
+void check_section(const DataSection& o) {
   data::data_format(o.data);  // an unknown kind of data spec: a usage error
   if (!o.val_data.empty()) data::data_format(o.val_data);
   if (!o.augment.empty()) one_of("--augment", o.augment, data::augment_names());
   TANDEM_CHECK_USAGE(o.image_size >= 0 && o.image_size <= data::kMaxImageSize, "--image-size: expected 1 to ",
                      data::kMaxImageSize, " pixels (0: the format's default), got ", o.image_size);
+  TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
+}
+
+void check_section(const ModelSection& o) {
+  one_of("--model", o.model, models::model_names());
+  TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
+                     " applies to --model mobilenetv2 only, not ", o.model);
+  TANDEM_CHECK_USAGE(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
+                     " applies to the resnet models only, not ", o.model);
+  TANDEM_CHECK_USAGE(o.init_weights_except.empty() || !o.init_weights.empty(),
+                     "--init-weights-except goes with --init-weights");
+  TANDEM_CHECK_USAGE(o.amp == AmpMode::kOff || o.dtype == Dtype::kFloat32, "--amp ", o.amp,
+                     " needs --dtype float32 (autocast lowers float32 ops), got --dtype ", o.dtype);
+}
+
+void check_section(const OptimSection& o) {
   TANDEM_CHECK_USAGE(o.epochs > 0, "--epochs: expected a positive integer, got ", o.epochs);
   TANDEM_CHECK_USAGE(o.batch_size > 0, "--batch-size: expected a positive integer, got ", o.batch_size);
+  TANDEM_CHECK_USAGE(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
+                     o.batch_per_process);
   TANDEM_CHECK_USAGE(o.lr > 0, "--lr: expected a positive number, got ", o.lr);
-  internal::check_optimizer(o);  // an SGD flag with AdamW is named as such, before SGD's own checks
   TANDEM_CHECK_USAGE(o.momentum >= 0 && o.momentum < 1, "--momentum: expected [0, 1), got ", o.momentum);
   TANDEM_CHECK_USAGE(!o.nesterov || o.momentum > 0, "--nesterov needs --momentum > 0");
   TANDEM_CHECK_USAGE(o.weight_decay >= 0, "--weight-decay: expected >= 0, got ", o.weight_decay);
   TANDEM_CHECK_USAGE(o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr ", o.min_lr, ": expected 0 to --lr (", o.lr,
                      "), where the cosine schedule ends; --lr is its peak");
-  {
-    // The optimizer computes in the parameters' dtype: a rate libtorch cannot
-    // convert to it fails inside SGD with a message that names no flag.
-    const bool doubles = o.dtype == Dtype::kFloat64;
-    const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
-    for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
-                                      {"--weight-decay", o.weight_decay},
-                                      {"--clip-grad-norm", o.clip_grad_norm}}) {
-      TANDEM_CHECK_USAGE(value <= largest, flag, " ", value, ": beyond the largest ",
-                         doubles ? "float64" : "float32", " (", largest, "), the parameters' dtype");
-    }
-  }
-  internal::check_model_and_data(o);
-  TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
-                     " applies to --model mobilenetv2 only, not ", o.model);
-  TANDEM_CHECK_USAGE(o.stem == "auto" || o.model.rfind("resnet", 0) == 0, "--stem ", o.stem,
-                     " applies to the resnet models only, not ", o.model);
   TANDEM_CHECK_USAGE(o.label_smoothing >= 0 && o.label_smoothing < 1,
                      "--label-smoothing: expected [0, 1), got ", o.label_smoothing);
   TANDEM_CHECK_USAGE(o.warmup_epochs >= 0 && o.warmup_epochs < o.epochs,
@@ -124,45 +137,11 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(o.grad_accum >= 1, "--grad-accum: expected a positive integer, got ", o.grad_accum);
   TANDEM_CHECK_USAGE(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
                      "--clip-grad-norm: expected a finite number >= 0 (0: off), got ", o.clip_grad_norm);
-  TANDEM_CHECK_USAGE(o.workers >= 0 && o.workers <= 1024, "--workers: expected 0 to 1024, got ", o.workers);
-  TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
-  TANDEM_CHECK_USAGE(o.checkpoint_format == CheckpointFormat::kAuto || !o.checkpoint_dir.empty(), "--checkpoint-format ",
-                     o.checkpoint_format, " needs --checkpoint-dir (where the checkpoints go)");
-  TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
-  TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
-                     o.checkpoint_every);
-  TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
-                     "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
-  // Metrics are the job's (summed over the ranks, written by rank 0): a
-  // per-rank name would have been taken literally.
-  TANDEM_CHECK_USAGE(o.metrics_out.find("{rank}") == std::string::npos, "--metrics-out ", o.metrics_out,
-                     ": one file for the job (rank 0 writes the figures summed over the ranks); {rank} applies to "
-                     "--export-weights and --profile-out");
-  as_usage_error([&] { return observe::parse_profile_steps(o.profile_steps); });
-  {
-    // Two output flags on one file: the last writer's would win and the
-    // other's output be lost, with exit 0 (a sweep's find: metrics lines
-    // gone under the weights). Paths compared as absolute, normalised
-    // names, and as the same file where both exist (a link, a second name).
-    namespace fs = std::filesystem;
-    const std::vector<std::pair<const char*, std::string>> outputs{
-        {"--metrics-out", o.metrics_out}, {"--export-weights", o.export_weights}, {"--profile-out", o.profile_out}};
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      for (size_t j = i + 1; j < outputs.size(); ++j) {
-        const auto& [flag_a, a] = outputs[i];
-        const auto& [flag_b, b] = outputs[j];
-        if (a.empty() || b.empty()) continue;
-        std::error_code ec;
-        const bool same = fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal() ||
-                          fs::equivalent(a, b, ec);
-        TANDEM_CHECK_USAGE(!same, flag_a, " ", a, " and ", flag_b, " ", b,
-                           " name the same file: each needs its own");
-      }
-    }
-  }
-  TANDEM_CHECK_USAGE(!o.profile_out.empty() || o.profile_steps == TrainOptions{}.profile_steps,
-                     "--profile-steps goes with --profile-out");
+  TANDEM_CHECK_USAGE(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
+                     ">= 0 (0: off), got ", o.checkpoint_activations);
+}
 
+void check_section(const ParallelSection& o) {
   const bool fsdp = o.strategy == Strategy::kFsdp;
   const bool pipeline = pipelined(o);  // --strategy pipeline or a --mesh with pp > 1
   const bool dp = o.strategy == Strategy::kDp;
@@ -171,7 +150,7 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!dp || !o.devices.empty(), "--strategy ", o.strategy,
                      " needs --devices (e.g. cpu,cpu or cuda:0,cuda:1)");
   if (!o.devices.empty()) parallel::parse_device_names(o.devices);  // whether the machine has them: later
-  const TrainOptions defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
+  const ParallelSection defaults;  // a pipeline flag changed without --strategy pipeline is a mistake
   TANDEM_CHECK_USAGE(pipeline || (o.micro_batches == defaults.micro_batches && o.schedule == defaults.schedule &&
                                   o.virtual_stages == defaults.virtual_stages &&
                                   o.pipeline_split == defaults.pipeline_split &&
@@ -207,18 +186,12 @@ void check_train_options(const TrainOptions& o) {
                      o.dist_timeout);
   TANDEM_CHECK_USAGE(o.bucket_cap_mb > 0 && o.bucket_cap_mb <= 1e6,
                      "--bucket-cap-mb: expected a positive size up to 1e6 MiB, got ", o.bucket_cap_mb);
-  TANDEM_CHECK_USAGE(o.batch_per_process >= 0, "--batch-per-process: expected >= 0 (0: use --batch-size), got ",
-                     o.batch_per_process);
-  TANDEM_CHECK_USAGE(!pipeline || o.grad_accum == 1, "--grad-accum does not go with a pipeline (",
-                     o.strategy == Strategy::kPipeline ? "--strategy pipeline" : "--mesh " + o.mesh,
-                     "): it already passes each batch in --micro-batches chunks and accumulates their "
-                     "gradients (raise --micro-batches instead)");
   TANDEM_CHECK_USAGE(!o.shard_optimizer || !fsdp, "--shard-optimizer does not go with --strategy fsdp, "
                      "which shards the momentum already (with the parameters and gradients)");
   // A mesh's pipeline stages replicated over dp ranks (Note [replicated
   // stages]): those ranks may shard the momentum and share BatchNorm's
   // statistics, as data-parallel ranks do.
-  const bool replicated = pipeline && !o.mesh.empty() && dist::parse_mesh(o.mesh, 0)[dist::MeshDim::kData] > 1;
+  const bool replicated = pipeline && o.mesh[dist::MeshDim::kData] > 1;
   const std::string what = pipeline ? "a pipeline without dp ranks (--mesh pp=P,dp=D replicates its stages)"
                                     : "--strategy " + strategy_name(o.strategy);
   TANDEM_CHECK_USAGE(!o.shard_optimizer || (!dp && (!pipeline || replicated) && o.strategy != Strategy::kNone),
@@ -230,10 +203,81 @@ void check_train_options(const TrainOptions& o) {
                      dp ? "each replica normalises its own share of the batch, as PyTorch's DataParallel does"
                         : "each micro-batch is normalised on its own",
                      ": leave out --sync-bn");
-  TANDEM_CHECK_USAGE(o.init_weights_except.empty() || !o.init_weights.empty(),
-                     "--init-weights-except goes with --init-weights");
-  TANDEM_CHECK_USAGE(o.checkpoint_activations >= 0, "--checkpoint-activations: expected a number of segments "
-                     ">= 0 (0: off), got ", o.checkpoint_activations);
+}
+
+void check_section(const CheckpointSection& o) {
+  TANDEM_CHECK_USAGE(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  TANDEM_CHECK_USAGE(o.checkpoint_format == CheckpointFormat::kAuto || !o.checkpoint_dir.empty(), "--checkpoint-format ",
+                     o.checkpoint_format, " needs --checkpoint-dir (where the checkpoints go)");
+  TANDEM_CHECK_USAGE(o.checkpoint_every >= 0, "--checkpoint-every: expected >= 0 (0: epoch ends only), got ",
+                     o.checkpoint_every);
+  TANDEM_CHECK_USAGE(o.checkpoint_every == 0 || !o.checkpoint_dir.empty(),
+                     "--checkpoint-every needs --checkpoint-dir (where the checkpoints go)");
+}
+
+void check_section(const LogSection& o) {
+  TANDEM_CHECK_USAGE(o.log_every >= 1, "--log-every: expected a whole number >= 1, got ", o.log_every);
+  // Metrics are the job's (summed over the ranks, written by rank 0): a
+  // per-rank name would have been taken literally.
+  TANDEM_CHECK_USAGE(o.metrics_out.find("{rank}") == std::string::npos, "--metrics-out ", o.metrics_out,
+                     ": one file for the job (rank 0 writes the figures summed over the ranks); {rank} applies to "
+                     "--export-weights and --profile-out");
+  as_usage_error([&] { return observe::parse_profile_steps(o.profile_steps); });
+  TANDEM_CHECK_USAGE(!o.profile_out.empty() || o.profile_steps == LogSection{}.profile_steps,
+                     "--profile-steps goes with --profile-out");
+}
+
+// Note [option sections]: each section's own checks, then those across them.
+void check_train_options(const TrainOptions& o) {
+  check_section(static_cast<const ModelSection&>(o));
+  check_section(static_cast<const DataSection&>(o));
+  internal::check_optimizer(o);  // an SGD flag with AdamW is named as such, before SGD's own checks
+  check_section(static_cast<const OptimSection&>(o));
+  {
+    // The optimizer computes in the parameters' dtype: a rate libtorch cannot
+    // convert to it fails inside SGD with a message that names no flag.
+    const bool doubles = o.dtype == Dtype::kFloat64;
+    const double largest = doubles ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+    for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr},
+                                      {"--weight-decay", o.weight_decay},
+                                      {"--clip-grad-norm", o.clip_grad_norm}}) {
+      TANDEM_CHECK_USAGE(value <= largest, flag, " ", value, ": beyond the largest ",
+                         doubles ? "float64" : "float32", " (", largest, "), the parameters' dtype");
+    }
+  }
+  internal::check_model_and_data(o);
+  check_section(static_cast<const ParallelSection&>(o));
+  check_section(static_cast<const CheckpointSection&>(o));
+  check_section(static_cast<const LogSection&>(o));
+  {
+    // Two output flags on one file: the last writer's would win and the
+    // other's output be lost, with exit 0 (a sweep's find: metrics lines
+    // gone under the weights). Paths compared as absolute, normalised
+    // names, and as the same file where both exist (a link, a second name).
+    namespace fs = std::filesystem;
+    const std::vector<std::pair<const char*, std::string>> outputs{
+        {"--metrics-out", o.metrics_out}, {"--export-weights", o.export_weights}, {"--profile-out", o.profile_out}};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      for (size_t j = i + 1; j < outputs.size(); ++j) {
+        const auto& [flag_a, a] = outputs[i];
+        const auto& [flag_b, b] = outputs[j];
+        if (a.empty() || b.empty()) continue;
+        std::error_code ec;
+        const bool same = fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal() ||
+                          fs::equivalent(a, b, ec);
+        TANDEM_CHECK_USAGE(!same, flag_a, " ", a, " and ", flag_b, " ", b,
+                           " name the same file: each needs its own");
+      }
+    }
+  }
+
+  const bool fsdp = o.strategy == Strategy::kFsdp;
+  const bool pipeline = pipelined(o);
+  const bool dp = o.strategy == Strategy::kDp;
+  TANDEM_CHECK_USAGE(!pipeline || o.grad_accum == 1, "--grad-accum does not go with a pipeline (",
+                     o.strategy == Strategy::kPipeline ? "--strategy pipeline" : "--mesh " + o.mesh.text(),
+                     "): it already passes each batch in --micro-batches chunks and accumulates their "
+                     "gradients (raise --micro-batches instead)");
   if (o.checkpoint_activations > 0) {
     TANDEM_CHECK_USAGE(!pipeline || o.checkpoint_activations == 1, "--checkpoint-activations ",
                        o.checkpoint_activations, ": with --strategy pipeline every stage is recomputed whole "
@@ -255,8 +299,6 @@ void check_train_options(const TrainOptions& o) {
   TANDEM_CHECK_USAGE(!o.cuda_graph || (!dp && !pipeline && !fsdp),
                      "--cuda-graph captures the step of one process on one device; it does not work with "
                      "--strategy ", o.strategy);
-  TANDEM_CHECK_USAGE(o.amp == AmpMode::kOff || o.dtype == Dtype::kFloat32, "--amp ", o.amp,
-                     " needs --dtype float32 (autocast lowers float32 ops), got --dtype ", o.dtype);
   TANDEM_CHECK_USAGE(!o.cuda_graph || !o.shard_optimizer, "--cuda-graph runs one rank, whose optimizer "
                      "state has nothing to be sharded over; leave out --shard-optimizer");
   TANDEM_CHECK_USAGE(!o.cuda_graph || o.dropout == 0, "--cuda-graph replays one captured step, and --dropout "
@@ -288,7 +330,7 @@ void check_train_options(const TrainOptions& o) {
   }
 }
 
-int64_t resolved_virtual_stages(const TrainOptions& o) {
+int64_t resolved_virtual_stages(const ParallelSection& o) {
   return o.virtual_stages > 0 ? o.virtual_stages : o.schedule == Schedule::kInterleaved ? 2 : 1;
 }
 
@@ -341,7 +383,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
     const int64_t stages = layout.pipeline_ranks();
     const int64_t chunks = resolved_virtual_stages(o);
     const std::string ranks_flag = o.mesh.empty() ? detail::str_cat("--nproc-per-node ", ranks)
-                                                  : "--mesh " + o.mesh;
+                                                  : "--mesh " + o.mesh.text();
     if (!o.pipeline_split.empty()) {
       int64_t names = 1;
       for (char c : o.pipeline_split) names += c == ',' ? 1 : 0;

@@ -235,7 +235,7 @@ void Trainer::check_fsdp_units_agree() const {
 // (Note [tensor-parallel plans]); the loss over the vocabulary's parts.
 void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
   const auto& o = options_;
-  TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh, ": tensor parallelism splits a language model's layers; ",
+  TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh.text(), ": tensor parallelism splits a language model's layers; ",
                      o.model, " is an image classifier");  // (parallel_layout refuses it first)
   try {
     const int64_t tp = tensor_group_->size();
@@ -247,7 +247,7 @@ void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
-    throw UsageError("--mesh " + o.mesh + ": " + e.what());
+    throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
   }
   say(tensor_plan_->describe());
   task_ = vocab_parallel_language_model_task(*tensor_plan_, o.label_smoothing);

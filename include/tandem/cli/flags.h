@@ -34,6 +34,11 @@ class FlagSet {
                   const std::string& expected = "");
   void add_string(const std::string& name, const std::string& metavar, std::string* target,
                   const std::string& help);
+  // A value of a type of its own, made from the text by `parse` (which
+  // throws UsageError naming the flag for a bad one); `current`: the
+  // default's text for --help. An empty value is refused, as add_string's.
+  void add_parsed(const std::string& name, const std::string& metavar, const std::string& current,
+                  const std::string& help, std::function<void(const std::string&)> parse);
   void add_choice(const std::string& name, std::string* target,
                   const std::vector<std::string>& choices, const std::string& help);
   // A choice parsed into an enum: `names` maps each word to its value.

@@ -52,6 +52,8 @@ struct MeshShape {
 // left out, as 1) in its place; the sizes' product must be `world` (0:
 // any). Throws tandem::UsageError naming --mesh and what was expected.
 MeshShape parse_mesh(const std::string& spec, int64_t world);
+// The check parse_mesh makes of `world`, of a shape parsed from `spec`.
+void check_mesh_size(const MeshShape& shape, const std::string& spec, int64_t world);
 
 using MeshCoordinates = std::array<int64_t, 3>;  // pp, dp, tp
 

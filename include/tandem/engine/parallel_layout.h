@@ -54,8 +54,7 @@ struct ParallelLayout {
 ParallelLayout parallel_layout(const TrainOptions& options, int64_t ranks);
 
 // Whether the model runs as a pipeline, from the flags alone: --strategy
-// pipeline, or a --mesh with pp > 1. Throws tandem::UsageError for a bad
-// --mesh.
-bool pipelined(const TrainOptions& options);
+// pipeline, or a --mesh with pp > 1.
+bool pipelined(const ParallelSection& options);
 
 }  // namespace tandem::engine

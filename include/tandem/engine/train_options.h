@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/dist/device_mesh.h"
+
 namespace tandem::engine {
 
 // The flags with a fixed set of values are enums, parsed once where the
@@ -86,8 +88,41 @@ std::ostream& operator<<(std::ostream& out, CheckpointFormat f);
 inline constexpr double kAdamWLr = 6e-4;
 inline constexpr double kAdamWWeightDecay = 0.1;
 
-struct TrainOptions {
-  // Data
+// --mesh: the text as given (messages quote the user's spelling) and the
+// shape it lays out, parsed once, when set. Empty: not given (the
+// strategy's shorthand lays the ranks out: parallel_layout.h).
+class MeshFlag {
+ public:
+  MeshFlag() = default;
+  // Throws tandem::UsageError naming --mesh (dist::parse_mesh).
+  MeshFlag(std::string text);  // NOLINT: a flag's text converts
+  MeshFlag(const char* text) : MeshFlag(std::string(text)) {}  // NOLINT
+  bool empty() const { return text_.empty(); }
+  const std::string& text() const { return text_; }
+  // The sizes given (all 1 when empty); its size() is the ranks it lays out.
+  const dist::MeshShape& shape() const { return shape_; }
+  int64_t operator[](dist::MeshDim dim) const { return shape_[dim]; }
+  // The shape, checked against a job of `ranks`: throws tandem::UsageError
+  // naming --mesh where the sizes' product differs.
+  dist::MeshShape for_ranks(int64_t ranks) const;
+  bool operator==(const MeshFlag& other) const { return text_ == other.text_; }
+
+ private:
+  std::string text_;
+  dist::MeshShape shape_;
+};
+std::ostream& operator<<(std::ostream& out, const MeshFlag& mesh);  // the text
+
+// Note [option sections]: what a run is told comes in sections, each a
+// type of its own with its own checks (check_section below), so that a
+// part that needs one section takes that one (parallel_layout takes the
+// parallelism and the model's name, not the whole run). TrainOptions is
+// all of them; its fields keep their flat names (o.lr, o.mesh), as the
+// flags do. Checks across sections (--cuda-graph with a pipeline, --amp
+// with --dtype) are check_train_options' own.
+
+// Data: what is read and how.
+struct DataSection {
   std::string data = "fashion-mnist";  // see data/source.h
   std::string val_data;                // evaluation data; empty: data's test split
   int64_t workers = 0;                 // loader threads (0: load on the training thread)
@@ -96,8 +131,10 @@ struct TrainOptions {
   bool skip_bad_images = false;        // leave unreadable images out, with a warning
   int64_t seq_len = 0;     // token data: tokens a sample's inputs hold (0: the model's context, at most 1024)
   int64_t vocab_size = 0;  // token data: the vocabulary where the files do not say it (0: the files')
+};
 
-  // Model
+// Model: what is trained, in what precision.
+struct ModelSection {
   std::string model = "convnet";
   double width_mult = 1.0;
   double dropout = 0.0;  // GPT-2's embeddings, attention probabilities and residuals
@@ -109,8 +146,10 @@ struct TrainOptions {
   bool channels_last = false;     // 4-D weights and inputs in NHWC memory order
   bool cudnn_benchmark = false;   // let cuDNN time its convolution algorithms (CUDA only)
   bool cuda_graph = false;        // capture the step as a CUDA graph (engine/cuda_graph.h)
+};
 
-  // Optimisation
+// Optimisation: the optimizer, its schedule, the batch and the step.
+struct OptimSection {
   int64_t epochs = 5;
   int64_t batch_size = 256;  // global batch
   int64_t batch_per_process = 0;  // > 0: the global batch is this times the world size instead
@@ -123,16 +162,18 @@ struct TrainOptions {
   double weight_decay = 5e-4;  // SGD's L2 term; AdamW's decoupled decay of matrices (CLI default: kAdamWWeightDecay)
   double beta1 = 0.9, beta2 = 0.95;  // AdamW's moment decays (GPT-3's, nanoGPT's and llm.c's)
   double adam_eps = 1e-8;
-  double peak_tflops = 0;  // the device's peak for MFU (0: known for H100 and H200, else no MFU)
   double label_smoothing = 0.0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
   int64_t grad_accum = 1;       // chunks each rank's batch is passed in before one step
   double clip_grad_norm = 0.0;  // global gradient 2-norm limit (optim/clip.h); 0: off
   int64_t checkpoint_activations = 0;  // segments recomputed in backward (models/activation_checkpoint.h); 0: off
+};
 
-  // Distributed (the world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h)
+// Parallelism: how the ranks are laid out and each dimension is done (the
+// world comes from RANK, WORLD_SIZE, ... : dist/rendezvous.h).
+struct ParallelSection {
   Strategy strategy = Strategy::kAuto;  // --strategy (kStrategyNames)
-  std::string mesh;                   // the ranks as pp x dp, e.g. "dp=2,pp=2" (engine/parallel_layout.h);
+  MeshFlag mesh;                      // the ranks as pp x dp x tp, e.g. "dp=2,pp=2" (engine/parallel_layout.h);
                                       // empty: from --strategy
   std::string devices;                // --strategy dp or pipeline: e.g. "cpu,cpu" or "cuda:0,cuda:1"
   bool dp_trace = false;              // --strategy dp: print each replica's shapes
@@ -156,25 +197,43 @@ struct TrainOptions {
                                       // after a failure (launch::LaunchOptions::max_restarts)
   bool skip_resource_check = false;   // CLI, with --nproc-per-node N: start the workers without
                                       // measuring their memory (Note [worker footprint])
+  std::string device = "cpu";  // cpu | cuda | cuda:N: where each rank runs
+  uint64_t seed = 0;           // the model's initialisation, the data's order, dropout's masks
+};
 
-  // Run
-  std::string device = "cpu";  // cpu | cuda | cuda:N
-  uint64_t seed = 0;
+// Checkpointing: where the run's state goes and whence it resumes.
+struct CheckpointSection {
   std::string checkpoint_dir;   // empty: no checkpoints
   int64_t checkpoint_every = 0; // also save every N steps (0: at epoch ends only)
   // auto (sharded when the job has several ranks), file (rank 0 writes one
   // file), sharded (every rank writes its pieces: Note [sharded checkpoints])
   CheckpointFormat checkpoint_format = CheckpointFormat::kAuto;
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
+  std::string export_weights;   // safetensors file with the final weights
+  std::string export_hf;        // a language model's final weights as a transformers folder (checkpoint/hf_format.h)
+};
+
+// Logging: what the run reports, and where.
+struct LogSection {
   std::string metrics_out;      // JSON lines, one per epoch
   std::string tensorboard;      // folder of TensorBoard event files (observe/tensorboard.h); rank 0
   int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
-  std::string export_weights;   // safetensors file with the final weights
-  std::string export_hf;        // a language model's final weights as a transformers folder (checkpoint/hf_format.h)
   std::string profile_out;      // Chrome trace of --profile-steps (observe/profile.h); "{rank}": per rank
   std::string profile_steps = "5:8";  // A:B, the steps traced
   ProgressMode progress = ProgressMode::kAuto;
+  double peak_tflops = 0;  // the device's peak for MFU (0: known for H100 and H200, else no MFU)
 };
+
+struct TrainOptions : DataSection, ModelSection, OptimSection, ParallelSection, CheckpointSection, LogSection {};
+
+// Each section's own checks: values in range, and the section's flags that
+// go together. Each throws tandem::UsageError naming the flags.
+void check_section(const DataSection& data);
+void check_section(const ModelSection& model);
+void check_section(const OptimSection& optim);
+void check_section(const ParallelSection& parallel);
+void check_section(const CheckpointSection& checkpoint);
+void check_section(const LogSection& log);
 
 }  // namespace tandem::engine
 
@@ -189,7 +248,7 @@ int64_t resolved_seq_len(const TrainOptions& options);
 
 // --virtual-stages with its default resolved: the model pieces each
 // pipeline stage runs (2 under --schedule interleaved, else 1).
-int64_t resolved_virtual_stages(const TrainOptions& options);
+int64_t resolved_virtual_stages(const ParallelSection& options);
 
 // The checks of a TrainOptions that need nothing but the options: values in
 // range, flags that go together. Each throws tandem::UsageError naming the
