@@ -57,7 +57,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   std::vector<torch::Tensor> elsewhere;
   for (const auto& piece : others_pieces_) {
     for (const auto& p : piece->parameters()) {
-      const bool borrowed = tied_ && tied_->borrows(p);
+      const bool borrowed = mesh_.borrows(p);
       if (!borrowed) elsewhere.push_back(p);  // Note [tied weights across stages]: the copy is stepped here
     }
   }
@@ -65,7 +65,8 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   if ((run->optimizer = plan_->make_optimizer(settings))) {
     run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
   } else {
-    auto built = optim::make_optimizer(settings, model_->named_parameters(), o.shard_optimizer ? group_ : nullptr,
+    auto built = optim::make_optimizer(settings, model_->named_parameters(),
+                                       o.shard_optimizer ? mesh_.groups.data : nullptr,
                                        elsewhere);
     run->optimizer = std::move(built.optimizer);
     run->zero = built.sharded;
@@ -79,7 +80,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   check_train_outputs(o, rank_);  // --export-hf, --metrics-out, ... likewise, whoever launched this rank
   // --checkpoint-dir, and --resume or a launcher's restart (trainer_resume.cpp).
   run->start = open_checkpoints(*run->optimizer);
-  if (tied_) tied_->refresh_copies(*plan_);  // the copies as their owners, resumed or not
+  mesh_.refresh_copies(*plan_);  // the copies as their owners, resumed or not
   const auto& position = run->position();
   run->record = std::make_unique<RunRecorder>(o, rank_, run->start.resume && position.step > 0 ? position.step : -1);
   if (!run->record->notice().empty()) warn(run->record->notice());
@@ -95,7 +96,8 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
 
   announce(steps_per_epoch, run->zero);
   run->traffic = std::make_unique<StepTraffic>(
-      std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>>{{"dp", group_}, {"pp", stages_}});
+      std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>>{{"dp", mesh_.groups.data},
+                                                                              {"pp", mesh_.groups.pipeline}});
 
   // --cuda-graph: the plain step, captured after a few eager ones and then
   // replayed (engine/cuda_graph.h); the learning rate is read from a tensor.
@@ -143,12 +145,12 @@ TrainResult Trainer::finish_run(RunState& run) {
   // again (for the export below, and for evaluate() or model() after run()).
   plan_->finish();
   // Tensor parallelism likewise: every rank's model whole and plain again.
-  if (tensor_plan_ && !tensor_plan_->detached()) tensor_plan_->detach();
+  mesh_.finish();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
   // weights (a collective, so before the rank 0 test below); under tp the
   // weights only (the optimizer's state is still in parts).
-  if (stages_ && (!o.export_weights.empty() || !o.export_hf.empty())) {
-    gather_stages(tensor_plan_ ? nullptr : run.optimizer.get());
+  if (mesh_.groups.pipeline && (!o.export_weights.empty() || !o.export_hf.empty())) {
+    gather_stages(mesh_.tensor ? nullptr : run.optimizer.get());
   }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   checkpoint::NamedTensors tensors;
@@ -222,7 +224,7 @@ void Trainer::diverged(RunState& run, const std::string& what, const std::string
 bool Trainer::sharded_checkpoints() const {
   const auto format = options_.checkpoint_format;
   return format == CheckpointFormat::kSharded ||
-         (format == CheckpointFormat::kAuto && job_group_ && job_group_->size() > 1);
+         (format == CheckpointFormat::kAuto && mesh_.groups.job && mesh_.groups.job->size() > 1);
 }
 
 }  // namespace tandem::engine

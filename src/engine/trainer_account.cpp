@@ -15,7 +15,7 @@ namespace tandem::engine {
 void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero) const {
   const auto& o = options_;
   if (!data_.test) warn("no evaluation data for " + o.data + " (give --val-data): evaluation skipped");
-  if (mesh_) {
+  if (mesh_.groups.mesh) {
     const std::string split =
         layout_.tensor_ranks() > 1
             ? format(", its layers split over %lld tp ranks", static_cast<long long>(layout_.tensor_ranks()))
@@ -29,14 +29,14 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero)
   if (world_ > 1) {
     say(format("data parallel over %lld ranks (%s, %s): batch %lld per rank, %lld in all",
                static_cast<long long>(world_), plan_->name().c_str(),
-               group_->backend().c_str(), static_cast<long long>(o.batch_size / world_),
+               mesh_.groups.data->backend().c_str(), static_cast<long long>(o.batch_size / world_),
                static_cast<long long>(o.batch_size)));
   }
   for (const auto& line : plan_->describe()) say(line);
   if (o.strategy == Strategy::kFsdp && !plan_->sharded()) {
     warn("--strategy fsdp in one process: nothing to shard over, training as one process does");
   }
-  if (!group_ && !stages_) {
+  if (!mesh_.groups.data && !mesh_.groups.pipeline) {
     // One process, started without a launcher: the flags that act over
     // ranks have none (a sweep found them accepted without a word).
     const TrainOptions defaults;
@@ -111,14 +111,14 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero)
                   static_cast<long long>(virtual_stages()), holder, holder, holder[0], holder[0], holder[0],
                   static_cast<long long>(holders));
   };
-  if (layout_.pipeline && stages_) {
+  if (layout_.pipeline && mesh_.groups.pipeline) {
     say(format("pipeline over %lld ranks, one stage per rank on its device (rank 0: %s): stages %s; "
                "%lld micro-batches, %s schedule%s",
-               static_cast<long long>(stages_->size()), device_.str().c_str(), pipeline_split_.c_str(),
+               static_cast<long long>(mesh_.groups.pipeline->size()), device_.str().c_str(), pipeline_split_.c_str(),
                static_cast<long long>(o.micro_batches), option_name(o.schedule).c_str(),
-               chunks_note("rank", stages_->size()).c_str()));
+               chunks_note("rank", mesh_.groups.pipeline->size()).c_str()));
   }
-  if (layout_.pipeline && !stages_) {
+  if (layout_.pipeline && !mesh_.groups.pipeline) {
     const auto devices = parallel::parse_devices(o.devices);
     std::string names;
     for (const auto& d : devices) names += (names.empty() ? "" : ",") + d.str();

@@ -128,12 +128,11 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   std::vector<torch::Tensor> checked;
   for (const auto& named : weights_and_buffers()) checked.push_back(named.second);
   auto bad = count_non_finite(checked, epoch.loss_sum.device());
-  if (stages_) stages_->all_reduce(bad).wait();  // every stage's weights; the sums are the last stage's
-  if (tensor_group_) tensor_group_->all_reduce(bad).wait();  // every tp rank's parts: all stop, or none
+  mesh_.sum_over_model(bad);  // every stage's weights and tp rank's parts: all stop, or none
   auto sums = torch::stack({epoch.loss_sum, epoch.correct.to(torch::kFloat64),
                             torch::full({}, static_cast<double>(epoch.seen), epoch.loss_sum.options()), bad});
-  if (group_) group_->all_reduce(sums).wait();
-  if (stages_) stages_->broadcast(sums, stages_->size() - 1).wait();  // the last stage has the outputs
+  if (mesh_.groups.data) mesh_.groups.data->all_reduce(sums).wait();
+  if (auto& stages = mesh_.groups.pipeline) stages->broadcast(sums, stages->size() - 1).wait();  // the last's outputs
   sums = sums.cpu();
   double loss = sums[0].item<double>(), hits = sums[1].item<double>();
   const auto predictions = static_cast<int64_t>(std::llround(sums[2].item<double>()));
@@ -228,10 +227,10 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
 // pipeline's ranks: each timed its own stage).
 void Trainer::report_pipeline_idle(StepCounters& counters) const {
   const auto& o = options_;
-  if (stages_ && counters.pipeline_steps > 0) {
-    const auto wire = stages_->wire_device();
+  if (mesh_.groups.pipeline && counters.pipeline_steps > 0) {
+    const auto wire = mesh_.groups.pipeline->wire_device();
     auto idle = torch::tensor(counters.stage_idle, torch::kFloat64).to(wire);
-    stages_->all_reduce(idle).wait();
+    mesh_.groups.pipeline->all_reduce(idle).wait();
     idle = idle.cpu();
     counters.stage_idle.assign(idle.data_ptr<double>(), idle.data_ptr<double>() + idle.numel());
   }
@@ -266,7 +265,7 @@ void Trainer::report_pipeline_idle(StepCounters& counters) const {
 // pp. Stages are seeded apart so that their layers' masks are not the
 // same stream again.
 void Trainer::seed_dropout(int64_t step) const {
-  const uint64_t stage = stages_ ? static_cast<uint64_t>(stages_->rank()) : 0;
+  const auto stage = static_cast<uint64_t>(mesh_.stage());
   const uint64_t seed = static_cast<uint64_t>(options_.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1) +
                         0xBF58476D1CE4E5B9ull * stage;
   auto held = models::hold_default_generator();  // thread ranks share it (Note [seeded model])

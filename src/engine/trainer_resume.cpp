@@ -71,16 +71,16 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       Held full = plan_->whole_model(/*write_back=*/true);
       // Tensor parallelism: the whole model loaded, then each rank's part
       // kept (Note [tensor-parallel checkpoints]).
-      if (tensor_plan_) tensor_plan_->make_whole(&optimizer);
-      const bool sharded = (mesh_ || tensor_plan_) && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
+      mesh_.make_whole(&optimizer);
+      const bool sharded = mesh_.splits_model() && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
       if (sharded) {  // Note [fsdp x pipeline checkpoints]; under tp too
         auto whole = whole_model_optimizer(optimizer, /*with_state=*/false);
         path = checkpointer->load_newest_good(position, *model_, *whole, fingerprint(), &damaged);
-        if (tensor_plan_) tensor_plan_->cut_again(whole.get());
+        mesh_.cut_again(whole.get());
         if (path) keep_shards_of(*whole, optimizer);
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
-        if (tensor_plan_) tensor_plan_->cut_again(&optimizer);
+        mesh_.cut_again(&optimizer);
         drop_others_state(optimizer);
       }
     }
@@ -151,29 +151,29 @@ void Trainer::save(RunState& run) {
   auto& written = run.result.last_checkpoint;
   if (sharded_checkpoints()) {  // Note [sharded checkpoints]: each rank what it owns, no gathering
     written = checkpointer->save_sharded(position, owned_state(optimizer), optimizer, fingerprint(),
-                                         weights_metadata(), job_group_.get(), device_);
+                                         weights_metadata(), mesh_.groups.job.get(), device_);
     return;
   }
-  if ((mesh_ || tensor_plan_) && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]; under tp too
+  if (mesh_.splits_model() && run.fsdp_state) {  // Note [fsdp x pipeline checkpoints]; under tp too
     Held full = plan_->whole_model(/*write_back=*/false);  // the shapes, for AdamW's groups
     auto whole = whole_model_optimizer(optimizer, /*with_state=*/true);
-    if (tensor_plan_) tensor_plan_->make_whole(whole.get());  // Note [tensor-parallel checkpoints]
+    mesh_.make_whole(whole.get());  // Note [tensor-parallel checkpoints]
     gather_stages(whole.get());
     if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
-    if (tensor_plan_) tensor_plan_->cut_again(nullptr);
+    mesh_.cut_again(nullptr);
     return;
   }
   // A checkpoint holds the whole optimizer state: every rank gathers the
   // sharded momentum before rank 0 writes it (a collective).
   if (run.zero) run.zero->consolidate_state();
-  if (tensor_plan_) tensor_plan_->make_whole(&optimizer);  // Note [tensor-parallel checkpoints]
+  mesh_.make_whole(&optimizer);  // Note [tensor-parallel checkpoints]
   gather_stages(&optimizer);  // a pipeline over ranks: every stage's weights and momentum
   if (run.fsdp_state) run.fsdp_state->consolidate_state();
   {
     Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
     if (rank_ == 0) written = checkpointer->save(position, *model_, optimizer, fingerprint(), weights_metadata());
   }
-  if (tensor_plan_) tensor_plan_->cut_again(&optimizer);
+  mesh_.cut_again(&optimizer);
   if (run.zero) run.zero->shard_state();
   drop_others_state(optimizer);
 }
@@ -184,7 +184,7 @@ void Trainer::save(RunState& run) {
 void Trainer::drop_others_state(torch::optim::Optimizer& optimizer) const {
   for (const auto& piece : others_pieces_) {
     for (const auto& p : piece->parameters()) {
-      const bool borrowed = tied_ && tied_->borrows(p);
+      const bool borrowed = mesh_.borrows(p);
       if (!borrowed) optimizer.state().erase(p.unsafeGetTensorImpl());  // Note [tied weights across stages]
     }
   }

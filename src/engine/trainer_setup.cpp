@@ -49,10 +49,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   auto profile_options = observe::parse_profile_steps(o.profile_steps);
   profile_options.path = o.profile_out;
   const bool pipeline = pipelined(o);
-  if ((group_ = job ? std::move(job) : join_job(o, device_))) {
-    job_group_ = group_;
-    rank_ = group_->rank();
-    world_ = group_->size();
+  if ((mesh_.groups.data = job ? std::move(job) : join_job(o, device_))) {
+    mesh_.groups.job = mesh_.groups.data;
+    rank_ = mesh_.groups.data->rank();
+    world_ = mesh_.groups.data->size();
   }
   job_world_ = world_;
   check_train_ranks(o, world_);
@@ -69,8 +69,8 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
     // --device; every rank reads the whole batch (stage 0 feeds it in, the
     // last stage takes the targets), so there is no data parallelism: the
     // data and the checkpoints see one process (world_ 1), the ranks being
-    // stages_.
-    stages_ = std::move(group_);
+    // mesh_.groups.pipeline.
+    mesh_.groups.pipeline = std::move(mesh_.groups.data);
     world_ = 1;
   }
   if (o.batch_per_process > 0) options_.batch_size = o.batch_per_process * world_;  // seed 002's setting
@@ -81,26 +81,10 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   data_ = open_run_data(o);
   const auto info = data_.train->info();
   check_same_settings();  // before the first collective that would assume them (Note [same settings])
-  if (layout_.staged_mesh()) {
-    // The pp slice through this rank runs the pipeline, the dp slice
-    // replicates its stage, the tp slice splits its layers.
-    mesh_ = std::make_shared<dist::DeviceMesh>(job_group_, layout_.mesh);
-    stages_ = mesh_->group(dist::MeshDim::kPipeline);
-    group_ = mesh_->group(dist::MeshDim::kData);
-    if (layout_.tensor_ranks() > 1) tensor_group_ = mesh_->group(dist::MeshDim::kTensor);
-    model_group_ = mesh_->model_group();
-    data_shard_ = mesh_->data_shard_group();
-    data_replicate_ = mesh_->data_replicate_group();
-  } else if (layout_.tensor_ranks() > 1 || (layout_.mesh.dp_shard > 0 && job_group_)) {  // dp x tp, HSDP
-    dist::DeviceMesh mesh(job_group_, layout_.mesh);
-    group_ = mesh.group(dist::MeshDim::kData);
-    if (layout_.tensor_ranks() > 1) tensor_group_ = model_group_ = mesh.group(dist::MeshDim::kTensor);
-    data_shard_ = mesh.data_shard_group();
-    data_replicate_ = mesh.data_replicate_group();
-  }
+  mesh_.split_groups(layout_);
   auto model_options = model_options_for(o, info);
   if (o.sync_bn) {  // also with one rank: the same arithmetic whatever the world size
-    auto group = group_;
+    auto group = mesh_.groups.data;
     model_options.norm_layer = [group](int64_t channels) {
       return torch::nn::AnyModule(
           parallel::SyncBatchNorm(parallel::SyncBatchNormOptions{channels}, group));
@@ -162,7 +146,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   tokens_per_sample_ = info.seq_len;
   task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
   parameter_count_ = models::count_parameters(*model_);  // the whole model's, before tp cuts it
-  if (tensor_group_) split_over_tensor_ranks(info);  // the model cut, and its task
+  if (mesh_.groups.tensor) split_over_tensor_ranks(info);  // the model cut, and its task
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
   }
@@ -172,16 +156,17 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (amp_ == torch::kHalf) {
     // Under a mesh the whole job: FSDP's shards differ between dp ranks,
     // and tensor parallelism's parts between tp ranks.
+    const auto& g = mesh_.groups;
     scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
-                                                  mesh_ || tensor_group_ ? job_group_ : stages_ ? stages_ : group_);
+                                                  g.mesh || g.tensor ? g.job : g.pipeline ? g.pipeline : g.data);
   }
   if (pipeline) {
-    stages_ ? make_rank_pipeline(info) : make_pipeline(info);
+    mesh_.groups.pipeline ? make_rank_pipeline(info) : make_pipeline(info);
   } else {
     WholeModelSettings whole;
     whole.grad_accum = o.grad_accum;
     whole.unequal_batches = o.skip_bad_images;
-    whole.group = group_;
+    whole.group = mesh_.groups.data;
     whole.data_ranks = world_;
     stage_plan_ = make_whole_model_plan(model_, device_, step_settings(), whole);
   }
@@ -192,26 +177,29 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.options = &o;
   plan.layout = layout_;
   plan.model = model_;
-  if (mesh_) plan.pieces = own_pieces_;
-  plan.group = group_;
-  plan.shard_group = data_shard_;
-  plan.replicate_group = data_replicate_;
+  if (mesh_.groups.mesh) plan.pieces = own_pieces_;
+  plan.group = mesh_.groups.data;
+  plan.shard_group = mesh_.groups.data_shard;
+  plan.replicate_group = mesh_.groups.data_replicate;
   plan.data_ranks = world_;
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
-  if (tied_ && plan_->sharded()) tied_->share_owner_shards(data_shard_ ? data_shard_ : group_);
-  if (tensor_group_ && plan_->fully_sharded()) check_fsdp_units_agree();
-  if (tensor_plan_ && tensor_plan_->sequence_parallel()) {
+  if (mesh_.tied && plan_->sharded()) {
+    mesh_.tied->share_owner_shards(mesh_.groups.data_shard ? mesh_.groups.data_shard : mesh_.groups.data);
+  }
+  if (mesh_.groups.tensor && plan_->fully_sharded()) check_fsdp_units_agree();
+  if (mesh_.tensor && mesh_.tensor->sequence_parallel()) {
     // The whole parameters' partial gradients are summed over tp piece by
     // piece (Note [sequence-parallel plans]). A whole parameter has the
     // same shape on every tp rank, and so the same pieces: under FSDP its
     // Shard(0) rows depend on its shape and dp alone (Note [fsdp shards]).
     // Checked once, as every rank of the job learns.
     auto same = torch::tensor(
-        {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *tensor_group_) ? 1 : 0},
-        torch::kInt64).to(job_group_->wire_device());
-    job_group_->all_reduce(same, dist::ReduceOp::kMin).wait();
+        {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *mesh_.groups.tensor) ? 1
+                                                                                                                : 0},
+        torch::kInt64).to(mesh_.groups.job->wire_device());
+    mesh_.groups.job->all_reduce(same, dist::ReduceOp::kMin).wait();
     TANDEM_CHECK(same.item<int64_t>() == 1, "--sequence-parallel with --strategy ", strategy_name(options_.strategy),
                  ": the tp ranks hold different pieces of ", options_.model, "'s whole parameters");
   }
@@ -225,7 +213,8 @@ void Trainer::check_fsdp_units_agree() const {
   const auto& units = plan_->fully_sharded()->units();
   std::vector<int64_t> ends;
   for (const auto& unit : units) ends.push_back(static_cast<int64_t>(unit.end));
-  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *tensor_group_), "--strategy fsdp with tp: the tp ranks' parts of ",
+  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *mesh_.groups.tensor),
+                     "--strategy fsdp with tp: the tp ranks' parts of ",
                      options_.model, " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
                      "give --fsdp-min-unit-params 0 (every layer a unit)");
 }
@@ -238,19 +227,19 @@ void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
   TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh.text(), ": tensor parallelism splits a language model's layers; ",
                      o.model, " is an image classifier");  // (parallel_layout refuses it first)
   try {
-    const int64_t tp = tensor_group_->size();
+    const int64_t tp = mesh_.groups.tensor->size();
     TANDEM_CHECK_USAGE(!o.sequence_parallel || info.seq_len % tp == 0, "--sequence-parallel: sequences of ",
                        info.seq_len, " tokens (--seq-len) do not split into ", tp, " equal parts over tp=", tp);
     parallel::TensorParallelPlanOptions plan_options;
     plan_options.sequence_parallel = o.sequence_parallel;
-    tensor_plan_ = std::make_unique<parallel::TensorParallelPlan>(model_, tensor_group_, plan_options);
+    mesh_.tensor = std::make_unique<parallel::TensorParallelPlan>(model_, mesh_.groups.tensor, plan_options);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
     throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
   }
-  say(tensor_plan_->describe());
-  task_ = vocab_parallel_language_model_task(*tensor_plan_, o.label_smoothing);
+  say(mesh_.tensor->describe());
+  task_ = vocab_parallel_language_model_task(*mesh_.tensor, o.label_smoothing);
 }
 
 // Note [tied embedding] (models/gpt2.h): the head reads the embedding's
@@ -262,7 +251,7 @@ void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
 void Trainer::check_tied_weights(bool pipeline) const {
   const auto& o = options_;
   if (model_->ties().empty() || !pipeline) return;
-  if (stages_) return;  // Note [tied weights across stages], under FSDP too
+  if (mesh_.groups.pipeline) return;  // Note [tied weights across stages], under FSDP too
   bool one_device = true;
   const auto devices = parallel::parse_devices(o.devices);
   for (const auto& d : devices) one_device = one_device && d == devices.front();
@@ -312,7 +301,7 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
   // Under tensor parallelism the layers run collectives over the tp
   // group, so rank 0 cannot time them alone: balanced by parameter count.
-  if (o.pipeline_balance == PipelineBalance::kParams || tensor_group_) {
+  if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }
@@ -332,16 +321,16 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
 // machine) and broadcasts it.
 void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   const auto& o = options_;
-  const int64_t stages = stages_->size(), rank = stages_->rank(), chunks = virtual_stages();
+  const int64_t stages = mesh_.groups.pipeline->size(), rank = mesh_.groups.pipeline->rank(), chunks = virtual_stages();
   const int64_t pieces = stages * chunks;
   auto [sizes, how] = pipeline_cut(info, stages, device_, rank_ == 0, " on rank 0");
-  const auto wire = stages_->wire_device();
+  const auto wire = mesh_.groups.pipeline->wire_device();
   auto chosen = torch::tensor(sizes, torch::kInt64).to(wire);
   // Every replica pipeline cuts where job rank 0 chose: over the dp slice
   // through it (the first stages), their tp slices, then down each pipeline.
-  if (mesh_) group_->broadcast(chosen, 0).wait();
-  if (tensor_group_) tensor_group_->broadcast(chosen, 0).wait();
-  stages_->broadcast(chosen, 0).wait();
+  if (mesh_.groups.mesh) mesh_.groups.data->broadcast(chosen, 0).wait();
+  if (mesh_.groups.tensor) mesh_.groups.tensor->broadcast(chosen, 0).wait();
+  mesh_.groups.pipeline->broadcast(chosen, 0).wait();
   chosen = chosen.cpu();
   sizes.assign(chosen.data_ptr<int64_t>(), chosen.data_ptr<int64_t>() + pieces);
   pipeline_split_ = parallel::describe_split(model_, sizes) + " (" + how + ")";
@@ -361,8 +350,10 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
   own_pieces_ = mine;
-  if ((tied_ = TiedStages::make(cut, stages_, group_, device_))) say("tied weight: " + tied_->describe());
-  stage_plan_ = make_rank_pipeline_plan(model_, mine, device_, stages_, pipeline_options, step_settings());
+  mesh_.tied = TiedStages::make(cut, mesh_.groups.pipeline, mesh_.groups.data, device_);
+  if (mesh_.tied) say("tied weight: " + mesh_.tied->describe());
+  stage_plan_ =
+      make_rank_pipeline_plan(model_, mine, device_, mesh_.groups.pipeline, pipeline_options, step_settings());
 }
 
 // Note [same settings]: `tandem launch` and --nproc-per-node give every
@@ -403,7 +394,7 @@ std::string Trainer::job_settings() const {
 }
 
 void Trainer::check_same_settings() const {
-  const auto& group = job_group_;
+  const auto& group = mesh_.groups.job;
   if (!group || group->size() == 1) return;
   const auto all = dist::all_gather_text(job_settings(), *group, device_);
   std::vector<int64_t> others;

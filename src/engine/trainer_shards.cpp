@@ -139,15 +139,15 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
   };
   // The modules this rank runs: its own pipeline pieces, or the whole model.
   std::vector<const torch::nn::Module*> mine;
-  if (stages_) {
+  if (mesh_.groups.pipeline) {
     for (const auto& piece : own_pieces_) mine.push_back(piece.get());
   } else {
     mine.push_back(model_.get());
   }
-  const bool first_replica = !group_ || group_->rank() == 0;  // of the dp slice through this rank
+  const bool first_replica = !mesh_.groups.data || mesh_.groups.data->rank() == 0;  // of the dp slice through this rank
   // Under tp a whole tensor (the same on every tp rank) is the first tp
   // rank's to write, a cut one every tp rank's part.
-  const bool first_part = !tensor_group_ || tensor_group_->rank() == 0;
+  const bool first_part = !mesh_.groups.tensor || mesh_.groups.tensor->rank() == 0;
   std::vector<checkpoint::StatePiece> pieces;
   if (first_replica && first_part) {
     for (auto* module : mine) {
@@ -155,7 +155,8 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
     }
   }
   if (auto* fsdp = plan_->fully_sharded()) {
-    if (data_replicate_ && data_replicate_->rank() > 0) return pieces;  // HSDP: replica group 0's (Note [hsdp])
+    // HSDP: replica group 0's (Note [hsdp]).
+    if (mesh_.groups.data_replicate && mesh_.groups.data_replicate->rank() > 0) return pieces;
     // Every rank its shards' spans of the parameters and of their state
     // (Note [fsdp optimizer state]); AdamW's step, the same in every shard,
     // by the rank whose span starts the parameter. Under tp a cut
@@ -167,11 +168,11 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
       const auto state = optim::parameter_state(optimizer, shards[i]);
       for (const auto& span : spans[i]) {
         const auto& p = fsdp->model_parameters()[span.parameter];
-        const dist::Placement* cut = tensor_plan_ && tensor_plan_->cut(p).is_shard() ? &tensor_plan_->cut(p) : nullptr;
+        const dist::Placement* cut = mesh_.cut(p);
         if (!cut && !first_part) continue;
         auto add = [&](const Named& named, const torch::Tensor& run) {
           if (cut) {
-            add_run_pieces(pieces, named, span, *cut, tensor_group_->rank(), tensor_group_->size(), run);
+            add_run_pieces(pieces, named, span, *cut, mesh_.groups.tensor->rank(), mesh_.groups.tensor->size(), run);
           } else {
             pieces.push_back({named.name, named.order, span.shape, span.strides, span.offset, run});
           }
@@ -196,10 +197,10 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
   const auto* zero = dynamic_cast<const optim::ShardedState*>(&optimizer);
   for (auto* module : mine) {
     for (const auto& p : module->parameters()) {
-      const dist::Placement* cut = tensor_plan_ && tensor_plan_->cut(p).is_shard() ? &tensor_plan_->cut(p) : nullptr;
+      const dist::Placement* cut = mesh_.cut(p);
       auto add = [&](const Named& named, const torch::Tensor& t) {
         if (cut && t.sizes() == p.sizes()) {
-          add_cut_pieces(pieces, named, t, *cut, tensor_group_->rank(), tensor_group_->size());
+          add_cut_pieces(pieces, named, t, *cut, mesh_.groups.tensor->rank(), mesh_.groups.tensor->size());
         } else if (first_part) {
           pieces.push_back(whole(named, t));
         }

@@ -15,7 +15,7 @@
 namespace tandem::engine {
 
 void Trainer::gather_stages(torch::optim::Optimizer* optimizer) {
-  if (!stages_) return;
+  if (!mesh_.groups.pipeline) return;
   // Each rank contributes its own pieces' tensors and zeros for the
   // others'; the sum over the ranks is every piece's, on every rank. Two
   // rounds: one all-reduce of which parameters have optimizer state
@@ -27,7 +27,7 @@ void Trainer::gather_stages(torch::optim::Optimizer* optimizer) {
     for (const auto& b : piece->buffers()) foreign.insert(b.unsafeGetTensorImpl());
   }
   auto own = [&](const torch::Tensor& t) { return foreign.count(t.unsafeGetTensorImpl()) == 0; };
-  const auto wire = stages_->wire_device();
+  const auto wire = mesh_.groups.pipeline->wire_device();
   torch::NoGradGuard no_grad;
   const auto params = model_->parameters();
   // Whether any rank has optimizer state for a parameter: the same steps
@@ -41,7 +41,7 @@ void Trainer::gather_stages(torch::optim::Optimizer* optimizer) {
   }
   {
     auto sum = has.to(wire);
-    stages_->all_reduce(sum).wait();
+    mesh_.groups.pipeline->all_reduce(sum).wait();
     has = sum.cpu();
   }
   // What to gather: the tensor, whether this rank holds it, and where the
@@ -88,7 +88,7 @@ void Trainer::gather_stages(torch::optim::Optimizer* optimizer) {
                                 : torch::zeros({t.numel()}, t.options().device(wire)));
     }
     auto flat = torch::cat(parts);
-    stages_->all_reduce(flat).wait();
+    mesh_.groups.pipeline->all_reduce(flat).wait();
     int64_t offset = 0;
     for (const auto* item : group) {
       const auto& t = item->tensor;

@@ -32,11 +32,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
   {
     RECORD_USER_SCOPE("tandem::reduce");
     plan_->after_backward();  // the gradients averaged over the dp ranks
-    if (tied_) tied_->reduce_gradients(*plan_);  // Note [tied weights across stages]
-    if (tensor_plan_) {  // Note [sequence-parallel plans]: whole parameters' partial sums
-      dist::sum_partial_gradients(placed_parameters(/*gradients=*/true), &dist::PlacedTensor::tensor_parallel,
-                                  *tensor_group_);
-    }
+    mesh_.reduce_gradients(*plan_, [this] { return placed_parameters(/*gradients=*/true); });  // Note [mesh plan]
   }
   {
     RECORD_USER_SCOPE("tandem::optimizer");
@@ -50,7 +46,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
     } else {
       optimizer.step();
     }
-    if (tied_) tied_->refresh_copies(*plan_);  // Note [tied weights under fsdp]
+    mesh_.refresh_copies(*plan_);  // Note [tied weights under fsdp]
   }
   return out;
 }
@@ -61,13 +57,7 @@ StepOutputs Trainer::step(const torch::Tensor& inputs, const torch::Tensor& targ
 // the placements of their gradients after backward, before the tp sum.
 std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const {
   auto placed = plan_->placed_parameters();
-  for (auto& t : placed) {
-    if (tensor_plan_) {
-      t.tensor_parallel =
-          gradients ? tensor_plan_->gradient_placement(t.model_parameter) : tensor_plan_->cut(t.model_parameter);
-    }
-    if (tied_ && tied_->borrows(t.model_parameter)) t.owned = false;
-  }
+  mesh_.place(placed, gradients);
   return placed;
 }
 
@@ -77,9 +67,7 @@ std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const
 // its first rank there, a tied copy on its owner's stage), and every piece
 // clipped.
 void Trainer::clip_gradients() {
-  const dist::PlacementMesh mesh{job_group_,    stages_,           data_shard_ ? data_shard_ : group_,
-                                 tensor_group_, model_group_,      plan_->sharded(),
-                                 data_replicate_};
+  const auto mesh = mesh_.placement_mesh(plan_->sharded());
   auto grads = dist::counted_gradients(placed_parameters(), mesh);
   optim::clip_gradients(grads.counted, options_.clip_grad_norm, mesh.sum_group(), grads.others);
 }
@@ -90,7 +78,7 @@ EvalResult Trainer::evaluate() {
   setup.dataset = data_.test.get();
   setup.batch_size = options_.batch_size;
   setup.workers = options_.workers;
-  setup.group = group_;  // the dp group (null for a pipeline over ranks without a mesh)
+  setup.group = mesh_.groups.data;  // the dp group (null for a pipeline over ranks without a mesh)
   setup.data_ranks = world_;
   return stage_plan_->evaluate(setup, *plan_);
 }

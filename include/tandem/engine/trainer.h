@@ -3,9 +3,11 @@
 // One flat story, in run(): open the data, build the model and optimizer,
 // resume if asked, then for each epoch train (schedule, forward, loss,
 // backward, step), evaluate, record, checkpoint; finally export the weights.
-// A step composes two parts (Note [stage plans]): the data-parallel
-// dimension's DataPlan (engine/data_plan.h) and the pipeline dimension's
-// StagePlan (engine/stage_plan.h), each asked at its phases.
+// A step composes three parts (Note [stage plans], Note [mesh plan]): the
+// data-parallel dimension's DataPlan (engine/data_plan.h), the pipeline
+// dimension's StagePlan (engine/stage_plan.h) and the MeshPlan
+// (engine/mesh_plan.h: the groups, tp's cut, tied weights), each asked at
+// its phases.
 #pragma once
 
 #include <cstdio>
@@ -26,6 +28,7 @@
 #include "tandem/engine/cuda_graph.h"
 #include "tandem/engine/data_plan.h"
 #include "tandem/engine/evaluate.h"
+#include "tandem/engine/mesh_plan.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/engine/stage_plan.h"
@@ -220,37 +223,21 @@ class Trainer {
   torch::Device device_;
   data::DataSplits data_;
   models::Sequence model_{nullptr};
-  // Set when the environment names a rank (launched by tandem launch,
-  // torchrun, srun, mpirun): data parallel over the group's ranks (null
-  // under --strategy pipeline, whose ranks are stages_).
-  std::shared_ptr<dist::ProcessGroup> group_;
-  // Under a launcher: every rank of the job, whatever the layout.
-  std::shared_ptr<dist::ProcessGroup> job_group_;
   ParallelLayout layout_;  // the mesh, the pipeline and the dp dimension's strategy
-  // Note [replicated stages]: pp x dp over ranks; group_ is then the dp
-  // slice and stages_ the pp slice through this rank.
-  std::shared_ptr<dist::DeviceMesh> mesh_;
+  // Note [mesh plan]: the job's groups (the dp slice is groups.data, the pp
+  // slice groups.pipeline: Note [replicated stages], [pipeline over ranks])
+  // and the parts that split the model over them (tp's cut, tied weights).
+  MeshPlan mesh_;
   // The dp dimension (engine/data_plan.h): one process, all-reduce, DDP,
   // FSDP or DataParallel, over the model or this rank's pipeline pieces.
   std::unique_ptr<DataPlan> plan_;
   // The pp dimension (engine/stage_plan.h): the whole model, a pipeline in
   // this process, or this rank's stage of a pipeline over ranks.
   std::unique_ptr<StagePlan> stage_plan_;
-  // --strategy pipeline over ranks (Note [pipeline over ranks]): the ranks'
-  // group, this rank's stage and the modules of the other ranks' pieces.
-  std::shared_ptr<dist::ProcessGroup> stages_;
+  // A pipeline over ranks (Note [pipeline over ranks]): the modules of the
+  // other ranks' pieces, and this rank's, in the model's order.
   std::vector<models::Sequence> others_pieces_;
-  std::vector<models::Sequence> own_pieces_;  // this rank's, in the model's order
-  std::unique_ptr<TiedStages> tied_;  // Note [tied weights across stages]: null when none
-  // --mesh with tp > 1: the tp slice through this rank, and the model's cut over it.
-  std::shared_ptr<dist::ProcessGroup> tensor_group_;
-  // The ranks holding one copy of the model between them: the tp group,
-  // or under pp x tp the pp x tp slice (DeviceMesh::model_group).
-  std::shared_ptr<dist::ProcessGroup> model_group_;
-  std::unique_ptr<parallel::TensorParallelPlan> tensor_plan_;
-  // HSDP (Note [hsdp]): the dp ranks FSDP shards over, and those holding
-  // the same shards; null unless --mesh splits dp.
-  std::shared_ptr<dist::ProcessGroup> data_shard_, data_replicate_;
+  std::vector<models::Sequence> own_pieces_;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16

@@ -1,0 +1,110 @@
+// tandem/engine/mesh_plan.h: the job's mesh as one part of a run: every
+// process group of its dimensions, and the parts that split the model
+// over them (tensor parallelism's cut, a weight tied across pipeline
+// stages), asked at a step's phases without asking which of them the run
+// has.
+//
+//   MeshPlan mesh;                     // built by the Trainer's set-up
+//   mesh.reduce_gradients(plan);       // after the dp plan's reduction
+//   auto mesh_of = mesh.placement_mesh(plan.sharded());  // a norm's sums
+//   mesh.refresh_copies(plan);         // after the optimizer step
+//
+// Note [mesh plan]: a run's dimensions are three parts behind small
+// interfaces: the dp dimension's DataPlan (engine/data_plan.h), the pp
+// dimension's StagePlan (engine/stage_plan.h), and this, which holds the
+// groups (each null where the run lacks the dimension: a group of one is
+// never made) and does what the model's splitting asks of a step and a
+// checkpoint. Each operation is a no-op where its dimension is absent, so
+// the Trainer calls it unconditionally: the gradient of a weight tied
+// across stages joins its owner's (TiedStages), the whole parameters'
+// partial gradients are summed over tp under sequence parallelism, tp's
+// parts are made whole for a checkpoint and cut again, and the pieces a
+// rank holds get their placements over tp (Note [placements]).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "tandem/dist/device_mesh.h"
+#include "tandem/dist/placement.h"
+#include "tandem/dist/process_group.h"
+#include "tandem/engine/data_plan.h"
+#include "tandem/engine/parallel_layout.h"
+#include "tandem/engine/tied_stages.h"
+#include "tandem/parallel/tensor_parallel_plan.h"
+
+namespace tandem::engine {
+
+struct MeshGroups {
+  // Every rank of the job (null for one process).
+  std::shared_ptr<dist::ProcessGroup> job;
+  // The dp slice through this rank: the ranks holding copies (or FSDP's
+  // shards) of the same parameters; null for a pipeline over ranks alone.
+  std::shared_ptr<dist::ProcessGroup> data;
+  // HSDP (Note [hsdp]): the dp ranks FSDP shards over, and those holding
+  // the same shards; null unless --mesh splits dp.
+  std::shared_ptr<dist::ProcessGroup> data_shard, data_replicate;
+  // The pp slice (Note [pipeline over ranks], [replicated stages]).
+  std::shared_ptr<dist::ProcessGroup> pipeline;
+  // The tp slice, and the ranks holding one copy of the model between them
+  // (the tp group, or under pp x tp the pp x tp slice).
+  std::shared_ptr<dist::ProcessGroup> tensor, model;
+  // pp x dp (x tp) over ranks: the mesh the groups were split from.
+  std::shared_ptr<dist::DeviceMesh> mesh;
+};
+
+class MeshPlan {
+ public:
+  MeshGroups groups;
+  std::unique_ptr<parallel::TensorParallelPlan> tensor;  // tp > 1 (Note [tensor-parallel plans])
+  std::unique_ptr<TiedStages> tied;  // a weight two stages read (Note [tied weights across stages])
+
+  // The slices of `layout`'s mesh over groups.job, once every rank's
+  // settings are known to agree (a collective of the job): under a staged
+  // mesh (pp x dp or pp x tp) the pp slice runs the pipeline, the dp slice
+  // replicates its stage, the tp slice splits its layers; under dp x tp or
+  // HSDP the dp and tp slices. Other layouts keep the groups they have.
+  void split_groups(const ParallelLayout& layout);
+
+  // Whether the model's parameters are split beyond the dp dimension: a
+  // pipeline's stages over a mesh, or tp's parts.
+  bool splits_model() const { return groups.mesh != nullptr || tensor != nullptr; }
+  // This rank's pipeline stage (0 without a pipeline over ranks).
+  int64_t stage() const { return groups.pipeline ? groups.pipeline->rank() : 0; }
+
+  // Note [placements]: each piece's placement over tp (of its gradient
+  // before the tp sum, with `gradients`), and a tied weight's copy marked
+  // as another stage's.
+  void place(std::vector<dist::PlacedTensor>& pieces, bool gradients) const;
+  // The mesh as placements see it; `data_sharded`: the dp ranks hold
+  // disjoint pieces (FSDP).
+  dist::PlacementMesh placement_mesh(bool data_sharded) const;
+  // The cut of a parameter tp splits (Shard), else null.
+  const dist::Placement* cut(const torch::Tensor& parameter) const;
+  bool borrows(const torch::Tensor& parameter) const { return tied && tied->borrows(parameter); }
+
+  // After the dp plan's reduction: the tied copies' gradients joined with
+  // their owners', then the whole parameters' partial gradients (Partial
+  // over tp among `placed()`, this rank's pieces with their gradients'
+  // placements, asked for only under tp) summed over tp. Collectives of
+  // those dimensions.
+  void reduce_gradients(const DataPlan& plan, const std::function<std::vector<dist::PlacedTensor>()>& placed);
+  // After the optimizer step, and before the first: the tied copies made
+  // their owners' again.
+  void refresh_copies(const DataPlan& plan);
+  // Sums `flags` over the ranks holding other parts of the model (the
+  // stages, tp's parts), so that all stop or none (a collective of those).
+  void sum_over_model(torch::Tensor& flags) const;
+
+  // Note [tensor-parallel checkpoints]: every cut parameter (and
+  // `optimizer`'s state of it, when given) made whole, and cut again.
+  void make_whole(torch::optim::Optimizer* optimizer);
+  void cut_again(torch::optim::Optimizer* optimizer);
+  // The end of training: tp's cut undone, every rank's model whole and plain.
+  void finish();
+};
+
+}  // namespace tandem::engine
