@@ -54,13 +54,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   // A pipeline's other stages' parameters keep their places in a sharded
   // optimizer (a checkpoint holds the whole model) but are stepped by their
   // own ranks.
-  std::vector<torch::Tensor> elsewhere;
-  for (const auto& piece : others_pieces_) {
-    for (const auto& p : piece->parameters()) {
-      const bool borrowed = mesh_.borrows(p);
-      if (!borrowed) elsewhere.push_back(p);  // Note [tied weights across stages]: the copy is stepped here
-    }
-  }
+  const auto elsewhere = mesh_.stepped_elsewhere();
   const auto settings = internal::optimizer_settings(o);
   if ((run->optimizer = plan_->make_optimizer(settings))) {
     run->fsdp_state = dynamic_cast<parallel::FsdpState*>(run->optimizer.get());  // its checkpoints gather the shards
@@ -150,7 +144,7 @@ TrainResult Trainer::finish_run(RunState& run) {
   // weights (a collective, so before the rank 0 test below); under tp the
   // weights only (the optimizer's state is still in parts).
   if (mesh_.groups.pipeline && (!o.export_weights.empty() || !o.export_hf.empty())) {
-    gather_stages(mesh_.tensor ? nullptr : run.optimizer.get());
+    mesh_.gather_stages(*model_, mesh_.tensor ? nullptr : run.optimizer.get());
   }
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   checkpoint::NamedTensors tensors;

@@ -81,7 +81,7 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
       } else {
         path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
         mesh_.cut_again(&optimizer);
-        drop_others_state(optimizer);
+        mesh_.drop_others_state(optimizer);
       }
     }
     for (const auto& line : damaged) {
@@ -158,7 +158,7 @@ void Trainer::save(RunState& run) {
     Held full = plan_->whole_model(/*write_back=*/false);  // the shapes, for AdamW's groups
     auto whole = whole_model_optimizer(optimizer, /*with_state=*/true);
     mesh_.make_whole(whole.get());  // Note [tensor-parallel checkpoints]
-    gather_stages(whole.get());
+    mesh_.gather_stages(*model_, whole.get());
     if (rank_ == 0) written = checkpointer->save(position, *model_, *whole, fingerprint(), weights_metadata());
     mesh_.cut_again(nullptr);
     return;
@@ -167,7 +167,7 @@ void Trainer::save(RunState& run) {
   // sharded momentum before rank 0 writes it (a collective).
   if (run.zero) run.zero->consolidate_state();
   mesh_.make_whole(&optimizer);  // Note [tensor-parallel checkpoints]
-  gather_stages(&optimizer);  // a pipeline over ranks: every stage's weights and momentum
+  mesh_.gather_stages(*model_, &optimizer);  // a pipeline over ranks: every stage's weights and momentum
   if (run.fsdp_state) run.fsdp_state->consolidate_state();
   {
     Held full = plan_->whole_model(/*write_back=*/false);  // FSDP: the whole model on every rank
@@ -175,19 +175,7 @@ void Trainer::save(RunState& run) {
   }
   mesh_.cut_again(&optimizer);
   if (run.zero) run.zero->shard_state();
-  drop_others_state(optimizer);
-}
-
-// A pipeline over ranks: the other stages' optimizer state, gathered for a
-// checkpoint (or loaded from one), is theirs to keep; holding it here would
-// cost this rank the whole model's momentum or AdamW moments.
-void Trainer::drop_others_state(torch::optim::Optimizer& optimizer) const {
-  for (const auto& piece : others_pieces_) {
-    for (const auto& p : piece->parameters()) {
-      const bool borrowed = mesh_.borrows(p);
-      if (!borrowed) optimizer.state().erase(p.unsafeGetTensorImpl());  // Note [tied weights across stages]
-    }
-  }
+  mesh_.drop_others_state(optimizer);
 }
 
 }  // namespace tandem::engine

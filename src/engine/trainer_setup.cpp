@@ -177,7 +177,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.options = &o;
   plan.layout = layout_;
   plan.model = model_;
-  if (mesh_.groups.mesh) plan.pieces = own_pieces_;
+  if (mesh_.groups.mesh) plan.pieces = mesh_.own_pieces;
   plan.group = mesh_.groups.data;
   plan.shard_group = mesh_.groups.data_shard;
   plan.replicate_group = mesh_.groups.data_replicate;
@@ -343,13 +343,13 @@ void Trainer::make_rank_pipeline(const data::DatasetInfo& info) {
       // Another rank's piece: only read when the stages are gathered, so
       // it need not take device memory.
       if (device_.is_cuda()) cut[k]->to(torch::kCPU);
-      others_pieces_.push_back(cut[k]);
+      mesh_.others_pieces.push_back(cut[k]);
     }
   }
   parallel::PipelineOptions pipeline_options{o.micro_batches, option_name(o.schedule), amp_};
   pipeline_options.virtual_stages = chunks;
   pipeline_options.recompute = o.checkpoint_activations > 0;  // --checkpoint-activations 1
-  own_pieces_ = mine;
+  mesh_.own_pieces = mine;
   mesh_.tied = TiedStages::make(cut, mesh_.groups.pipeline, mesh_.groups.data, device_);
   if (mesh_.tied) say("tied weight: " + mesh_.tied->describe());
   stage_plan_ =

@@ -138,12 +138,7 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
     return found->second;
   };
   // The modules this rank runs: its own pipeline pieces, or the whole model.
-  std::vector<const torch::nn::Module*> mine;
-  if (mesh_.groups.pipeline) {
-    for (const auto& piece : own_pieces_) mine.push_back(piece.get());
-  } else {
-    mine.push_back(model_.get());
-  }
+  const auto mine = mesh_.modules_here(*model_);
   const bool first_replica = !mesh_.groups.data || mesh_.groups.data->rank() == 0;  // of the dp slice through this rank
   // Under tp a whole tensor (the same on every tp rank) is the first tp
   // rank's to write, a cut one every tp rank's part.

@@ -34,6 +34,7 @@
 #include "tandem/engine/data_plan.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/tied_stages.h"
+#include "tandem/models/sequence.h"
 #include "tandem/parallel/tensor_parallel_plan.h"
 
 namespace tandem::engine {
@@ -61,6 +62,10 @@ class MeshPlan {
   MeshGroups groups;
   std::unique_ptr<parallel::TensorParallelPlan> tensor;  // tp > 1 (Note [tensor-parallel plans])
   std::unique_ptr<TiedStages> tied;  // a weight two stages read (Note [tied weights across stages])
+  // A pipeline over ranks (Note [pipeline over ranks]): this rank's pieces
+  // of the model, in the model's order, and the other ranks' (whose
+  // modules this rank holds but does not run).
+  std::vector<models::Sequence> own_pieces, others_pieces;
 
   // The slices of `layout`'s mesh over groups.job, once every rank's
   // settings are known to agree (a collective of the job): under a staged
@@ -105,6 +110,21 @@ class MeshPlan {
   void cut_again(torch::optim::Optimizer* optimizer);
   // The end of training: tp's cut undone, every rank's model whole and plain.
   void finish();
+
+  // A pipeline over ranks (mesh_stages.cpp). Every stage's weights and
+  // buffers, and `optimizer`'s state when given, onto every rank of the
+  // pipeline (a collective of it; nothing without a pipeline over ranks),
+  // before a checkpoint or an export.
+  void gather_stages(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
+  // Forgets the optimizer state of other ranks' pieces (after a checkpoint
+  // gathered or loaded it): holding it would cost this rank the whole
+  // model's momentum or moments.
+  void drop_others_state(torch::optim::Optimizer& optimizer) const;
+  // The parameters other ranks step (their pieces', but a tied copy's):
+  // they keep their places in a sharded optimizer.
+  std::vector<torch::Tensor> stepped_elsewhere() const;
+  // The modules this rank runs: its own pieces, or the whole model.
+  std::vector<const torch::nn::Module*> modules_here(const torch::nn::Module& model) const;
 };
 
 }  // namespace tandem::engine

@@ -154,13 +154,6 @@ class Trainer {
   std::pair<std::vector<int64_t>, std::string> pipeline_cut(const data::DatasetInfo& info, int64_t stages,
                                                             const torch::Device& on, bool measure,
                                                             const std::string& where);
-  // --strategy pipeline over ranks: every stage's weights, buffers and
-  // momentum onto every rank (a collective), before a checkpoint or an export;
-  // the weights and buffers only for a null optimizer.
-  void gather_stages(torch::optim::Optimizer* optimizer);
-  // Forgets the optimizer state of other ranks' pipeline pieces (after a
-  // checkpoint gathered or loaded it).
-  void drop_others_state(torch::optim::Optimizer& optimizer) const;
   // FSDP x pipeline (Note [fsdp x pipeline checkpoints] in
   // trainer_stages.cpp): the plain optimizer (SGD, or AdamW in its decay
   // groups) over the whole model with `sharded`'s options and,
@@ -234,10 +227,6 @@ class Trainer {
   // The pp dimension (engine/stage_plan.h): the whole model, a pipeline in
   // this process, or this rank's stage of a pipeline over ranks.
   std::unique_ptr<StagePlan> stage_plan_;
-  // A pipeline over ranks (Note [pipeline over ranks]): the modules of the
-  // other ranks' pieces, and this rank's, in the model's order.
-  std::vector<models::Sequence> others_pieces_;
-  std::vector<models::Sequence> own_pieces_;
   std::string pipeline_split_;                              // its stages, for the log
   std::optional<torch::ScalarType> amp_;                    // --amp: the autocast dtype
   std::unique_ptr<optim::GradScaler> scaler_;               // --amp fp16
