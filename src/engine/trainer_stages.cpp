@@ -25,8 +25,12 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::whole_model_optimizer(torch::o
                                                                         bool with_state) {
   std::unique_ptr<torch::optim::Optimizer> whole;
   const auto& options = sharded.param_groups()[0].options();
-  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    whole = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), *adamw), *adamw);
+  if (const auto* group = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    // The step's options (its learning rate), with the run's weight decay
+    // (this stage's first group may be the undecayed one).
+    torch::optim::AdamWOptions adamw = *group;
+    adamw.weight_decay(static_cast<const torch::optim::AdamWOptions&>(sharded.defaults()).weight_decay());
+    whole = std::make_unique<optim::AdamW>(optim::decay_groups(model_->named_parameters(), adamw), adamw);
   } else {
     whole = std::make_unique<optim::Sgd>(model_->parameters(),
                                          static_cast<const torch::optim::SGDOptions&>(sharded.defaults()));
@@ -45,13 +49,15 @@ std::unique_ptr<torch::optim::Optimizer> Trainer::whole_model_optimizer(torch::o
 }
 
 void Trainer::keep_shards_of(const torch::optim::Optimizer& whole, torch::optim::Optimizer& sharded) {
-  // The options of the step it was written at; the weight decay stays this
-  // run's (Note [fsdp weight decay]: FsdpAdamW's one group holds it).
-  auto options = whole.param_groups()[0].options().clone();
-  if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) {
-    adamw->weight_decay(static_cast<const torch::optim::AdamWOptions&>(sharded.param_groups()[0].options()).weight_decay());
+  // The options of the step it was written at, in each group; the weight
+  // decay stays the group's own (Note [fsdp weight decay]: decayed or not).
+  for (auto& group : sharded.param_groups()) {
+    auto options = whole.param_groups()[0].options().clone();
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) {
+      adamw->weight_decay(static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay());
+    }
+    group.set_options(std::move(options));
   }
-  sharded.param_groups()[0].set_options(std::move(options));
   std::vector<parallel::NamedState> state;
   for (const auto& p : plan_->fully_sharded()->model_parameters()) state.push_back(optim::parameter_state(whole, p));
   dynamic_cast<parallel::FsdpState&>(sharded).load_full_state(state);

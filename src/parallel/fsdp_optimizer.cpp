@@ -11,45 +11,10 @@
 namespace tandem::parallel {
 
 template <class Base>
-void FullyShardedOptimizer<Base>::plan_decay() {
-  if constexpr (std::is_same_v<Base, optim::AdamW>) {
-    // Note [fsdp weight decay]: the shards of parameters of two or more dimensions.
-    const auto shapes = fsdp_.parameter_shapes();
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      if (shapes[i].size() >= 2) decayed_.push_back(i);
-    }
-  }
-}
-
-template <class Base>
 torch::Tensor FullyShardedOptimizer<Base>::step(torch::optim::Optimizer::LossClosure closure) {
   full_state_.clear();  // stale from this step on
   consolidated_ = false;
-  if constexpr (std::is_same_v<Base, optim::AdamW>) {
-    TANDEM_CHECK(this->param_groups_.size() == 1, "FsdpAdamW: one parameter group (the shards) is expected, not ",
-                 this->param_groups_.size());
-    auto& o = static_cast<torch::optim::AdamWOptions&>(this->param_groups_[0].options());
-    const double weight_decay = o.weight_decay();
-    if (weight_decay != 0) {
-      torch::NoGradGuard no_grad;
-      const auto& shards = fsdp_.parameters();
-      for (size_t i : decayed_) {
-        if (!shards[i].grad().defined()) continue;  // AdamW skips a parameter without a gradient
-        shards[i].mul_(1 - o.lr() * weight_decay);
-      }
-    }
-    // The rest is AdamW's own, with the decay done; its option restored
-    // even if the step throws (a checkpoint records it).
-    struct Restore {
-      torch::optim::AdamWOptions& o;
-      double weight_decay;
-      ~Restore() { o.weight_decay(weight_decay); }
-    } restore{o, weight_decay};
-    o.weight_decay(0);
-    return Base::step(std::move(closure));
-  } else {
-    return Base::step(std::move(closure));
-  }
+  return Base::step(std::move(closure));
 }
 
 template <class Base>
@@ -84,17 +49,22 @@ void FullyShardedOptimizer<Base>::consolidate_state() {
 
 template <class Base>
 std::unique_ptr<Base> FullyShardedOptimizer<Base>::whole() const {
-  const auto& options = this->param_groups_[0].options();
+  std::unique_ptr<Base> plain;
   if constexpr (std::is_same_v<Base, optim::AdamW>) {
-    const auto& adamw = static_cast<const torch::optim::AdamWOptions&>(options);
-    return std::make_unique<Base>(optim::decay_groups(fsdp_.model_parameters(), fsdp_.parameter_shapes(), adamw),
-                                  static_cast<const torch::optim::AdamWOptions&>(this->defaults()));
+    const auto& defaults = static_cast<const torch::optim::AdamWOptions&>(this->defaults());
+    plain = std::make_unique<Base>(optim::decay_groups(fsdp_.model_parameters(), fsdp_.parameter_shapes(), defaults),
+                                   defaults);
   } else {
-    auto plain = std::make_unique<Base>(fsdp_.model_parameters(),
-                                        static_cast<const torch::optim::SGDOptions&>(this->defaults()));
-    plain->param_groups()[0].set_options(options.clone());
-    return plain;
+    plain = std::make_unique<Base>(fsdp_.model_parameters(),
+                                   static_cast<const torch::optim::SGDOptions&>(this->defaults()));
   }
+  // Its groups are these, group for group (Note [fsdp weight decay]).
+  TANDEM_CHECK(plain->param_groups().size() == this->param_groups_.size(), "FullyShardedOptimizer: ",
+               plain->param_groups().size(), " parameter groups for ", this->param_groups_.size());
+  for (size_t g = 0; g < this->param_groups_.size(); ++g) {
+    plain->param_groups()[g].set_options(this->param_groups_[g].options().clone());
+  }
+  return plain;
 }
 
 template <class Base>
@@ -120,13 +90,13 @@ void FullyShardedOptimizer<Base>::load(torch::serialize::InputArchive& archive) 
   auto plain = whole();
   plain->load(archive);
   // The options (the learning rate of the step it was written at, for one)
-  // of its first group: every group's but weight decay, which is this one's.
-  auto options = plain->param_groups()[0].options().clone();
-  if constexpr (std::is_same_v<Base, optim::AdamW>) {
-    static_cast<torch::optim::AdamWOptions&>(*options).weight_decay(
-        static_cast<const torch::optim::AdamWOptions&>(this->param_groups_[0].options()).weight_decay());
+  // of each group: the plain optimizer's groups are these, group for group
+  // (Note [fsdp weight decay]).
+  TANDEM_CHECK(plain->param_groups().size() == this->param_groups_.size(), "FullyShardedOptimizer::load: ",
+               plain->param_groups().size(), " parameter groups for ", this->param_groups_.size());
+  for (size_t g = 0; g < this->param_groups_.size(); ++g) {
+    this->param_groups_[g].set_options(plain->param_groups()[g].options().clone());
   }
-  this->param_groups_[0].set_options(std::move(options));
   std::vector<NamedState> state;
   for (const auto& p : fsdp_.model_parameters()) state.push_back(optim::parameter_state(*plain, p));
   load_full_state(state);

@@ -72,7 +72,7 @@ TEST(LanguageModelLayoutTest, LlamaOnFsdpAndPipelineRanksIsOneProcess) {
 // embedding one weight in each (Note [fsdp tied weights], Note [tied
 // weights across stages]): FSDP with every layer a unit (the embedding's
 // unit kept gathered for the head), FSDP as ZeRO-2, and AdamW's decay
-// applied to the shards' matrix elements only (Note [fsdp weight decay]);
+// applied to the matrices' shards only (Note [fsdp weight decay]);
 // dp=1 x pp=2 (the head's copy of the embedding on the last stage, its
 // gradient summed with the first stage's), with clipping (the copy counted
 // once) and dp=2 x pp=2 with ZeRO-1. Controls: another beta2; and the

@@ -1,6 +1,6 @@
 // AdamW over FSDP's shards (parallel/fsdp_optimizer.h): the weights of
-// plain AdamW in nanoGPT's decay groups, though a flat shard mixes
-// matrices and vectors (Note [fsdp weight decay]), and the state in plain
+// plain AdamW in nanoGPT's decay groups, the shards grouped as their
+// parameters are (Note [fsdp weight decay]), and the state in plain
 // AdamW's form both ways (Note [fsdp optimizer state]).
 #include "fsdp_fixture.h"
 

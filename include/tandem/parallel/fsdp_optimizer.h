@@ -21,17 +21,17 @@
 // keeps this rank's slices, with no collective. So a run may resume with
 // or without FSDP, on another world size.
 //
-// Note [fsdp weight decay]: AdamW decays only the parameters of two or more
-// dimensions (nanoGPT's groups), and the checkpoint holds its options once
-// (the plain optimizer's form, above). So FsdpAdamW's one group steps with
-// weight decay 0 and, first, multiplies the shards of decayed parameters
-// by 1 - lr * weight_decay: the very product AdamW makes as its first
-// operation on a decayed parameter, so the weights stay bit-identical to
-// plain AdamW's. SGD decays every parameter (tandem's plain Sgd does), so
-// FsdpSgd needs no mask.
+// Note [fsdp weight decay]: each shard has its parameter's dimensions (its
+// rows of it), so FsdpAdamW groups the shards as plain AdamW groups the
+// parameters (optim::decay_groups: matrices decayed, vectors not), and
+// each group's options are the plain optimizer's group's, group for group:
+// a checkpoint's options load into it unchanged, and the weights stay
+// bit-identical to plain AdamW's. SGD decays every parameter (tandem's
+// plain Sgd does): one group.
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -65,11 +65,11 @@ template <class Base>
 class FullyShardedOptimizer : public Base, public FsdpState {
  public:
   // Steps fsdp.parameters(); `fsdp` must outlive it. `options`: Base's.
+  // AdamW: in decay groups by the parameters' shapes (Note [fsdp weight
+  // decay]).
   template <class Options>
   FullyShardedOptimizer(FullyShardedDataParallel& fsdp, Options options)
-      : Base(fsdp.parameters(), std::move(options)), fsdp_(fsdp) {
-    plan_decay();
-  }
+      : Base(groups(fsdp, options), std::move(options)), fsdp_(fsdp) {}
 
   torch::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
 
@@ -87,7 +87,14 @@ class FullyShardedOptimizer : public Base, public FsdpState {
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
-  void plan_decay();  // Note [fsdp weight decay]
+  template <class Options>
+  static std::vector<torch::optim::OptimizerParamGroup> groups(FullyShardedDataParallel& fsdp, const Options& options) {
+    if constexpr (std::is_same_v<Base, optim::AdamW>) {
+      return optim::decay_groups(fsdp.parameters(), fsdp.parameter_shapes(), options);
+    } else {
+      return {torch::optim::OptimizerParamGroup(fsdp.parameters())};
+    }
+  }
   // The plain optimizer over fsdp.model_parameters(), with this one's
   // options (AdamW: in decay groups by the parameters' own shapes).
   std::unique_ptr<Base> whole() const;
@@ -95,7 +102,6 @@ class FullyShardedOptimizer : public Base, public FsdpState {
   FullyShardedDataParallel& fsdp_;
   bool consolidated_ = false;
   std::vector<NamedState> full_state_;  // after consolidate_state(): per model parameter
-  std::vector<size_t> decayed_;  // AdamW: the shards of decayed parameters
 };
 
 using FsdpSgd = FullyShardedOptimizer<optim::Sgd>;
