@@ -57,11 +57,10 @@ void Trainer::announce(int64_t steps_per_epoch, const optim::ShardedState* zero)
                    "starts N)");
     }
   }
-  if (o.channels_last) {
-    const auto params = model_->parameters();
-    if (std::none_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.dim() == 4; })) {
-      warn("--channels-last: " + o.model + " has no 4-D weights (no convolutions); nothing changes");
-    }
+  // Counted when they were converted: FSDP's parameters hold no elements
+  // by now.
+  if (o.channels_last && channels_last_weights_ == 0) {
+    warn("--channels-last: " + o.model + " has no 4-D weights (no convolutions); nothing changes");
   }
   if (o.batch_size > data_.train->size()) {
     warn(format("--batch-size %lld is more than the %lld training images: each step takes all of them",

@@ -123,7 +123,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   }
   // --channels-last: 4-D weights in NHWC order; inputs follow in the
   // prefetcher and in evaluation.
-  if (o.channels_last) models::to_channels_last(*model_);
+  if (o.channels_last) channels_last_weights_ = models::to_channels_last(*model_);
   // --checkpoint-activations: segments of the top-level layers recomputed in
   // backward (Note [activation checkpointing]).
   if (o.checkpoint_activations > 0) {

@@ -106,11 +106,15 @@ torch::ScalarType parameter_dtype(const torch::nn::Module& module) {
   return parameters.empty() ? torch::kFloat32 : parameters.front().scalar_type();
 }
 
-void to_channels_last(torch::nn::Module& module) {
+int64_t to_channels_last(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
+  int64_t converted = 0;
   for (auto& p : module.parameters()) {
-    if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+    if (p.dim() != 4) continue;
+    p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+    ++converted;
   }
+  return converted;
 }
 
 }  // namespace tandem::models

@@ -170,8 +170,25 @@ TEST(FsdpLayoutTest, OneProcesssWeightsOnTwoAndFourRanks) {
   expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0",
                        "--nproc-per-node 4" + fsdp + "1000 --grad-accum 2"},
                       "--model mlp --dtype float64 --clip-grad-norm 0.02", 1e-12, "--model mlp --dtype float64");
-  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0"},
+  expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2" + fsdp + "0",
+                       "--nproc-per-node 2 --channels-last" + fsdp + "0"},
                       "--model convnet --sync-bn --dtype float64", 1e-12, "--model convnet --dtype float64");
+}
+
+// --channels-last under FSDP: the convolutions' weights are NHWC when FSDP
+// takes them, their shards keep that order (dim 0 outermost), and the
+// account does not say there are none (it counted FSDP's empty parameters
+// once). The control: mlp, which has none.
+TEST(FsdpLayoutTest, ChannelsLastIsNotReportedAsDoingNothing) {
+  const std::string warning = "--channels-last: convnet has no 4-D weights";
+  auto job = testing::train_in_threads("--model convnet --nproc-per-node 2 --strategy fsdp --channels-last "
+                                       "--max-steps 1 --epochs 1 --progress lines");
+  ASSERT_TRUE(job.ok()) << job.report();
+  EXPECT_EQ(job.log.find(warning), std::string::npos) << job.log;
+  auto control = testing::train_in_threads("--model mlp --nproc-per-node 2 --strategy fsdp --channels-last "
+                                           "--max-steps 1 --epochs 1 --progress lines");
+  ASSERT_TRUE(control.ok()) << control.report();
+  EXPECT_NE(control.log.find("--channels-last: mlp has no 4-D weights"), std::string::npos) << control.log;
 }
 
 // Under bf16 autocast FSDP runs DDP's arithmetic: the same casts of the

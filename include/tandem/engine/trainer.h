@@ -236,6 +236,7 @@ class Trainer {
   int64_t data_rank_ = 0;         // this rank's place among world_ (the sampler's rank)
   int64_t job_world_ = 1;         // the job's processes
   int64_t parameter_count_ = 0;  // counted before FSDP empties the parameters
+  int64_t channels_last_weights_ = 0;  // --channels-last: the 4-D weights put in NHWC order
   int64_t tokens_per_sample_ = 0;  // a language model's --seq-len: predictions per sample (0: images, one)
   double flops_per_token_ = 0;     // a language model's, for MFU (models::ModelTraits)
 };

@@ -77,6 +77,7 @@ torch::ScalarType parameter_dtype(const torch::nn::Module& module);
 
 // --channels-last: every 4-D parameter to NHWC memory order, in place
 // (set_data keeps the parameters' identity for optimizers and DDP).
-void to_channels_last(torch::nn::Module& module);
+// Returns how many there were.
+int64_t to_channels_last(torch::nn::Module& module);
 
 }  // namespace tandem::models
