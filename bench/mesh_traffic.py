@@ -18,7 +18,7 @@ weights) what each should send:
             per parameter tensor (Note [unused parameters])
   ZeRO-1    DDP's, plus a broadcast of every parameter byte by its owner
   FSDP      reduce_scatter: every unit's whole gradient; all_gather: each
-            unit's shard, twice with ZeRO-3 (forward, and again for
+            unit's shard (each parameter's ceil(rows / n) rows), twice with ZeRO-3 (forward, and again for
             backward) but once for the last unit, kept between them; once
             with ZeRO-2, and once a step for a pipeline's stage (gathered
             over all its micro-batches)
@@ -77,7 +77,9 @@ def analytic(case, w):
     if case["dp"] > 1:
         n = case["dp"]
         if case.get("fsdp"):
-            shards = [numel[l] * ELEM // n for l in mine]
+            # Each parameter's rows cut over the n ranks, a rank's chunk ceil(rows / n) rows (FSDP2's layout).
+            shards = [sum(-(-w[f"{l}.{p}"].shape[0] // n) * (w[f"{l}.{p}"].size // w[f"{l}.{p}"].shape[0]) * ELEM
+                          for p in ("weight", "bias")) for l in mine]
             # ZeRO-2, and a pipeline's stage (gathered once a step): each shard once.
             gathers = sum(shards) if case["fsdp"] in ("grad-op", "pipeline") else 2 * sum(shards) - shards[-1]
             want["dp"] = {"all_gather": gathers, "reduce_scatter": grad}
