@@ -58,7 +58,8 @@ TEST(TensorParallelLayoutTest, FsdpWithSequenceParallelismOverAnUnevenVocabulary
 // process, as pp=2 x tp=2 with sequence parallelism and as FSDP over
 // dp=2 x tp=2; FSDP over dp=2 x tp=2 writes a sharded checkpoint (each
 // rank its shards of its tp part as runs of the whole tensors: Note [fsdp
-// x tp checkpoints]), which resumes at tp=2 with sequence parallelism.
+// x tp checkpoints]), which resumes at pp=2 x tp=2 with sequence
+// parallelism.
 // Each ends where the uninterrupted run does; the control is the weights
 // halfway.
 TEST(TensorParallelLayoutTest, CheckpointsResumeAtAnyTensorSize) {
@@ -75,11 +76,12 @@ TEST(TensorParallelLayoutTest, CheckpointsResumeAtAnyTensorSize) {
   TempDir file;
   testing::train_and_export(file, model + fsdp, "whole.safetensors", kEightSteps);
   auto r = testing::resume_halfway(file, model, fsdp + " --checkpoint-every 2",
-                                   "--lr 1e-3 --nproc-per-node 2 --mesh tp=2 --sequence-parallel", "ckpt",
+                                   "--lr 1e-3 --nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel", "ckpt",
                                    "resumed.safetensors", kEightSteps);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("checkpoint-00000004 (epoch"), std::string::npos) << r.output;
-  testing::expect_close_weights(file, "whole.safetensors", {{"resumed.safetensors", "FSDP x tp=2, sharded, then tp=2"}},
+  testing::expect_close_weights(file, "whole.safetensors",
+                                {{"resumed.safetensors", "FSDP x tp=2, sharded, then pp=2 x tp=2"}},
                                 1e-10, "first-half.safetensors");
 }
 
