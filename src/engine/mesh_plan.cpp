@@ -1,6 +1,9 @@
 // The mesh's groups and the parts that split the model (mesh_plan.h).
 #include "tandem/engine/mesh_plan.h"
 
+#include "tandem/dist/collectives.h"
+#include "tandem/util/check.h"
+
 namespace tandem::engine {
 
 void MeshPlan::split_groups(const ParallelLayout& layout) {
@@ -71,6 +74,68 @@ void MeshPlan::cut_again(torch::optim::Optimizer* optimizer) {
 
 void MeshPlan::finish() {
   if (tensor && !tensor->detached()) tensor->detach();
+}
+
+void MeshPlan::cut_over_tensor_ranks(models::Sequence& model, const TrainOptions& o, int64_t seq_len) {
+  if (!groups.tensor) return;
+  TANDEM_CHECK_USAGE(seq_len > 0, "--mesh ", o.mesh.text(), ": tensor parallelism splits a language model's layers; ",
+                     o.model, " is an image classifier");  // (parallel_layout refuses it first)
+  try {
+    const int64_t tp = groups.tensor->size();
+    TANDEM_CHECK_USAGE(!o.sequence_parallel || seq_len % tp == 0, "--sequence-parallel: sequences of ", seq_len,
+                       " tokens (--seq-len) do not split into ", tp, " equal parts over tp=", tp);
+    parallel::TensorParallelPlanOptions plan_options;
+    plan_options.sequence_parallel = o.sequence_parallel;
+    tensor = std::make_unique<parallel::TensorParallelPlan>(model, groups.tensor, plan_options);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
+  }
+}
+
+std::shared_ptr<const Task> MeshPlan::task(std::shared_ptr<const Task> plain, double label_smoothing) const {
+  return tensor ? vocab_parallel_language_model_task(*tensor, label_smoothing) : std::move(plain);
+}
+
+void MeshPlan::fill(DataPlanSetup& setup) const {
+  if (groups.mesh) setup.pieces = own_pieces;  // Note [replicated stages]
+  setup.group = groups.data;
+  setup.shard_group = groups.data_shard;
+  setup.replicate_group = groups.data_replicate;
+}
+
+void MeshPlan::join(DataPlan& plan, const std::string& model, Strategy strategy,
+                    const std::function<std::vector<dist::PlacedTensor>()>& placed) {
+  if (tied && plan.sharded()) tied->share_owner_shards(groups.data_shard ? groups.data_shard : groups.data);
+  if (!tensor) return;
+  if (auto* fsdp = plan.fully_sharded()) {
+    // FSDP with tp: each tp coordinate's dp ranks shard their own parts, and
+    // the tp collectives in the layers run between FSDP's gathers; tp ranks
+    // whose parts group into other units would gather at other points and
+    // could wait on each other. Parts that tp divides evenly always agree.
+    std::vector<int64_t> ends;
+    for (const auto& unit : fsdp->units()) ends.push_back(static_cast<int64_t>(unit.end));
+    TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *groups.tensor), "--strategy fsdp with tp: the tp ranks' parts "
+                       "of ", model, " group into different FSDP units (their sizes differ where tp does not divide a "
+                       "dimension); give --fsdp-min-unit-params 0 (every layer a unit)");
+  }
+  if (tensor->sequence_parallel()) {
+    // The whole parameters' partial gradients are summed over tp piece by
+    // piece (Note [sequence-parallel plans]). A whole parameter has the
+    // same shape on every tp rank, and so the same pieces: under FSDP its
+    // Shard(0) rows depend on its shape and dp alone (Note [fsdp shards]).
+    // Checked once, as every rank of the job learns.
+    const bool here = dist::same_pieces(placed(), &dist::PlacedTensor::tensor_parallel, *groups.tensor);
+    auto same = torch::tensor({here ? 1 : 0}, torch::kInt64).to(groups.job->wire_device());
+    groups.job->all_reduce(same, dist::ReduceOp::kMin).wait();
+    TANDEM_CHECK(same.item<int64_t>() == 1, "--sequence-parallel with --strategy ", strategy,
+                 ": the tp ranks hold different pieces of ", model, "'s whole parameters");
+  }
+}
+
+std::shared_ptr<dist::ProcessGroup> MeshPlan::inf_check_group() const {
+  return groups.mesh || groups.tensor ? groups.job : groups.pipeline ? groups.pipeline : groups.data;
 }
 
 }  // namespace tandem::engine

@@ -146,7 +146,9 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   tokens_per_sample_ = info.seq_len;
   task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
   parameter_count_ = models::count_parameters(*model_);  // the whole model's, before tp cuts it
-  if (mesh_.groups.tensor) split_over_tensor_ranks(info);  // the model cut, and its task
+  mesh_.cut_over_tensor_ranks(model_, o, info.seq_len);  // under tp: the model cut, and its task
+  if (mesh_.tensor) say(mesh_.tensor->describe());
+  task_ = mesh_.task(task_, o.label_smoothing);
   if (info.seq_len > 0) {
     if (auto flops = models::model_traits(o.model).flops_per_token) flops_per_token_ = flops(model_options);
   }
@@ -156,9 +158,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   if (amp_ == torch::kHalf) {
     // Under a mesh the whole job: FSDP's shards differ between dp ranks,
     // and tensor parallelism's parts between tp ranks.
-    const auto& g = mesh_.groups;
-    scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{},
-                                                  g.mesh || g.tensor ? g.job : g.pipeline ? g.pipeline : g.data);
+    scaler_ = std::make_unique<optim::GradScaler>(optim::GradScalerOptions{}, mesh_.inf_check_group());
   }
   if (pipeline) {
     mesh_.groups.pipeline ? make_rank_pipeline(info) : make_pipeline(info);
@@ -177,69 +177,12 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   plan.options = &o;
   plan.layout = layout_;
   plan.model = model_;
-  if (mesh_.groups.mesh) plan.pieces = mesh_.own_pieces;
-  plan.group = mesh_.groups.data;
-  plan.shard_group = mesh_.groups.data_shard;
-  plan.replicate_group = mesh_.groups.data_replicate;
+  mesh_.fill(plan);
   plan.data_ranks = world_;
   plan.device = device_;
   plan.parameter_count = parameter_count_;
   plan_ = make_data_plan(plan);
-  if (mesh_.tied && plan_->sharded()) {
-    mesh_.tied->share_owner_shards(mesh_.groups.data_shard ? mesh_.groups.data_shard : mesh_.groups.data);
-  }
-  if (mesh_.groups.tensor && plan_->fully_sharded()) check_fsdp_units_agree();
-  if (mesh_.tensor && mesh_.tensor->sequence_parallel()) {
-    // The whole parameters' partial gradients are summed over tp piece by
-    // piece (Note [sequence-parallel plans]). A whole parameter has the
-    // same shape on every tp rank, and so the same pieces: under FSDP its
-    // Shard(0) rows depend on its shape and dp alone (Note [fsdp shards]).
-    // Checked once, as every rank of the job learns.
-    auto same = torch::tensor(
-        {dist::same_pieces(placed_parameters(true), &dist::PlacedTensor::tensor_parallel, *mesh_.groups.tensor) ? 1
-                                                                                                                : 0},
-        torch::kInt64).to(mesh_.groups.job->wire_device());
-    mesh_.groups.job->all_reduce(same, dist::ReduceOp::kMin).wait();
-    TANDEM_CHECK(same.item<int64_t>() == 1, "--sequence-parallel with --strategy ", strategy_name(options_.strategy),
-                 ": the tp ranks hold different pieces of ", options_.model, "'s whole parameters");
-  }
-}
-
-// FSDP with tp: each tp coordinate's dp ranks shard their own parts, and
-// the tp collectives in the layers run between FSDP's gathers; tp ranks
-// whose parts group into other units would gather at other points and
-// could wait on each other. Parts that tp divides evenly always agree.
-void Trainer::check_fsdp_units_agree() const {
-  const auto& units = plan_->fully_sharded()->units();
-  std::vector<int64_t> ends;
-  for (const auto& unit : units) ends.push_back(static_cast<int64_t>(unit.end));
-  TANDEM_CHECK_USAGE(dist::same_on_every_rank(ends, *mesh_.groups.tensor),
-                     "--strategy fsdp with tp: the tp ranks' parts of ",
-                     options_.model, " group into different FSDP units (their sizes differ where tp does not divide a dimension); "
-                     "give --fsdp-min-unit-params 0 (every layer a unit)");
-}
-
-// --mesh with tp > 1: the whole model, built and initialised as in one
-// process (the same seed, or --init-weights), cut over the tp group
-// (Note [tensor-parallel plans]); the loss over the vocabulary's parts.
-void Trainer::split_over_tensor_ranks(const data::DatasetInfo& info) {
-  const auto& o = options_;
-  TANDEM_CHECK_USAGE(info.seq_len > 0, "--mesh ", o.mesh.text(), ": tensor parallelism splits a language model's layers; ",
-                     o.model, " is an image classifier");  // (parallel_layout refuses it first)
-  try {
-    const int64_t tp = mesh_.groups.tensor->size();
-    TANDEM_CHECK_USAGE(!o.sequence_parallel || info.seq_len % tp == 0, "--sequence-parallel: sequences of ",
-                       info.seq_len, " tokens (--seq-len) do not split into ", tp, " equal parts over tp=", tp);
-    parallel::TensorParallelPlanOptions plan_options;
-    plan_options.sequence_parallel = o.sequence_parallel;
-    mesh_.tensor = std::make_unique<parallel::TensorParallelPlan>(model_, mesh_.groups.tensor, plan_options);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
-  }
-  say(mesh_.tensor->describe());
-  task_ = vocab_parallel_language_model_task(*mesh_.tensor, o.label_smoothing);
+  mesh_.join(*plan_, o.model, o.strategy, [this] { return placed_parameters(/*gradients=*/true); });
 }
 
 // Note [tied embedding] (models/gpt2.h): the head reads the embedding's

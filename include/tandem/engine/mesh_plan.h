@@ -33,6 +33,8 @@
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/data_plan.h"
 #include "tandem/engine/parallel_layout.h"
+#include "tandem/engine/task.h"
+#include "tandem/engine/train_options.h"
 #include "tandem/engine/tied_stages.h"
 #include "tandem/models/sequence.h"
 #include "tandem/parallel/tensor_parallel_plan.h"
@@ -73,6 +75,29 @@ class MeshPlan {
   // replicates its stage, the tp slice splits its layers; under dp x tp or
   // HSDP the dp and tp slices. Other layouts keep the groups they have.
   void split_groups(const ParallelLayout& layout);
+
+  // --mesh with tp > 1 (nothing otherwise): the whole model, built and
+  // initialised as in one process, cut over the tp group (Note
+  // [tensor-parallel plans]). Throws tandem::UsageError naming --mesh or
+  // --sequence-parallel for a model or sequence tp cannot split.
+  // `seq_len`: the data's (0: images).
+  void cut_over_tensor_ranks(models::Sequence& model, const TrainOptions& options, int64_t seq_len);
+  // The task the model is trained for under this mesh: `plain`, or under
+  // tp its loss over the vocabulary's parts.
+  std::shared_ptr<const Task> task(std::shared_ptr<const Task> plain, double label_smoothing) const;
+  // Where DataPlanSetup's groups and pieces come from.
+  void fill(DataPlanSetup& setup) const;
+  // Once the dp plan exists (collectives of the job): FSDP's shards given
+  // to the tied stages, FSDP's units checked to agree over tp, and under
+  // sequence parallelism the tp ranks' pieces of the whole parameters
+  // checked to be the same (`placed`: this rank's, with their gradients'
+  // placements). `model`, `strategy`: the flags, for the messages.
+  void join(DataPlan& plan, const std::string& model, Strategy strategy,
+            const std::function<std::vector<dist::PlacedTensor>()>& placed);
+  // The ranks whose gradients an fp16 loss scaler checks together: the
+  // whole job under a mesh (FSDP's shards and tp's parts differ), a
+  // pipeline's stages, or the dp group.
+  std::shared_ptr<dist::ProcessGroup> inf_check_group() const;
 
   // Whether the model's parameters are split beyond the dp dimension: a
   // pipeline's stages over a mesh, or tp's parts.

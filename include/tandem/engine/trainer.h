@@ -123,8 +123,6 @@ class Trainer {
   // Refuses a model with a tied embedding under a strategy that would keep
   // the tie's two ends apart (Note [tied embedding] in models/gpt2.h).
   void check_tied_weights(bool pipeline) const;
-  void split_over_tensor_ranks(const data::DatasetInfo& info);
-  void check_fsdp_units_agree() const;  // FSDP with tp: the same units on every tp rank
   // Where the run starts: --checkpoint-dir opened (rank 0 checks, locks and
   // cleans it), and with --resume (or when a launcher restarted this
   // worker) the newest good checkpoint loaded into the model, `optimizer`,
