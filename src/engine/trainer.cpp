@@ -89,9 +89,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   std::tie(divergence.start_largest, divergence.start_tensor) = largest_magnitude(weights_and_buffers());
 
   announce(steps_per_epoch, run->zero);
-  run->traffic = std::make_unique<StepTraffic>(
-      std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>>{{"dp", mesh_.groups.data},
-                                                                              {"pp", mesh_.groups.pipeline}});
+  run->traffic = std::make_unique<StepTraffic>(mesh_.named_groups());
 
   // --cuda-graph: the plain step, captured after a few eager ones and then
   // replayed (engine/cuda_graph.h); the learning rate is read from a tensor.

@@ -85,6 +85,29 @@ TEST(TensorParallelLayoutTest, CheckpointsResumeAtAnyTensorSize) {
                                 1e-10, "first-half.safetensors");
 }
 
+// --metrics-out's comm_bytes_per_step counts the tp group's traffic too:
+// under tp=2 the regions' all-reduces; with sequence parallelism each
+// becomes an all-gather and a reduce-scatter, and the all-reduces left
+// (the loss's, the whole parameters' partial gradients) carry fewer bytes.
+TEST(TensorParallelLayoutTest, MetricsCountTheTpGroupsTraffic) {
+  TempDir dir;
+  const std::string run = "--model gpt2-tiny --data text:" + testing::write_text(dir) +
+                          " --seq-len 16 --batch-size 8 --epochs 1 --max-steps 2 --progress off --metrics-out ";
+  auto traffic = [&](const std::string& name, const std::string& flags) {
+    const auto job = testing::train_in_threads(run + dir.file(name) + " --nproc-per-node 2 --mesh tp=2 " + flags);
+    EXPECT_TRUE(job.ok()) << job.report();
+    return testing::last_metrics(dir.file(name))["comm_bytes_per_step"];
+  };
+  const auto plain = traffic("plain.jsonl", ""), sp = traffic("sp.jsonl", "--sequence-parallel");
+  ASSERT_TRUE(plain.contains("tp")) << plain.dump();
+  EXPECT_GT(plain["tp"]["all_reduce"].get<double>(), 0) << plain.dump();
+  EXPECT_FALSE(plain["tp"].contains("reduce_scatter")) << plain.dump();
+  ASSERT_TRUE(sp.contains("tp")) << sp.dump();
+  EXPECT_GT(sp["tp"]["all_gather"].get<double>(), 0) << sp.dump();
+  EXPECT_GT(sp["tp"]["reduce_scatter"].get<double>(), 0) << sp.dump();
+  EXPECT_LT(sp["tp"]["all_reduce"].get<double>(), plain["tp"]["all_reduce"].get<double>()) << sp.dump();
+}
+
 // fp16 with the loss scaler: the vocabulary-parallel loss is float32, as
 // autocast's cross_entropy is, so the scaled loss (x 2^16) does not
 // overflow half: no step is skipped, as in one process (a sweep found tp

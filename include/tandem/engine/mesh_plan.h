@@ -24,6 +24,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -94,6 +96,12 @@ class MeshPlan {
   // placements). `model`, `strategy`: the flags, for the messages.
   void join(DataPlan& plan, const std::string& model, Strategy strategy,
             const std::function<std::vector<dist::PlacedTensor>()>& placed);
+  // The groups of the dimensions a step's traffic is counted over, by the
+  // names --mesh gives them ("dp", "pp", "tp"; a null one where the run
+  // lacks it).
+  std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>> named_groups() const {
+    return {{"dp", groups.data}, {"pp", groups.pipeline}, {"tp", groups.tensor}};
+  }
   // The ranks whose gradients an fp16 loss scaler checks together: the
   // whole job under a mesh (FSDP's shards and tp's parts differ), a
   // pipeline's stages, or the dp group.
