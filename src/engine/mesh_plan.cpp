@@ -64,6 +64,11 @@ void MeshPlan::sum_over_model(torch::Tensor& flags) const {
   if (groups.tensor) groups.tensor->all_reduce(flags).wait();
 }
 
+void MeshPlan::reduce_epoch_sums(torch::Tensor& sums) const {
+  if (groups.data) groups.data->all_reduce(sums).wait();
+  if (groups.pipeline) groups.pipeline->broadcast(sums, groups.pipeline->size() - 1).wait();
+}
+
 void MeshPlan::make_whole(torch::optim::Optimizer* optimizer) {
   if (tensor) tensor->make_whole(optimizer);
 }

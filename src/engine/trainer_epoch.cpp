@@ -131,8 +131,7 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
   mesh_.sum_over_model(bad);  // every stage's weights and tp rank's parts: all stop, or none
   auto sums = torch::stack({epoch.loss_sum, epoch.correct.to(torch::kFloat64),
                             torch::full({}, static_cast<double>(epoch.seen), epoch.loss_sum.options()), bad});
-  if (mesh_.groups.data) mesh_.groups.data->all_reduce(sums).wait();
-  if (auto& stages = mesh_.groups.pipeline) stages->broadcast(sums, stages->size() - 1).wait();  // the last's outputs
+  mesh_.reduce_epoch_sums(sums);  // over the dp ranks, then the last stage's (its outputs) to every stage
   sums = sums.cpu();
   double loss = sums[0].item<double>(), hits = sums[1].item<double>();
   const auto predictions = static_cast<int64_t>(std::llround(sums[2].item<double>()));

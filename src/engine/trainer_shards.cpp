@@ -139,10 +139,10 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
   };
   // The modules this rank runs: its own pipeline pieces, or the whole model.
   const auto mine = mesh_.modules_here(*model_);
-  const bool first_replica = !mesh_.groups.data || mesh_.groups.data->rank() == 0;  // of the dp slice through this rank
+  const bool first_replica = MeshPlan::first_of(mesh_.groups.data);  // of the dp slice through this rank
   // Under tp a whole tensor (the same on every tp rank) is the first tp
   // rank's to write, a cut one every tp rank's part.
-  const bool first_part = !mesh_.groups.tensor || mesh_.groups.tensor->rank() == 0;
+  const bool first_part = MeshPlan::first_of(mesh_.groups.tensor);
   std::vector<checkpoint::StatePiece> pieces;
   if (first_replica && first_part) {
     for (auto* module : mine) {
@@ -151,7 +151,7 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
   }
   if (auto* fsdp = plan_->fully_sharded()) {
     // HSDP: replica group 0's (Note [hsdp]).
-    if (mesh_.groups.data_replicate && mesh_.groups.data_replicate->rank() > 0) return pieces;
+    if (!MeshPlan::first_of(mesh_.groups.data_replicate)) return pieces;
     // Every rank its shards' spans of the parameters and of their state
     // (Note [fsdp optimizer state]); AdamW's step, the same in every shard,
     // by the rank whose span starts the parameter. Under tp a cut

@@ -137,6 +137,15 @@ class MeshPlan {
   // stages, tp's parts), so that all stop or none (a collective of those).
   void sum_over_model(torch::Tensor& flags) const;
 
+  // The epoch's sums: summed over the dp ranks, then the last stage's (it
+  // has the outputs) given to every stage (collectives of those groups).
+  void reduce_epoch_sums(torch::Tensor& sums) const;
+  // This rank's coordinate along a group of the mesh (0 without it):
+  // whether it is the first of its dp replicas (`groups.data`), tp parts
+  // (`groups.tensor`), HSDP copies (`groups.data_replicate`), the one
+  // that writes what those ranks hold alike.
+  static bool first_of(const std::shared_ptr<dist::ProcessGroup>& group) { return !group || group->rank() == 0; }
+
   // Note [tensor-parallel checkpoints]: every cut parameter (and
   // `optimizer`'s state of it, when given) made whole, and cut again.
   void make_whole(torch::optim::Optimizer* optimizer);
