@@ -358,6 +358,13 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   const bool tensor = layout.tensor_ranks() > 1;
   TANDEM_CHECK_USAGE(!o.sequence_parallel || tensor, "--sequence-parallel splits the sequence over the tensor-parallel "
                      "ranks; give --mesh with tp > 1 (e.g. --mesh tp=2)");
+  if (tensor) {  // named once here rather than by every worker (TensorParallelPlan's own words)
+    const int64_t tp = layout.tensor_ranks();
+    for (const auto& [what, size] : models::model_traits(o.model).tensor_parallel_divisors) {
+      TANDEM_CHECK_USAGE(size % tp == 0, "--mesh ", o.mesh.text(), ": tensor parallelism: ", tp,
+                         " ranks do not divide the model's ", size, " ", what, " (tp must divide the attention's heads)");
+    }
+  }
   const int64_t world = pipeline || tensor ? layout.data_ranks() : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");

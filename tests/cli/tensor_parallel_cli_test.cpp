@@ -85,6 +85,12 @@ TEST(TensorParallelCliTest, WhatIsNotAvailableYetIsNamed) {
                                     "llama-tiny has no dropout to set"));
   EXPECT_TRUE(testing::tandem_fails("train " + text + "--model gpt2-tiny --dropout 1", 2,
                                     "--dropout: expected a probability from 0 up to, not including, 1, got 1"));
+  // Named once, before any worker starts (not by each of the 3).
+  const auto heads = testing::run_tandem("train " + text + "--model gpt2-tiny --nproc-per-node 3 --mesh tp=3");
+  EXPECT_EQ(heads.exit_code, 2) << heads.output;
+  EXPECT_EQ(heads.output.find("[rank"), std::string::npos) << heads.output;
+  EXPECT_NE(heads.output.find("tandem: error: --mesh tp=3: tensor parallelism: 3 ranks do not divide the model's 4 "
+                              "heads"), std::string::npos) << heads.output;
   EXPECT_TRUE(testing::tandem_fails("train --model convnet --nproc-per-node 2 --mesh tp=2 --max-steps 1", 2,
                                     "tensor parallelism splits a language model's layers; convnet is an image"));
 }

@@ -40,6 +40,10 @@ struct ModelTraits {
   // embedding] in models/gpt2.h), so that the strategies that would keep
   // the two apart are refused before any worker starts.
   bool tied_embedding = false;
+  // Language models: the sizes tensor parallelism's ranks must divide,
+  // each with what it counts ("heads", "key/value heads"), so that a tp the
+  // model cannot take is refused before any worker starts.
+  std::vector<std::pair<std::string, int64_t>> tensor_parallel_divisors;
 };
 
 // Throws tandem::Error if the name is taken.
