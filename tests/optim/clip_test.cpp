@@ -146,7 +146,8 @@ TEST(ClipGradNormTest, OverRanksTheNormIsTheWholeGradientsAndARankWithoutOneJoin
 // On a dp=2 x tp=2 mesh of thread ranks, each rank clips the pieces it
 // holds, counted by their placements (Note [placements]): A cut over tp
 // by chosen rows and replicated over dp (DDP x tp), B replicated on both,
-// C a run of an FSDP flat shard (Shard over dp, replicated over tp), D
+// C a run of the elements of a tensor a rank holds (Shard over dp,
+// replicated over tp; PlacedTensor's run, as FSDP's shards are given), D
 // held by ranks 0 and 3 as a tied weight and its copy (an HSDP-like mix:
 // the dp ranks hold some pieces disjoint, others replicated). Every rank gets
 // the whole gradient's norm in float64 and scales its pieces by the same
@@ -178,7 +179,7 @@ TEST(ClipGradNormTest, OnAMeshEachPieceIsCountedOnceByItsPlacement) {
       pieces.back().tensor_parallel = cut;
       auto pb = tensor_of(b);
       pieces.push_back({"b", pb, pb});
-      // C's flat shard: 2 elements of padding before this rank's run of 4.
+      // C's holder: 2 elements of padding before this rank's run of 4.
       const int64_t dp = mesh.coordinate(dist::MeshDim::kData);
       auto flat = tensor_of(torch::cat({torch::full({2}, 1e3, torch::kFloat64), c.narrow(0, 4 * dp, 4)}));
       dist::PlacedTensor pc{"c", flat, flat};

@@ -38,7 +38,7 @@ TEST(FsdpTest, ShardLikeTensorsGatherIntoParameterShapes) {
   auto errors = run_ranks(3, [](std::shared_ptr<dist::ProcessGroup> group) {
     auto net = make_net();
     {
-      torch::NoGradGuard no_grad;  // a channels-last weight keeps its strides in the flat buffer
+      torch::NoGradGuard no_grad;  // a channels-last weight keeps its strides in the full buffer
       auto& w = net->named_parameters()["conv.weight"];
       w.set_data(w.data().contiguous(torch::MemoryFormat::ChannelsLast));
     }
