@@ -18,6 +18,7 @@
 #include "tandem/observe/profile.h"
 #include "tandem/observe/tensorboard.h"
 #include "tandem/parallel/data_parallel.h"
+#include "tandem/parallel/tensor_parallel_plan.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/parse.h"
@@ -361,8 +362,11 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
   if (tensor) {  // named once here rather than by every worker (TensorParallelPlan's own words)
     const int64_t tp = layout.tensor_ranks();
     for (const auto& [what, size] : models::model_traits(o.model).tensor_parallel_divisors) {
-      TANDEM_CHECK_USAGE(size % tp == 0, "--mesh ", o.mesh.text(), ": tensor parallelism: ", tp,
-                         " ranks do not divide the model's ", size, " ", what, " (tp must divide the attention's heads)");
+      try {
+        parallel::check_divides_heads(size, what, tp);
+      } catch (const Error& e) {
+        throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
+      }
     }
   }
   const int64_t world = pipeline || tensor ? layout.data_ranks() : ranks;

@@ -14,6 +14,11 @@
 #include "tandem/util/table.h"
 
 namespace tandem::parallel {
+
+void check_divides_heads(int64_t size, const std::string& what, int64_t world) {
+  TANDEM_CHECK(size % world == 0, "tensor parallelism: ", world, " ranks do not divide the model's ", size, " ", what,
+               " (tp must divide the attention's heads)");
+}
 namespace {
 
 torch::Tensor range(int64_t begin, int64_t end) { return torch::arange(begin, end, torch::kInt64); }
@@ -74,10 +79,7 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
     r.sequence = options_.sequence_parallel;
     return r;
   };
-  auto divides = [&](int64_t heads, const char* what) {
-    TANDEM_CHECK(heads % world == 0, "tensor parallelism: ", world, " ranks do not divide the model's ", heads, " ",
-                 what, " (tp must divide the attention's heads)");
-  };
+  auto divides = [&](int64_t heads, const char* what) { check_divides_heads(heads, what, world); };
   // Every refusal first, before any parameter is cut.
   for (const auto& module : model_->modules(/*include_self=*/false)) {
     if (auto* a = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {

@@ -64,6 +64,11 @@
 
 namespace tandem::parallel {
 
+// Throws tandem::Error unless `world` tp ranks divide the model's `size`
+// heads (`what`: "heads", "key/value heads"): the plan's refusal, which
+// the CLI also makes from the model's traits before any worker starts.
+void check_divides_heads(int64_t size, const std::string& what, int64_t world);
+
 struct TensorParallelPlanOptions {
   bool sequence_parallel = false;  // Note [sequence-parallel plans]
 };
