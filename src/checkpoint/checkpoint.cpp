@@ -112,18 +112,6 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& di
   return found;
 }
 
-int64_t read_int(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue value;
-  archive.read(key, value);
-  return value.toInt();
-}
-
-double read_double(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue value;
-  archive.read(key, value);
-  return value.toDouble();
-}
-
 }  // namespace
 
 
@@ -209,11 +197,18 @@ std::optional<std::string> Checkpointer::load_newest_good(TrainPosition& positio
                                                           torch::optim::Optimizer& optimizer,
                                                           const std::string& fingerprint,
                                                           std::vector<std::string>* warnings) const {
+  return load_newest_good(
+      position, [&](const std::string& path) { return load(path, model, optimizer, fingerprint); }, warnings);
+}
+
+std::optional<std::string> Checkpointer::load_newest_good(
+    TrainPosition& position, const std::function<TrainPosition(const std::string&)>& load,
+    std::vector<std::string>* warnings) const {
   auto all = list_checkpoints(options_.dir, /*with_unreadable=*/true);
   std::string damaged;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      position = load(it->second.string(), model, optimizer, fingerprint);
+      position = load(it->second.string());
       // A file renamed to a later step would be resumed before newer work.
       if (position.step != it->first) {
         throw DamagedCheckpoint(format("cannot resume from %s: its name says step %lld, but it holds step %lld",
@@ -402,56 +397,21 @@ TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::st
   TrainPosition p;
   try {
     internal::load_checked_archive(bytes, archive);  // Note [pickle bounds], Note [storage records]
-    int64_t version = read_int(archive, "format_version");
-    TANDEM_CHECK(version == internal::kFormatVersion, "format version ", version, ", expected ",
-                 internal::kFormatVersion);
-    c10::IValue saved;
-    archive.read("fingerprint", saved);
-    check_settings(saved.toStringRef(), fingerprint);
-    p.fingerprint = saved.toStringRef();
-    p.epoch = read_int(archive, "epoch");
-    p.batch_in_epoch = read_int(archive, "batch_in_epoch");
-    p.step = read_int(archive, "step");
-    p.epoch_loss_sum = read_double(archive, "epoch_loss_sum");
-    p.epoch_correct = read_int(archive, "epoch_correct");
-    p.epoch_seen = read_int(archive, "epoch_seen");
-    TANDEM_CHECK(p.epoch >= 0 && p.batch_in_epoch >= 0 && p.step >= 0 && p.epoch_correct >= 0 &&
-                     p.epoch_seen >= 0 && p.epoch_correct <= p.epoch_seen,
-                 "not a readable tandem checkpoint (position epoch ", p.epoch, ", batch ",
-                 p.batch_in_epoch, ", step ", p.step, ", ", p.epoch_correct, " of ", p.epoch_seen,
-                 " correct: expected counts >= 0)");
-    c10::IValue scale;  // absent from checkpoints written before --amp
-    if (archive.try_read("loss_scale", scale)) {
-      p.loss_scale = scale.toDouble();
-      p.scale_growth_tracker = read_int(archive, "scale_growth_tracker");
+    std::map<std::string, c10::IValue> header;
+    for (const auto& [key, value] : header_fields(p, "")) {
+      if (!archive.try_read(key, header[key])) header.erase(key);
     }
+    p = position_of(header, fingerprint);
     torch::serialize::InputArchive model_archive, optimizer_archive;
     archive.read("model", model_archive);
     archive.read("optimizer", optimizer_archive);
     load_in_place(model, model_archive, "");
-    // Runs stop before a checkpoint of a non-finite loss (Note [diverged]),
-    // but older ones did not: weights of NaN would train on in NaN, and
-    // the run would then blame its learning rate. Passed over as damaged.
-    for (const auto& item : model.named_parameters()) {
-      if (!torch::isfinite(item.value()).all().item<bool>()) {
-        throw DamagedCheckpoint(format("cannot resume from %s: damaged: its weights hold NaN or infinite values "
-                                       "(%s), as a diverged run's do",
-                                       path.c_str(), item.key().c_str()));
-      }
-    }
+    for (const auto& item : model.named_parameters()) internal::check_finite(item.value(), path, item.key());
     optimizer.load(optimizer_archive);
     move_state_to_parameters(optimizer);
     torch::Tensor rng;
     archive.read("cpu_rng", rng, /*is_buffer=*/true);
-    at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle
-    // libtorch refuses other states in its own terms ("RNG state must be
-    // contiguous"); this names the checkpoint's field and what it must be.
-    const int64_t state_bytes = generator.get_state().numel();
-    TANDEM_CHECK(rng.scalar_type() == torch::kByte && rng.dim() == 1 && rng.numel() == state_bytes &&
-                     rng.is_contiguous(),
-                 "damaged: its random-number state (cpu_rng: ", rng.sizes(), ", ", rng.scalar_type(),
-                 ") is not the ", state_bytes, " packed bytes of a CPU generator's state");
-    generator.set_state(rng);
+    internal::set_cpu_rng(rng);
   } catch (const DamagedCheckpoint&) {
     throw;
   } catch (const tandem::Error& e) {
@@ -462,6 +422,61 @@ TrainPosition Checkpointer::load_archive(const std::string& bytes, const std::st
                 what.substr(0, what.find('\n')), ")");
   }
   return p;
+}
+
+}  // namespace tandem::checkpoint
+
+namespace tandem::checkpoint {
+
+TrainPosition Checkpointer::position_of(const std::map<std::string, c10::IValue>& header,
+                                        const std::string& fingerprint) const {
+  auto get = [&](const char* key) -> const c10::IValue& {
+    auto found = header.find(key);
+    TANDEM_CHECK(found != header.end(), "not a readable tandem checkpoint (it holds no ", key, ")");
+    return found->second;
+  };
+  TrainPosition p;
+  const int64_t version = get("format_version").toInt();
+  TANDEM_CHECK(version == internal::kFormatVersion, "format version ", version, ", expected ",
+               internal::kFormatVersion);
+  check_settings(get("fingerprint").toStringRef(), fingerprint);
+  p.fingerprint = get("fingerprint").toStringRef();
+  p.epoch = get("epoch").toInt();
+  p.batch_in_epoch = get("batch_in_epoch").toInt();
+  p.step = get("step").toInt();
+  p.epoch_loss_sum = get("epoch_loss_sum").toDouble();
+  p.epoch_correct = get("epoch_correct").toInt();
+  p.epoch_seen = get("epoch_seen").toInt();
+  TANDEM_CHECK(p.epoch >= 0 && p.batch_in_epoch >= 0 && p.step >= 0 && p.epoch_correct >= 0 && p.epoch_seen >= 0 &&
+                   p.epoch_correct <= p.epoch_seen,
+               "not a readable tandem checkpoint (position epoch ", p.epoch, ", batch ", p.batch_in_epoch, ", step ",
+               p.step, ", ", p.epoch_correct, " of ", p.epoch_seen, " correct: expected counts >= 0)");
+  if (header.count("loss_scale")) {  // absent from checkpoints written before --amp
+    p.loss_scale = get("loss_scale").toDouble();
+    p.scale_growth_tracker = get("scale_growth_tracker").toInt();
+  }
+  return p;
+}
+
+void internal::check_finite(const torch::Tensor& weight, const std::string& path, const std::string& name) {
+  if (weight.is_floating_point() && !torch::isfinite(weight).all().item<bool>()) {
+    throw DamagedCheckpoint(format("cannot resume from %s: damaged: its weights hold NaN or infinite values "
+                                   "(%s), as a diverged run's do",
+                                   path.c_str(), name.c_str()));
+  }
+}
+
+void internal::set_cpu_rng(const torch::Tensor& rng) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle
+  // libtorch refuses other states in its own terms ("RNG state must be
+  // contiguous"); this names the checkpoint's field and what it must be.
+  const int64_t state_bytes = generator.get_state().numel();
+  TANDEM_CHECK(rng.defined() && rng.scalar_type() == torch::kByte && rng.dim() == 1 && rng.numel() == state_bytes &&
+                   rng.is_contiguous(),
+               "damaged: its random-number state (cpu_rng: ", rng.defined() ? rng.sizes() : c10::IntArrayRef{}, ", ",
+               rng.defined() ? rng.scalar_type() : torch::kByte, ") is not the ", state_bytes,
+               " packed bytes of a CPU generator's state");
+  generator.set_state(rng);
 }
 
 }  // namespace tandem::checkpoint

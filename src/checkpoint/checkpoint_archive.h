@@ -44,6 +44,17 @@ struct StorageReference {
 // in a form torch does not write (checkpoint_pickle.cpp).
 std::vector<StorageReference> check_pickle(const uint8_t* data, size_t size, const std::string& name);
 
+// Runs stop before a checkpoint of a non-finite loss (Note [diverged]),
+// but older ones did not: weights of NaN would train on in NaN, and the
+// run would then blame its learning rate. Throws DamagedCheckpoint (passed
+// over) naming `path` and the parameter `name` when `weight` holds NaN or
+// infinite values.
+void check_finite(const torch::Tensor& weight, const std::string& path, const std::string& name);
+
+// Sets the default CPU generator's state to a checkpoint's `rng`; throws
+// tandem::Error ("damaged: ...") for anything but such a state.
+void set_cpu_rng(const torch::Tensor& rng);
+
 // A tensor of an archive and its path in it ("model.fc1.weight").
 struct ReadTensor {
   std::string name;

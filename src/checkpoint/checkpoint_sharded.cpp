@@ -127,4 +127,34 @@ TrainPosition Checkpointer::load_sharded(const std::string& dir, torch::nn::Modu
   return load_archive(zip.str(), dir, model, optimizer, fingerprint);
 }
 
+Checkpointer::HeldLoad Checkpointer::load_held(const std::string& dir, std::vector<StatePiece>& held,
+                                               const std::string& fingerprint,
+                                               const std::set<std::string>& finite) const {
+  HeldLoad out;
+  torch::Tensor rng;
+  try {
+    out.absent = sharded::read_into(
+        dir, held,
+        [&](const std::map<std::string, c10::IValue>& header, const torch::Tensor& cpu_rng) {
+          out.header = header;
+          out.position = position_of(header, fingerprint);  // the settings before any state is read
+          rng = cpu_rng;
+        },
+        [&](const std::string& name, const torch::Tensor& data) {
+          // Every rank sees every weight: all pass over the same checkpoints.
+          if (name.rfind("model.", 0) == 0 && finite.count(name.substr(6))) {
+            internal::check_finite(data, dir, name.substr(6));
+          }
+        });
+    internal::set_cpu_rng(rng);
+  } catch (const DamagedCheckpoint& e) {
+    const std::string what = e.what();
+    if (what.rfind("cannot resume from ", 0) == 0) throw;
+    throw DamagedCheckpoint("cannot resume from " + dir + ": " + what);
+  } catch (const tandem::Error& e) {
+    TANDEM_FAIL("cannot resume from ", dir, ": ", e.what());
+  }
+  return out;
+}
+
 }  // namespace tandem::checkpoint

@@ -5,7 +5,10 @@
 #include "tandem/engine/trainer.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <set>
 
+#include "tandem/optim/state_tensors.h"
 #include "tandem/parallel/fsdp_optimizer.h"
 #include "tandem/util/check.h"
 #include "tandem/util/env.h"
@@ -64,26 +67,14 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
   }
   if (resume) {
     std::vector<std::string> damaged;
-    std::optional<std::string> path;
-    {
-      // FSDP: the whole model is loaded on every rank, then each keeps its
-      // shards (write-back); the optimizer keeps its slices (FsdpState::load).
-      Held full = plan_->whole_model(/*write_back=*/true);
-      // Tensor parallelism: the whole model loaded, then each rank's part
-      // kept (Note [tensor-parallel checkpoints]).
-      mesh_.make_whole(&optimizer);
-      const bool sharded = mesh_.splits_model() && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
-      if (sharded) {  // Note [fsdp x pipeline checkpoints]; under tp too
-        auto whole = whole_model_optimizer(optimizer, /*with_state=*/false);
-        path = checkpointer->load_newest_good(position, *model_, *whole, fingerprint(), &damaged);
-        mesh_.cut_again(whole.get());
-        if (path) keep_shards_of(*whole, optimizer);
-      } else {
-        path = checkpointer->load_newest_good(position, *model_, optimizer, fingerprint(), &damaged);
-        mesh_.cut_again(&optimizer);
-        mesh_.drop_others_state(optimizer);
-      }
-    }
+    const auto path = checkpointer->load_newest_good(
+        position,
+        [&](const std::string& from) {
+          std::error_code ec;
+          return std::filesystem::is_directory(from, ec) ? load_held(*checkpointer, from, optimizer)
+                                                          : load_whole(*checkpointer, from, optimizer);
+        },
+        &damaged);
     for (const auto& line : damaged) {
       if (log_) std::fprintf(log_, "tandem: warning: %s\n", line.c_str());
     }
@@ -139,6 +130,65 @@ Trainer::Resumption Trainer::open_checkpoints(torch::optim::Optimizer& optimizer
   return r;
 }
 
+checkpoint::TrainPosition Trainer::load_held(const checkpoint::Checkpointer& checkpointer, const std::string& dir,
+                                             torch::optim::Optimizer& optimizer) {
+  auto held = state_pieces(optimizer, StateUse::kRead);
+  std::set<std::string> weights;
+  for (const auto& p : model_->named_parameters()) weights.insert(p.key());
+  auto loaded = checkpointer.load_held(dir, held.pieces, fingerprint(), weights);
+  for (auto& write_back : held.write_backs) write_back();
+  for (const auto& name : loaded.absent) {
+    TANDEM_CHECK(name.rfind("optimizer.", 0) == 0, "cannot resume from ", dir, ": it holds no ", name.substr(6),
+                 ", which this run's model has");
+  }
+  // A parameter's state is all there or none of it (none: not stepped yet).
+  for (auto& fresh : held.state) {
+    const auto missing = std::count_if(fresh.names.begin(), fresh.names.end(),
+                                       [&](const std::string& name) { return loaded.absent.count(name) > 0; });
+    if (missing == static_cast<int64_t>(fresh.names.size())) {
+      optimizer.state().erase(fresh.parameter.unsafeGetTensorImpl());
+      continue;
+    }
+    TANDEM_CHECK(missing == 0, "cannot resume from ", dir, ": it holds part of ",
+                 fresh.names.front().substr(0, fresh.names.front().rfind('.')), "'s optimizer state, not all of it");
+    optim::set_parameter_state(optimizer, fresh.parameter, fresh.state);
+  }
+  // The options of the step it was written at: its learning rate.
+  const auto lr = loaded.header.find("lr");
+  if (lr != loaded.header.end()) {
+    for (auto& group : optimizer.param_groups()) group.options().set_lr(lr->second.toDouble());
+  }
+  return loaded.position;
+}
+
+checkpoint::TrainPosition Trainer::load_whole(const checkpoint::Checkpointer& checkpointer, const std::string& file,
+                                              torch::optim::Optimizer& optimizer) {
+  // FSDP: the whole model is loaded on every rank, then each keeps its
+  // shards (write-back); the optimizer keeps its slices (FsdpState::load).
+  Held full = plan_->whole_model(/*write_back=*/true);
+  // Tensor parallelism: the whole model loaded, then each rank's part
+  // kept (Note [tensor-parallel checkpoints]).
+  mesh_.make_whole(&optimizer);
+  // Note [fsdp x pipeline checkpoints]; under tp too.
+  const bool sharded = mesh_.splits_model() && dynamic_cast<parallel::FsdpState*>(&optimizer) != nullptr;
+  auto whole = sharded ? whole_model_optimizer(optimizer, /*with_state=*/false) : nullptr;
+  auto* into = whole ? whole.get() : &optimizer;
+  checkpoint::TrainPosition position;
+  try {
+    position = checkpointer.load(file, *model_, *into, fingerprint());
+  } catch (...) {
+    mesh_.cut_again(into);
+    throw;
+  }
+  mesh_.cut_again(into);
+  if (whole) {
+    keep_shards_of(*whole, optimizer);
+  } else {
+    mesh_.drop_others_state(optimizer);
+  }
+  return position;
+}
+
 void Trainer::save(RunState& run) {
   auto& position = run.position();
   auto& checkpointer = run.start.checkpointer;
@@ -150,7 +200,7 @@ void Trainer::save(RunState& run) {
   if (!checkpointer) return;
   auto& written = run.result.last_checkpoint;
   if (sharded_checkpoints()) {  // Note [sharded checkpoints]: each rank what it owns, no gathering
-    written = checkpointer->save_sharded(position, owned_state(optimizer), optimizer, fingerprint(),
+    written = checkpointer->save_sharded(position, state_pieces(optimizer, StateUse::kWrite).pieces, optimizer, fingerprint(),
                                          weights_metadata(), mesh_.groups.job.get(), device_);
     return;
   }

@@ -1,9 +1,11 @@
-// What each rank owns of the run's state, for a sharded checkpoint
-// (Trainer::owned_state; Note [sharded checkpoints] in
-// checkpoint/sharded_checkpoint.h): a tensor replicated over the data-parallel
-// ranks is written by the first of them, a sharded one by every owner of a
-// part, and a pipeline rank writes only its own stage's pieces.
+// What each rank holds of the run's state as pieces of the whole tensors
+// (Trainer::state_pieces, Note [held state]): for a sharded checkpoint
+// (Note [sharded checkpoints] in checkpoint/sharded_checkpoint.h) a tensor
+// replicated over the data-parallel ranks is written by the first of
+// them, a sharded one by every owner of a part, and a pipeline rank writes
+// only its own stage's pieces; a resume fills every piece each rank holds.
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 #include <c10/util/accumulate.h>
@@ -52,14 +54,21 @@ checkpoint::StatePiece whole(const Named& named, const torch::Tensor& t) {
   auto data = t.detach().contiguous().reshape({-1});
   return {named.name, named.order, t.sizes().vec(), packed_strides(t.sizes()), 0, data};
 }
+// `t` whole as a reader fills it: a view of its memory, in its own order.
+checkpoint::StatePiece whole_in_place(const Named& named, const torch::Tensor& t) {
+  return {named.name, named.order, t.sizes().vec(), t.strides().vec(), 0, dist::in_memory_order(t.detach())};
+}
 
 // Note [tensor-parallel checkpoints] (parallel/tensor_parallel_plan.h):
 // this rank's part of a cut tensor, as pieces of the whole. The whole's
 // memory order puts the cut dimension outermost (its strides say so, the
 // same on every tp rank), so each run of consecutive indices this rank
 // holds along it is one run of the whole's elements.
+// A piece along another dimension than the first is a copy: with
+// `write_backs`, each puts its copy back into `part` (after a read).
 void add_cut_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& named, const torch::Tensor& part,
-                    const dist::Placement& cut, int64_t rank, int64_t ranks) {
+                    const dist::Placement& cut, int64_t rank, int64_t ranks,
+                    std::vector<std::function<void()>>* write_backs = nullptr) {
   const int64_t dim = cut.dim;
   auto shape = part.sizes().vec();
   shape[static_cast<size_t>(dim)] = cut.whole_size;
@@ -77,7 +86,9 @@ void add_cut_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& na
   for (int64_t begin = 0; begin < count;) {
     int64_t end = begin + 1;
     while (end < count && at[end] == at[end - 1] + 1) ++end;
-    auto run = part.detach().narrow(dim, begin, end - begin).movedim(dim, 0).contiguous().reshape({-1});
+    auto rows = part.detach().narrow(dim, begin, end - begin).movedim(dim, 0);
+    auto run = rows.contiguous().reshape({-1});
+    if (write_backs && !run.is_alias_of(rows)) write_backs->push_back([rows, run]() mutable { rows.copy_(run.view(rows.sizes())); });
     pieces.push_back({named.name, named.order, shape, strides, at[begin] * inner, run});
     begin = end;
   }
@@ -121,7 +132,15 @@ void add_run_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& na
 
 }  // namespace
 
-std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer& optimizer) const {
+// Note [held state]: a checkpoint's pieces and a resume's are one walk over
+// what this rank holds. Writing, each piece is written once in the job: a
+// tensor alike on several ranks (dp replicas, HSDP copies, tp's whole
+// tensors) by the first of them. Reading (Note [loading by overlap]),
+// every rank fills all it holds, and the optimizer's state, which a fresh
+// optimizer does not have yet, is read into fresh tensors shaped as the
+// state would be (optim::state_slots), made the optimizer's once filled.
+Trainer::HeldState Trainer::state_pieces(torch::optim::Optimizer& optimizer, StateUse use) const {
+  const bool reading = use == StateUse::kRead;
   NameOf names;
   int64_t order = 0;
   number_tensors(*model_, "", names, order);
@@ -137,21 +156,40 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
     TANDEM_CHECK(found != map.end(), "sharded checkpoint: a tensor that is not the model's");
     return found->second;
   };
+  // The state of `local` (the tensor the optimizer steps) as named
+  // tensors: its own, or fresh ones to read into.
+  HeldState held;
+  auto state_of = [&](const torch::Tensor& local, const Named& base) {
+    if (!reading) return optim::parameter_state(optimizer, local);
+    HeldState::Fresh fresh{local, {}, {}};
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& slot : optim::state_slots(optimizer, local)) {
+      auto t = torch::zeros(slot.shape, local.options().dtype(slot.dtype).device(torch::kCPU));
+      named.emplace_back(slot.name, t);
+      fresh.state[slot.name] = t;
+      fresh.names.push_back(base.name + slot.name);
+    }
+    held.state.push_back(std::move(fresh));
+    return named;
+  };
+  auto whole_piece = [&](const Named& named, const torch::Tensor& t) {
+    return reading ? whole_in_place(named, t) : whole(named, t);
+  };
   // The modules this rank runs: its own pipeline pieces, or the whole model.
   const auto mine = mesh_.modules_here(*model_);
-  const bool first_replica = MeshPlan::first_of(mesh_.groups.data);  // of the dp slice through this rank
+  const bool first_replica = reading || MeshPlan::first_of(mesh_.groups.data);  // of the dp slice through this rank
   // Under tp a whole tensor (the same on every tp rank) is the first tp
   // rank's to write, a cut one every tp rank's part.
-  const bool first_part = MeshPlan::first_of(mesh_.groups.tensor);
-  std::vector<checkpoint::StatePiece> pieces;
+  const bool first_part = reading || MeshPlan::first_of(mesh_.groups.tensor);
+  auto& pieces = held.pieces;
   if (first_replica && first_part) {
     for (auto* module : mine) {
-      for (const auto& b : module->buffers()) pieces.push_back(whole(name_of(names, b), b));
+      for (const auto& b : module->buffers()) pieces.push_back(whole_piece(name_of(names, b), b));
     }
   }
   if (auto* fsdp = plan_->fully_sharded()) {
     // HSDP: replica group 0's (Note [hsdp]).
-    if (!MeshPlan::first_of(mesh_.groups.data_replicate)) return pieces;
+    if (!reading && !MeshPlan::first_of(mesh_.groups.data_replicate)) return held;
     // Every rank its shards' spans of the parameters and of their state
     // (Note [fsdp optimizer state]); AdamW's step, the same in every shard,
     // by the rank whose span starts the parameter. Under tp a cut
@@ -160,7 +198,9 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
     const auto spans = fsdp->shard_spans();
     const auto& shards = fsdp->parameters();
     for (size_t i = 0; i < spans.size(); ++i) {
-      const auto state = optim::parameter_state(optimizer, shards[i]);
+      if (spans[i].empty()) continue;
+      const auto& first = fsdp->model_parameters()[spans[i][0].parameter];
+      const auto state = state_of(shards[i], name_of(parameter_names, first));
       for (const auto& span : spans[i]) {
         const auto& p = fsdp->model_parameters()[span.parameter];
         const dist::Placement* cut = mesh_.cut(p);
@@ -178,37 +218,45 @@ std::vector<checkpoint::StatePiece> Trainer::owned_state(torch::optim::Optimizer
           const auto& [key, t] = state[slot];
           const Named named{base.name + key, base.order + static_cast<int64_t>(slot)};
           if (t.dim() == 0) {
-            if (span.offset == 0 && first_part) pieces.push_back(whole(named, t));
+            if (reading || (span.offset == 0 && first_part)) pieces.push_back(whole_piece(named, t));
             continue;
           }
           add(named, dist::in_memory_order(t).narrow(0, span.shard_offset, span.numel));
         }
       }
     }
-    return pieces;
+    return held;
   }
   // Replicated weights from the first replica; the optimizer's state from
   // its owner under --shard-optimizer (Note [sharded optimizer state]).
+  // A resume fills a weight tied across stages on the copy's rank too
+  // (both step it: Note [tied weights across stages]).
   const auto* zero = dynamic_cast<const optim::ShardedState*>(&optimizer);
+  std::vector<torch::Tensor> parameters;
   for (auto* module : mine) {
-    for (const auto& p : module->parameters()) {
-      const dist::Placement* cut = mesh_.cut(p);
-      auto add = [&](const Named& named, const torch::Tensor& t) {
-        if (cut && t.sizes() == p.sizes()) {
-          add_cut_pieces(pieces, named, t, *cut, mesh_.groups.tensor->rank(), mesh_.groups.tensor->size());
-        } else if (first_part) {
-          pieces.push_back(whole(named, t));
-        }
-      };
-      if (first_replica) add(name_of(names, p), p);
-      const bool owns_state = zero ? zero->owner(p) == zero->rank() : first_replica;
-      if (!owns_state) continue;
-      const auto& base = name_of(parameter_names, p);
-      int64_t slot = 0;
-      for (const auto& [key, t] : optim::parameter_state(optimizer, p)) add({base.name + key, base.order + slot++}, t);
-    }
+    for (const auto& p : module->parameters()) parameters.push_back(p);
   }
-  return pieces;
+  if (reading && mesh_.tied) {
+    for (const auto& p : mesh_.tied->borrowed()) parameters.push_back(p);
+  }
+  for (const auto& p : parameters) {
+    const dist::Placement* cut = mesh_.cut(p);
+    auto add = [&](const Named& named, const torch::Tensor& t) {
+      if (cut && t.sizes() == p.sizes()) {
+        add_cut_pieces(pieces, named, t, *cut, mesh_.groups.tensor->rank(), mesh_.groups.tensor->size(),
+                       reading ? &held.write_backs : nullptr);
+      } else if (first_part) {
+        pieces.push_back(whole_piece(named, t));
+      }
+    };
+    if (first_replica) add(name_of(names, p), p);
+    const bool owns_state = zero ? zero->owner(p) == zero->rank() : first_replica;
+    if (!owns_state) continue;
+    const auto& base = name_of(parameter_names, p);
+    int64_t slot = 0;
+    for (const auto& [key, t] : state_of(p, base)) add({base.name + key, base.order + slot++}, t);
+  }
+  return held;
 }
 
 }  // namespace tandem::engine

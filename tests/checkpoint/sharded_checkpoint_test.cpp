@@ -1,19 +1,25 @@
 // Sharded checkpoints (Note [sharded checkpoints] in
 // checkpoint/sharded_checkpoint.h): pieces in any memory order assemble into
-// the whole tensors, a manifest that does not describe its pieces is
-// refused, and the Checkpointer's sharded checkpoint loads as its one-file
-// checkpoint does.
+// the whole tensors, or fill the parts a reader holds; a manifest that does
+// not describe its pieces is refused, and the Checkpointer's sharded
+// checkpoint loads as its one-file checkpoint does.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
+
+#include <c10/core/CPUAllocator.h>
 
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/sharded_checkpoint.h"
 #include "tandem/optim/adamw.h"
 #include "tandem/optim/state_tensors.h"
+#include "counting_allocator.h"
 #include "testing.h"
 
 namespace tandem::checkpoint {
@@ -62,6 +68,113 @@ TEST(ShardedCheckpointTest, PiecesInAnyMemoryOrderAssembleWhole) {
             "sharded checkpoint: model.conv: its pieces leave a gap at element 50");
 }
 
+// Note [loading by overlap]: a matrix written as two ranks' column runs
+// (the cut dimension outermost, as tensor parallelism writes it) read into
+// row-major halves (FSDP's dim-0 shards), an unaligned run of the writer's
+// own order, and a scalar whole; each wanted element is the written one,
+// every written piece is inspected, a name the checkpoint lacks is
+// returned, and a wanted shape that is not the checkpoint's is refused.
+TEST(ShardedCheckpointTest, PartsAreReadFromThePiecesThatOverlapThemInAnyOrder) {
+  TempDir dir;
+  const auto w = torch::arange(24, torch::kFloat64).reshape({6, 4}) * 1.5;
+  const auto step = torch::tensor(7, torch::kInt64);
+  const std::vector<int64_t> columns_outermost = {1, 6};
+  auto column_run = [&](int64_t first) { return w.narrow(1, first, 2).t().contiguous().reshape({-1}); };
+  const sharded::Identity identity{"overlap@1", 2, 3};
+  std::vector<std::string> indexes = {
+      sharded::write_rank_file(dir.path(), 0, identity,
+                               {{"model.w", 0, {6, 4}, columns_outermost, 0, column_run(0)},
+                                {"optimizer.w.step", 1, {}, {}, 0, step.reshape({-1})}},
+                               {{"step", c10::IValue(int64_t(3))}}, true),
+      sharded::write_rank_file(dir.path(), 1, identity, {{"model.w", 0, {6, 4}, columns_outermost, 12, column_run(2)}},
+                               {}, false)};
+  sharded::write_manifest(dir.path(), identity, indexes);
+  auto nan = [](int64_t n) { return torch::full({n}, std::nan(""), torch::kFloat64); };
+  std::vector<StatePiece> wanted = {{"model.w", 0, {6, 4}, {4, 1}, 0, nan(12)},
+                                    {"model.w", 0, {6, 4}, {4, 1}, 12, nan(12)},
+                                    {"model.w", 0, {6, 4}, columns_outermost, 6, nan(10)},
+                                    {"optimizer.w.step", 1, {}, {}, 0, torch::zeros({1}, torch::kInt64)},
+                                    {"optimizer.w.exp_avg", 2, {6, 4}, {4, 1}, 0, nan(24)}};
+  int64_t inspected = 0, header_step = -1;
+  const auto absent = sharded::read_into(
+      dir.path(), wanted,
+      [&](const std::map<std::string, c10::IValue>& header, const torch::Tensor& rng) {
+        header_step = header.at("step").toInt();
+        EXPECT_TRUE(rng.defined());
+      },
+      [&](const std::string&, const torch::Tensor&) { ++inspected; });
+  EXPECT_EQ(header_step, 3);
+  EXPECT_EQ(inspected, 3);
+  EXPECT_EQ(absent, std::set<std::string>{"optimizer.w.exp_avg"});
+  EXPECT_TRUE(torch::equal(wanted[0].data, w.narrow(0, 0, 3).reshape({-1})));
+  EXPECT_TRUE(torch::equal(wanted[1].data, w.narrow(0, 3, 3).reshape({-1})));
+  EXPECT_TRUE(torch::equal(wanted[2].data, w.t().contiguous().reshape({-1}).narrow(0, 6, 10)));
+  EXPECT_EQ(wanted[3].data.item<int64_t>(), 7);
+  EXPECT_TRUE(wanted[4].data.isnan().all().item<bool>());  // not in the checkpoint: left alone
+
+  std::vector<StatePiece> other_shape = {{"model.w", 0, {4, 6}, {6, 1}, 0, nan(24)}};
+  EXPECT_EQ(testing::error_of([&] { sharded::read_into(dir.path(), other_shape, {}, {}); }),
+            "model.w is of shape [6, 4] in the checkpoint, [4, 6] in this run");
+}
+
+// What loading by overlap is for: a rank holds its part, not the whole.
+// Four ranks' files hold dim-0 quarters of 8 matrices (8 MiB in all); a
+// reader of one column quarter of each (as tp=4 cuts them, a quarter of
+// the whole) reads them with a peak of tensor memory (the c10 allocator's:
+// the files' bytes are read into strings) far below the whole, which
+// assembling them whole holds and more (measured: 3.0 MiB, 10.0 MiB).
+TEST(ShardedCheckpointTest, AReaderOfAPartHoldsThePartNotTheWhole) {
+  TempDir dir;
+  const int64_t rows = 512, columns = 256, count = 8;
+  const int64_t whole_bytes = count * rows * columns * 8;
+  std::vector<torch::Tensor> weights;
+  for (int64_t i = 0; i < count; ++i) weights.push_back(torch::randn({rows, columns}, torch::kFloat64));
+  const sharded::Identity identity{"part@1", 4, 1};
+  std::vector<std::string> indexes;
+  for (int64_t r = 0; r < 4; ++r) {
+    std::vector<StatePiece> pieces;
+    for (int64_t i = 0; i < count; ++i) {
+      pieces.push_back({"model.w" + std::to_string(i), i, {rows, columns}, {columns, 1}, r * rows / 4 * columns,
+                        weights[i].narrow(0, r * rows / 4, rows / 4).reshape({-1})});
+    }
+    std::map<std::string, c10::IValue> header;
+    if (r == 0) header["step"] = c10::IValue(int64_t(1));
+    indexes.push_back(sharded::write_rank_file(dir.path(), r, identity, pieces, header, r == 0));
+  }
+  sharded::write_manifest(dir.path(), identity, indexes);
+  // Each file holds its pieces, not the whole matrices they are views of.
+  for (int64_t r = 0; r < 4; ++r) EXPECT_LT(fs::file_size(dir.file(sharded::rank_file(r))), whole_bytes / 4 + 65536);
+  const std::vector<int64_t> columns_outermost = {1, rows};
+  const int64_t part = rows * columns / 4;
+  std::vector<StatePiece> wanted;
+  for (int64_t i = 0; i < count; ++i) {
+    wanted.push_back({"model.w" + std::to_string(i), i, {rows, columns}, columns_outermost, part,
+                      torch::zeros({part}, torch::kFloat64)});
+  }
+  auto* base = c10::GetCPUAllocator();
+  testing::CountingAllocator counting(base);
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  struct Restored {
+    c10::Allocator* base;
+    ~Restored() { c10::SetCPUAllocator(base, /*priority=*/100); }
+  } restored{base};
+  auto peak_of = [&](const std::function<void()>& read) {
+    counting.reset_peak();
+    const int64_t before = counting.live();
+    read();
+    return counting.peak() - before;
+  };
+  const int64_t part_peak = peak_of([&] { sharded::read_into(dir.path(), wanted, {}, {}); });
+  const int64_t whole_peak = peak_of([&] { sharded::read(dir.path()); });
+  std::printf("peak of tensor memory reading %.1f MiB: %.2f MiB for a quarter, %.2f MiB whole\n",
+              whole_bytes / 1048576.0, part_peak / 1048576.0, whole_peak / 1048576.0);
+  for (int64_t i = 0; i < count; ++i) {
+    EXPECT_TRUE(torch::equal(wanted[i].data, weights[i].narrow(1, columns / 4, columns / 4).t().reshape({-1})));
+  }
+  EXPECT_GE(whole_peak, whole_bytes);
+  EXPECT_LT(part_peak, whole_bytes / 2);
+}
+
 // Anything that is not one whole checkpoint is damaged (so --resume falls
 // back to the one before), saying what: a manifest edited to disagree with
 // the files' own sealed indexes, or to leave a piece out (momentum silently
@@ -102,8 +215,13 @@ TEST(ShardedCheckpointTest, AnythingButOneWholeCheckpointIsDamaged) {
     });
   };
   EXPECT_EQ(with([](auto& m) { m["tensors"][0]["pieces"][1]["offset"] = 7; }),
-            "damaged: manifest.json: model.w: piece p0 of rank-1.pt is not what the manifest says ({\"dtype\":\"Float\","
-            "\"key\":\"p0\",\"name\":\"model.w\",\"numel\":8,\"offset\":8,\"order\":0,\"shape\":[4,4],"
+            "damaged: manifest.json: model.w: its pieces overlap at element 7");
+  EXPECT_EQ(with([](auto& m) {
+              m["tensors"][0]["pieces"][0]["offset"] = 8;
+              m["tensors"][0]["pieces"][1]["offset"] = 0;
+            }),
+            "damaged: manifest.json: model.w: piece p0 of rank-0.pt is not what the manifest says ({\"dtype\":\"Float\","
+            "\"key\":\"p0\",\"name\":\"model.w\",\"numel\":8,\"offset\":0,\"order\":0,\"shape\":[4,4],"
             "\"strides\":[4,1]})");
   EXPECT_NE(with([](auto& m) { m["tensors"][0]["strides"] = {1, 4}; }).find("piece p0 of rank-0.pt is not what"),
             std::string::npos);

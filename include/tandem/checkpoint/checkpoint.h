@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -124,6 +125,11 @@ class Checkpointer {
                                               torch::optim::Optimizer& optimizer,
                                               const std::string& fingerprint,
                                               std::vector<std::string>* warnings) const;
+  // The same with each candidate (a checkpoint file, or a sharded
+  // checkpoint's directory) loaded by `load`.
+  std::optional<std::string> load_newest_good(TrainPosition& position,
+                                              const std::function<TrainPosition(const std::string& path)>& load,
+                                              std::vector<std::string>* warnings) const;
 
   // Restores model, optimizer and generator from `path`, a checkpoint file
   // or a sharded checkpoint's directory (its tensors assembled whole, then
@@ -134,6 +140,22 @@ class Checkpointer {
   TrainPosition load(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
 
+  // Restores what this rank holds from the sharded checkpoint `dir` (Note
+  // [loading by overlap] in sharded_checkpoint.h): each of `held`'s pieces
+  // filled, and the CPU generator's state. The settings are checked first
+  // (as load()'s); a parameter named in `finite` (the model's names) that
+  // holds NaN or infinite values makes it DamagedCheckpoint, as load()
+  // does. Returns the position, rank 0's header (the optimizer's options
+  // at the step it was written: "lr", ...) and the names among `held` that
+  // the checkpoint lacks.
+  struct HeldLoad {
+    TrainPosition position;
+    std::map<std::string, c10::IValue> header;
+    std::set<std::string> absent;
+  };
+  HeldLoad load_held(const std::string& dir, std::vector<StatePiece>& held, const std::string& fingerprint,
+                     const std::set<std::string>& finite) const;
+
  private:
   TrainPosition load_archive(const std::string& bytes, const std::string& path, torch::nn::Module& model,
                              torch::optim::Optimizer& optimizer, const std::string& fingerprint) const;
@@ -143,6 +165,9 @@ class Checkpointer {
   // Refuses a checkpoint whose fingerprint (`saved`) differs from this
   // run's beyond options.may_change, naming the fields that differ.
   void check_settings(const std::string& saved, const std::string& fingerprint) const;
+  // The position a checkpoint's header holds (header_fields' keys), its
+  // format and settings checked against this run's `fingerprint`.
+  TrainPosition position_of(const std::map<std::string, c10::IValue>& header, const std::string& fingerprint) const;
   // The position and fingerprint as a checkpoint's archive holds them.
   static std::vector<std::pair<std::string, c10::IValue>> header_fields(const TrainPosition& p,
                                                                        const std::string& fingerprint);

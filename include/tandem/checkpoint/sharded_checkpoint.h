@@ -18,12 +18,28 @@
 // The directory is written as checkpoint-<step>.tmp-<pid> and renamed when
 // whole, so a checkpoint either is complete or is not one. Reading
 // assembles every tensor whole (each element from exactly one piece) on
-// every rank, whatever layout wrote it; the reader's own layout then keeps
-// its part, as with a one-file checkpoint. So any layout resumes any other.
+// every rank, whatever layout wrote it (read, for `tandem export`); a run
+// resuming reads only the parts it holds (read_into, Note [loading by
+// overlap]). So any layout resumes any other.
+//
+// Note [loading by overlap]: a rank that resumes names each part of the
+// state it holds as a piece (a run of the whole tensor's elements in some
+// memory order: FSDP's dim-0 shard, tp's rows with the cut dimension
+// outermost, a replicated tensor whole) and gets its elements from the
+// checkpoint's pieces that overlap it, as PyTorch's distributed checkpoint
+// loads by overlapping chunks. Where the writer's memory order was the
+// same, an overlap is one run of each; else each written element's place
+// in the wanted order is computed (an index as long as the written piece,
+// for the moment it is copied). No rank assembles a whole tensor, let
+// alone the whole model: a rank holds its part and one file's pieces at a
+// time. Every rank reads every file, so that all reach the same verdict
+// on a damaged one.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +104,23 @@ void write_manifest(const std::string& dir, const Identity& identity, const std:
 // does not describe exactly the pieces the files' own sealed indexes hold
 // (so an edited manifest either changes nothing or is refused).
 AssembledCheckpoint read(const std::string& dir);
+
+// Reads the checkpoint directory `dir` into `wanted` (Note [loading by
+// overlap]): each piece's `data` (1-D, writable) is elements `offset` ..
+// `offset + data.numel()` of the whole `shape` in the memory order of its
+// `strides`, and is filled from the checkpoint's pieces that overlap it,
+// whatever layout wrote them. `on_header` sees rank 0's header and the CPU
+// generator's state before any piece is read (a settings check refuses
+// there); `inspect` sees every piece of the checkpoint as it is read,
+// wanted or not (name, data), so that every rank reaches the same verdict.
+// Returns the names among `wanted` that the checkpoint does not hold.
+// Throws DamagedCheckpoint as read() does, tandem::Error for a wanted
+// tensor of another shape than the checkpoint's, and what the callbacks
+// throw as they threw it.
+using HeaderCheck = std::function<void(const std::map<std::string, c10::IValue>& header, const torch::Tensor& cpu_rng)>;
+using PieceCheck = std::function<void(const std::string& name, const torch::Tensor& data)>;
+std::set<std::string> read_into(const std::string& dir, std::vector<StatePiece>& wanted, const HeaderCheck& on_header,
+                                const PieceCheck& inspect);
 
 // The step a checkpoint directory's manifest names, or -1 when it has none
 // that parses.

@@ -160,9 +160,31 @@ class Trainer {
   // `whole`'s state. Both while the whole model is held (its shapes).
   std::unique_ptr<torch::optim::Optimizer> whole_model_optimizer(torch::optim::Optimizer& sharded, bool with_state);
   void keep_shards_of(const torch::optim::Optimizer& whole, torch::optim::Optimizer& sharded);
-  // The pieces of the model and optimizer state this rank writes into a
-  // sharded checkpoint (trainer_shards.cpp); no collective.
-  std::vector<checkpoint::StatePiece> owned_state(torch::optim::Optimizer& optimizer) const;
+  // Note [held state] (trainer_shards.cpp): the pieces of the model and
+  // optimizer state this rank writes into a sharded checkpoint (kWrite),
+  // or every piece it holds, to be filled by a resume (kRead), no collective:
+  // views of its tensors, or copies put back by `write_backs`, and the
+  // optimizer's state as fresh tensors to be made its own once filled.
+  enum class StateUse { kWrite, kRead };
+  struct HeldState {
+    std::vector<checkpoint::StatePiece> pieces;
+    std::vector<std::function<void()>> write_backs;
+    struct Fresh {
+      torch::Tensor parameter;                       // what the optimizer steps
+      std::map<std::string, torch::Tensor> state;    // by slot
+      std::vector<std::string> names;                // the checkpoint's names of them
+    };
+    std::vector<Fresh> state;
+  };
+  HeldState state_pieces(torch::optim::Optimizer& optimizer, StateUse use) const;
+  // A resume from one checkpoint: a sharded one's overlapping pieces read
+  // into what this rank holds (Note [loading by overlap]), or a one-file
+  // one loaded whole and cut to this rank's layout. Throw as
+  // Checkpointer::load does.
+  checkpoint::TrainPosition load_held(const checkpoint::Checkpointer& checkpointer, const std::string& dir,
+                                      torch::optim::Optimizer& optimizer);
+  checkpoint::TrainPosition load_whole(const checkpoint::Checkpointer& checkpointer, const std::string& file,
+                                       torch::optim::Optimizer& optimizer);
   // Whether checkpoints are sharded: --checkpoint-format, auto resolved.
   bool sharded_checkpoints() const;
   // What one epoch's steps add up for its report.
