@@ -111,6 +111,14 @@ std::vector<torch::Tensor> MeshPlan::stepped_elsewhere() const {
   return elsewhere;
 }
 
+void MeshPlan::sum_over_stages(std::vector<double>& values) const {
+  if (!groups.pipeline) return;
+  auto sum = torch::tensor(values, torch::kFloat64).to(groups.pipeline->wire_device());
+  groups.pipeline->all_reduce(sum).wait();
+  sum = sum.cpu();
+  values.assign(sum.data_ptr<double>(), sum.data_ptr<double>() + sum.numel());
+}
+
 void MeshPlan::drop_others_state(torch::optim::Optimizer& optimizer) const {
   for (const auto& piece : others_pieces) {
     for (const auto& p : piece->parameters()) {

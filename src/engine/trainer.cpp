@@ -139,11 +139,8 @@ TrainResult Trainer::finish_run(RunState& run) {
   // Tensor parallelism likewise: every rank's model whole and plain again.
   mesh_.finish();
   // A pipeline over ranks: likewise, every rank's model gets every stage's
-  // weights (a collective, so before the rank 0 test below); under tp the
-  // weights only (the optimizer's state is still in parts).
-  if (mesh_.groups.pipeline && (!o.export_weights.empty() || !o.export_hf.empty())) {
-    mesh_.gather_stages(*model_, mesh_.tensor ? nullptr : run.optimizer.get());
-  }
+  // weights (a collective, so before the rank 0 test below).
+  if (!o.export_weights.empty() || !o.export_hf.empty()) mesh_.gather_for_export(*model_, run.optimizer.get());
   // "{rank}" in the name: every rank writes its own copy (to compare them).
   checkpoint::NamedTensors tensors;
   for (const auto& p : model_->named_parameters()) tensors.emplace_back(p.key(), p.value());

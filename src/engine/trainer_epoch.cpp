@@ -226,14 +226,8 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
 // pipeline's ranks: each timed its own stage).
 void Trainer::report_pipeline_idle(StepCounters& counters) const {
   const auto& o = options_;
-  if (mesh_.groups.pipeline && counters.pipeline_steps > 0) {
-    const auto wire = mesh_.groups.pipeline->wire_device();
-    auto idle = torch::tensor(counters.stage_idle, torch::kFloat64).to(wire);
-    mesh_.groups.pipeline->all_reduce(idle).wait();
-    idle = idle.cpu();
-    counters.stage_idle.assign(idle.data_ptr<double>(), idle.data_ptr<double>() + idle.numel());
-  }
   if (counters.pipeline_steps == 0) return;
+  mesh_.sum_over_stages(counters.stage_idle);
   std::string shares;
   for (double idle : counters.stage_idle) shares += format("%s%.2f", shares.empty() ? "" : " / ", idle / counters.pipeline_steps);
   const auto p = static_cast<int64_t>(counters.stage_idle.size()), v = virtual_stages();

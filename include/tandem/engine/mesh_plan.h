@@ -158,6 +158,15 @@ class MeshPlan {
   // pipeline (a collective of it; nothing without a pipeline over ranks),
   // before a checkpoint or an export.
   void gather_stages(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
+  // Before an export: every stage's weights onto every rank of a pipeline
+  // over ranks, with `optimizer`'s state unless tp holds it in parts (a
+  // collective of the pipeline; nothing without one).
+  void gather_for_export(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
+    gather_stages(model, tensor ? nullptr : optimizer);
+  }
+  // `values` (one per stage, each rank's own filled) summed over a
+  // pipeline over ranks (a collective of it); as they are without one.
+  void sum_over_stages(std::vector<double>& values) const;
   // Forgets the optimizer state of other ranks' pieces (after a checkpoint
   // gathered or loaded it): holding it would cost this rank the whole
   // model's momentum or moments.
