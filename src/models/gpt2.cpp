@@ -100,10 +100,12 @@ void Gpt2EmbeddingImpl::reset() {
 torch::Tensor Gpt2EmbeddingImpl::forward_at(const torch::Tensor& tokens, int64_t offset) {
   TANDEM_CHECK(tokens.dim() == 2, "GPT-2: expected tokens [batch, sequence], got ", tokens.sizes());
   const int64_t t = tokens.size(1);
-  TANDEM_CHECK(offset + t <= config_.n_positions, "GPT-2: a sequence of ", offset + t,
+  TANDEM_CHECK(offset + t * context.parts <= config_.n_positions, "GPT-2: a sequence of ", offset + t * context.parts,
                " tokens is longer than the model's ", config_.n_positions, " positions");
-  auto positions =
-      torch::arange(offset, offset + t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
+  TANDEM_CHECK(offset == 0 || !context.positions, "GPT-2: decoding after a cache under context parallelism");
+  auto positions = context.positions ? context.positions(t, tokens.device())
+                                     : torch::arange(offset, offset + t,
+                                                     torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
   auto x = split.lookup(wte->weight, tokens) + wpe->forward(split.positions(positions));
   return split.dropout(x, config_.dropout, is_training(), t);
 }
@@ -126,7 +128,11 @@ torch::Tensor Gpt2AttentionImpl::attend(const torch::Tensor& x, KvCache* cache) 
   auto heads = [&](const torch::Tensor& y) { return y.view({b, t, h, d}).transpose(1, 2); };
   const double p = is_training() ? config_.dropout : 0.0;
   torch::Tensor y;
-  if (cache == nullptr && p > 0) {
+  TANDEM_CHECK(!context.split() || (cache == nullptr && p == 0),
+               "GPT-2: context parallelism with attention dropout or a cache is not supported");
+  if (context.split()) {
+    y = context.attend(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
+  } else if (cache == nullptr && p > 0) {
     // The mask of the probabilities of every head, drawn whole, this
     // rank's heads' part kept (Note [dropout under tp]); sdpa would draw
     // the heads' part alone. The causal softmax as sdpa's math path.

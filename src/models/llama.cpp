@@ -132,17 +132,22 @@ std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary(int64_t past,
   if (r.past == past && r.t == t && r.cos.defined() && r.cos.scalar_type() == dtype && r.cos.device() == device) {
     return {r.cos, r.sin};
   }
-  // Note [rotary positions in float32]
-  torch::NoGradGuard no_grad;
-  auto positions = torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
-  auto freqs = positions.unsqueeze(-1) * inv_freq_;
-  auto angles = torch::cat({freqs, freqs}, -1);
-  r.cos = angles.cos().to(dtype).unsqueeze(0).unsqueeze(0);  // [1, 1, T, D]
-  r.sin = angles.sin().to(dtype).unsqueeze(0).unsqueeze(0);
+  std::tie(r.cos, r.sin) =
+      rotary_at(torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kInt64).device(device)), dtype);
   r.past = past;
   r.t = t;
   return {r.cos, r.sin};
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary_at(const torch::Tensor& positions,
+                                                                      torch::ScalarType dtype) {
+  // Note [rotary positions in float32]
+  torch::NoGradGuard no_grad;
+  if (inv_freq_.device() != positions.device()) inv_freq_ = inv_freq_.to(positions.device());
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;
+  auto angles = torch::cat({freqs, freqs}, -1);
+  return {angles.cos().to(dtype).unsqueeze(0).unsqueeze(0),  // [1, 1, T, D]
+          angles.sin().to(dtype).unsqueeze(0).unsqueeze(0)};
 }
 
 torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
@@ -151,15 +156,17 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   const int64_t b = in.size(0), t = in.size(1), d = config_.head_dim();
   const int64_t h = config_.num_heads, kv = config_.num_kv_heads;
   const int64_t past = cache ? cache->length() : 0;
-  TANDEM_CHECK(past + t <= config_.max_positions, "LLaMA: a sequence of ", past + t,
+  TANDEM_CHECK(past + t * context.parts <= config_.max_positions, "LLaMA: a sequence of ", past + t * context.parts,
                " tokens is longer than the model's ", config_.max_positions, " positions");
+  TANDEM_CHECK(!context.split() || cache == nullptr, "LLaMA: decoding with a cache under context parallelism");
   // The heads from the widths: a split region holds some of them, its
   // key/value heads in the same proportion.
   const int64_t local_heads = q_proj->weight.size(0) / d, local_kv = k_proj->weight.size(0) / d;
   auto q = q_proj->forward(in).view({b, t, local_heads, d}).transpose(1, 2);
   auto k = k_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
   auto v = v_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
-  const auto [cos, sin] = rotary(past, t, x.scalar_type(), x.device());
+  const auto [cos, sin] = context.positions ? rotary_at(context.positions(t, x.device()), x.scalar_type())
+                                            : rotary(past, t, x.scalar_type(), x.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(k, v);  // kept per key/value head
@@ -168,9 +175,10 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
     v = v.repeat_interleave(h / kv, 1);
   }
   const double scale = std::pow(static_cast<double>(d), -0.5);
-  auto y = cache ? cached_attention(q, k, v, 0.0, scale)
-                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                    /*is_causal=*/true, scale);
+  auto y = cache             ? cached_attention(q, k, v, 0.0, scale)
+           : context.split() ? context.attend(q, k, v)  // the default scale, d^-0.5
+                             : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                                /*is_causal=*/true, scale);
   return split.out(o_proj->forward(y.transpose(1, 2).contiguous().view({b, t, local_heads * d})));
 }
 

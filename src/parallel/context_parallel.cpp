@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "tandem/models/gpt2.h"
+#include "tandem/models/llama.h"
 #include "tandem/util/check.h"
 
 namespace tandem::parallel {
@@ -163,6 +165,33 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
                " tokens");
   TANDEM_CHECK(q.device().is_cpu(), "ring attention: on the CPU only for now, got ", q.device().str());
   return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(group.get()));
+}
+
+void split_context(models::Sequence& model, const std::shared_ptr<dist::ProcessGroup>& group) {
+  TANDEM_CHECK(group != nullptr, "context parallelism: no group");
+  models::ContextSplit split;
+  split.parts = group->size();
+  const int64_t rank = group->rank(), parts = group->size();
+  split.positions = [rank, parts](int64_t held, const torch::Device& device) {
+    return context_positions(held * parts, rank, parts).to(device);
+  };
+  split.attend = [group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return ring_attention(q, k, v, group);
+  };
+  int64_t attention = 0;
+  for (const auto& module : model->modules(/*include_self=*/false)) {
+    if (auto* embedding = dynamic_cast<models::Gpt2EmbeddingImpl*>(module.get())) {
+      embedding->context = split;
+      embedding->context.attend = nullptr;  // positions only
+    } else if (auto* gpt2 = dynamic_cast<models::Gpt2AttentionImpl*>(module.get())) {
+      gpt2->context = split;
+      ++attention;
+    } else if (auto* llama = dynamic_cast<models::LlamaAttentionImpl*>(module.get())) {
+      llama->context = split;
+      ++attention;
+    }
+  }
+  TANDEM_CHECK(attention > 0, "context parallelism: the model has no GPT-2 or LLaMA attention to cut over ranks");
 }
 
 }  // namespace tandem::parallel

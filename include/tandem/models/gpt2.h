@@ -79,6 +79,7 @@ class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>, public
   torch::Tensor forward_at(const torch::Tensor& tokens, int64_t offset) override;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   SplitLookup split;  // wte's rows (Note [split regions])
+  ContextSplit context;  // the positions held (Note [context split])
 
  private:
   Gpt2Config config_;
@@ -95,6 +96,7 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
   const Gpt2Config& config() const { return config_; }
   Conv1D c_attn{nullptr}, c_proj{nullptr};
   SplitRegion split;  // Note [split regions]
+  ContextSplit context;  // Note [context split]
 
  private:
   Gpt2Config config_;

@@ -85,6 +85,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   const LlamaConfig& config() const { return config_; }
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   SplitRegion split;  // Note [split regions]
+  ContextSplit context;  // Note [context split]
 
  private:
   // The rotary cos and sin of positions [past, past + t), in `dtype` on
@@ -92,6 +93,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // training step does), so a step computes no angles.
   std::pair<torch::Tensor, torch::Tensor> rotary(int64_t past, int64_t t, torch::ScalarType dtype,
                                                  const torch::Device& device);
+  // Those of `positions` (int64 [t]), made each call.
+  std::pair<torch::Tensor, torch::Tensor> rotary_at(const torch::Tensor& positions, torch::ScalarType dtype);
 
   LlamaConfig config_;
   torch::Tensor inv_freq_;  // float32, Note [rotary positions in float32]

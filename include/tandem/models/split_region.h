@@ -87,4 +87,18 @@ struct SplitLookup {
   }
 };
 
+// Note [context split]: context parallelism (parallel/context_parallel.h)
+// gives each rank part of every sequence, tokens that are not consecutive
+// (two chunks of it). A layer then asks two things of this hook, unset
+// (one process) until a plan sets them: the positions of the tokens it
+// holds (GPT-2's learned positions, LLaMA's rotary angles), and causal
+// attention of its queries over the whole sequence's keys and values (the
+// ring). `parts`: the ranks the sequence is cut over.
+struct ContextSplit {
+  std::function<torch::Tensor(int64_t held, const torch::Device& device)> positions;  // int64
+  std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)> attend;
+  int64_t parts = 1;
+  bool split() const { return static_cast<bool>(attend); }
+};
+
 }  // namespace tandem::models

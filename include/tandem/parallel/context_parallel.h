@@ -34,6 +34,7 @@
 #include <torch/types.h>
 
 #include "tandem/dist/process_group.h"
+#include "tandem/models/sequence.h"
 
 namespace tandem::parallel {
 
@@ -55,5 +56,14 @@ torch::Tensor context_part(const torch::Tensor& t, int64_t dim, int64_t rank, in
 // plain causal attention.
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const std::shared_ptr<dist::ProcessGroup>& group);
+
+// Cuts `model`'s attention over `group` (Note [context split] in
+// models/split_region.h): GPT-2's and LLaMA's layers then take this
+// rank's part of each sequence (context_part of its tokens along dim 1)
+// at its positions and attend over the whole through ring_attention. The
+// loss of a rank's tokens, averaged over the group's ranks (their tokens
+// are equal in number), is one process's loss of the whole batch, and so
+// are its gradients. Throws tandem::Error for a model without such layers.
+void split_context(models::Sequence& model, const std::shared_ptr<dist::ProcessGroup>& group);
 
 }  // namespace tandem::parallel
