@@ -125,8 +125,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "ranks, --strategy ddp, allreduce or fsdp doing the dp dimension; tp splits a language "
                    "model's heads, features and vocabulary (with DDP, ZeRO-1 or FSDP over dp, a pipeline over pp; "
                    "see --sequence-parallel); dp_replicate=R,dp_shard=S in place of dp=R*S: HSDP, FSDP over "
-                   "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); default: "
-                   "pp=N under --strategy pipeline, else dp=N",
+                   "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); cp=C: "
+                   "context parallelism, each sequence of a language model cut over C ranks that read the same "
+                   "samples, attention around their ring (with dp and DDP, all-reduce or FSDP; --seq-len a "
+                   "multiple of 2C); default: pp=N under --strategy pipeline, else dp=N",
                    [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "

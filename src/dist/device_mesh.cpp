@@ -26,6 +26,8 @@ std::string MeshShape::str() const {
     text += text.empty() ? "" : ",";
     if (dim == MeshDim::kData && dp_shard > 0) {
       text += "dp_replicate=" + std::to_string(dp_replicate()) + ",dp_shard=" + std::to_string(dp_shard);
+    } else if (dim == MeshDim::kData && cp > 1) {
+      text += "dp=" + std::to_string(dp()) + ",cp=" + std::to_string(cp);
     } else {
       text += std::string(mesh_dim_name(dim)) + "=" + std::to_string((*this)[dim]);
     }
@@ -35,18 +37,18 @@ std::string MeshShape::str() const {
 
 MeshShape parse_mesh(const std::string& spec, int64_t world) {
   const std::string flag = "--mesh " + spec;
-  TANDEM_CHECK_USAGE(!spec.empty(), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, tp), got nothing");
+  TANDEM_CHECK_USAGE(!spec.empty(), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, tp), got nothing");
   MeshShape shape;
-  // pp, dp, tp, then HSDP's dp_replicate and dp_shard.
-  const std::array<const char*, 5> names{"pp", "dp", "tp", "dp_replicate", "dp_shard"};
-  std::array<int64_t, 5> given{0, 0, 0, 0, 0};
+  // pp, dp, tp, then HSDP's dp_replicate and dp_shard, then cp.
+  const std::array<const char*, 6> names{"pp", "dp", "tp", "dp_replicate", "dp_shard", "cp"};
+  std::array<int64_t, 6> given{0, 0, 0, 0, 0, 0};
   for (const auto& part : split(spec, ',')) {
     const auto equals = part.find('=');
     TANDEM_CHECK_USAGE(equals != std::string::npos, flag, ": expected dim=size, such as dp=2, got '", part, "'");
     const std::string name = part.substr(0, equals);
     const auto found = std::find(names.begin(), names.end(), name);
     TANDEM_CHECK_USAGE(found != names.end(), flag, ": unknown dimension '", name,
-                       "' (expected pp, dp, tp, or dp_replicate and dp_shard in place of dp)");
+                       "' (expected pp, dp, cp, tp, or dp_replicate and dp_shard in place of dp)");
     const auto index = static_cast<size_t>(found - names.begin());
     TANDEM_CHECK_USAGE(given[index] == 0, flag, ": ", name, " given twice");
     const auto size = parse_int(part.substr(equals + 1));
@@ -61,6 +63,12 @@ MeshShape parse_mesh(const std::string& spec, int64_t world) {
     const int64_t replicas = std::max<int64_t>(given[3], 1);
     shape.dp_shard = std::max<int64_t>(given[4], 1);
     shape.sizes[1] = replicas * shape.dp_shard;
+  }
+  if (given[5] > 1) {
+    TANDEM_CHECK_USAGE(shape.dp_shard == 0, flag, ": cp with dp_replicate or dp_shard (HSDP) is not supported yet; "
+                       "give dp=N,cp=C");
+    shape.cp = given[5];
+    shape.sizes[1] *= shape.cp;
   }
   check_mesh_size(shape, spec, world);
   return shape;
@@ -105,6 +113,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
   // other slices, and its groups would wait for ranks that never come.
   std::vector<int64_t> mine(shape_.sizes.begin(), shape_.sizes.end());
   mine.push_back(shape_.dp_shard);
+  mine.push_back(shape_.cp);
   auto sizes = torch::tensor(mine, torch::kInt64);
   std::vector<torch::Tensor> all;
   for (int64_t r = 0; r < world_->size(); ++r) all.push_back(torch::empty_like(sizes));
@@ -113,6 +122,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
     MeshShape theirs;
     for (size_t i = 0; i < 3; ++i) theirs.sizes[i] = all[static_cast<size_t>(r)][static_cast<int64_t>(i)].item<int64_t>();
     theirs.dp_shard = all[static_cast<size_t>(r)][3].item<int64_t>();
+    theirs.cp = all[static_cast<size_t>(r)][4].item<int64_t>();
     TANDEM_CHECK(theirs == shape_, "--mesh: rank ", r, " lays the ranks out as ", theirs.str(), ", rank ",
                  world_->rank(), " as ", shape_.str(), ": every rank must be given the same --mesh");
   }
@@ -142,6 +152,17 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
     }
     data_shard_ = world_->split("dp_shard", same_replica);
     data_replicate_ = world_->split("dp_replicate", same_shard);
+  }
+  if (shape_.cp > 1) {
+    // Context parallelism: dp coordinate d is context group d / cp.
+    const int64_t d = coordinate(MeshDim::kData);
+    std::vector<int64_t> same_samples;
+    for (int64_t other = d / shape_.cp * shape_.cp; other < (d / shape_.cp + 1) * shape_.cp; ++other) {
+      auto at = coordinates_;
+      at[static_cast<size_t>(MeshDim::kData)] = other;
+      same_samples.push_back(mesh_rank(shape_, at));
+    }
+    context_ = world_->split("cp", same_samples);
   }
 }
 

@@ -12,7 +12,7 @@ namespace tandem::engine {
 
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers, dist::ProcessGroup* group,
-                    const Forward& forward, const Task* task) {
+                    const Forward& forward, const Task* task, const SequenceCut& cut) {
   torch::NoGradGuard no_grad;
   // Note [evaluation batches of tokens]: a language model's windows are
   // evaluated at least kEvalTokens tokens a forward, more windows than
@@ -30,9 +30,12 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   bool was_training = model->is_training();
   model->eval();
   std::shared_ptr<const data::Sampler> sampler;
-  if (group != nullptr && group->size() > 1) {
+  // The ranks that read other samples (a run of cut.copies reads the same).
+  const int64_t ranks = group != nullptr ? group->size() / cut.copies : 1;
+  const int64_t rank = group != nullptr ? group->rank() / cut.copies : 0;
+  if (ranks > 1) {
     std::vector<int64_t> mine;  // r, r + W, ...: every sample once over the ranks
-    for (int64_t i = group->rank(); i < dataset.size(); i += group->size()) mine.push_back(i);
+    for (int64_t i = rank; i < dataset.size(); i += ranks) mine.push_back(i);
     sampler = std::make_shared<data::SubsetSampler>(std::move(mine));
   } else {
     sampler = std::make_shared<data::SequentialSampler>(dataset.size());
@@ -47,7 +50,6 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
   // (rank 0, whose share is the largest): a forward with collectives in it
   // (FSDP's all-gathers) must not leave a rank waiting for one more call.
   int64_t calls = 0;
-  const int64_t ranks = group != nullptr ? group->size() : 1;
   const int64_t most = ceil_div(dataset.size(), ranks);
   const int64_t batches_of_the_most = ceil_div(most, batch_size);
   auto empty_input = [&] {
@@ -64,8 +66,8 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
       if (forward) forward(empty_input());
       continue;
     }
-    const auto& inputs = batch->inputs;
-    const auto& targets = batch->targets;
+    const auto inputs = cut.part ? cut.part(batch->inputs) : batch->inputs;
+    const auto targets = cut.part ? cut.part(batch->targets) : batch->targets;
     auto logits = forward ? forward(inputs) : model->forward(inputs);
     if (!logits.defined()) continue;  // the output is another rank's (a pipeline's last stage)
     // Under --amp the logits are bf16 or fp16: scored in float32, as
@@ -85,7 +87,8 @@ EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64
                             torch::full({}, static_cast<double>(predictions), loss_sum.options())});
   if (group != nullptr && group->size() > 1) group->all_reduce(sums).wait();
   sums = sums.cpu();
-  double loss = sums[0].item<double>(), hits = sums[1].item<double>(), total = sums[2].item<double>();
+  double loss = sums[0].item<double>(), hits = sums[1].item<double>();
+  const double total = sums[2].item<double>() / static_cast<double>(cut.copies);  // each sample's copies counted it
   const double predicted = sums[3].item<double>();
   if (total == 0) return {};
   return {loss / predicted, hits / predicted, static_cast<int64_t>(total)};

@@ -1,6 +1,8 @@
 // The mesh's groups and the parts that split the model (mesh_plan.h).
 #include "tandem/engine/mesh_plan.h"
 
+#include "tandem/parallel/context_parallel.h"
+
 #include "tandem/dist/collectives.h"
 #include "tandem/util/check.h"
 
@@ -17,12 +19,13 @@ void MeshPlan::split_groups(const ParallelLayout& layout) {
     g.model = g.mesh->model_group();
     g.data_shard = g.mesh->data_shard_group();
     g.data_replicate = g.mesh->data_replicate_group();
-  } else if (tensor_ranks || (layout.mesh.dp_shard > 0 && g.job)) {  // dp x tp, HSDP
+  } else if (tensor_ranks || (g.job && (layout.mesh.dp_shard > 0 || layout.context_ranks() > 1))) {  // dp x tp, HSDP, cp
     dist::DeviceMesh mesh(g.job, layout.mesh);
     g.data = mesh.group(dist::MeshDim::kData);
     if (tensor_ranks) g.tensor = g.model = mesh.group(dist::MeshDim::kTensor);
     g.data_shard = mesh.data_shard_group();
     g.data_replicate = mesh.data_replicate_group();
+    g.context = mesh.context_group();
   }
 }
 
@@ -97,6 +100,25 @@ void MeshPlan::cut_over_tensor_ranks(models::Sequence& model, const TrainOptions
   } catch (const Error& e) {
     throw UsageError("--mesh " + o.mesh.text() + ": " + e.what());
   }
+}
+
+void MeshPlan::cut_over_context_ranks(models::Sequence& model, const TrainOptions& o, int64_t seq_len) {
+  if (!groups.context) return;
+  const int64_t cp = groups.context->size();
+  TANDEM_CHECK_USAGE(seq_len > 0 && seq_len % (2 * cp) == 0, "--seq-len ", seq_len, ": context parallelism over cp=",
+                     cp, " (--mesh ", o.mesh.text(), ") cuts each sequence into ", 2 * cp,
+                     " equal chunks; give a length that ", 2 * cp, " divides");
+  parallel::split_context(model, groups.context);
+}
+
+torch::Tensor MeshPlan::cut_sequence(const torch::Tensor& batch) const {
+  if (!groups.context) return batch;
+  return parallel::context_part(batch, 1, groups.context->rank(), groups.context->size());
+}
+
+SequenceCut MeshPlan::sequence_cut() const {
+  if (!groups.context) return {};
+  return {groups.context->size(), [this](const torch::Tensor& batch) { return cut_sequence(batch); }};
 }
 
 std::shared_ptr<const Task> MeshPlan::task(std::shared_ptr<const Task> plain, double label_smoothing) const {

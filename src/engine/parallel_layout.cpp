@@ -24,6 +24,13 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": tensor parallelism splits a language model's "
                          "layers; ", o.model, " is an image classifier (lay the ranks out over dp and pp)");
     }
+    if (layout.context_ranks() > 1) {  // the combinations context parallelism has so far
+      TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": context parallelism splits a language model's "
+                         "sequences; ", o.model, " is an image classifier");
+      TANDEM_CHECK_USAGE(layout.pipeline_ranks() == 1 && layout.tensor_ranks() == 1, flag,
+                         ": cp with pp or tp is not supported yet; lay the ranks out as dp=N,cp=C");
+      TANDEM_CHECK_USAGE(o.dropout == 0, flag, ": context parallelism with --dropout is not supported yet");
+    }
     if (layout.mesh.dp_shard > 0 && o.strategy != Strategy::kFsdp) {
       const std::string hsdp = flag + ": dp_replicate and dp_shard lay out HSDP (FSDP over each group of dp_shard "
                                       "ranks, replicated over dp_replicate groups); give --strategy fsdp";

@@ -81,7 +81,7 @@ class WholeModelPlan : public StagePlan {
       dist::broadcast_buffers(*model_, *setup.group);
     }
     return engine::evaluate(model_, *setup.dataset, setup.batch_size / setup.data_ranks, device_, setup.workers,
-                            setup.group.get(), forward, step_.task.get());
+                            setup.group.get(), forward, step_.task.get(), setup.cut);
   }
 
  private:

@@ -369,11 +369,18 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
       }
     }
   }
-  const int64_t world = pipeline || tensor ? layout.data_ranks() : ranks;
+  const int64_t cp = layout.context_ranks();
+  if (cp > 1) {  // named once here rather than by every worker (MeshPlan::cut_over_context_ranks's words)
+    TANDEM_CHECK_USAGE(o.seq_len % (2 * cp) == 0, "--seq-len ", o.seq_len, ": context parallelism over cp=", cp,
+                       " (--mesh ", o.mesh.text(), ") cuts each sequence into ", 2 * cp,
+                       " equal chunks; give a length that ", 2 * cp, " divides");
+  }
+  // A cp group's ranks read the same samples: the data see dp = data_ranks / cp.
+  const int64_t world = pipeline || tensor || cp > 1 ? layout.data_ranks() / cp : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,
                      "--batch-per-process ", o.batch_per_process, ": too large for ", world, " ranks");
   const int64_t batch = o.batch_per_process > 0 ? o.batch_per_process * world : o.batch_size;
-  const std::string divisor = layout.replicated_stages() || (pipeline && ranks > 1) || tensor
+  const std::string divisor = layout.replicated_stages() || (pipeline && ranks > 1) || tensor || cp > 1
                                   ? detail::str_cat("the ", world, " data-parallel rank(s) of --mesh ",
                                                     layout.mesh.str())
                                   : detail::str_cat("the world size ", world);

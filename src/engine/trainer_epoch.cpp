@@ -55,8 +55,9 @@ void Trainer::train_epoch(RunState& run) {
     if (auto trace = profiler.before_step(position.step); !trace.empty()) say("trace written to " + trace);
     epoch.lr = run.schedule->lr(position.step);
     optim::set_lr(optimizer, epoch.lr);
-    const auto& inputs = batch->inputs;  // on device_ already
-    const auto& targets = batch->targets;
+    // On device_ already; under context parallelism this rank's part of the sequences.
+    const auto inputs = mesh_.cut_sequence(batch->inputs);
+    const auto targets = mesh_.cut_sequence(batch->targets);
     if (options_.dropout > 0) seed_dropout(position.step);  // Note [dropout seeds]
     // --cuda-graph: copy in and replay; otherwise the step itself.
     run.traffic->begin();

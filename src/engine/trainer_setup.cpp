@@ -58,12 +58,14 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   check_train_ranks(o, world_);
   layout_ = parallel_layout(o, world_);
   data_rank_ = rank_;
-  if (layout_.replicated_stages() || layout_.tensor_ranks() > 1) {
+  if (layout_.split_mesh()) {
     // Note [replicated stages]: the mesh's groups are split off once every
     // rank's settings are known to agree (below); its coordinates now. The
-    // ranks of a tp group read the same batches: the data see the dp ranks.
-    world_ = layout_.data_ranks();
-    data_rank_ = dist::mesh_coordinates(layout_.mesh, rank_)[static_cast<size_t>(dist::MeshDim::kData)];
+    // ranks of a tp group read the same batches, and so do those of a cp
+    // group: the data see the dp ranks.
+    const int64_t cp = layout_.context_ranks();
+    world_ = layout_.data_ranks() / cp;
+    data_rank_ = dist::mesh_coordinates(layout_.mesh, rank_)[static_cast<size_t>(dist::MeshDim::kData)] / cp;
   } else if (pipeline && world_ > 1) {
     // Note [pipeline over ranks]: one stage per rank, each on its own
     // --device; every rank reads the whole batch (stage 0 feeds it in, the
@@ -147,6 +149,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   task_ = info.seq_len > 0 ? language_model_task(o.label_smoothing) : classification_task(o.label_smoothing);
   parameter_count_ = models::count_parameters(*model_);  // the whole model's, before tp cuts it
   mesh_.cut_over_tensor_ranks(model_, o, info.seq_len);  // under tp: the model cut, and its task
+  mesh_.cut_over_context_ranks(model_, o, info.seq_len);  // under cp: its attention over the ring
   if (mesh_.tensor) say(mesh_.tensor->describe());
   task_ = mesh_.task(task_, o.label_smoothing);
   if (info.seq_len > 0) {

@@ -80,6 +80,7 @@ EvalResult Trainer::evaluate() {
   setup.workers = options_.workers;
   setup.group = mesh_.groups.data;  // the dp group (null for a pipeline over ranks without a mesh)
   setup.data_ranks = world_;
+  setup.cut = mesh_.sequence_cut();  // context parallelism: each rank its part of the sequences
   return stage_plan_->evaluate(setup, *plan_);
 }
 

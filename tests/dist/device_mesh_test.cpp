@@ -34,11 +34,18 @@ TEST(DeviceMeshTest, TheFlagIsParsedOrNamed) {
                                        "sizes' product must be the world size)");
   EXPECT_EQ(usage_error_of("dp=2,dp=2", 4), "--mesh dp=2,dp=2: dp given twice");
   EXPECT_EQ(usage_error_of("ep=2", 2),
-            "--mesh ep=2: unknown dimension 'ep' (expected pp, dp, tp, or dp_replicate and dp_shard in place of dp)");
+            "--mesh ep=2: unknown dimension 'ep' (expected pp, dp, cp, tp, or dp_replicate and dp_shard in place of dp)");
   EXPECT_EQ(usage_error_of("dp=0", 1), "--mesh dp=0: dp expected a whole number of ranks >= 1, got '0'");
   EXPECT_EQ(usage_error_of("dp=two", 2), "--mesh dp=two: dp expected a whole number of ranks >= 1, got 'two'");
   EXPECT_EQ(usage_error_of("dp", 2), "--mesh dp: expected dim=size, such as dp=2, got 'dp'");
-  EXPECT_EQ(usage_error_of("", 2), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, tp), got nothing");
+  EXPECT_EQ(usage_error_of("", 2), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, tp), got nothing");
+  // cp: the data dimension's ranks in groups of cp (dp x cp of them).
+  const auto context = parse_mesh("cp=2,dp=3", 6);
+  EXPECT_EQ(context.str(), "pp=1,dp=3,cp=2,tp=1");
+  EXPECT_EQ(context[MeshDim::kData], 6);
+  EXPECT_EQ(context.dp(), 3);
+  EXPECT_EQ(usage_error_of("dp=2,cp=2", 2), "--mesh dp=2,cp=2: pp=1,dp=2,cp=2,tp=1 is a mesh of 4 ranks, but the "
+                                            "job has 2 (the sizes' product must be the world size)");
 }
 
 // The picture in tandem/dist/device_mesh.h, and for every rank of a

@@ -40,11 +40,19 @@ struct MeshShape {
   // dp ranks grouped in R groups of S consecutive ones; 0: dp not split.
   int64_t dp_shard = 0;
   int64_t dp_replicate() const { return dp_shard > 0 ? sizes[1] / dp_shard : 1; }
+  // Context parallelism (--mesh cp=C, Note [context parallelism] in
+  // parallel/context_parallel.h): the data dimension's ranks in groups of
+  // C consecutive ones, each group reading the same samples and holding
+  // parts of their sequences; sizes[1] = dp x cp. 1: none.
+  int64_t cp = 1;
+  int64_t dp() const { return sizes[1] / cp; }
   int64_t operator[](MeshDim dim) const { return sizes[static_cast<size_t>(dim)]; }
   int64_t& operator[](MeshDim dim) { return sizes[static_cast<size_t>(dim)]; }
   int64_t size() const { return sizes[0] * sizes[1] * sizes[2]; }
-  std::string str() const;  // "pp=2,dp=2,tp=1", "pp=1,dp_replicate=2,dp_shard=2,tp=1"
-  bool operator==(const MeshShape& other) const { return sizes == other.sizes && dp_shard == other.dp_shard; }
+  std::string str() const;  // "pp=2,dp=2,tp=1", "pp=1,dp_replicate=2,dp_shard=2,tp=1", "pp=1,dp=2,cp=2,tp=1"
+  bool operator==(const MeshShape& other) const {
+    return sizes == other.sizes && dp_shard == other.dp_shard && cp == other.cp;
+  }
 };
 
 // --mesh SPEC: comma-separated dim=size, each dimension at most once, an
@@ -87,6 +95,9 @@ class DeviceMesh {
   // which FSDP shards, and the R ranks that hold the same shards, over
   // which their gradients are averaged. Null when dp is not split.
   const std::shared_ptr<ProcessGroup>& data_shard_group() const { return data_shard_; }
+  // Context parallelism (MeshShape::cp): the cp ranks of this rank's
+  // group, which read the same samples. Null without it.
+  const std::shared_ptr<ProcessGroup>& context_group() const { return context_; }
   const std::shared_ptr<ProcessGroup>& data_replicate_group() const { return data_replicate_; }
 
  private:
@@ -95,7 +106,7 @@ class DeviceMesh {
   MeshCoordinates coordinates_{};
   std::array<std::shared_ptr<ProcessGroup>, 3> groups_;
   std::shared_ptr<ProcessGroup> model_group_;
-  std::shared_ptr<ProcessGroup> data_shard_, data_replicate_;
+  std::shared_ptr<ProcessGroup> data_shard_, data_replicate_, context_;
 };
 
 }  // namespace tandem::dist

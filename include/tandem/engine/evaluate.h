@@ -32,10 +32,17 @@ struct EvalResult {
 // ranks in step. A `forward` that returns an undefined tensor has its output
 // on another rank (a pipeline stage before the last): that batch counts
 // nothing here.
+// Under context parallelism (`cut`) the group's ranks come in runs of
+// `copies` consecutive ones that read the same samples, each scoring its
+// `part` of their sequences (inputs and targets).
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+struct SequenceCut {
+  int64_t copies = 1;
+  std::function<torch::Tensor(const torch::Tensor&)> part;
+};
 EvalResult evaluate(models::Sequence& model, const data::Dataset& dataset, int64_t batch_size,
                     const torch::Device& device, int64_t workers = 0,
                     dist::ProcessGroup* group = nullptr, const Forward& forward = {},
-                    const Task* task = nullptr);
+                    const Task* task = nullptr, const SequenceCut& cut = {});
 
 }  // namespace tandem::engine

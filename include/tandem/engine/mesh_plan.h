@@ -34,6 +34,7 @@
 #include "tandem/dist/placement.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/data_plan.h"
+#include "tandem/engine/evaluate.h"
 #include "tandem/engine/parallel_layout.h"
 #include "tandem/engine/task.h"
 #include "tandem/engine/train_options.h"
@@ -57,6 +58,9 @@ struct MeshGroups {
   // The tp slice, and the ranks holding one copy of the model between them
   // (the tp group, or under pp x tp the pp x tp slice).
   std::shared_ptr<dist::ProcessGroup> tensor, model;
+  // The cp slice (--mesh cp=C): ranks of `data` reading the same samples,
+  // each holding part of every sequence. Null without it.
+  std::shared_ptr<dist::ProcessGroup> context;
   // pp x dp (x tp) over ranks: the mesh the groups were split from.
   std::shared_ptr<dist::DeviceMesh> mesh;
 };
@@ -84,6 +88,15 @@ class MeshPlan {
   // --sequence-parallel for a model or sequence tp cannot split.
   // `seq_len`: the data's (0: images).
   void cut_over_tensor_ranks(models::Sequence& model, const TrainOptions& options, int64_t seq_len);
+  // --mesh with cp > 1 (nothing otherwise): the model's attention cut
+  // over the cp group (Note [context parallelism]). Throws
+  // tandem::UsageError naming --seq-len for sequences 2 cp does not divide.
+  void cut_over_context_ranks(models::Sequence& model, const TrainOptions& options, int64_t seq_len);
+  // This rank's part of a batch of sequences [B, T] (inputs or targets):
+  // the tokens it holds under cp, all of them otherwise.
+  torch::Tensor cut_sequence(const torch::Tensor& batch) const;
+  // The same for evaluation (engine/evaluate.h).
+  SequenceCut sequence_cut() const;
   // The task the model is trained for under this mesh: `plain`, or under
   // tp its loss over the vocabulary's parts.
   std::shared_ptr<const Task> task(std::shared_ptr<const Task> plain, double label_smoothing) const;
@@ -100,7 +113,7 @@ class MeshPlan {
   // names --mesh gives them ("dp", "pp", "tp"; a null one where the run
   // lacks it).
   std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>> named_groups() const {
-    return {{"dp", groups.data}, {"pp", groups.pipeline}, {"tp", groups.tensor}};
+    return {{"dp", groups.data}, {"pp", groups.pipeline}, {"tp", groups.tensor}, {"cp", groups.context}};
   }
   // The ranks whose gradients an fp16 loss scaler checks together: the
   // whole job under a mesh (FSDP's shards and tp's parts differ), a

@@ -41,6 +41,13 @@ struct ParallelLayout {
   int64_t pipeline_ranks() const { return mesh[dist::MeshDim::kPipeline]; }
   int64_t data_ranks() const { return mesh[dist::MeshDim::kData]; }
   int64_t tensor_ranks() const { return mesh[dist::MeshDim::kTensor]; }
+  // Context parallelism: the data dimension's ranks that read the same
+  // samples (data_ranks() counts them all; the samples are read by
+  // data_ranks() / context_ranks() replicas).
+  int64_t context_ranks() const { return mesh.cp; }
+  // Whether the run's ranks are a mesh whose groups must be split:
+  // replicated stages, tp, or cp.
+  bool split_mesh() const { return replicated_stages() || tensor_ranks() > 1 || context_ranks() > 1; }
   // Both dimensions over ranks (Note [replicated stages]).
   bool replicated_stages() const { return pipeline_ranks() > 1 && data_ranks() > 1; }
   // A pipeline over the mesh's pp ranks whose stages are replicated over

@@ -51,7 +51,8 @@ struct EvalSetup {
   int64_t batch_size = 0;  // the global batch
   int64_t workers = 0;
   std::shared_ptr<dist::ProcessGroup> group;  // the dp group (null: one replica)
-  int64_t data_ranks = 1;
+  int64_t data_ranks = 1;  // the replicas that read other samples
+  SequenceCut cut;         // context parallelism: the part of each sequence scored here
 };
 
 class StagePlan {

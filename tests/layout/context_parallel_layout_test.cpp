@@ -1,0 +1,49 @@
+// Context parallelism, --mesh cp=C (Note [context parallelism] in
+// parallel/context_parallel.h), the ranks as threads: each rank of a cp
+// group reads its replica's samples and holds two chunks of every
+// sequence, attention runs around the ring, and the gradients are averaged
+// over dp x cp. gpt2-tiny (learned positions, tied head) and llama-tiny
+// (rotary angles, grouped key/value heads) at cp=2, cp=4 and dp=2,cp=2,
+// under DDP and FSDP, train one process's weights in float64 (control:
+// another learning rate); a dp=2,cp=2 checkpoint resumes in one process
+// and at cp=4 where the uninterrupted run ends.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "same_weights.h"
+#include "testing.h"
+
+namespace tandem {
+namespace context_parallel_layout {  // the file's own names (a layer's tests compile as one unit)
+
+using testing::TempDir;
+using testing::write_text;
+
+constexpr testing::RunStyle kRuns{/*threads=*/true, /*steps=*/4};
+constexpr testing::RunStyle kResumed{/*threads=*/true, /*steps=*/6};
+
+TEST(ContextParallelLayoutTest, GptAndLlamaOverCpRanksAreOneProcess) {
+  TempDir text;
+  const std::string data = " --data text:" + write_text(text) + " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  for (const std::string model : {"gpt2-tiny", "llama-tiny"}) {
+    const std::string flags = "--model " + model + data;
+    testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh cp=2",
+                                  "--nproc-per-node 4 --mesh dp=2,cp=2",
+                                  "--nproc-per-node 4 --mesh dp=2,cp=2 --strategy fsdp --fsdp-min-unit-params 0",
+                                  "--nproc-per-node 4 --mesh cp=4"},
+                                 flags, 1e-10, flags + " --lr 2e-3", kRuns);
+  }
+}
+
+TEST(ContextParallelLayoutTest, ACheckpointResumesUnderAnotherLayout) {
+  TempDir dir;
+  const std::string model = "--model llama-tiny --data text:" + write_text(dir) + " --seq-len 16 --dtype float64 ";
+  testing::expect_resumes_as_uninterrupted(dir, model, "--nproc-per-node 4 --mesh dp=2,cp=2",
+                                           {"--nproc-per-node 0", "--nproc-per-node 4 --mesh cp=4"}, "dp=2,cp=2",
+                                           1e-10, kResumed);
+}
+
+}  // namespace context_parallel_layout
+}  // namespace tandem
