@@ -127,8 +127,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "see --sequence-parallel); dp_replicate=R,dp_shard=S in place of dp=R*S: HSDP, FSDP over "
                    "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); cp=C: "
                    "context parallelism, each sequence of a language model cut over C ranks that read the same "
-                   "samples, attention around their ring (with dp and DDP, all-reduce or FSDP; --seq-len a "
-                   "multiple of 2C); default: pp=N under --strategy pipeline, else dp=N",
+                   "samples, attention around their ring (composes with dp, pp and tp; --seq-len a multiple of "
+                   "2C); default: pp=N under --strategy pipeline, else dp=N",
                    [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "

@@ -19,6 +19,7 @@ void MeshPlan::split_groups(const ParallelLayout& layout) {
     g.model = g.mesh->model_group();
     g.data_shard = g.mesh->data_shard_group();
     g.data_replicate = g.mesh->data_replicate_group();
+    g.context = g.mesh->context_group();
   } else if (tensor_ranks || (g.job && (layout.mesh.dp_shard > 0 || layout.context_ranks() > 1))) {  // dp x tp, HSDP, cp
     dist::DeviceMesh mesh(g.job, layout.mesh);
     g.data = mesh.group(dist::MeshDim::kData);

@@ -27,8 +27,6 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
     if (layout.context_ranks() > 1) {  // the combinations context parallelism has so far
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": context parallelism splits a language model's "
                          "sequences; ", o.model, " is an image classifier");
-      TANDEM_CHECK_USAGE(layout.pipeline_ranks() == 1 && layout.tensor_ranks() == 1, flag,
-                         ": cp with pp or tp is not supported yet; lay the ranks out as dp=N,cp=C");
       TANDEM_CHECK_USAGE(o.dropout == 0, flag, ": context parallelism with --dropout is not supported yet");
     }
     if (layout.mesh.dp_shard > 0 && o.strategy != Strategy::kFsdp) {

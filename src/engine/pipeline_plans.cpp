@@ -110,7 +110,7 @@ class RankPipelinePlan : public StagePlan {
     Forward forward = [this](const torch::Tensor& x) { return pipeline_->forward(x); };
     Held gathered = data.whole_model(/*write_back=*/false);
     auto result = engine::evaluate(model_, *setup.dataset, setup.batch_size, device_, setup.workers,
-                                   setup.group.get(), forward, step_.task.get());
+                                   setup.group.get(), forward, step_.task.get(), setup.cut);
     gathered.reset();
     const auto wire = stages_->wire_device();
     auto values = torch::tensor({result.loss, result.accuracy, static_cast<double>(result.count)},

@@ -245,9 +245,10 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
   TANDEM_CHECK_USAGE(layers >= stages * chunks, "pipeline: the model has ", layers, " layers, fewer than the ",
                      stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
-  // Under tensor parallelism the layers run collectives over the tp
-  // group, so rank 0 cannot time them alone: balanced by parameter count.
-  if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor) {
+  // Under tensor or context parallelism the layers run collectives over
+  // the tp or cp group, so rank 0 cannot time them alone: balanced by
+  // parameter count.
+  if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor || mesh_.groups.context) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }

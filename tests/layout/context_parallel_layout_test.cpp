@@ -4,9 +4,10 @@
 // sequence, attention runs around the ring, and the gradients are averaged
 // over dp x cp. gpt2-tiny (learned positions, tied head) and llama-tiny
 // (rotary angles, grouped key/value heads) at cp=2, cp=4 and dp=2,cp=2,
-// under DDP and FSDP, train one process's weights in float64 (control:
-// another learning rate); a dp=2,cp=2 checkpoint resumes in one process
-// and at cp=4 where the uninterrupted run ends.
+// under DDP and FSDP, and composed with tp and a pipeline, train one
+// process's weights in float64 (control: another learning rate); a
+// dp=2,cp=2 checkpoint resumes in one process and at cp=4 where the
+// uninterrupted run ends.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -35,6 +36,24 @@ TEST(ContextParallelLayoutTest, GptAndLlamaOverCpRanksAreOneProcess) {
                                   "--nproc-per-node 4 --mesh cp=4"},
                                  flags, 1e-10, flags + " --lr 2e-3", kRuns);
   }
+}
+
+// cp composed with tp (sequence parallelism too: each tp rank a part of
+// the rank's chunks) and with a pipeline over ranks (the ring inside each
+// stage's cp group; GPT-2's embedding tied across the stages): gpt2-tiny
+// at cp=2 x tp=2 with and without --sequence-parallel and pp=2 x cp=2,
+// llama-tiny at pp=2 x cp=2 x tp=2 (8 ranks). Control: another learning
+// rate.
+TEST(ContextParallelLayoutTest, CpComposesWithTpAndAPipeline) {
+  TempDir text;
+  const std::string data = " --data text:" + write_text(text) + " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  const std::string gpt2 = "--model gpt2-tiny" + data, llama = "--model llama-tiny" + data;
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 4 --mesh cp=2,tp=2",
+                                "--nproc-per-node 4 --mesh cp=2,tp=2 --sequence-parallel",
+                                "--nproc-per-node 4 --mesh pp=2,cp=2"},
+                               gpt2, 1e-10, gpt2 + " --lr 2e-3", kRuns);
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 8 --mesh pp=2,cp=2,tp=2"}, llama, 1e-10,
+                               llama + " --lr 2e-3", kRuns);
 }
 
 TEST(ContextParallelLayoutTest, ACheckpointResumesUnderAnotherLayout) {
