@@ -26,6 +26,7 @@ std::string MeshShape::str() const {
     text += text.empty() ? "" : ",";
     if (dim == MeshDim::kData && dp_shard > 0) {
       text += "dp_replicate=" + std::to_string(dp_replicate()) + ",dp_shard=" + std::to_string(dp_shard);
+      if (cp > 1) text += ",cp=" + std::to_string(cp);
     } else if (dim == MeshDim::kData && cp > 1) {
       text += "dp=" + std::to_string(dp()) + ",cp=" + std::to_string(cp);
     } else {
@@ -65,8 +66,6 @@ MeshShape parse_mesh(const std::string& spec, int64_t world) {
     shape.sizes[1] = replicas * shape.dp_shard;
   }
   if (given[5] > 1) {
-    TANDEM_CHECK_USAGE(shape.dp_shard == 0, flag, ": cp with dp_replicate or dp_shard (HSDP) is not supported yet; "
-                       "give dp=N,cp=C");
     shape.cp = given[5];
     shape.sizes[1] *= shape.cp;
   }
@@ -141,8 +140,9 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
     model_group_ = group(pp > 1 ? MeshDim::kPipeline : MeshDim::kTensor);
   }
   if (shape_.dp_shard > 0) {
-    // HSDP: dp coordinate d is replica group d / S, shard d % S.
-    const int64_t shards = shape_.dp_shard, d = coordinate(MeshDim::kData);
+    // HSDP: dp coordinate d is replica group d / S, shard d % S; under cp
+    // FSDP shards over the S x cp ranks of a replica (cp's inside them).
+    const int64_t shards = shape_.dp_shard * shape_.cp, d = coordinate(MeshDim::kData);
     std::vector<int64_t> same_replica, same_shard;
     for (int64_t other = 0; other < shape_[MeshDim::kData]; ++other) {
       auto at = coordinates_;

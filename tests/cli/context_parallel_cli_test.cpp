@@ -34,8 +34,6 @@ TEST(ContextParallelCliTest, WhatIsNotAvailableYetIsNamed) {
       {"--model gpt2-tiny --nproc-per-node 4 --mesh cp=4 --seq-len 12",
        "--seq-len 12: context parallelism over cp=4 (--mesh cp=4) cuts each sequence into 8 equal chunks; give a "
        "length that 8 divides"},
-      {"--model gpt2-tiny --nproc-per-node 4 --mesh dp_shard=2,cp=2 --strategy fsdp",
-       "cp with dp_replicate or dp_shard (HSDP) is not supported yet"},
       {"--model gpt2-tiny --nproc-per-node 2 --mesh cp=2 --dropout 0.1",
        "context parallelism with --dropout is not supported yet"},
   };

@@ -44,6 +44,10 @@ TEST(DeviceMeshTest, TheFlagIsParsedOrNamed) {
   EXPECT_EQ(context.str(), "pp=1,dp=3,cp=2,tp=1");
   EXPECT_EQ(context[MeshDim::kData], 6);
   EXPECT_EQ(context.dp(), 3);
+  const auto hybrid = parse_mesh("dp_replicate=2,dp_shard=2,cp=2", 8);
+  EXPECT_EQ(hybrid.str(), "pp=1,dp_replicate=2,dp_shard=2,cp=2,tp=1");
+  EXPECT_EQ(hybrid.dp_replicate(), 2);
+  EXPECT_EQ(hybrid.dp(), 4);
   EXPECT_EQ(usage_error_of("dp=2,cp=2", 2), "--mesh dp=2,cp=2: pp=1,dp=2,cp=2,tp=1 is a mesh of 4 ranks, but the "
                                             "job has 2 (the sizes' product must be the world size)");
 }

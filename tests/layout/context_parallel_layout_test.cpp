@@ -4,7 +4,7 @@
 // sequence, attention runs around the ring, and the gradients are averaged
 // over dp x cp. gpt2-tiny (learned positions, tied head) and llama-tiny
 // (rotary angles, grouped key/value heads) at cp=2, cp=4 and dp=2,cp=2,
-// under DDP and FSDP, and composed with tp and a pipeline, train one
+// under DDP and FSDP, HSDP with FSDP over dp_shard x cp, and composed with tp and a pipeline, train one
 // process's weights in float64 (control: another learning rate); a
 // dp=2,cp=2 checkpoint resumes in one process and at cp=4 where the
 // uninterrupted run ends.
@@ -34,7 +34,9 @@ TEST(ContextParallelLayoutTest, GptAndLlamaOverCpRanksAreOneProcess) {
     testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh cp=2",
                                   "--nproc-per-node 4 --mesh dp=2,cp=2",
                                   "--nproc-per-node 4 --mesh dp=2,cp=2 --strategy fsdp --fsdp-min-unit-params 0",
-                                  "--nproc-per-node 4 --mesh cp=4"},
+                                  "--nproc-per-node 4 --mesh cp=4",
+                                  "--nproc-per-node 8 --mesh dp_replicate=2,dp_shard=2,cp=2 --strategy fsdp "
+                                  "--fsdp-min-unit-params 0"},
                                  flags, 1e-10, flags + " --lr 2e-3", kRuns);
   }
 }

@@ -39,11 +39,13 @@ struct MeshShape {
   // HSDP (--mesh dp_replicate=R,dp_shard=S): dp = R x S, dp_shard = S, the
   // dp ranks grouped in R groups of S consecutive ones; 0: dp not split.
   int64_t dp_shard = 0;
-  int64_t dp_replicate() const { return dp_shard > 0 ? sizes[1] / dp_shard : 1; }
+  int64_t dp_replicate() const { return dp_shard > 0 ? sizes[1] / (dp_shard * cp) : 1; }
   // Context parallelism (--mesh cp=C, Note [context parallelism] in
   // parallel/context_parallel.h): the data dimension's ranks in groups of
   // C consecutive ones, each group reading the same samples and holding
-  // parts of their sequences; sizes[1] = dp x cp. 1: none.
+  // parts of their sequences; sizes[1] = dp x cp. 1: none. Under HSDP,
+  // FSDP shards over the dp_shard x cp ranks of a replica group
+  // (torchtitan's dp_shard_cp), the groups replicating as before.
   int64_t cp = 1;
   int64_t dp() const { return sizes[1] / cp; }
   int64_t operator[](MeshDim dim) const { return sizes[static_cast<size_t>(dim)]; }
