@@ -170,7 +170,7 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(k, v);  // kept per key/value head
-  if (kv != h) {  // each key/value head serves h / kv query heads
+  if (kv != h && !context.split()) {  // each key/value head serves h / kv query heads (the ring repeats its own)
     k = k.repeat_interleave(h / kv, 1);
     v = v.repeat_interleave(h / kv, 1);
   }

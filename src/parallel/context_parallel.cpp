@@ -14,12 +14,27 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// Grouped key/value heads (LLaMA's): each of k's heads serves
+// q.size(1) / k.size(1) query heads. The ring passes the key/value heads
+// as they are (that many times fewer bytes); each block repeats them for
+// the kernel, and their gradients are summed back over the query heads
+// they served.
+torch::Tensor repeated(const torch::Tensor& kv, int64_t heads) {
+  return kv.size(1) == heads ? kv : kv.repeat_interleave(heads / kv.size(1), 1);
+}
+torch::Tensor summed(const torch::Tensor& grad, int64_t kv_heads) {
+  if (grad.size(1) == kv_heads) return grad;
+  auto sizes = grad.sizes().vec();
+  return grad.view({sizes[0], kv_heads, sizes[1] / kv_heads, sizes[2], sizes[3]}).sum(2);
+}
+
 // One block's attention and its rows' log-sum-exp: libtorch's CPU flash
 // attention kernel.
 std::pair<torch::Tensor, torch::Tensor> attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                                bool causal) {
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                                     /*dropout_p=*/0.0, causal);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      q.contiguous(), repeated(k, q.size(1)).contiguous(), repeated(v, q.size(1)).contiguous(), /*dropout_p=*/0.0,
+      causal);
   return {out, lse};
 }
 
@@ -28,9 +43,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attend_backward(const to
                                                                         const torch::Tensor& q, const torch::Tensor& k,
                                                                         const torch::Tensor& v, const torch::Tensor& out,
                                                                         const torch::Tensor& lse, bool causal) {
-  return at::_scaled_dot_product_flash_attention_for_cpu_backward(grad.contiguous(), q.contiguous(), k.contiguous(),
-                                                                  v.contiguous(), out.contiguous(), lse.contiguous(),
-                                                                  /*dropout_p=*/0.0, causal);
+  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      grad.contiguous(), q.contiguous(), repeated(k, q.size(1)).contiguous(), repeated(v, q.size(1)).contiguous(),
+      out.contiguous(), lse.contiguous(), /*dropout_p=*/0.0, causal);
+  return {gq, summed(gk, k.size(1)), summed(gv, v.size(1))};
 }
 
 // Rows from .. of (out, lse) merged with a block's (their softmaxes'
@@ -155,12 +171,14 @@ torch::Tensor context_part(const torch::Tensor& t, int64_t dim, int64_t rank, in
 
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const std::shared_ptr<dist::ProcessGroup>& group) {
+  TANDEM_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                   q.size(2) == k.size(2) && q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+               "ring attention: q, k and v must be [batch, heads, tokens, head size], k and v alike with heads that "
+               "divide q's, got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   if (!group || group->size() == 1) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    return at::scaled_dot_product_attention(q, repeated(k, q.size(1)), repeated(v, q.size(1)), /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0, /*is_causal=*/true);
   }
-  TANDEM_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.sizes() == v.sizes(),
-               "ring attention: q, k and v must be [batch, heads, tokens, head size] alike, got ", q.sizes(), ", ",
-               k.sizes(), ", ", v.sizes());
   TANDEM_CHECK(q.size(2) % 2 == 0, "ring attention: a rank holds two equal chunks of the sequence, got ", q.size(2),
                " tokens");
   TANDEM_CHECK(q.device().is_cpu(), "ring attention: on the CPU only for now, got ", q.device().str());

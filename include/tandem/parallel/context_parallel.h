@@ -25,7 +25,7 @@
 // the gradients are one process's to rounding.
 // Traffic per attention and rank: forward (cp - 1) blocks of k and v;
 // backward (cp - 1) blocks of k, v and their gradients, plus one of the
-// gradients; a block is [B, H, T/cp, D] each.
+// gradients; a block is [B, H_kv, T/cp, D] each (the key/value heads).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +48,9 @@ torch::Tensor context_part(const torch::Tensor& t, int64_t dim, int64_t rank, in
 
 // Causal attention of this rank's queries over the whole sequence, whose
 // keys and values the ranks of `group` hold in the parts context_positions
-// gives: q, k, v [B, H, T/cp, D] (q's heads a multiple of k's and v's are
-// not supported: one head count), on the CPU. Returns this rank's rows of
+// gives: q [B, H, T/cp, D], k and v [B, H_kv, T/cp, D] with H_kv dividing
+// H (grouped key/value heads, passed around the ring as they are), on the
+// CPU. Returns this rank's rows of
 // one process's causal scaled_dot_product_attention over the whole; its
 // gradients are those rows' too. A collective of `group` in forward and
 // in backward; `group` must outlive the graph. Null or a group of one: the
