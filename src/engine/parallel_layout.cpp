@@ -28,6 +28,8 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
       TANDEM_CHECK_USAGE(models::is_language_model(o.model), flag, ": context parallelism splits a language model's "
                          "sequences; ", o.model, " is an image classifier");
       TANDEM_CHECK_USAGE(o.dropout == 0, flag, ": context parallelism with --dropout is not supported yet");
+      TANDEM_CHECK_USAGE(o.device.rfind("cuda", 0) != 0, flag, ": context parallelism runs on the CPU only for now "
+                         "(--device ", o.device, ")");
     }
     if (layout.mesh.dp_shard > 0 && o.strategy != Strategy::kFsdp) {
       const std::string hsdp = flag + ": dp_replicate and dp_shard lay out HSDP (FSDP over each group of dp_shard "
