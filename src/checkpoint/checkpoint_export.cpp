@@ -49,7 +49,12 @@ CheckpointWeights read_file(const std::string& path) {
   {
     internal::load_checked_archive(bytes, archive);
     c10::IValue value;
-    archive.read("format_version", value);
+    if (!archive.try_read("format_version", value)) {
+      // A rank's file of a sharded checkpoint is one piece of it, not a checkpoint.
+      TANDEM_CHECK(!archive.try_read("checkpoint_id", value), "a rank's file of a sharded checkpoint, not a "
+                   "checkpoint: give the checkpoint's folder (the one holding ", sharded::kManifest, ")");
+      TANDEM_FAIL("not a tandem checkpoint (it holds no format_version)");
+    }
     TANDEM_CHECK(value.toInt() == internal::kFormatVersion, "format version ", value.toInt(), ", expected ",
                  internal::kFormatVersion);
     archive.read("fingerprint", value);

@@ -74,6 +74,7 @@ struct ManifestTensor {
 struct Manifest {
   std::string id;
   int64_t ranks = 0, step = 0;
+  std::vector<int64_t> bytes;  // each rank file's size
   std::vector<ManifestTensor> tensors;
 };
 
@@ -110,6 +111,7 @@ Manifest parse_manifest(const std::string& dir) {
   for (int64_t r = 0; r < out.ranks; ++r) {
     TANDEM_CHECK(field(listed[static_cast<size_t>(r)], "file", json::value_t::string, where) == rank_file(r), where,
                  ": file ", r, " is ", listed[static_cast<size_t>(r)].at("file").dump(), ", expected ", rank_file(r));
+    out.bytes.push_back(integer(listed[static_cast<size_t>(r)], "bytes", where));
   }
   std::set<std::pair<std::string, std::string>> listed_pieces;
   for (const auto& t : field(manifest, "tensors", json::value_t::array, where)) {
@@ -168,6 +170,10 @@ void walk(const std::string& dir, const Manifest& manifest, const HeaderCheck& o
     const std::string name = rank_file(r);
     std::string bytes;
     try {
+      std::error_code ec;
+      const auto size = fs::file_size(fs::path(dir) / name, ec);
+      TANDEM_CHECK(ec || static_cast<int64_t>(size) == manifest.bytes[static_cast<size_t>(r)], "its ", size,
+                   " bytes are not the manifest's ", manifest.bytes[static_cast<size_t>(r)]);
       bytes = checkpoint::internal::verified_archive((fs::path(dir) / name).string());
     } catch (const tandem::Error& e) {  // "rank-1.pt: what", without the path twice
       std::string what = e.what();
@@ -357,25 +363,25 @@ std::set<std::string> read_into(const std::string& dir, std::vector<StatePiece>&
         absent.insert(w.name);
         continue;
       }
-      const auto& t = *found->second;
-      if (w.shape != t.shape) {
-        throw Passed{std::make_exception_ptr(tandem::Error(
-            format("%s is of shape %s in the checkpoint, %s in this run", w.name.c_str(),
-                   c10::str(c10::IntArrayRef(t.shape)).c_str(), c10::str(c10::IntArrayRef(w.shape)).c_str())))};
-      }
-      targets[&t].push_back(&w);
+      targets[found->second].push_back(&w);
     }
-    for (auto& [t, pieces] : targets) {
-      try {
-        pieces = checked(pieces, *t);
-      } catch (...) {
-        throw Passed{std::current_exception()};
-      }
-    }
+    // A tensor's shape is compared with the run's once a file has shown the
+    // manifest's description of it to be its own (walk checks each piece
+    // first): an edited manifest is damage, a checkpoint of another shape a
+    // mismatch to name.
+    std::set<const ManifestTensor*> compared;
     walk(dir, manifest, on_header, [&](const ManifestTensor& t, const ManifestPiece& p, const torch::Tensor& data) {
       if (inspect) inspect(t.name, data);
       auto found = targets.find(&t);
-      if (found != targets.end()) copy_overlap(found->second, t, p, data);
+      if (found == targets.end()) return;
+      if (compared.insert(&t).second) {
+        for (const auto* w : found->second) {
+          TANDEM_CHECK(w->shape == t.shape, w->name, " is of shape ", c10::IntArrayRef(t.shape),
+                       " in the checkpoint, ", c10::IntArrayRef(w->shape), " in this run");
+        }
+        found->second = checked(found->second, t);
+      }
+      copy_overlap(found->second, t, p, data);
     });
     return absent;
   });

@@ -115,6 +115,32 @@ TEST(ShardedCheckpointTest, PartsAreReadFromThePiecesThatOverlapThemInAnyOrder) 
   std::vector<StatePiece> other_shape = {{"model.w", 0, {4, 6}, {6, 1}, 0, nan(24)}};
   EXPECT_EQ(testing::error_of([&] { sharded::read_into(dir.path(), other_shape, {}, {}); }),
             "model.w is of shape [6, 4] in the checkpoint, [4, 6] in this run");
+  // A manifest edited to that shape (or to another size of a file) is no
+  // mismatch of the run's but damage: the files' sealed indexes say
+  // otherwise, so --resume passes over it.
+  const std::string manifest_path = dir.file(sharded::kManifest);
+  const auto good = nlohmann::json::parse(testing::read_text(manifest_path));
+  auto damaged = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto edited = good;
+    edit(edited);
+    std::ofstream(manifest_path) << edited.dump();
+    std::vector<StatePiece> whole = {{"model.w", 0, {6, 4}, {4, 1}, 0, nan(24)}};
+    auto& into = edited["tensors"][0]["shape"] == good["tensors"][0]["shape"] ? whole : other_shape;
+    try {
+      sharded::read_into(dir.path(), into, {}, {});
+      return std::string("<read>");
+    } catch (const DamagedCheckpoint& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_NE(damaged([](auto& m) {
+              m["tensors"][0]["shape"] = {4, 6};
+              m["tensors"][0]["strides"] = {1, 4};
+            }).find("damaged: manifest.json: model.w: piece p0 of rank-0.pt is not what the manifest says"),
+            std::string::npos);
+  EXPECT_NE(damaged([](auto& m) { m["files"][1]["bytes"] = 1; }).find("damaged: rank-1.pt: its "), std::string::npos);
+  EXPECT_NE(damaged([](auto& m) { m["files"][1]["bytes"] = 1; }).find(" bytes are not the manifest's 1"),
+            std::string::npos);
 }
 
 // What loading by overlap is for: a rank holds its part, not the whole.
@@ -245,7 +271,9 @@ TEST(ShardedCheckpointTest, AnythingButOneWholeCheckpointIsDamaged) {
   fs::rename(dir.file("rank-0.pt"), dir.file("swap"));
   fs::rename(dir.file("rank-1.pt"), dir.file("rank-0.pt"));
   fs::rename(dir.file("swap"), dir.file("rank-1.pt"));
-  EXPECT_EQ(damage([] {}), "damaged: rank-0.pt records rank 1, the manifest 0");
+  const auto swapped = damage([] {});  // the sizes differ first; same-sized files record their rank
+  EXPECT_EQ(swapped.rfind("damaged: rank-0.pt: its ", 0), 0u) << swapped;
+  EXPECT_NE(swapped.find(" bytes are not the manifest's "), std::string::npos) << swapped;
   TempDir other;
   write(other.path(), "two@2");
   fs::copy_file(other.file("rank-0.pt"), dir.file("rank-0.pt"), fs::copy_options::overwrite_existing);
@@ -297,6 +325,10 @@ TEST(ShardedCheckpointTest, TheCheckpointersShardedCheckpointLoadsAsItsFileDoes)
     auto position = checkpointer.load(from, *other, other_sgd, "model=linear");
     return std::make_tuple(position, other, std::make_shared<torch::optim::SGD>(std::move(other_sgd)));
   };
+  // A rank's file alone is a piece of it, named as such (tandem export --checkpoint).
+  EXPECT_NE(testing::error_of([&] { read_checkpoint_weights(path + "/rank-0.pt"); })
+                .find("a rank's file of a sharded checkpoint, not a checkpoint: give the checkpoint's folder"),
+            std::string::npos);
   auto [position, loaded, loaded_sgd] = load(path);
   EXPECT_EQ(position.step, 5);
   EXPECT_EQ(position.epoch, 1);
