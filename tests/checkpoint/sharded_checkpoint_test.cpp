@@ -13,7 +13,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <c10/core/CPUAllocator.h>
 
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/sharded_checkpoint.h"
@@ -177,18 +176,12 @@ TEST(ShardedCheckpointTest, AReaderOfAPartHoldsThePartNotTheWhole) {
     wanted.push_back({"model.w" + std::to_string(i), i, {rows, columns}, columns_outermost, part,
                       torch::zeros({part}, torch::kFloat64)});
   }
-  auto* base = c10::GetCPUAllocator();
-  testing::CountingAllocator counting(base);
-  c10::SetCPUAllocator(&counting, /*priority=*/100);
-  struct Restored {
-    c10::Allocator* base;
-    ~Restored() { c10::SetCPUAllocator(base, /*priority=*/100); }
-  } restored{base};
+  testing::CountingCpuAllocator counting;
   auto peak_of = [&](const std::function<void()>& read) {
-    counting.reset_peak();
-    const int64_t before = counting.live();
+    counting->reset_peak();
+    const int64_t before = counting->live();
     read();
-    return counting.peak() - before;
+    return counting->peak() - before;
   };
   const int64_t part_peak = peak_of([&] { sharded::read_into(dir.path(), wanted, {}, {}); });
   const int64_t whole_peak = peak_of([&] { sharded::read(dir.path()); });
