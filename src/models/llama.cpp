@@ -129,25 +129,23 @@ void LlamaAttentionImpl::reset() {
 std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary(int64_t past, int64_t t, torch::ScalarType dtype,
                                                                    const torch::Device& device) {
   auto& r = rotary_;
-  if (r.past == past && r.t == t && r.cos.defined() && r.cos.scalar_type() == dtype && r.cos.device() == device) {
+  if (r.past == past && r.t == t && r.parts == context.parts && r.cos.defined() && r.cos.scalar_type() == dtype &&
+      r.cos.device() == device) {
     return {r.cos, r.sin};
   }
-  std::tie(r.cos, r.sin) =
-      rotary_at(torch::arange(past, past + t, torch::TensorOptions().dtype(torch::kInt64).device(device)), dtype);
-  r.past = past;
-  r.t = t;
-  return {r.cos, r.sin};
-}
-
-std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary_at(const torch::Tensor& positions,
-                                                                      torch::ScalarType dtype) {
-  // Note [rotary positions in float32]
+  // Note [rotary positions in float32]; under cp the positions held (Note [context split]).
   torch::NoGradGuard no_grad;
-  if (inv_freq_.device() != positions.device()) inv_freq_ = inv_freq_.to(positions.device());
+  const auto positions = context.positions ? context.positions(t, device)
+                                           : torch::arange(past, past + t, torch::TensorOptions().device(device));
+  if (inv_freq_.device() != device) inv_freq_ = inv_freq_.to(device);
   auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;
   auto angles = torch::cat({freqs, freqs}, -1);
-  return {angles.cos().to(dtype).unsqueeze(0).unsqueeze(0),  // [1, 1, T, D]
-          angles.sin().to(dtype).unsqueeze(0).unsqueeze(0)};
+  r.cos = angles.cos().to(dtype).unsqueeze(0).unsqueeze(0);  // [1, 1, T, D]
+  r.sin = angles.sin().to(dtype).unsqueeze(0).unsqueeze(0);
+  r.past = past;
+  r.t = t;
+  r.parts = context.parts;
+  return {r.cos, r.sin};
 }
 
 torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache) {
@@ -165,8 +163,7 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   auto q = q_proj->forward(in).view({b, t, local_heads, d}).transpose(1, 2);
   auto k = k_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
   auto v = v_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
-  const auto [cos, sin] = context.positions ? rotary_at(context.positions(t, x.device()), x.scalar_type())
-                                            : rotary(past, t, x.scalar_type(), x.device());
+  const auto [cos, sin] = rotary(past, t, x.scalar_type(), x.device());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(k, v);  // kept per key/value head

@@ -88,9 +88,7 @@ class RingAttention : public torch::autograd::Function<RingAttention> {
     auto kv = torch::stack({k, v}).contiguous();
     auto next = torch::empty_like(kv);
     Hop hop = pass(group, kv, next);  // the next block travels while this rank's own is computed
-    auto [out, lse] = attend(q, k, v, /*causal=*/true);
-    out = out.clone();
-    lse = lse.clone();
+    auto [out, lse] = attend(q, k, v, /*causal=*/true);  // fresh tensors, merged into in place
     for (int64_t s = 1; s < n; ++s) {
       hop.wait();
       auto held = next;  // the block of rank (r - s) mod n
@@ -118,8 +116,7 @@ class RingAttention : public torch::autograd::Function<RingAttention> {
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const auto grad = grads[0].contiguous();
     const int64_t n = group.size(), r = group.rank(), half = q.size(2) / 2;
-    auto [dq, dk, dv] = attend_backward(grad, q, k, v, out, lse, /*causal=*/true);
-    dq = dq.clone();
+    auto [dq, dk, dv] = attend_backward(grad, q, k, v, out, lse, /*causal=*/true);  // dq: fresh, summed into
     // A block travels with the running sums of its gradients.
     auto packet = torch::stack({k, v, dk, dv}).contiguous();
     for (int64_t s = 1; s < n; ++s) {

@@ -88,18 +88,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   ContextSplit context;  // Note [context split]
 
  private:
-  // The rotary cos and sin of positions [past, past + t), in `dtype` on
-  // `device`: made once and kept while the next call asks the same (every
-  // training step does), so a step computes no angles.
+  // The rotary cos and sin of positions [past, past + t) (under cp, of
+  // the t positions this rank holds), in `dtype` on `device`: made once
+  // and kept while the next call asks the same (every training step
+  // does), so a step computes no angles.
   std::pair<torch::Tensor, torch::Tensor> rotary(int64_t past, int64_t t, torch::ScalarType dtype,
                                                  const torch::Device& device);
-  // Those of `positions` (int64 [t]), made each call.
-  std::pair<torch::Tensor, torch::Tensor> rotary_at(const torch::Tensor& positions, torch::ScalarType dtype);
 
   LlamaConfig config_;
   torch::Tensor inv_freq_;  // float32, Note [rotary positions in float32]
   struct Rotary {
-    int64_t past = -1, t = -1;
+    int64_t past = -1, t = -1, parts = 1;  // parts: context.parts they were made for
     torch::Tensor cos, sin;  // [1, 1, t, head_dim]
   } rotary_;
 };
