@@ -105,10 +105,9 @@ void MeshPlan::cut_over_tensor_ranks(models::Sequence& model, const TrainOptions
 
 void MeshPlan::cut_over_context_ranks(models::Sequence& model, const TrainOptions& o, int64_t seq_len) {
   if (!groups.context) return;
-  const int64_t cp = groups.context->size();
-  TANDEM_CHECK_USAGE(seq_len > 0 && seq_len % (2 * cp) == 0, "--seq-len ", seq_len, ": context parallelism over cp=",
-                     cp, " (--mesh ", o.mesh.text(), ") cuts each sequence into ", 2 * cp,
-                     " equal chunks; give a length that ", 2 * cp, " divides");
+  TANDEM_CHECK_USAGE(seq_len > 0, "--mesh ", o.mesh.text(), ": context parallelism splits a language model's "
+                     "sequences; ", o.model, " is an image classifier");  // (parallel_layout refuses it first)
+  check_context_seq_len(seq_len, groups.context->size(), o.mesh.text());
   parallel::split_context(model, groups.context);
 }
 

@@ -8,6 +8,12 @@ namespace tandem::engine {
 
 using dist::MeshDim;
 
+void check_context_seq_len(int64_t seq_len, int64_t cp, const std::string& mesh) {
+  TANDEM_CHECK_USAGE(cp <= 1 || seq_len % (2 * cp) == 0, "--seq-len ", seq_len, ": context parallelism over cp=", cp,
+                     " (--mesh ", mesh, ") cuts each sequence into ", 2 * cp, " equal chunks; give a length that ",
+                     2 * cp, " divides");
+}
+
 bool pipelined(const ParallelSection& o) {
   return o.strategy == Strategy::kPipeline || o.mesh[MeshDim::kPipeline] > 1;
 }

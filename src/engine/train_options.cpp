@@ -370,11 +370,7 @@ void check_train_ranks(const TrainOptions& o, int64_t ranks) {
     }
   }
   const int64_t cp = layout.context_ranks();
-  if (cp > 1) {  // named once here rather than by every worker (MeshPlan::cut_over_context_ranks's words)
-    TANDEM_CHECK_USAGE(o.seq_len % (2 * cp) == 0, "--seq-len ", o.seq_len, ": context parallelism over cp=", cp,
-                       " (--mesh ", o.mesh.text(), ") cuts each sequence into ", 2 * cp,
-                       " equal chunks; give a length that ", 2 * cp, " divides");
-  }
+  check_context_seq_len(o.seq_len, cp, o.mesh.text());  // named once here rather than by every worker
   // A cp group's ranks read the same samples: the data see dp = data_ranks / cp.
   const int64_t world = pipeline || tensor || cp > 1 ? layout.data_ranks() / cp : ranks;
   TANDEM_CHECK_USAGE(o.batch_per_process <= std::numeric_limits<int64_t>::max() / world,

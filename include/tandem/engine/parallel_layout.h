@@ -60,6 +60,12 @@ struct ParallelLayout {
 // have.
 ParallelLayout parallel_layout(const TrainOptions& options, int64_t ranks);
 
+// Context parallelism over `cp` ranks cuts each sequence into 2 cp equal
+// chunks: throws tandem::UsageError naming --seq-len and --mesh (`mesh`:
+// its text) for sequences of `seq_len` tokens it does not divide (0: the
+// model's context, checked once the data are open).
+void check_context_seq_len(int64_t seq_len, int64_t cp, const std::string& mesh);
+
 // Whether the model runs as a pipeline, from the flags alone: --strategy
 // pipeline, or a --mesh with pp > 1.
 bool pipelined(const ParallelSection& options);
