@@ -164,8 +164,11 @@ TEST(ProcessGroupTest, APeerThatLeavesFailsTheCollectiveQuickly) {
   options.timeout = 60s;
   auto start = std::chrono::steady_clock::now();
   auto errors = run_ranks(2, [](ProcessGroup& g) {
-    if (g.rank() == 1) throw std::runtime_error("rank 1 gives up");
     auto t = torch::ones({1000});
+    // One collective first, so that the peer leaves a group both joined
+    // (leaving during Gloo's lazy connection fails the connection instead).
+    g.all_reduce(t).wait();
+    if (g.rank() == 1) throw std::runtime_error("rank 1 gives up");
     for (int i = 0; i < 3; ++i) g.all_reduce(t).wait();
   }, options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
