@@ -58,7 +58,11 @@ const std::set<std::string>& inert_keys() {
       // longer reads it), GPT-2's old name of its context length
       "chunk_size_feed_forward", "pretraining_tp", "n_ctx",
       // memory settings of training
-      "gradient_checkpointing", "use_return_dict"};
+      "gradient_checkpointing", "use_return_dict",
+      // the experts' balancing loss: whether forward returns it and its
+      // weight in transformers' loss (tandem's is --router-aux-loss-coef);
+      // Qwen's layers of windowed attention, read only with use_sliding_window
+      "output_router_logits", "router_aux_loss_coef", "max_window_layers"};
   return keys;
 }
 
@@ -70,7 +74,14 @@ bool same(const json& a, const json& b) {
   return a == b;
 }
 
-std::string family_name(HfFamily family) { return family == HfFamily::kGpt2 ? "GPT-2" : "LLaMA"; }
+std::string family_name(HfFamily family) {
+  switch (family) {
+    case HfFamily::kGpt2: return "GPT-2";
+    case HfFamily::kMixtral: return "Mixtral";
+    case HfFamily::kQwen3Moe: return "Qwen3-MoE";
+    default: return "LLaMA";
+  }
+}
 
 // The setting `key` of `config` in the model's spelling: what transformers
 // reads for it where the file leaves it null or spells it otherwise.
@@ -81,6 +92,10 @@ json normalised(const std::string& key, const json& config) {
   if (key == "activation_function" && value == "gelu_pytorch_tanh") return "gelu_new";  // both tanh's GELU
   if (key == "hidden_act" && value == "swish") return "silu";
   if (key == "num_key_value_heads" && value.is_null()) return number("num_attention_heads");
+  // Qwen's window is read only where use_sliding_window says so.
+  if (key == "sliding_window" && config.contains("use_sliding_window") && config.at("use_sliding_window") == false) {
+    return nullptr;
+  }
   if (key == "head_dim" && value.is_null() && number("hidden_size").is_number() &&
       number("num_attention_heads").is_number() && number("num_attention_heads").get<int64_t>() > 0) {
     return number("hidden_size").get<int64_t>() / number("num_attention_heads").get<int64_t>();
@@ -138,16 +153,26 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
                 "reorder_and_upcast_attn", "add_cross_attention", "tie_word_embeddings", "is_encoder_decoder"};
   } else {
     want["pad_token_id"] = nullptr;  // a padding row: its embedding gets no gradient
+    want["attention_bias"] = false;
+    want["mlp_bias"] = false;
     computed = {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
                 "hidden_act", "attention_bias", "mlp_bias", "tie_word_embeddings", "is_encoder_decoder",
                 "pad_token_id"};
+    if (family == HfFamily::kMixtral) {
+      computed.insert({"num_local_experts", "num_experts_per_tok", "router_jitter_noise", "sliding_window"});
+    } else if (family == HfFamily::kQwen3Moe) {
+      computed.insert({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                       "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "sliding_window"});
+      computed.erase("intermediate_size");  // a dense layer's, and every layer has experts
+    }
     check_rope(file, config, model);
   }
   for (const auto& [key, value] : config.items()) {
     if (inert_keys().count(key) > 0) continue;
     if (family == HfFamily::kGpt2 && key == "pad_token_id") continue;
-    if (family == HfFamily::kLlama && (key == "rope_parameters" || key == "rope_scaling" || key == "rope_theta")) {
+    if (family == HfFamily::kQwen3Moe && key == "intermediate_size") continue;  // no dense layer reads it
+    if (family != HfFamily::kGpt2 && (key == "rope_parameters" || key == "rope_scaling" || key == "rope_theta")) {
       continue;  // check_rope
     }
     TANDEM_CHECK(computed.count(key) > 0, file, ": ", key, " is ", value.dump(), ", a setting tandem's ",

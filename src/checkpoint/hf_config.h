@@ -8,7 +8,7 @@
 
 namespace tandem::checkpoint::internal {
 
-enum class HfFamily { kGpt2, kLlama };
+enum class HfFamily { kGpt2, kLlama, kMixtral, kQwen3Moe };
 
 // Checks every key of `config` (read from `file`) against `model`, the
 // config.json write_hf_folder writes for the model that is to load the

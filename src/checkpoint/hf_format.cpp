@@ -22,7 +22,13 @@ namespace tandem::checkpoint {
 namespace {
 
 using json = nlohmann::json;
-using NameMap = std::function<std::string(const std::string&)>;
+// transformers' names of a tensor of the model: one, or one per slice along
+// dim 0 (an experts' 3-D weight, saved one expert per tensor).
+using NameMap = std::function<std::vector<std::string>(const std::string&)>;
+
+NameMap one_name(std::string (*name)(const std::string&)) {
+  return [name](const std::string& n) { return std::vector<std::string>{name(n)}; };
+}
 
 std::string dtype_word(torch::ScalarType t) {
   switch (t) {
@@ -39,7 +45,16 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
   std::filesystem::create_directories(dir, ec);
   TANDEM_CHECK(!ec && std::filesystem::is_directory(dir), dir, ": cannot make the folder: ", ec.message());
   NamedTensors tensors;
-  for (const auto& p : model->named_parameters()) tensors.emplace_back(hf_name(p.key()), p.value().detach());
+  for (const auto& p : model->named_parameters()) {
+    const auto names = hf_name(p.key());
+    if (names.size() == 1) {
+      tensors.emplace_back(names.front(), p.value().detach());
+      continue;
+    }
+    TANDEM_CHECK(p.value().size(0) == static_cast<int64_t>(names.size()), p.key(), ": ", p.value().sizes(),
+                 " for ", names.size(), " tensors of transformers");
+    for (size_t i = 0; i < names.size(); ++i) tensors.emplace_back(names[i], p.value().detach()[i].contiguous());
+  }
   config["dtype"] = dtype_word(models::parameter_dtype(*model));
   config["transformers_version"] = "5.24.0";  // the version its form follows
   metadata["format"] = "pt";  // what transformers reads; tandem's keys beside it are ignored there
@@ -115,13 +130,18 @@ void load(const std::string& path, models::Sequence& model, const NameMap& hf_na
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   std::set<std::string> used;
   for (const auto& p : model->named_parameters()) {
-    const std::string n = hf_name(p.key());
-    auto it = by_name.find(n);
-    TANDEM_CHECK(it != by_name.end(), file, ": no tensor ", n, " (the model's ", p.key(), ")");
-    TANDEM_CHECK(it->second.sizes() == p.value().sizes(), file, ": ", n, " is ", it->second.sizes(),
-                 ", the model's ", p.key(), " is ", p.value().sizes());
-    copies.emplace_back(p.value(), it->second);
-    used.insert(n);
+    const auto names = hf_name(p.key());
+    std::vector<torch::Tensor> slices;
+    for (const auto& n : names) {
+      auto it = by_name.find(n);
+      TANDEM_CHECK(it != by_name.end(), file, ": no tensor ", n, " (the model's ", p.key(), ")");
+      const auto want = names.size() == 1 ? p.value().sizes() : p.value().sizes().slice(1);
+      TANDEM_CHECK(it->second.sizes() == want, file, ": ", n, " is ", it->second.sizes(), ", the model's ",
+                   p.key(), names.size() == 1 ? " is " : " has slices of ", want);
+      slices.push_back(it->second);
+      used.insert(n);
+    }
+    copies.emplace_back(p.value(), names.size() == 1 ? slices.front() : torch::stack(slices));
   }
   for (const auto& [n, t] : by_name) {
     TANDEM_CHECK(used.count(n) > 0 || ignorable(n), file, ": ", n, " is not a tensor of the model");
@@ -165,8 +185,11 @@ json llama_json(const models::LlamaConfig& c) {
             {"high_freq_factor", c.rope_high_freq_factor},
             {"original_max_position_embeddings", c.rope_original_max_positions}};
   }
-  json config = {{"architectures", {"LlamaForCausalLM"}},
-                 {"model_type", "llama"},
+  using models::LlamaFamily;
+  const bool mixtral = c.family == LlamaFamily::kMixtral, qwen = c.family == LlamaFamily::kQwen3Moe;
+  const char* architecture = mixtral ? "MixtralForCausalLM" : qwen ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM";
+  json config = {{"architectures", {architecture}},
+                 {"model_type", mixtral ? "mixtral" : qwen ? "qwen3_moe" : "llama"},
                  {"vocab_size", c.vocab_size},
                  {"hidden_size", c.hidden_size},
                  {"intermediate_size", c.intermediate_size},
@@ -182,7 +205,40 @@ json llama_json(const models::LlamaConfig& c) {
                  {"mlp_bias", false},
                  {"initializer_range", 0.02},
                  {"tie_word_embeddings", c.tie_embeddings}};
+  if (!c.has_experts()) return config;
+  // The experts' settings (models/moe.h); the balancing loss's weight is
+  // a training setting, written as transformers' default.
+  config["output_router_logits"] = false;
+  config["router_aux_loss_coef"] = 0.001;
+  config["num_experts_per_tok"] = c.experts_per_token;
+  config["sliding_window"] = nullptr;
+  if (mixtral) {
+    config.erase("attention_bias");
+    config.erase("mlp_bias");
+    config["num_local_experts"] = c.num_experts;
+    config["router_jitter_noise"] = 0.0;
+  } else {
+    config.erase("mlp_bias");
+    config["num_experts"] = c.num_experts;
+    config["moe_intermediate_size"] = c.expert_intermediate_size;
+    config["norm_topk_prob"] = c.normalize_top_k;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = json::array();
+    config["use_sliding_window"] = false;
+  }
   return config;
+}
+
+internal::HfFamily hf_family(const models::LlamaConfig& c) {
+  switch (c.family) {
+    case models::LlamaFamily::kMixtral: return internal::HfFamily::kMixtral;
+    case models::LlamaFamily::kQwen3Moe: return internal::HfFamily::kQwen3Moe;
+    default: return internal::HfFamily::kLlama;
+  }
+}
+
+NameMap llama_names(const models::LlamaConfig& c) {
+  return [c](const std::string& n) { return models::llama_hf_names(n, c); };
 }
 
 // Note [a folder's config.json] (hf_config.cpp): a config.json beside the
@@ -202,22 +258,22 @@ void check_config(const std::string& path, const json& expected, internal::HfFam
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c,
                      const std::map<std::string, std::string>& metadata) {
-  write_folder(dir, model, gpt2_json(c), models::gpt2_hf_name, metadata);
+  write_folder(dir, model, gpt2_json(c), one_name(models::gpt2_hf_name), metadata);
 }
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c,
                      const std::map<std::string, std::string>& metadata) {
-  write_folder(dir, model, llama_json(c), models::llama_hf_name, metadata);
+  write_folder(dir, model, llama_json(c), llama_names(c), metadata);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config) {
   check_config(path, gpt2_json(config), internal::HfFamily::kGpt2);
-  load(path, model, models::gpt2_hf_name, "transformer.", /*tied=*/true);
+  load(path, model, one_name(models::gpt2_hf_name), "transformer.", /*tied=*/true);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config) {
-  check_config(path, llama_json(config), internal::HfFamily::kLlama);
-  load(path, model, models::llama_hf_name, "model.", config.tie_embeddings);
+  check_config(path, llama_json(config), hf_family(config));
+  load(path, model, llama_names(config), "model.", config.tie_embeddings);
 }
 
 namespace {

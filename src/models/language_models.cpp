@@ -46,11 +46,16 @@ LlamaConfig llama_config(const std::string& name, const ModelOptions& o) {
 
 double llama_flops(const std::string& name, const ModelOptions& o) {
   const auto c = llama_config(name, o);
-  const double d = double(c.hidden_size), kv = double(c.num_kv_heads * c.head_dim());
-  const double layer = 2 * d * d + 2 * d * kv + 3 * d * double(c.intermediate_size) + 2 * d;
+  const double d = double(c.hidden_size), q = double(c.num_heads * c.head_dim());
+  const double kv = double(c.num_kv_heads * c.head_dim());
+  // A token multiplies by the router and its k experts' weights, not by all of them.
+  const double mlp = c.has_experts() ? double(c.num_experts) * d +
+                                           double(c.experts_per_token) * 3 * d * double(c.expert_intermediate_size)
+                                     : 3 * d * double(c.intermediate_size);
+  const double layer = 2 * d * q + 2 * d * kv + mlp + 2 * d;
   // The head multiplies (tied or not); the embedding's own lookups do not.
   const double weights = double(c.vocab_size) * d + double(c.num_layers) * layer + d;
-  return flops(weights, c.num_layers, c.hidden_size, o.seq_len);
+  return flops(weights, c.num_layers, c.num_heads * c.head_dim(), o.seq_len);
 }
 
 // embed, <prefix>0 .. <prefix>L-1, head: the Sequence gpt2() and llama() build.

@@ -11,37 +11,6 @@ namespace tandem::models {
 
 namespace {
 
-const std::map<std::string, LlamaConfig>& llama_presets() {
-  static const std::map<std::string, LlamaConfig> all = [] {
-    LlamaConfig tiny;
-    tiny.vocab_size = 32000;
-    tiny.hidden_size = 128;
-    tiny.intermediate_size = 352;
-    tiny.num_layers = 4;
-    tiny.num_heads = 4;
-    tiny.num_kv_heads = 2;
-    tiny.max_positions = 256;
-    tiny.rms_norm_eps = 1e-5;
-    LlamaConfig one_b;  // Meta's Llama-3.2-1B config.json
-    one_b.vocab_size = 128256;
-    one_b.hidden_size = 2048;
-    one_b.intermediate_size = 8192;
-    one_b.num_layers = 16;
-    one_b.num_heads = 32;
-    one_b.num_kv_heads = 8;
-    one_b.max_positions = 131072;
-    one_b.rms_norm_eps = 1e-5;
-    one_b.rope_theta = 500000;
-    one_b.rope_factor = 32;
-    one_b.rope_low_freq_factor = 1;
-    one_b.rope_high_freq_factor = 4;
-    one_b.rope_original_max_positions = 8192;
-    one_b.tie_embeddings = true;
-    return std::map<std::string, LlamaConfig>{{"llama-tiny", tiny}, {"llama-3.2-1b", one_b}};
-  }();
-  return all;
-}
-
 void init_llama_normal(torch::Tensor& t) {
   torch::NoGradGuard no_grad;
   t.normal_(0.0, 0.02);
@@ -79,30 +48,6 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 }  // namespace
 
-LlamaConfig LlamaConfig::preset(const std::string& name) {
-  auto it = llama_presets().find(name);
-  if (it == llama_presets().end()) {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    TANDEM_CHECK_USAGE(false, "unknown LLaMA size '", name, "' (known: ", known, ")");
-  }
-  return it->second;
-}
-
-std::vector<std::string> LlamaConfig::preset_names() { return {"llama-tiny", "llama-3.2-1b"}; }
-
-void LlamaConfig::check() const {
-  TANDEM_CHECK(vocab_size > 0 && hidden_size > 0 && intermediate_size > 0 && num_layers > 0 && num_heads > 0 &&
-                   num_kv_heads > 0 && max_positions > 0,
-               "LLaMA: sizes must be positive");
-  TANDEM_CHECK(hidden_size % num_heads == 0, "LLaMA: ", num_heads, " heads do not divide the width ", hidden_size);
-  TANDEM_CHECK(head_dim() % 2 == 0, "LLaMA: rotary positions need an even head size, got ", head_dim());
-  TANDEM_CHECK(num_heads % num_kv_heads == 0, "LLaMA: ", num_kv_heads, " key/value heads do not divide the ",
-               num_heads, " heads");
-  TANDEM_CHECK(rope_factor == 0 || (rope_factor > 0 && rope_high_freq_factor > rope_low_freq_factor),
-               "LLaMA: rotary scaling needs a positive factor and high_freq_factor > low_freq_factor");
-}
-
 RmsNormImpl::RmsNormImpl(int64_t size, double eps) : size_(size), eps_(eps) { reset(); }
 
 void RmsNormImpl::reset() { weight = register_parameter("weight", torch::ones({size_})); }
@@ -122,6 +67,10 @@ void LlamaAttentionImpl::reset() {
   k_proj = register_module("k_proj", linear(c, config_.num_kv_heads * d));
   v_proj = register_module("v_proj", linear(c, config_.num_kv_heads * d));
   o_proj = register_module("o_proj", linear(config_.num_heads * d, c));
+  if (config_.qk_norm) {
+    q_norm = register_module("q_norm", RmsNorm(d, config_.rms_norm_eps));
+    k_norm = register_module("k_norm", RmsNorm(d, config_.rms_norm_eps));
+  }
   inv_freq_ = inverse_frequencies(config_);
   rotary_ = {};
 }
@@ -160,8 +109,14 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   // The heads from the widths: a split region holds some of them, its
   // key/value heads in the same proportion.
   const int64_t local_heads = q_proj->weight.size(0) / d, local_kv = k_proj->weight.size(0) / d;
-  auto q = q_proj->forward(in).view({b, t, local_heads, d}).transpose(1, 2);
-  auto k = k_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
+  auto q = q_proj->forward(in).view({b, t, local_heads, d});
+  auto k = k_proj->forward(in).view({b, t, local_kv, d});
+  if (q_norm) {  // Qwen3: each head normalised before its rotary angles
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = v_proj->forward(in).view({b, t, local_kv, d}).transpose(1, 2);
   const auto [cos, sin] = rotary(past, t, x.scalar_type(), x.device());
   q = q * cos + rotate_half(q) * sin;
@@ -196,7 +151,11 @@ LlamaLayerImpl::LlamaLayerImpl(LlamaConfig config) : config_(config) { reset(); 
 
 void LlamaLayerImpl::reset() {
   self_attn = register_module("self_attn", LlamaAttention(config_));
-  mlp = register_module("mlp", LlamaMlp(config_));
+  if (config_.has_experts()) {
+    moe = register_module("mlp", SparseMoe(config_.moe()));
+  } else {
+    mlp = register_module("mlp", LlamaMlp(config_));
+  }
   input_layernorm = register_module("input_layernorm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RmsNorm(config_.hidden_size, config_.rms_norm_eps));
@@ -204,7 +163,8 @@ void LlamaLayerImpl::reset() {
 
 torch::Tensor LlamaLayerImpl::run(torch::Tensor x, KvCache* cache) {
   x = x + self_attn->attend(input_layernorm->forward(x), cache);
-  return x + mlp->forward(post_attention_layernorm->forward(x));
+  const auto h = post_attention_layernorm->forward(x);
+  return x + (moe ? moe->forward(h) : mlp->forward(h));
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(LlamaConfig config) : config_(config) { reset(); }
@@ -256,6 +216,25 @@ std::string llama_hf_name(const std::string& name) {
   }
   TANDEM_CHECK(false, "LLaMA: '", name, "' is not a tensor of the model");
   return {};
+}
+
+std::vector<std::string> llama_hf_names(const std::string& name, const LlamaConfig& config) {
+  std::string hf = llama_hf_name(name);
+  if (!config.has_experts()) return {hf};
+  const auto at = hf.find(".mlp.");
+  if (at == std::string::npos) return {hf};
+  const bool mixtral = config.family == LlamaFamily::kMixtral;
+  const std::string layer = hf.substr(0, at) + (mixtral ? ".block_sparse_moe." : ".mlp.");
+  const std::string rest = hf.substr(at + 5);  // gate.weight, experts.gate_proj, ...
+  if (rest.rfind("experts.", 0) != 0) return {layer + rest};
+  const std::string projection = rest.substr(8);
+  static const std::map<std::string, std::string> mixtral_names = {
+      {"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
+  TANDEM_CHECK(mixtral_names.count(projection) > 0, "LLaMA: '", name, "' is not a tensor of the model");
+  const std::string leaf = (mixtral ? mixtral_names.at(projection) : projection) + ".weight";
+  std::vector<std::string> names;
+  for (int64_t e = 0; e < config.num_experts; ++e) names.push_back(layer + "experts." + std::to_string(e) + "." + leaf);
+  return names;
 }
 
 }  // namespace tandem::models

@@ -20,6 +20,11 @@
 // angles. RMSNorm normalises in float32 for half and bfloat16 inputs, as
 // transformers does, and in the input's own precision when wider (float64:
 // transformers would round it to float32).
+//
+// The same decoder is Mixtral's (MixtralForCausalLM) and Qwen3-MoE's
+// (Qwen3MoeForCausalLM) where the config says so: each layer's MLP a
+// mixture of experts (models/moe.h), and for Qwen3 RMSNorms of each
+// query and key head before the rotary angles and a head size of its own.
 #pragma once
 
 #include <cstdint>
@@ -29,12 +34,18 @@
 #include <torch/nn.h>
 
 #include "tandem/models/decoding.h"
+#include "tandem/models/moe.h"
 #include "tandem/models/sequence.h"
 #include "tandem/models/split_region.h"
 
 namespace tandem::models {
 
+// Which transformers class computes the same function, and so the names
+// and config.json of its weights.
+enum class LlamaFamily { kLlama, kMixtral, kQwen3Moe };
+
 struct LlamaConfig {
+  LlamaFamily family = LlamaFamily::kLlama;
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -48,13 +59,26 @@ struct LlamaConfig {
   double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
   int64_t rope_original_max_positions = 8192;
   bool tie_embeddings = false;
+  int64_t head_size = 0;  // 0: hidden_size / num_heads (Qwen3 sets its own)
+  bool qk_norm = false;   // Qwen3: an RMSNorm over each query and key head
+  // A mixture of experts in every layer for the MLP where num_experts > 0
+  // (models/moe.h): each token to experts_per_token of them, each an MLP
+  // of expert_intermediate_size features.
+  int64_t num_experts = 0, experts_per_token = 2, expert_intermediate_size = 0;
+  bool normalize_top_k = true;
 
   // llama-tiny (4 layers, width 128, 4 heads over 2 key/value heads,
-  // untied: tests and CPU demos) and llama-3.2-1b (Meta's Llama 3.2 1B:
-  // 16 layers, width 2048, 32 heads over 8, tied, Llama 3 rotary scaling).
+  // untied: tests and CPU demos), llama-3.2-1b (Meta's Llama 3.2 1B: 16
+  // layers, width 2048, 32 heads over 8, tied, Llama 3 rotary scaling),
+  // mixtral-tiny and mixtral-8x7b (8 experts, top 2), qwen3-moe-tiny and
+  // qwen3-30b-a3b (128 experts, top 8; q/k norms): llama_presets.cpp.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
+  bool has_experts() const { return num_experts > 0; }
+  MoeConfig moe() const {
+    return {hidden_size, expert_intermediate_size, num_experts, experts_per_token, normalize_top_k};
+  }
   // Throws tandem::Error for sizes that do not fit (heads not dividing the
   // width, key/value heads not dividing the heads, non-positive sizes).
   void check() const;
@@ -84,6 +108,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   torch::Tensor attend(const torch::Tensor& x, KvCache* cache);
   const LlamaConfig& config() const { return config_; }
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only, over head_dim
   SplitRegion split;  // Note [split regions]
   ContextSplit context;  // Note [context split]
 
@@ -125,7 +150,8 @@ class LlamaLayerImpl : public torch::nn::Cloneable<LlamaLayerImpl>, public Cache
   torch::Tensor forward_cached(const torch::Tensor& x, KvCache& cache) override { return run(x, &cache); }
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
-  LlamaMlp mlp{nullptr};
+  LlamaMlp mlp{nullptr};  // registered as "mlp": the one of these two the config has
+  SparseMoe moe{nullptr};
 
  private:
   torch::Tensor run(torch::Tensor x, KvCache* cache);
@@ -175,5 +201,13 @@ Sequence llama(const LlamaConfig& config);
 // model.layers.3.self_attn.q_proj.weight, head.norm.weight ->
 // model.norm.weight, head.lm_head.weight -> lm_head.weight.
 std::string llama_hf_name(const std::string& name);
+
+// The names under which transformers saves a tensor of llama(config): one,
+// or for an experts' 3-D weight one per expert (its slices along dim 0), as
+// save_pretrained writes them: Mixtral's l3.mlp.experts.gate_proj ->
+// model.layers.3.block_sparse_moe.experts.{0..E-1}.w1.weight (up_proj w3,
+// down_proj w2, the router block_sparse_moe.gate.weight), Qwen3-MoE's ->
+// model.layers.3.mlp.experts.{e}.gate_proj.weight.
+std::vector<std::string> llama_hf_names(const std::string& name, const LlamaConfig& config);
 
 }  // namespace tandem::models
