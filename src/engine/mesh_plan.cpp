@@ -147,7 +147,7 @@ void MeshPlan::join(DataPlan& plan, const std::string& model, Strategy strategy,
                        "of ", model, " group into different FSDP units (their sizes differ where tp does not divide a "
                        "dimension); give --fsdp-min-unit-params 0 (every layer a unit)");
   }
-  if (tensor->sequence_parallel()) {
+  if (tensor->partial_gradients()) {
     // The whole parameters' partial gradients are summed over tp piece by
     // piece (Note [sequence-parallel plans]). A whole parameter has the
     // same shape on every tp rank, and so the same pieces: under FSDP its
@@ -156,8 +156,8 @@ void MeshPlan::join(DataPlan& plan, const std::string& model, Strategy strategy,
     const bool here = dist::same_pieces(placed(), &dist::PlacedTensor::tensor_parallel, *groups.tensor);
     auto same = torch::tensor({here ? 1 : 0}, torch::kInt64).to(groups.job->wire_device());
     groups.job->all_reduce(same, dist::ReduceOp::kMin).wait();
-    TANDEM_CHECK(same.item<int64_t>() == 1, "--sequence-parallel with --strategy ", strategy,
-                 ": the tp ranks hold different pieces of ", model, "'s whole parameters");
+    TANDEM_CHECK(same.item<int64_t>() == 1, "tp with --strategy ", strategy, ": the tp ranks hold different pieces "
+                 "of ", model, "'s whole parameters, whose gradients are summed over tp");
   }
 }
 

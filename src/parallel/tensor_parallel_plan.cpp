@@ -133,6 +133,10 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->k_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->v_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->o_proj->weight, 1, head_rows(c.num_heads, d, 1, world));
+      if (a->q_norm) {  // each rank normalises its heads with the whole weight
+        partial_.insert(a->q_norm->weight.unsafeGetTensorImpl());
+        partial_.insert(a->k_norm->weight.unsafeGetTensorImpl());
+      }
       a->split = region();
       regions_.push_back(&a->split);
       ++blocks;
@@ -142,6 +146,17 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->gate_proj->weight, 0, rows);
       cut_parameter(m->up_proj->weight, 0, rows);
       cut_parameter(m->down_proj->weight, 1, rows);
+      m->split = region();
+      regions_.push_back(&m->split);
+    } else if (auto* m = dynamic_cast<models::SparseMoeImpl*>(module.get())) {
+      // Every expert by features, as the MLP; the router whole, its
+      // gradient a partial sum (each rank's experts' share of each weight).
+      auto& e = *m->experts;
+      const auto rows = chunk_rows(e.gate_proj.size(1), world);
+      cut_parameter(e.gate_proj, 1, rows);
+      cut_parameter(e.up_proj, 1, rows);
+      cut_parameter(e.down_proj, 2, rows);
+      partial_.insert(m->gate->weight.unsafeGetTensorImpl());
       m->split = region();
       regions_.push_back(&m->split);
     } else if (auto* e = dynamic_cast<models::LlamaEmbeddingImpl*>(module.get())) {
@@ -155,8 +170,8 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
   TANDEM_CHECK(blocks > 0 && embedding != nullptr, "tensor parallelism: the model has no tensor-parallel plan (only "
                "GPT-2 and LLaMA models have one)");
   vocabulary_ = tp::part_of(vocab_size_, group_->rank(), world);
-  description_ = format("tensor parallel over %lld ranks: each block's attention by %lld of %lld heads and its MLP by "
-                        "features, the vocabulary's %lld rows by %lld (this rank: %lld..%lld)%s",
+  description_ = format("tensor parallel over %lld ranks: each block's attention by %lld of %lld heads and its MLP (or "
+                        "experts) by features, the vocabulary's %lld rows by %lld (this rank: %lld..%lld)%s",
                         static_cast<long long>(world), static_cast<long long>(heads / world),
                         static_cast<long long>(heads), static_cast<long long>(vocab_size_),
                         static_cast<long long>(world), static_cast<long long>(vocabulary_.begin),
@@ -166,7 +181,9 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
 
 dist::Placement TensorParallelPlan::gradient_placement(const torch::Tensor& parameter) const {
   const auto& placement = cut(parameter);
-  return sequence_parallel() && !placement.is_shard() ? dist::Placement::partial() : placement;
+  if (placement.is_shard()) return placement;
+  const bool partial = sequence_parallel() || (!detached_ && partial_.count(parameter.unsafeGetTensorImpl()) > 0);
+  return partial ? dist::Placement::partial() : placement;
 }
 
 void TensorParallelPlan::reduce_gradients() {

@@ -51,6 +51,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
@@ -100,8 +101,13 @@ class TensorParallelPlan {
   bool sequence_parallel() const { return options_.sequence_parallel && !detached_; }
   // A parameter's gradient's placement over tp after backward: a whole
   // parameter's is Partial under sequence parallelism (each rank saw its
-  // part of the sequence), otherwise the parameter's own (cut()).
+  // part of the sequence) and where the plan says so whatever the options
+  // (a weight that each rank applies to its part of the features: Qwen3's
+  // per-head q/k norms, a mixture of experts' router), otherwise the
+  // parameter's own (cut()).
   dist::Placement gradient_placement(const torch::Tensor& parameter) const;
+  // Whether any gradient is Partial (so reduce_gradients() sums some).
+  bool partial_gradients() const { return sequence_parallel() || (!partial_.empty() && !detached_); }
   // With sequence parallelism, the whole parameters' gradients summed over
   // the group (a collective, after backward; Note [sequence-parallel
   // plans]); nothing without it.
@@ -139,6 +145,7 @@ class TensorParallelPlan {
   tp::Part vocabulary_;
   int64_t vocab_size_ = 0;
   std::unordered_map<const c10::TensorImpl*, dist::Placement> cuts_;
+  std::unordered_set<const c10::TensorImpl*> partial_;  // whole, their gradients Partial anyway
   dist::Placement whole_;  // what cut() returns for the others
   std::string description_;
   std::vector<models::SplitRegion*> regions_;  // the hooks set, cleared by detach()

@@ -1,0 +1,38 @@
+// Mixture-of-experts models (mixtral-tiny, qwen3-moe-tiny) under the
+// layouts every model has, the ranks as threads: data parallelism (DDP
+// and FSDP: an expert no token chose still has a zero gradient, so every
+// rank reduces the same tensors), tensor parallelism (each expert cut by
+// features, the router whole with its gradient summed over tp, as are
+// Qwen3's per-head q/k norms), a pipeline and context parallelism; each
+// trains one process's weights in float64 (control: another learning
+// rate).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "same_weights.h"
+#include "testing.h"
+
+namespace tandem {
+namespace expert_layout {  // the file's own names (a layer's tests compile as one unit)
+
+using testing::TempDir;
+using testing::write_text;
+
+constexpr testing::RunStyle kRuns{/*threads=*/true, /*steps=*/4};
+
+TEST(ExpertLayoutTest, MoeModelsUnderEveryDimensionAreOneProcess) {
+  TempDir text;
+  const std::string data = " --data text:" + write_text(text) + " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  for (const std::string model : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    const std::string flags = "--model " + model + data;
+    testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh dp=2",
+                                  "--nproc-per-node 2 --mesh dp=2 --strategy fsdp --fsdp-min-unit-params 0",
+                                  "--nproc-per-node 2 --mesh tp=2", "--nproc-per-node 2 --mesh tp=2 --sequence-parallel",
+                                  "--nproc-per-node 2 --mesh pp=2", "--nproc-per-node 2 --mesh cp=2"},
+                                 flags, 1e-10, flags + " --lr 2e-3", kRuns);
+  }
+}
+
+}  // namespace expert_layout
+}  // namespace tandem
