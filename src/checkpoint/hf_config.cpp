@@ -162,8 +162,10 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
     if (family == HfFamily::kMixtral) {
       computed.insert({"num_local_experts", "num_experts_per_tok", "router_jitter_noise", "sliding_window"});
     } else if (family == HfFamily::kQwen3Moe) {
-      computed.insert({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                       "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "sliding_window"});
+      computed.insert({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                       "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
+                       "sliding_window"});
+      want["num_local_experts"] = want.at("num_experts");  // transformers 5 saves this spelling of it
       computed.erase("intermediate_size");  // a dense layer's, and every layer has experts
     }
     check_rope(file, config, model);
