@@ -31,6 +31,12 @@ void RunRecorder::steps(const StepRecord& r) {
                   {"train/samples_per_second", r.samples_per_second},
                   {"train/step_seconds", r.step_seconds}};
   if (r.loss_scale > 0) scalars.emplace_back("train/loss_scale", r.loss_scale);
+  if (!r.experts.empty()) {
+    scalars.emplace_back("router/balance_loss", r.experts.balance_loss);
+    for (size_t e = 0; e < r.experts.share.size(); ++e) {
+      scalars.emplace_back(format("router/expert_%03zu_share", e), r.experts.share[e]);
+    }
+  }
   tensorboard_.write(r.step, scalars);
 }
 

@@ -134,6 +134,11 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
                             torch::full({}, static_cast<double>(epoch.seen), epoch.loss_sum.options()), bad});
   mesh_.reduce_epoch_sums(sums);  // over the dp ranks, then the last stage's (its outputs) to every stage
   sums = sums.cpu();
+  ExpertLoad experts;  // every rank takes part, or none (the model decides)
+  if (experts_ > 0) {
+    const bool first_tp = !mesh_.groups.tensor || mesh_.groups.tensor->rank() == 0;
+    experts = take_expert_load(model_, experts_, mesh_.groups.job.get(), first_tp);
+  }
   double loss = sums[0].item<double>(), hits = sums[1].item<double>();
   const auto predictions = static_cast<int64_t>(std::llround(sums[2].item<double>()));
   const int64_t images = predictions / std::max<int64_t>(1, tokens_per_sample_);  // samples
@@ -159,7 +164,7 @@ void Trainer::sync_sums(RunState& run, EpochState& epoch) {
       const double seconds = epoch.interval.seconds();
       run.record->steps({position.step, divergence.last_loss, epoch.lr, seconds > 0 ? images / seconds : 0.0,
                          seconds / static_cast<double>(position.step - epoch.synced_step),
-                         scaler_ ? scaler_->get_scale() : 0.0});
+                         scaler_ ? scaler_->get_scale() : 0.0, std::move(experts)});
     }
   }
   epoch.interval.reset();

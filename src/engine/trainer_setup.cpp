@@ -1,6 +1,7 @@
 // The trainer's set-up: options checked, the process group joined, data
 // opened, the model built and wrapped for its strategy (trainer.h); the
 // weights files are run_weights.cpp's.
+#include "tandem/engine/expert_load.h"
 #include "tandem/engine/trainer.h"
 
 #include <algorithm>
@@ -93,6 +94,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
     };
   }
   model_ = build_model(o, info, model_options, device_);
+  experts_ = count_experts(model_);
   check_tied_weights(pipeline);
   // --init-weights: start from saved weights (every rank reads the same
   // file; DDP's broadcast below would also carry rank 0's).

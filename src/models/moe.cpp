@@ -87,7 +87,9 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
   const auto token = order.div(k, "floor");
   const auto counts = torch::bincount(chosen, /*weights=*/{}, n_experts);
   const auto host = counts.cpu();
-  if (is_training()) record(host, routing.probabilities, rows.size(0));
+  // A checkpointed layer's first forward (no graph) is run again in
+  // backward: counted then, once.
+  if (is_training() && torch::GradMode::is_enabled()) record(host, routing.probabilities, rows.size(0));
   const auto grouped = rows.index_select(0, token);
   const std::vector<int64_t> per_expert(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + n_experts);
   ExpertSplit::Compute compute = [this](const torch::Tensor& g, const std::vector<int64_t>& c) {

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tandem/util/table.h"
 #include "testing.h"
 
 namespace tandem {
@@ -235,6 +236,53 @@ TEST_F(TensorBoardCliTest, AFreshRunInAUsedFolderReplacesTheEarlierRun) {
   const Board board = read_board(board_dir);
   EXPECT_EQ(board.files, 2);
   EXPECT_EQ(steps_of(board.scalars.at("train/loss")), (std::vector<int64_t>{3, 6}));
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// A mixture of experts logs its routing every record: transformers'
+// load-balancing loss and each expert's share of the (token, expert)
+// pairs, over every layer and token of the job. mixtral-tiny in float64:
+// one process, two data ranks (each its half of the tokens), a pipeline
+// of two stages (each its half of the layers) and two tp ranks (which
+// route alike) record the same figures.
+TEST(TensorBoardRouterCliTest, AMixtureOfExpertsLogsItsRoutingOverTheJob) {
+  TempDir dir;
+  const std::string job = "train --model mixtral-tiny --data text:" + testing::write_text(dir) +
+                          " --seq-len 16 --batch-size 8 --max-steps 4 --log-every 2 --dtype float64 --progress off";
+  std::vector<Board> boards;
+  for (const std::string mesh : {"", "--nproc-per-node 2 --mesh dp=2", "--nproc-per-node 2 --mesh pp=2",
+                                 "--nproc-per-node 2 --mesh tp=2"}) {
+    const std::string folder = dir.file("tb" + std::to_string(boards.size()));
+    auto r = run_tandem(job + " " + mesh + " --tensorboard " + folder);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    boards.push_back(read_board(folder));
+  }
+  const auto& one = boards.front().scalars;
+  ASSERT_EQ(one.count("router/balance_loss"), 1u);
+  ASSERT_EQ(steps_of(one.at("router/balance_loss")), (std::vector<int64_t>{2, 4}));
+  double shares = 0;
+  for (int e = 0; e < 8; ++e) shares += one.at(format("router/expert_%03d_share", e)).back().second;
+  EXPECT_NEAR(shares, 1.0, 1e-6);  // TensorBoard keeps float32
+  const double balance = one.at("router/balance_loss").back().second;
+  EXPECT_GE(balance, 0.99);  // 1 for a uniform spread, up to 8
+  EXPECT_LE(balance, 8.0);
+  for (size_t i = 1; i < boards.size(); ++i) {
+    for (const auto& [tag, series] : one) {
+      if (tag.rfind("router/", 0) != 0) continue;
+      ASSERT_EQ(boards[i].scalars.count(tag), 1u) << tag << " in layout " << i;
+      const auto& theirs = boards[i].scalars.at(tag);
+      ASSERT_EQ(theirs.size(), series.size()) << tag;
+      for (size_t k = 0; k < series.size(); ++k) {
+        EXPECT_NEAR(theirs[k].second, series[k].second, 1e-6 * std::max(1.0, series[k].second))
+            << tag << " at step " << series[k].first << " in layout " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/engine/expert_load.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/observe/metrics.h"
 #include "tandem/observe/tensorboard.h"
@@ -24,6 +25,7 @@ struct StepRecord {
   double samples_per_second = 0.0;
   double step_seconds = 0.0;      // mean wall time of its steps
   double loss_scale = 0.0;        // fp16's gradient scale after it (0: none)
+  ExpertLoad experts;             // a mixture of experts' routing over it (empty: none)
 };
 
 class RunRecorder {

@@ -259,6 +259,7 @@ class Trainer {
   int64_t channels_last_weights_ = 0;  // --channels-last: the 4-D weights put in NHWC order
   int64_t tokens_per_sample_ = 0;  // a language model's --seq-len: predictions per sample (0: images, one)
   double flops_per_token_ = 0;     // a language model's, for MFU (models::ModelTraits)
+  int64_t experts_ = 0;            // a mixture of experts' (engine/expert_load.h); 0: none
 };
 
 

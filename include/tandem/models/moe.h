@@ -111,7 +111,8 @@ class SparseMoeImpl : public torch::nn::Cloneable<SparseMoeImpl> {
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, hidden]
   const MoeConfig& config() const { return config_; }
   // The routing of the training forwards since the last call (summed),
-  // and a fresh start; empty when none ran (evaluation does not count).
+  // and a fresh start; empty when none ran (evaluation, and a forward
+  // without an autograd graph, do not count).
   RouterRecord take_routing();
   TopKRouter gate{nullptr};
   GroupedExperts experts{nullptr};
