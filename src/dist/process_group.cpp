@@ -302,6 +302,28 @@ Work ProcessGroup::reduce_scatter(torch::Tensor& output, const std::vector<torch
                      impl_->divide_if_avg(op, out));
 }
 
+Work ProcessGroup::all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                              const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits) {
+  TANDEM_CHECK(static_cast<int64_t>(output_splits.size()) == size() &&
+                   static_cast<int64_t>(input_splits.size()) == size(),
+               "all_to_all: one split per rank of ", size(), ", got ", input_splits.size(), " and ",
+               output_splits.size());
+  // What leaves this rank: the rows for the others.
+  const int64_t rows = input.dim() > 0 ? input.size(0) : 0, own = input_splits[static_cast<size_t>(rank())];
+  impl_->carried("all_to_all", rows == 0 ? 0 : bytes_of(input) / rows * (rows - own));
+  if (size() == 1) {
+    output.copy_(input);
+    return impl_->local();
+  }
+  std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
+  c10d::AllToAllOptions o;
+  o.timeout = impl_->options.timeout;
+  return impl_->call("all_to_all", [&] {
+    auto in = input;  // c10d takes it by reference
+    return impl_->group->alltoall_base(output, in, out_splits, in_splits, o);
+  });
+}
+
 Work ProcessGroup::barrier() {
   c10d::BarrierOptions o;
   o.timeout = impl_->options.timeout;

@@ -128,6 +128,12 @@ class ProcessGroup {
   // output = reduction over ranks of inputs[rank]; inputs: one per rank.
   Work reduce_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                       ReduceOp op = ReduceOp::kSum);
+  // Rows of `input` to every rank and theirs into `output` (c10d's
+  // alltoall_base): input_splits[j] rows (along dim 0) go to rank j in
+  // rank order, output_splits[j] come from rank j; the sizes may differ per
+  // rank (expert parallelism's uneven dispatch).
+  Work all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& output_splits,
+                  const std::vector<int64_t>& input_splits);
   Work barrier();
   // Where this group's collectives take their tensors: this rank's device
   // (GroupOptions::device) under NCCL, the CPU under Gloo.
