@@ -60,7 +60,8 @@ const std::set<std::string>& inert_keys() {
       // memory settings of training
       "gradient_checkpointing", "use_return_dict",
       // the experts' balancing loss: whether forward returns it and its
-      // weight in transformers' loss (tandem's is --router-aux-loss-coef);
+      // weight in transformers' loss (tandem logs it and trains on the
+      // cross-entropy, as transformers does by default);
       // Qwen's layers of windowed attention, read only with use_sliding_window
       "output_router_logits", "router_aux_loss_coef", "max_window_layers"};
   return keys;

@@ -5,11 +5,11 @@
 //   engine::load_hf_weights("gpt2/model.safetensors", model, config);
 //
 // write_hf_folder writes what AutoModelForCausalLM.from_pretrained(DIR)
-// loads as it is: config.json in transformers' form (GPT2LMHeadModel or
-// LlamaForCausalLM, the model's sizes, dropout, norms, rotary settings, the
+// loads as it is: config.json in transformers' form (GPT2LMHeadModel,
+// LlamaForCausalLM, MixtralForCausalLM or Qwen3MoeForCausalLM, the model's sizes, dropout, norms, rotary settings, the
 // tie) and model.safetensors under transformers' names (the tied head left
-// out, as transformers saves it), float32 unless the model is in another
-// dtype. load_hf_weights reads a model.safetensors (or the folder holding
+// out, as transformers saves it; an experts' 3-D weight as one tensor per
+// expert), float32 unless the model is in another dtype. load_hf_weights reads a model.safetensors (or the folder holding
 // one) that transformers wrote: names with or without the "transformer." /
 // "model." prefix (the Hub's original GPT-2 files have none), GPT-2's
 // causal-mask buffers ("attn.bias", "attn.masked_bias") ignored, a tied
@@ -42,7 +42,8 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
 
 // The same for a registry model by its preset name (gpt2-tiny ... gpt2-xl,
-// llama-tiny, llama-3.2-1b) with the data's vocabulary and the run's
+// llama-tiny, llama-3.2-1b, mixtral-tiny, mixtral-8x7b, qwen3-moe-tiny,
+// qwen3-30b-a3b) with the data's vocabulary and the run's
 // dropout (GPT-2's three pdrops) (--export-hf, --init-weights). Throws
 // tandem::Error for a model without transformers' form.
 bool has_hf_form(const std::string& model_name);

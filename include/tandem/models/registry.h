@@ -2,7 +2,8 @@
 //
 // Built in: the image classifiers convnet, mlp, resnet18, resnet34,
 // resnet50, mobilenetv2, and the language models gpt2-tiny, gpt2,
-// gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-3.2-1b
+// gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-3.2-1b, mixtral-tiny,
+// mixtral-8x7b, qwen3-moe-tiny, qwen3-30b-a3b
 // (models/language_models.cpp). Users add their own with register_model()
 // before parsing flags.
 #pragma once
