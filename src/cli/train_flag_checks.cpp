@@ -45,6 +45,13 @@ void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags)
                      "is cut by parameter count (its tp ranks must cut alike); give --pipeline-balance params, "
                      "--pipeline-split, or neither");
   }
+  if (pipeline && o.dropout > 0 && flags.given("pipeline-balance") &&
+      o.pipeline_balance != engine::PipelineBalance::kParams) {
+    throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + " with --dropout: dropout's "
+                     "masks are drawn per stage, so every run of the job (a resumed one too) must cut the model "
+                     "alike, which measured times do not; give --pipeline-balance params, --pipeline-split, or "
+                     "neither");
+  }
 }
 
 // AdamW's own --lr and --weight-decay where the command line gives none

@@ -262,7 +262,10 @@ void Trainer::report_pipeline_idle(StepCounters& counters) const {
 // layout with the same stages draws alike: the ranks of a tp group (Note
 // [dropout under tp]) and of a dp group, one process and a mesh without
 // pp. Stages are seeded apart so that their layers' masks are not the
-// same stream again.
+// same stream again. A layer's masks then depend on the stage it is in and
+// the layers before it there, so with --dropout a pipeline is cut by
+// parameter count (or --pipeline-split), never by measured time: a resumed
+// run whose timings chose another cut would draw other masks.
 void Trainer::seed_dropout(int64_t step) const {
   const auto stage = static_cast<uint64_t>(mesh_.stage());
   const uint64_t seed = static_cast<uint64_t>(options_.seed) + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1) +

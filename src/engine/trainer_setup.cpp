@@ -248,9 +248,12 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
                      stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
   // Under tensor or context parallelism the layers run collectives over
-  // the tp or cp group, so rank 0 cannot time them alone: balanced by
-  // parameter count.
-  if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor || mesh_.groups.context) {
+  // the tp or cp group, so rank 0 cannot time them alone; with --dropout
+  // the masks are seeded per stage (Note [dropout seeds]), so every run of
+  // the job (a resumed one too) must cut alike, which timings do not:
+  // balanced by parameter count.
+  if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor || mesh_.groups.context ||
+      o.dropout > 0) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }
