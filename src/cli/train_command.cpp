@@ -128,7 +128,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "each group of S dp ranks and the R groups' gradients averaged (--strategy fsdp); cp=C: "
                    "context parallelism, each sequence of a language model cut over C ranks that read the same "
                    "samples, attention around their ring (composes with dp, pp and tp; --seq-len a multiple of "
-                   "2C); default: pp=N under --strategy pipeline, else dp=N",
+                   "2C); ep=E: expert parallelism, a mixture of experts' experts spread over E of the dp x cp "
+                   "ranks (which it borrows, adding none: dp=4,ep=2 is 4 ranks), tokens sent to their experts by "
+                   "all-to-all; default: pp=N under --strategy pipeline, else dp=N",
                    [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "

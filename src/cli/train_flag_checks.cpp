@@ -45,6 +45,14 @@ void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags)
                      "is cut by parameter count (its tp ranks must cut alike); give --pipeline-balance params, "
                      "--pipeline-split, or neither");
   }
+  const auto& shape = o.mesh.shape();
+  if (pipeline && (shape.ep > 1 || shape.cp > 1) && flags.given("pipeline-balance") &&
+      o.pipeline_balance != engine::PipelineBalance::kParams) {
+    throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + ": a pipeline with " +
+                     (shape.ep > 1 ? "ep" : "cp") + " > 1 is cut by parameter count (its layers talk to other "
+                     "ranks, so one rank cannot time them); give --pipeline-balance params, --pipeline-split, "
+                     "or neither");
+  }
   if (pipeline && o.dropout > 0 && flags.given("pipeline-balance") &&
       o.pipeline_balance != engine::PipelineBalance::kParams) {
     throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + " with --dropout: dropout's "

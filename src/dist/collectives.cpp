@@ -30,8 +30,12 @@ bool same_on_every_rank(const std::vector<int64_t>& values, ProcessGroup& group)
 }
 
 void average_gradients(torch::nn::Module& module, ProcessGroup& group) {
+  average_gradients(module.parameters(), group);
+}
+
+void average_gradients(const std::vector<torch::Tensor>& parameters, ProcessGroup& group) {
   std::vector<Work> pending;
-  for (auto& parameter : module.parameters()) {
+  for (auto parameter : parameters) {
     auto grad = parameter.mutable_grad();
     if (!grad.defined()) continue;
     pending.push_back(group.all_reduce(grad, ReduceOp::kAvg));

@@ -32,24 +32,25 @@ std::string MeshShape::str() const {
     } else {
       text += std::string(mesh_dim_name(dim)) + "=" + std::to_string((*this)[dim]);
     }
+    if (dim == MeshDim::kData && ep > 1) text += ",ep=" + std::to_string(ep);
   }
   return text;
 }
 
 MeshShape parse_mesh(const std::string& spec, int64_t world) {
   const std::string flag = "--mesh " + spec;
-  TANDEM_CHECK_USAGE(!spec.empty(), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, tp), got nothing");
+  TANDEM_CHECK_USAGE(!spec.empty(), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, ep, tp), got nothing");
   MeshShape shape;
-  // pp, dp, tp, then HSDP's dp_replicate and dp_shard, then cp.
-  const std::array<const char*, 6> names{"pp", "dp", "tp", "dp_replicate", "dp_shard", "cp"};
-  std::array<int64_t, 6> given{0, 0, 0, 0, 0, 0};
+  // pp, dp, tp, then HSDP's dp_replicate and dp_shard, then cp, then ep.
+  const std::array<const char*, 7> names{"pp", "dp", "tp", "dp_replicate", "dp_shard", "cp", "ep"};
+  std::array<int64_t, 7> given{0, 0, 0, 0, 0, 0, 0};
   for (const auto& part : split(spec, ',')) {
     const auto equals = part.find('=');
     TANDEM_CHECK_USAGE(equals != std::string::npos, flag, ": expected dim=size, such as dp=2, got '", part, "'");
     const std::string name = part.substr(0, equals);
     const auto found = std::find(names.begin(), names.end(), name);
     TANDEM_CHECK_USAGE(found != names.end(), flag, ": unknown dimension '", name,
-                       "' (expected pp, dp, cp, tp, or dp_replicate and dp_shard in place of dp)");
+                       "' (expected pp, dp, cp, ep, tp, or dp_replicate and dp_shard in place of dp)");
     const auto index = static_cast<size_t>(found - names.begin());
     TANDEM_CHECK_USAGE(given[index] == 0, flag, ": ", name, " given twice");
     const auto size = parse_int(part.substr(equals + 1));
@@ -68,6 +69,15 @@ MeshShape parse_mesh(const std::string& spec, int64_t world) {
   if (given[5] > 1) {
     shape.cp = given[5];
     shape.sizes[1] *= shape.cp;
+  }
+  if (given[6] > 1) {
+    shape.ep = given[6];
+    TANDEM_CHECK_USAGE(shape.dp_shard == 0, flag, ": ep with dp_replicate or dp_shard (HSDP) is not available "
+                       "yet; give dp=N,ep=E");
+    // ep borrows from dp x cp; without dp, dp is what ep needs.
+    if (given[1] == 0 && shape.ep > shape.sizes[1] && shape.ep % shape.cp == 0) shape.sizes[1] = shape.ep;
+    TANDEM_CHECK_USAGE(shape.sizes[1] % shape.ep == 0, flag, ": ep=", shape.ep, " must divide the ", shape.sizes[1],
+                       " ranks of dp x cp (", shape.dp(), " x ", shape.cp, "), whose ranks it spreads the experts over");
   }
   check_mesh_size(shape, spec, world);
   return shape;
@@ -113,6 +123,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
   std::vector<int64_t> mine(shape_.sizes.begin(), shape_.sizes.end());
   mine.push_back(shape_.dp_shard);
   mine.push_back(shape_.cp);
+  mine.push_back(shape_.ep);
   auto sizes = torch::tensor(mine, torch::kInt64);
   std::vector<torch::Tensor> all;
   for (int64_t r = 0; r < world_->size(); ++r) all.push_back(torch::empty_like(sizes));
@@ -122,6 +133,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
     for (size_t i = 0; i < 3; ++i) theirs.sizes[i] = all[static_cast<size_t>(r)][static_cast<int64_t>(i)].item<int64_t>();
     theirs.dp_shard = all[static_cast<size_t>(r)][3].item<int64_t>();
     theirs.cp = all[static_cast<size_t>(r)][4].item<int64_t>();
+    theirs.ep = all[static_cast<size_t>(r)][5].item<int64_t>();
     TANDEM_CHECK(theirs == shape_, "--mesh: rank ", r, " lays the ranks out as ", theirs.str(), ", rank ",
                  world_->rank(), " as ", shape_.str(), ": every rank must be given the same --mesh");
   }
@@ -165,6 +177,20 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
       same_samples.push_back(mesh_rank(shape_, at));
     }
     context_ = world_->split("cp", same_samples);
+  }
+  if (shape_.ep > 1) {
+    // Expert parallelism: dp coordinate d is in expert group d / ep, and
+    // holds the experts of the others with the same d % ep.
+    const int64_t d = coordinate(MeshDim::kData);
+    std::vector<int64_t> same_group, same_experts;
+    for (int64_t other = 0; other < shape_[MeshDim::kData]; ++other) {
+      auto at = coordinates_;
+      at[static_cast<size_t>(MeshDim::kData)] = other;
+      if (other / shape_.ep == d / shape_.ep) same_group.push_back(mesh_rank(shape_, at));
+      if (other % shape_.ep == d % shape_.ep) same_experts.push_back(mesh_rank(shape_, at));
+    }
+    expert_ = world_->split("ep", same_group);
+    expert_replicate_ = world_->split("ep_replicate", same_experts);
   }
 }
 

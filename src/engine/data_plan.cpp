@@ -38,10 +38,18 @@ class LocalPlan : public DataPlan {
 // per parameter.
 class AllReducePlan : public DataPlan {
  public:
+  // `left_out`: parameters each rank keeps its own (DataPlanSetup::left_out).
   AllReducePlan(models::Sequence model, std::shared_ptr<torch::nn::Module> replica,
-                std::shared_ptr<dist::ProcessGroup> group)
+                std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& left_out)
       : DataPlan(std::move(model)), replica_(std::move(replica)), group_(std::move(group)) {
-    dist::broadcast_module(*replica_, *group_);
+    for (const auto& p : replica_->parameters()) {
+      bool kept = true;
+      for (const auto& t : left_out) kept = kept && t.unsafeGetTensorImpl() != p.unsafeGetTensorImpl();
+      if (kept) reduced_.push_back(p);
+    }
+    auto started = reduced_;
+    for (const auto& b : replica_->buffers()) started.push_back(b);
+    dist::broadcast_coalesced(std::move(started), *group_);
   }
   std::string name() const override { return "allreduce"; }
   void begin_step(torch::optim::Optimizer& optimizer) override {
@@ -49,12 +57,13 @@ class AllReducePlan : public DataPlan {
     dist::broadcast_buffers(*replica_, *group_);
   }
   torch::Tensor forward(const torch::Tensor& x) override { return model_->forward(x); }
-  void after_backward() override { dist::average_gradients(*replica_, *group_); }
+  void after_backward() override { dist::average_gradients(reduced_, *group_); }
   std::vector<torch::Tensor> parameters() const override { return model_->parameters(); }
 
  private:
   std::shared_ptr<torch::nn::Module> replica_;
   std::shared_ptr<dist::ProcessGroup> group_;
+  std::vector<torch::Tensor> reduced_;  // the replica's parameters but those left out
 };
 
 // --strategy dp: the batch scattered over --devices in this process, the
@@ -121,7 +130,7 @@ std::unique_ptr<DataPlan> make_data_plan(const DataPlanSetup& setup) {
     case DataParallelism::kFsdp:
       return internal::make_fsdp_plan(setup);
     default:
-      return std::make_unique<AllReducePlan>(setup.model, internal::replica_of(setup), setup.group);
+      return std::make_unique<AllReducePlan>(setup.model, internal::replica_of(setup), setup.group, setup.left_out);
   }
 }
 

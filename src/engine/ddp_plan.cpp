@@ -85,6 +85,7 @@ std::unique_ptr<DataPlan> make_ddp_plan(const DataPlanSetup& setup) {
   for (const auto& tie : setup.model->ties()) {
     if (const auto* p = named.find(tie.owner)) ddp.reduced_after_backward.push_back(*p);
   }
+  ddp.left_out = setup.left_out;  // Note [expert gradients]
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (const auto& piece : setup.pieces) replicas.push_back(piece.ptr());
   if (replicas.empty()) replicas.push_back(setup.model.ptr());

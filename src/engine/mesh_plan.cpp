@@ -2,6 +2,7 @@
 #include "tandem/engine/mesh_plan.h"
 
 #include "tandem/parallel/context_parallel.h"
+#include "tandem/parallel/fsdp.h"
 
 #include "tandem/dist/collectives.h"
 #include "tandem/util/check.h"
@@ -20,13 +21,19 @@ void MeshPlan::split_groups(const ParallelLayout& layout) {
     g.data_shard = g.mesh->data_shard_group();
     g.data_replicate = g.mesh->data_replicate_group();
     g.context = g.mesh->context_group();
-  } else if (tensor_ranks || (g.job && (layout.mesh.dp_shard > 0 || layout.context_ranks() > 1))) {  // dp x tp, HSDP, cp
+    g.expert = g.mesh->expert_group();
+    g.expert_replicate = g.mesh->expert_replicate_group();
+  } else if (tensor_ranks ||
+             (g.job && (layout.mesh.dp_shard > 0 || layout.context_ranks() > 1 || layout.mesh.ep > 1))) {
+    // dp x tp, HSDP, cp, ep
     dist::DeviceMesh mesh(g.job, layout.mesh);
     g.data = mesh.group(dist::MeshDim::kData);
     if (tensor_ranks) g.tensor = g.model = mesh.group(dist::MeshDim::kTensor);
     g.data_shard = mesh.data_shard_group();
     g.data_replicate = mesh.data_replicate_group();
     g.context = mesh.context_group();
+    g.expert = mesh.expert_group();
+    g.expert_replicate = mesh.expert_replicate_group();
   }
 }
 
@@ -53,6 +60,7 @@ const dist::Placement* MeshPlan::cut(const torch::Tensor& parameter) const {
 
 void MeshPlan::reduce_gradients(const DataPlan& plan,
                                 const std::function<std::vector<dist::PlacedTensor>()>& placed) {
+  reduce_expert_gradients();  // Note [expert gradients]
   if (tied) tied->reduce_gradients(plan);  // Note [tied weights across stages]
   if (tensor) {  // Note [sequence-parallel plans]: whole parameters' partial sums
     dist::sum_partial_gradients(placed(), &dist::PlacedTensor::tensor_parallel, *groups.tensor);
@@ -83,6 +91,7 @@ void MeshPlan::cut_again(torch::optim::Optimizer* optimizer) {
 
 void MeshPlan::finish() {
   if (tensor && !tensor->detached()) tensor->detach();
+  if (!spread_layers_.empty()) gather_experts();
 }
 
 void MeshPlan::cut_over_tensor_ranks(models::Sequence& model, const TrainOptions& o, int64_t seq_len) {
@@ -128,6 +137,7 @@ std::shared_ptr<const Task> MeshPlan::task(std::shared_ptr<const Task> plain, do
 void MeshPlan::fill(DataPlanSetup& setup) const {
   if (groups.mesh) setup.pieces = own_pieces;  // Note [replicated stages]
   setup.group = groups.data;
+  setup.left_out = expert_weights_;  // Note [expert gradients]
   setup.shard_group = groups.data_shard;
   setup.replicate_group = groups.data_replicate;
 }

@@ -37,6 +37,25 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
       TANDEM_CHECK_USAGE(o.device.rfind("cuda", 0) != 0, flag, ": context parallelism runs on the CPU only for now "
                          "(--device ", o.device, ")");
     }
+    if (layout.mesh.ep > 1) {  // the combinations expert parallelism has so far
+      const int64_t ep = layout.mesh.ep;
+      const int64_t experts = models::is_language_model(o.model) ? models::model_traits(o.model).experts : 0;
+      TANDEM_CHECK_USAGE(experts > 0, flag, ": expert parallelism spreads a mixture of experts' experts over ranks; ",
+                         o.model, " has no experts (mixtral-tiny, qwen3-moe-tiny, ... have)");
+      TANDEM_CHECK_USAGE(experts % ep == 0, flag, ": ep=", ep, " does not divide ", o.model, "'s ", experts,
+                         " experts");
+      TANDEM_CHECK_USAGE(o.strategy == Strategy::kAuto || o.strategy == Strategy::kDdp ||
+                             o.strategy == Strategy::kAllReduce || o.strategy == Strategy::kPipeline,
+                         flag, ": expert parallelism runs with DDP or the all-reduce over the data ranks so far "
+                         "(--strategy ddp, the default, or allreduce), not --strategy ", o.strategy);
+      const char* missing = o.shard_optimizer           ? "--shard-optimizer"
+                            : o.clip_grad_norm > 0      ? "--clip-grad-norm"
+                            : !o.checkpoint_dir.empty() ? "--checkpoint-dir"
+                            : o.device.rfind("cuda", 0) == 0 ? "--device cuda"
+                                                             : nullptr;
+      TANDEM_CHECK_USAGE(missing == nullptr, flag, ": expert parallelism with ", missing ? missing : "",
+                         " is not available yet");
+    }
     if (layout.mesh.dp_shard > 0 && o.strategy != Strategy::kFsdp) {
       const std::string hsdp = flag + ": dp_replicate and dp_shard lay out HSDP (FSDP over each group of dp_shard "
                                       "ranks, replicated over dp_replicate groups); give --strategy fsdp";

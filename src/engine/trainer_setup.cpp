@@ -152,6 +152,7 @@ Trainer::Trainer(TrainOptions options, std::FILE* log, std::shared_ptr<dist::Pro
   parameter_count_ = models::count_parameters(*model_);  // the whole model's, before tp cuts it
   mesh_.cut_over_tensor_ranks(model_, o, info.seq_len);  // under tp: the model cut, and its task
   mesh_.cut_over_context_ranks(model_, o, info.seq_len);  // under cp: its attention over the ring
+  mesh_.cut_over_expert_ranks(model_, o);  // under ep: its experts spread (Note [expert dispatch])
   if (mesh_.tensor) say(mesh_.tensor->describe());
   task_ = mesh_.task(task_, o.label_smoothing);
   if (info.seq_len > 0) {
@@ -247,13 +248,13 @@ std::pair<std::vector<int64_t>, std::string> Trainer::pipeline_cut(const data::D
   TANDEM_CHECK_USAGE(layers >= stages * chunks, "pipeline: the model has ", layers, " layers, fewer than the ",
                      stages * chunks, " stages (", stages, " devices", chunks > 1 ? " x --virtual-stages " : "",
                      chunks > 1 ? std::to_string(chunks) : std::string(), ")");
-  // Under tensor or context parallelism the layers run collectives over
-  // the tp or cp group, so rank 0 cannot time them alone; with --dropout
+  // Under tensor, context or expert parallelism the layers run collectives
+  // over the tp, cp or ep group, so rank 0 cannot time them alone; with --dropout
   // the masks are seeded per stage (Note [dropout seeds]), so every run of
   // the job (a resumed one too) must cut alike, which timings do not:
   // balanced by parameter count.
   if (o.pipeline_balance == PipelineBalance::kParams || mesh_.groups.tensor || mesh_.groups.context ||
-      o.dropout > 0) {
+      mesh_.groups.expert || o.dropout > 0) {
     return {parallel::balance_interleaved(parallel::parameter_costs(model_), stages, chunks),
             "balanced by parameter count"};
   }

@@ -73,26 +73,26 @@ std::map<std::string, std::pair<ModelFactory, ModelTraits>> language_models() {
   // One preset: its factory checks the sizes against its context first.
   auto add = [&all](const std::string& name, int64_t context, std::function<Sequence(const ModelOptions&)> build,
                     std::function<double(const ModelOptions&)> flops, std::vector<std::string> layers, bool tied,
-                    std::vector<std::pair<std::string, int64_t>> divisors) {
+                    std::vector<std::pair<std::string, int64_t>> divisors, int64_t experts) {
     ModelFactory factory = [name, context, build](const ModelOptions& o) {
       check_sizes(name, o, context);
       return build(o);
     };
     all.emplace(name, std::make_pair(std::move(factory),
                                      ModelTraits{ModelKind::kLanguageModel, context, std::move(flops),
-                                                 std::move(layers), tied, std::move(divisors)}));
+                                                 std::move(layers), tied, std::move(divisors), experts}));
   };
   for (const auto& name : Gpt2Config::preset_names()) {
     const auto c = Gpt2Config::preset(name);
     add(name, c.n_positions, [name](const ModelOptions& o) { return gpt2(gpt2_config(name, o)); },
         [name](const ModelOptions& o) { return gpt2_flops(name, o); }, layer_names("h", c.n_layer), true,
-        {{"heads", c.n_head}});
+        {{"heads", c.n_head}}, 0);
   }
   for (const auto& name : LlamaConfig::preset_names()) {
     const auto c = LlamaConfig::preset(name);
     add(name, c.max_positions, [name](const ModelOptions& o) { return llama(llama_config(name, o)); },
         [name](const ModelOptions& o) { return llama_flops(name, o); }, layer_names("l", c.num_layers),
-        c.tie_embeddings, {{"heads", c.num_heads}, {"key/value heads", c.num_kv_heads}});
+        c.tie_embeddings, {{"heads", c.num_heads}, {"key/value heads", c.num_kv_heads}}, c.num_experts);
   }
   return all;
 }

@@ -83,11 +83,26 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   TANDEM_CHECK(module_ && group_, "DistributedDataParallel: a module and a group are required");
   hook_ = options_.comm_hook ? options_.comm_hook : make_comm_hook("allreduce");
   dist::check_same_parameters(*module_, *group_, "DistributedDataParallel");
-  dist::broadcast_module(*module_, *group_, 0);
+  auto left_out = [this](const torch::Tensor& p) {
+    for (const auto& t : options_.left_out) {
+      if (t.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  };
+  if (options_.left_out.empty()) {
+    dist::broadcast_module(*module_, *group_, 0);
+  } else {  // the others' parameters and every buffer
+    std::vector<torch::Tensor> started;
+    for (const auto& p : module_->parameters()) {
+      if (!left_out(p)) started.push_back(p);
+    }
+    for (const auto& b : module_->buffers()) started.push_back(b);
+    dist::broadcast_coalesced(std::move(started), *group_, 0);
+  }
 
   std::vector<ParameterInfo> info;
   for (auto& p : module_->named_parameters()) {
-    if (!p.value().requires_grad()) continue;
+    if (!p.value().requires_grad() || left_out(p.value())) continue;
     parameters_.push_back(p.value());
     names_.push_back(p.key());
     info.push_back({p.value().numel() * static_cast<int64_t>(p.value().element_size()),

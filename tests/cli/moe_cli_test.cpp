@@ -8,8 +8,11 @@
 // run from a random start).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "testing.h"
 
@@ -89,6 +92,36 @@ TEST_P(MoeCliTest, TransformersFoldersGoInAndComeOut) {
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeCliTest, ::testing::Values("mixtral-tiny", "qwen3-moe-tiny"),
                          [](const auto& info) { return info.param == "mixtral-tiny" ? "Mixtral" : "Qwen3Moe"; });
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// --mesh ep=E: what it takes is checked before any worker starts, each
+// refusal naming the flag and why (exit 2).
+TEST(ExpertParallelCliTest, WhatEpCannotTakeIsNamedBeforeTheWorkersStart) {
+  TempDir dir;
+  const std::string run = "train --data text:" + write_text(dir) + " --seq-len 16 --max-steps 1 --progress off ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--model llama-tiny --nproc-per-node 2 --mesh ep=2", "llama-tiny has no experts"},
+      {"--model mixtral-tiny --nproc-per-node 3 --mesh ep=3", "ep=3 does not divide mixtral-tiny's 8 experts"},
+      {"--model mixtral-tiny --nproc-per-node 3 --mesh dp=3,ep=2", "ep=2 must divide the 3 ranks of dp x cp"},
+      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --strategy fsdp", "not --strategy fsdp"},
+      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --clip-grad-norm 1", "with --clip-grad-norm is not"},
+      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --checkpoint-dir " + dir.file("c"),
+       "with --checkpoint-dir is not"},
+      {"--model mixtral-tiny --nproc-per-node 4 --mesh dp_shard=2,dp_replicate=2,ep=2 --strategy fsdp",
+       "ep with dp_replicate or dp_shard (HSDP) is not available yet"},
+      {"--model mixtral-tiny --nproc-per-node 4 --mesh pp=2,ep=2 --pipeline-balance time",
+       "a pipeline with ep > 1 is cut by parameter count"},
+  };
+  for (const auto& [flags, message] : cases) {
+    EXPECT_TRUE(testing::tandem_fails(run + flags, 2, message)) << flags;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("c")));
+}
 
 }  // namespace
 }  // namespace tandem

@@ -33,12 +33,19 @@ TEST(DeviceMeshTest, TheFlagIsParsedOrNamed) {
   EXPECT_EQ(usage_error_of("dp=3", 4), "--mesh dp=3: pp=1,dp=3,tp=1 is a mesh of 3 ranks, but the job has 4 (the "
                                        "sizes' product must be the world size)");
   EXPECT_EQ(usage_error_of("dp=2,dp=2", 4), "--mesh dp=2,dp=2: dp given twice");
-  EXPECT_EQ(usage_error_of("ep=2", 2),
-            "--mesh ep=2: unknown dimension 'ep' (expected pp, dp, cp, tp, or dp_replicate and dp_shard in place of dp)");
+  EXPECT_EQ(usage_error_of("xp=2", 2), "--mesh xp=2: unknown dimension 'xp' (expected pp, dp, cp, ep, tp, or "
+                                      "dp_replicate and dp_shard in place of dp)");
   EXPECT_EQ(usage_error_of("dp=0", 1), "--mesh dp=0: dp expected a whole number of ranks >= 1, got '0'");
   EXPECT_EQ(usage_error_of("dp=two", 2), "--mesh dp=two: dp expected a whole number of ranks >= 1, got 'two'");
   EXPECT_EQ(usage_error_of("dp", 2), "--mesh dp: expected dim=size, such as dp=2, got 'dp'");
-  EXPECT_EQ(usage_error_of("", 2), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, tp), got nothing");
+  EXPECT_EQ(usage_error_of("", 2), "--mesh: expected dimensions such as dp=2,pp=2 (pp, dp, cp, ep, tp), got nothing");
+  // ep: borrowed from dp x cp, adding no ranks; without dp, dp is what it needs.
+  EXPECT_EQ(parse_mesh("ep=2", 2).str(), "pp=1,dp=2,ep=2,tp=1");
+  EXPECT_EQ(parse_mesh("dp=4,ep=2", 4).str(), "pp=1,dp=4,ep=2,tp=1");
+  EXPECT_EQ(parse_mesh("cp=2,ep=2", 2).str(), "pp=1,dp=1,cp=2,ep=2,tp=1");
+  EXPECT_EQ(parse_mesh("ep=4,cp=2", 4).str(), "pp=1,dp=2,cp=2,ep=4,tp=1");
+  EXPECT_EQ(usage_error_of("dp=3,ep=2", 3), "--mesh dp=3,ep=2: ep=2 must divide the 3 ranks of dp x cp (3 x 1), "
+                                            "whose ranks it spreads the experts over");
   // cp: the data dimension's ranks in groups of cp (dp x cp of them).
   const auto context = parse_mesh("cp=2,dp=3", 6);
   EXPECT_EQ(context.str(), "pp=1,dp=3,cp=2,tp=1");
@@ -185,6 +192,23 @@ TEST(DeviceMeshTest, HsdpGroupsAreTheShardsAndTheirReplicas) {
     EXPECT_EQ(plain.data_replicate_group(), nullptr);
     auto barrier = torch::ones({1});
     world->all_reduce(barrier).wait();
+  }));
+}
+
+// ep=2 over dp=4 (per stage): expert groups of consecutive dp ranks, and
+// the ranks holding the same experts across them.
+TEST(DeviceMeshTest, EpGroupsAreConsecutiveDataRanksAndTheirReplicas) {
+  testing::expect_no_errors(testing::run_ranks(8, [](std::shared_ptr<ProcessGroup> world) {
+    DeviceMesh mesh(world, parse_mesh("pp=2,dp=4,ep=2", 8));
+    const int64_t pp = mesh.coordinate(MeshDim::kPipeline), dp = mesh.coordinate(MeshDim::kData);
+    const int64_t base = pp * 4;
+    EXPECT_EQ(mesh.expert_group()->job_ranks(), (std::vector<int64_t>{base + dp / 2 * 2, base + dp / 2 * 2 + 1}));
+    EXPECT_EQ(mesh.expert_replicate_group()->job_ranks(), (std::vector<int64_t>{base + dp % 2, base + dp % 2 + 2}));
+    EXPECT_EQ(mesh.expert_group()->rank(), dp % 2);
+    auto sum = torch::ones({1});
+    mesh.expert_group()->all_reduce(sum).wait();
+    mesh.expert_replicate_group()->all_reduce(sum).wait();
+    world->all_reduce(sum).wait();
   }));
 }
 

@@ -34,5 +34,25 @@ TEST(ExpertLayoutTest, MoeModelsUnderEveryDimensionAreOneProcess) {
   }
 }
 
+// Expert parallelism (--mesh ep=E; Note [expert dispatch], [expert
+// gradients]): the experts spread over ep ranks borrowed from dp x cp,
+// tokens sent to their experts' ranks and back by all-to-all, the experts'
+// gradients summed over the ranks holding the same ones. ep=2 and
+// dp=2,ep=2 on 2 ranks, dp=4,ep=2 (two copies of each half) and dp=4,ep=4
+// on 4, composed with tp, a pipeline and cp: each trains one process's
+// weights in float64 (control: another learning rate).
+TEST(ExpertLayoutTest, ExpertsSpreadOverEpRanksAreOneProcess) {
+  TempDir text;
+  const std::string data = " --data text:" + write_text(text) + " --seq-len 16 --dtype float64 --lr 1e-3 ";
+  for (const std::string model : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    const std::string flags = "--model " + model + data;
+    testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh ep=2",
+                                  "--nproc-per-node 4 --mesh dp=4,ep=2", "--nproc-per-node 4 --mesh dp=4,ep=4",
+                                  "--nproc-per-node 4 --mesh dp=2,ep=2,tp=2",
+                                  "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2", "--nproc-per-node 2 --mesh cp=2,ep=2"},
+                                 flags, 1e-10, flags + " --lr 2e-3", kRuns);
+  }
+}
+
 }  // namespace expert_layout
 }  // namespace tandem

@@ -16,7 +16,9 @@
 
 #include <torch/torch.h>
 
+#include "tandem/models/llama.h"
 #include "tandem/models/moe.h"
+#include "tandem/parallel/context_parallel.h"
 #include "tandem/parallel/expert_parallel.h"
 #include "testing.h"
 
@@ -95,6 +97,38 @@ TEST(ExpertParallelTest, SpreadExpertsAreOneProcessRowForRow) {
     }));
     EXPECT_LE(relative_difference(router_sum, router_grad), 1e-12) << world << " ranks";
   }
+}
+
+// ep over the ranks of a cp group (each holding part of every sequence):
+// mixtral-tiny's logits at each rank's positions are one process's.
+TEST(ExpertParallelTest, ComposesWithContextParallelism) {
+  auto build = [] {
+    torch::manual_seed(11);
+    auto config = models::LlamaConfig::preset("mixtral-tiny");
+    config.vocab_size = 64;
+    auto model = models::llama(config);
+    model->to(torch::kFloat64);
+    return model;
+  };
+  torch::manual_seed(12);
+  const auto input = torch::randint(0, 64, {2, 16}, torch::kInt64);
+  auto whole = build();
+  const auto reference = whole->forward(input);
+  std::mutex mutex;
+  testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+    auto model = [&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      return build();
+    }();
+    split_context(model, group);
+    auto ep = group->split("ep", {0, 1});
+    for (const auto& m : model->modules(false)) {
+      if (auto* moe = dynamic_cast<models::SparseMoeImpl*>(m.get())) spread_experts(*moe, ep);
+    }
+    const int64_t r = group->rank();
+    auto logits = model->forward(context_part(input, 1, r, 2));
+    EXPECT_LE(relative_difference(logits, context_part(reference, 1, r, 2)), 1e-12) << "rank " << r;
+  }));
 }
 
 TEST(ExpertParallelTest, RanksThatDoNotDivideTheExpertsAreRefused) {

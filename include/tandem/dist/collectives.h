@@ -27,6 +27,8 @@ bool same_on_every_rank(const std::vector<int64_t>& values, ProcessGroup& group)
 // waited for in order. Parameters without a gradient are skipped (the same
 // set on every rank, or the ranks fall out of step).
 void average_gradients(torch::nn::Module& module, ProcessGroup& group);
+// The same for the gradients of `parameters` only.
+void average_gradients(const std::vector<torch::Tensor>& parameters, ProcessGroup& group);
 
 // Broadcasts `tensors` from `root` in place, coalesced: tensors of one dtype
 // and device are packed into flat buffers of at most `bucket_bytes` (a

@@ -48,19 +48,26 @@ struct MeshShape {
   // (torchtitan's dp_shard_cp), the groups replicating as before.
   int64_t cp = 1;
   int64_t dp() const { return sizes[1] / cp; }
+  // Expert parallelism (--mesh ep=E, Note [expert dispatch] in
+  // parallel/expert_parallel.h): the data dimension's dp x cp ranks in
+  // groups of E consecutive ones, each group holding every expert once
+  // between them; it borrows its ranks from dp x cp and adds none (E
+  // divides them). 1: none.
+  int64_t ep = 1;
   int64_t operator[](MeshDim dim) const { return sizes[static_cast<size_t>(dim)]; }
   int64_t& operator[](MeshDim dim) { return sizes[static_cast<size_t>(dim)]; }
   int64_t size() const { return sizes[0] * sizes[1] * sizes[2]; }
-  std::string str() const;  // "pp=2,dp=2,tp=1", "pp=1,dp_replicate=2,dp_shard=2,tp=1", "pp=1,dp=2,cp=2,tp=1"
+  // "pp=2,dp=2,tp=1", "pp=1,dp_replicate=2,dp_shard=2,tp=1", "pp=1,dp=2,cp=2,tp=1", "pp=1,dp=4,ep=2,tp=1"
+  std::string str() const;
   bool operator==(const MeshShape& other) const {
-    return sizes == other.sizes && dp_shard == other.dp_shard && cp == other.cp;
+    return sizes == other.sizes && dp_shard == other.dp_shard && cp == other.cp && ep == other.ep;
   }
 };
 
 // --mesh SPEC: comma-separated dim=size, each dimension at most once, an
 // omitted one 1; dp, or dp_replicate and dp_shard (HSDP: either may be
-// left out, as 1) in its place; the sizes' product must be `world` (0:
-// any). Throws tandem::UsageError naming --mesh and what was expected.
+// left out, as 1) in its place; ep within dp x cp (without dp, dp is what
+// ep needs: ep=2 is dp=2); the sizes' product must be `world` (0: any). Throws tandem::UsageError naming --mesh and what was expected.
 MeshShape parse_mesh(const std::string& spec, int64_t world);
 // The check parse_mesh makes of `world`, of a shape parsed from `spec`.
 void check_mesh_size(const MeshShape& shape, const std::string& spec, int64_t world);
@@ -101,6 +108,12 @@ class DeviceMesh {
   // group, which read the same samples. Null without it.
   const std::shared_ptr<ProcessGroup>& context_group() const { return context_; }
   const std::shared_ptr<ProcessGroup>& data_replicate_group() const { return data_replicate_; }
+  // Expert parallelism (MeshShape::ep): the ep ranks of this rank's group,
+  // which hold the experts between them, and the ranks holding the same
+  // experts as this one (over which their gradients are summed). Null
+  // without it.
+  const std::shared_ptr<ProcessGroup>& expert_group() const { return expert_; }
+  const std::shared_ptr<ProcessGroup>& expert_replicate_group() const { return expert_replicate_; }
 
  private:
   std::shared_ptr<ProcessGroup> world_;
@@ -108,7 +121,7 @@ class DeviceMesh {
   MeshCoordinates coordinates_{};
   std::array<std::shared_ptr<ProcessGroup>, 3> groups_;
   std::shared_ptr<ProcessGroup> model_group_;
-  std::shared_ptr<ProcessGroup> data_shard_, data_replicate_, context_;
+  std::shared_ptr<ProcessGroup> data_shard_, data_replicate_, context_, expert_, expert_replicate_;
 };
 
 }  // namespace tandem::dist

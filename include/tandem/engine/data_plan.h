@@ -112,6 +112,9 @@ struct DataPlanSetup {
   // pieces under a mesh (`pieces`, in the model's order).
   std::vector<models::Sequence> pieces;
   std::shared_ptr<dist::ProcessGroup> group;  // the dp group (null: one process or a pipeline's ranks)
+  // Parameters the dp plan neither starts alike nor reduces: each rank's
+  // own (expert parallelism's experts, Note [expert gradients]).
+  std::vector<torch::Tensor> left_out;
   // HSDP (--mesh dp_replicate=R,dp_shard=S): FSDP over the shard group,
   // its gradients averaged over the replicate group; null otherwise.
   std::shared_ptr<dist::ProcessGroup> shard_group, replicate_group;

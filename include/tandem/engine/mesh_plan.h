@@ -39,6 +39,7 @@
 #include "tandem/engine/task.h"
 #include "tandem/engine/train_options.h"
 #include "tandem/engine/tied_stages.h"
+#include "tandem/models/moe.h"
 #include "tandem/models/sequence.h"
 #include "tandem/parallel/tensor_parallel_plan.h"
 
@@ -61,6 +62,10 @@ struct MeshGroups {
   // The cp slice (--mesh cp=C): ranks of `data` reading the same samples,
   // each holding part of every sequence. Null without it.
   std::shared_ptr<dist::ProcessGroup> context;
+  // Expert parallelism (--mesh ep=E): the ranks of `data` that hold the
+  // experts between them, and those holding the same experts as this rank.
+  // Null without it.
+  std::shared_ptr<dist::ProcessGroup> expert, expert_replicate;
   // pp x dp (x tp) over ranks: the mesh the groups were split from.
   std::shared_ptr<dist::DeviceMesh> mesh;
 };
@@ -92,6 +97,18 @@ class MeshPlan {
   // over the cp group (Note [context parallelism]). Throws
   // tandem::UsageError naming --seq-len for sequences 2 cp does not divide.
   void cut_over_context_ranks(models::Sequence& model, const TrainOptions& options, int64_t seq_len);
+  // --mesh with ep > 1 (nothing otherwise): every mixture-of-experts
+  // layer's experts spread over the ep group (Note [expert dispatch]);
+  // their weights leave the dp plan (expert_weights()), whose reduction
+  // would mix different experts (mesh_experts.cpp).
+  void cut_over_expert_ranks(models::Sequence& model, const TrainOptions& options);
+  // The experts' weights this rank holds under ep (empty without it).
+  const std::vector<torch::Tensor>& expert_weights() const { return expert_weights_; }
+  // After backward: the experts' gradients summed over the ranks holding
+  // the same experts and divided by the data ranks, so that each is one
+  // process's gradient on the global batch (a collective of
+  // groups.expert_replicate; nothing without ep).
+  void reduce_expert_gradients();
   // This rank's part of a batch of sequences [B, T] (inputs or targets):
   // the tokens it holds under cp, all of them otherwise.
   torch::Tensor cut_sequence(const torch::Tensor& batch) const;
@@ -117,7 +134,8 @@ class MeshPlan {
     return {{groups.context ? "dp_cp" : "dp", groups.data},
             {"pp", groups.pipeline},
             {"tp", groups.tensor},
-            {"cp", groups.context}};
+            {"cp", groups.context},
+            {"ep", groups.expert}};
   }
   // The ranks whose gradients an fp16 loss scaler checks together: the
   // whole job under a mesh (FSDP's shards and tp's parts differ), a
@@ -167,7 +185,8 @@ class MeshPlan {
   // `optimizer`'s state of it, when given) made whole, and cut again.
   void make_whole(torch::optim::Optimizer* optimizer);
   void cut_again(torch::optim::Optimizer* optimizer);
-  // The end of training: tp's cut undone, every rank's model whole and plain.
+  // The end of training: tp's cut and ep's spread undone, every rank's
+  // model whole and plain.
   void finish();
 
   // A pipeline over ranks (mesh_stages.cpp). Every stage's weights and
@@ -176,10 +195,10 @@ class MeshPlan {
   // before a checkpoint or an export.
   void gather_stages(torch::nn::Module& model, torch::optim::Optimizer* optimizer);
   // Before an export: every stage's weights onto every rank of a pipeline
-  // over ranks, with `optimizer`'s state unless tp holds it in parts (a
+  // over ranks, with `optimizer`'s state unless tp or ep holds it in parts (a
   // collective of the pipeline; nothing without one).
   void gather_for_export(torch::nn::Module& model, torch::optim::Optimizer* optimizer) {
-    gather_stages(model, tensor ? nullptr : optimizer);
+    gather_stages(model, tensor || experts_spread_ ? nullptr : optimizer);
   }
   // `values` (one per stage, each rank's own filled) summed over a
   // pipeline over ranks (a collective of it); as they are without one.
@@ -193,6 +212,12 @@ class MeshPlan {
   std::vector<torch::Tensor> stepped_elsewhere() const;
   // The modules this rank runs: its own pieces, or the whole model.
   std::vector<const torch::nn::Module*> modules_here(const torch::nn::Module& model) const;
+
+ private:
+  void gather_experts();  // ep's spread undone (a collective of groups.expert)
+  std::vector<torch::Tensor> expert_weights_;
+  std::vector<models::SparseMoeImpl*> spread_layers_;
+  bool experts_spread_ = false;  // the run spread them (the optimizer's state stays in parts)
 };
 
 }  // namespace tandem::engine

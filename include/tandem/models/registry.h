@@ -45,6 +45,10 @@ struct ModelTraits {
   // each with what it counts ("heads", "key/value heads"), so that a tp the
   // model cannot take is refused before any worker starts.
   std::vector<std::pair<std::string, int64_t>> tensor_parallel_divisors;
+  // Language models: the experts of each mixture-of-experts layer (0:
+  // none), so that an ep the model cannot take is refused before any
+  // worker starts.
+  int64_t experts = 0;
 };
 
 // Throws tandem::Error if the name is taken.

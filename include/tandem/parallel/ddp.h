@@ -125,6 +125,10 @@ struct DdpOptions {
   // Note [gradients in parts]: parameters whose gradient may reach them in
   // several parts a step; their buckets are reduced in after_backward().
   std::vector<torch::Tensor> reduced_after_backward;
+  // Parameters this DDP leaves alone: not broadcast at the start, not
+  // bucketed, not reduced (each rank's own, reduced elsewhere: expert
+  // parallelism's experts).
+  std::vector<torch::Tensor> left_out;
 };
 
 // When each bucket's reduction started and finished, and when backward
