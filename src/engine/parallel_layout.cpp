@@ -49,7 +49,6 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
                          flag, ": expert parallelism runs with DDP or the all-reduce over the data ranks so far "
                          "(--strategy ddp, the default, or allreduce), not --strategy ", o.strategy);
       const char* missing = o.shard_optimizer           ? "--shard-optimizer"
-                            : o.clip_grad_norm > 0      ? "--clip-grad-norm"
                             : !o.checkpoint_dir.empty() ? "--checkpoint-dir"
                             : o.device.rfind("cuda", 0) == 0 ? "--device cuda"
                                                              : nullptr;

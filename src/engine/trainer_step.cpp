@@ -66,9 +66,43 @@ std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const
 // parts, FSDP's shards) with each piece counted once (a replicated one on
 // its first rank there, a tied copy on its owner's stage), and every piece
 // clipped.
+// Under ep the experts' pieces differ over the ep group and repeat over
+// the ranks holding the same experts: their squares are summed over ep
+// first, and join the norm as one number (Note [expert gradients]).
 void Trainer::clip_gradients() {
   const auto mesh = mesh_.placement_mesh(plan_->sharded());
-  auto grads = dist::counted_gradients(placed_parameters(), mesh);
+  auto placed = placed_parameters();
+  const auto& experts = mesh_.expert_weights();
+  auto is_expert = [&](const dist::PlacedTensor& t) {
+    for (const auto& w : experts) {
+      if (w.unsafeGetTensorImpl() == t.model_parameter.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  };
+  std::vector<torch::Tensor> expert_grads;
+  if (!experts.empty()) {
+    std::vector<dist::PlacedTensor> dense;
+    for (auto& t : placed) {
+      if (!is_expert(t)) {
+        dense.push_back(std::move(t));
+      } else if (t.grad().defined()) {
+        expert_grads.push_back(t.grad());
+      }
+    }
+    placed = std::move(dense);
+  }
+  auto grads = dist::counted_gradients(placed, mesh);
+  if (!experts.empty()) {
+    auto squares = torch::zeros({}, torch::kFloat64);
+    for (const auto& g : expert_grads) squares += g.detach().to(torch::kFloat64).pow(2).sum().cpu();
+    auto wire = squares.reshape({1}).to(mesh_.groups.expert->wire_device());
+    mesh_.groups.expert->all_reduce(wire).wait();
+    // One number whose square is the ep group's: counted with the rest (and
+    // scaled too, harmlessly); the experts' own gradients scaled only.
+    const auto& like = expert_grads.empty() ? wire : expert_grads.front();
+    grads.counted.push_back(wire.sqrt().to(like.device(), like.scalar_type()));
+    grads.others.insert(grads.others.end(), expert_grads.begin(), expert_grads.end());
+  }
   optim::clip_gradients(grads.counted, options_.clip_grad_norm, mesh.sum_group(), grads.others);
 }
 

@@ -52,6 +52,13 @@ TEST(ExpertLayoutTest, ExpertsSpreadOverEpRanksAreOneProcess) {
                                   "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2", "--nproc-per-node 2 --mesh cp=2,ep=2"},
                                  flags, 1e-10, flags + " --lr 2e-3", kRuns);
   }
+  // Clipping at a norm the gradients exceed: the experts' pieces counted
+  // once over ep (and over tp's parts and the stages), so every layout
+  // clips by one process's norm. Control: no clipping.
+  const std::string clipped = "--model mixtral-tiny" + data + "--clip-grad-norm 0.05 ";
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 4 --mesh dp=4,ep=2",
+                                "--nproc-per-node 4 --mesh dp=2,ep=2,tp=2", "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2"},
+                               clipped, 1e-10, "--model mixtral-tiny" + data, kRuns);
 }
 
 }  // namespace expert_layout
