@@ -49,7 +49,7 @@ ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
                          flag, ": expert parallelism runs with DDP or the all-reduce over the data ranks so far "
                          "(--strategy ddp, the default, or allreduce), not --strategy ", o.strategy);
       const char* missing = o.shard_optimizer           ? "--shard-optimizer"
-                            : !o.checkpoint_dir.empty() ? "--checkpoint-dir"
+                            : o.checkpoint_format == CheckpointFormat::kFile ? "--checkpoint-format file"
                             : o.device.rfind("cuda", 0) == 0 ? "--device cuda"
                                                              : nullptr;
       TANDEM_CHECK_USAGE(missing == nullptr, flag, ": expert parallelism with ", missing ? missing : "",

@@ -130,6 +130,59 @@ void add_run_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& na
   }
 }
 
+// Note [expert checkpoints]: under ep an expert weight (or its optimizer
+// state) holds rows [first, first + held) of dim 0 of the whole (all the
+// experts), and under tp its part of the features along `cut`'s dim
+// (never 0). The whole's memory order puts dim 0 outermost, then the cut
+// dim, then the others, so that each held expert's run of consecutive tp
+// rows is one run of the whole's elements (without a cut, all the held
+// experts are one run). Every rank writing or reading such a tensor uses
+// this order, whichever layout it has.
+void add_expert_pieces(std::vector<checkpoint::StatePiece>& pieces, const Named& named, const torch::Tensor& part,
+                       int64_t first, int64_t experts, const dist::Placement* cut, int64_t rank, int64_t ranks,
+                       std::vector<std::function<void()>>* write_backs) {
+  auto shape = part.sizes().vec();
+  shape[0] = experts;
+  const int64_t dim = cut ? cut->dim : -1;
+  TANDEM_CHECK(dim != 0, "sharded checkpoint: ", named.name, " is cut by tp along the experts' dimension");
+  if (cut) shape[static_cast<size_t>(dim)] = cut->whole_size;
+  std::vector<int64_t> strides(shape.size());
+  int64_t inner = 1;
+  for (size_t d = shape.size(); d-- > 1;) {
+    if (static_cast<int64_t>(d) == dim) continue;
+    strides[d] = inner;
+    inner *= std::max<int64_t>(shape[d], 1);
+  }
+  if (cut) {
+    strides[static_cast<size_t>(dim)] = inner;
+    inner *= std::max<int64_t>(shape[static_cast<size_t>(dim)], 1);
+  }
+  strides[0] = inner;  // one expert's elements
+  auto keep = [&](const torch::Tensor& view, int64_t offset) {
+    auto run = view.contiguous().reshape({-1});
+    if (write_backs && !run.is_alias_of(view)) {
+      write_backs->push_back([view, run]() mutable { view.copy_(run.view(view.sizes())); });
+    }
+    pieces.push_back({named.name, named.order, shape, strides, offset, run});
+  };
+  if (!cut) {
+    keep(part.detach(), first * inner);
+    return;
+  }
+  const auto index = cut->rows_of(rank, ranks).contiguous();
+  const auto* at = index.data_ptr<int64_t>();
+  for (int64_t e = 0; e < part.size(0); ++e) {
+    const auto expert = part.detach()[e];  // the cut dim is dim - 1 here
+    for (int64_t begin = 0, count = index.numel(); begin < count;) {
+      int64_t end = begin + 1;
+      while (end < count && at[end] == at[end - 1] + 1) ++end;
+      keep(expert.narrow(dim - 1, begin, end - begin).movedim(dim - 1, 0),
+           (first + e) * strides[0] + at[begin] * strides[static_cast<size_t>(dim)]);
+      begin = end;
+    }
+  }
+}
+
 }  // namespace
 
 // Note [held state]: a checkpoint's pieces and a resume's are one walk over
@@ -239,8 +292,31 @@ Trainer::HeldState Trainer::state_pieces(torch::optim::Optimizer& optimizer, Sta
   if (reading && mesh_.tied) {
     for (const auto& p : mesh_.tied->borrowed()) parameters.push_back(p);
   }
+  // Under ep (Note [expert checkpoints]): an expert weight is written by
+  // the first of the ranks holding the same experts, its step count (the
+  // same in every rank's slice) by the first of the ep group too.
+  const bool first_experts = reading || MeshPlan::first_of(mesh_.groups.expert_replicate);
+  const bool first_of_ep = reading || MeshPlan::first_of(mesh_.groups.expert);
   for (const auto& p : parameters) {
     const dist::Placement* cut = mesh_.cut(p);
+    if (mesh_.spreads(p)) {
+      if (!first_experts) continue;
+      const int64_t ep_rank = mesh_.groups.expert->rank(), ep = mesh_.groups.expert->size();
+      auto add = [&](const Named& named, const torch::Tensor& t) {
+        if (t.sizes() != p.sizes()) {  // AdamW's step
+          if (first_of_ep && first_part) pieces.push_back(whole_piece(named, t));
+        } else if (cut || first_part) {
+          add_expert_pieces(pieces, named, t, ep_rank * p.size(0), ep * p.size(0), cut,
+                            cut ? mesh_.groups.tensor->rank() : 0, cut ? mesh_.groups.tensor->size() : 1,
+                            reading ? &held.write_backs : nullptr);
+        }
+      };
+      add(name_of(names, p), p);
+      const auto& base = name_of(parameter_names, p);
+      int64_t slot = 0;
+      for (const auto& [key, t] : state_of(p, base)) add({base.name + key, base.order + slot++}, t);
+      continue;
+    }
     auto add = [&](const Named& named, const torch::Tensor& t) {
       if (cut && t.sizes() == p.sizes()) {
         add_cut_pieces(pieces, named, t, *cut, mesh_.groups.tensor->rank(), mesh_.groups.tensor->size(),

@@ -20,6 +20,7 @@ using testing::TempDir;
 using testing::write_text;
 
 constexpr testing::RunStyle kRuns{/*threads=*/true, /*steps=*/4};
+constexpr testing::RunStyle kResumed{/*threads=*/true, /*steps=*/6};
 
 TEST(ExpertLayoutTest, MoeModelsUnderEveryDimensionAreOneProcess) {
   TempDir text;
@@ -59,6 +60,19 @@ TEST(ExpertLayoutTest, ExpertsSpreadOverEpRanksAreOneProcess) {
   testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 4 --mesh dp=4,ep=2",
                                 "--nproc-per-node 4 --mesh dp=2,ep=2,tp=2", "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2"},
                                clipped, 1e-10, "--model mixtral-tiny" + data, kRuns);
+}
+
+// Note [expert checkpoints]: a sharded checkpoint written under ep (each
+// expert by the first rank holding it, with tp's parts of its features)
+// resumes in one process and under other ep layouts where the
+// uninterrupted run ends.
+TEST(ExpertLayoutTest, AnEpCheckpointResumesUnderAnotherLayout) {
+  TempDir dir;
+  const std::string model = "--model qwen3-moe-tiny --data text:" + write_text(dir) + " --seq-len 16 --dtype float64 ";
+  testing::expect_resumes_as_uninterrupted(dir, model, "--nproc-per-node 4 --mesh dp=2,ep=2,tp=2",
+                                           {"--nproc-per-node 0", "--nproc-per-node 4 --mesh dp=4,ep=4",
+                                            "--nproc-per-node 2 --mesh ep=2"},
+                                           "dp=2,ep=2,tp=2", 1e-10, kResumed);
 }
 
 }  // namespace expert_layout

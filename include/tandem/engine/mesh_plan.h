@@ -104,6 +104,13 @@ class MeshPlan {
   void cut_over_expert_ranks(models::Sequence& model, const TrainOptions& options);
   // The experts' weights this rank holds under ep (empty without it).
   const std::vector<torch::Tensor>& expert_weights() const { return expert_weights_; }
+  // Whether `parameter` is one of them (this rank's slice of the experts).
+  bool spreads(const torch::Tensor& parameter) const {
+    for (const auto& w : expert_weights_) {
+      if (w.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  }
   // After backward: the experts' gradients summed over the ranks holding
   // the same experts and divided by the data ranks, so that each is one
   // process's gradient on the global batch (a collective of
