@@ -1,6 +1,7 @@
 // What a run is made of before any parallelism (run_setup.h): the job's
 // process group, the data, the model from the factory.
 #include "tandem/engine/run_setup.h"
+#include "tandem/engine/worker_footprint.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -104,6 +105,9 @@ models::ModelOptions model_options_for(const TrainOptions& o, const data::Datase
 models::Sequence build_model(const TrainOptions& o, const data::DatasetInfo& info,
                              const models::ModelOptions& options, const torch::Device& device) {
   models::Sequence model{nullptr};
+  // Every worker on the machine builds one: too large for it is refused
+  // before the first allocation (worker_footprint.h).
+  if (device.is_cpu()) check_model_fits(o, options, 1, machine_resources());
   try {
     model = models::make_seeded_model(o.model, options, o.seed);  // Note [seeded model]
   } catch (const UsageError&) {

@@ -84,6 +84,7 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
       c10::Allocator* base;
       ~Restore() { c10::SetCPUAllocator(base, /*priority=*/100); }
     } restore{base_allocator};
+    check_model_fits(o, model_options_for(o, info), workers, machine_resources());
     auto model = models::make_seeded_model(o.model, model_options_for(o, info), o.seed);
     model->to(o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);
     // The optimizer's state as the run's: SGD's momentum, or AdamW's two moments.
@@ -165,6 +166,21 @@ void limit_memory_to_available() {
   next.rlim_cur = limit;
   if (current.rlim_max != RLIM_INFINITY && next.rlim_cur > current.rlim_max) next.rlim_cur = current.rlim_max;
   ::setrlimit(RLIMIT_AS, &next);
+}
+
+void check_model_fits(const TrainOptions& o, const models::ModelOptions& model_options, int64_t workers,
+                      const MachineResources& machine) {
+  const auto traits = models::model_traits(o.model);
+  if (!traits.parameter_count || machine.available_bytes <= 0) return;
+  const int64_t count = traits.parameter_count(model_options);
+  const int64_t element = o.dtype == Dtype::kFloat64 ? 8 : 4;
+  // Every rank builds the whole model before any parallelism cuts it.
+  const double need = static_cast<double>(count) * static_cast<double>(element) * static_cast<double>(workers);
+  TANDEM_CHECK_USAGE(need <= static_cast<double>(machine.available_bytes), "--model ", o.model, ": ",
+                     format("%.3g", static_cast<double>(count)), " parameters need ", gib(static_cast<int64_t>(need)),
+                     " for their weights alone (", workers > 1 ? std::to_string(workers) + " workers, " : "",
+                     element, " bytes each), more than the ", gib(machine.available_bytes),
+                     " of memory this machine has available");
 }
 
 std::vector<std::string> check_worker_resources(int64_t workers, const WorkerFootprint& f,

@@ -58,6 +58,21 @@ double llama_flops(const std::string& name, const ModelOptions& o) {
   return flops(weights, c.num_layers, c.num_heads * c.head_dim(), o.seq_len);
 }
 
+int64_t gpt2_parameters(const std::string& name, const ModelOptions& o) {
+  const auto c = gpt2_config(name, o);
+  const int64_t d = c.n_embd;
+  return c.vocab_size * d + c.n_positions * d + c.n_layer * (12 * d * d + 13 * d) + 2 * d;
+}
+
+int64_t llama_parameters(const std::string& name, const ModelOptions& o) {
+  const auto c = llama_config(name, o);
+  const int64_t d = c.hidden_size, hd = c.head_dim();
+  const int64_t attention = 2 * d * c.num_heads * hd + 2 * d * c.num_kv_heads * hd + (c.qk_norm ? 2 * hd : 0);
+  const int64_t mlp = c.has_experts() ? c.num_experts * d + 3 * c.num_experts * c.expert_intermediate_size * d
+                                      : 3 * d * c.intermediate_size;
+  return c.vocab_size * d * (c.tie_embeddings ? 1 : 2) + c.num_layers * (attention + mlp + 2 * d) + d;
+}
+
 // embed, <prefix>0 .. <prefix>L-1, head: the Sequence gpt2() and llama() build.
 std::vector<std::string> layer_names(const std::string& prefix, int64_t layers) {
   std::vector<std::string> names{"embed"};
@@ -73,26 +88,29 @@ std::map<std::string, std::pair<ModelFactory, ModelTraits>> language_models() {
   // One preset: its factory checks the sizes against its context first.
   auto add = [&all](const std::string& name, int64_t context, std::function<Sequence(const ModelOptions&)> build,
                     std::function<double(const ModelOptions&)> flops, std::vector<std::string> layers, bool tied,
-                    std::vector<std::pair<std::string, int64_t>> divisors, int64_t experts) {
+                    std::vector<std::pair<std::string, int64_t>> divisors, int64_t experts,
+                    std::function<int64_t(const ModelOptions&)> parameters) {
     ModelFactory factory = [name, context, build](const ModelOptions& o) {
       check_sizes(name, o, context);
       return build(o);
     };
     all.emplace(name, std::make_pair(std::move(factory),
                                      ModelTraits{ModelKind::kLanguageModel, context, std::move(flops),
-                                                 std::move(layers), tied, std::move(divisors), experts}));
+                                                 std::move(layers), tied, std::move(divisors), experts,
+                                                 std::move(parameters)}));
   };
   for (const auto& name : Gpt2Config::preset_names()) {
     const auto c = Gpt2Config::preset(name);
     add(name, c.n_positions, [name](const ModelOptions& o) { return gpt2(gpt2_config(name, o)); },
         [name](const ModelOptions& o) { return gpt2_flops(name, o); }, layer_names("h", c.n_layer), true,
-        {{"heads", c.n_head}}, 0);
+        {{"heads", c.n_head}}, 0, [name](const ModelOptions& o) { return gpt2_parameters(name, o); });
   }
   for (const auto& name : LlamaConfig::preset_names()) {
     const auto c = LlamaConfig::preset(name);
     add(name, c.max_positions, [name](const ModelOptions& o) { return llama(llama_config(name, o)); },
         [name](const ModelOptions& o) { return llama_flops(name, o); }, layer_names("l", c.num_layers),
-        c.tie_embeddings, {{"heads", c.num_heads}, {"key/value heads", c.num_kv_heads}}, c.num_experts);
+        c.tie_embeddings, {{"heads", c.num_heads}, {"key/value heads", c.num_kv_heads}}, c.num_experts,
+        [name](const ModelOptions& o) { return llama_parameters(name, o); });
   }
   return all;
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/engine/worker_footprint.h"
 #include "testing.h"
 
 namespace tandem {
@@ -121,6 +122,33 @@ TEST(ExpertParallelCliTest, WhatEpCannotTakeIsNamedBeforeTheWorkersStart) {
     EXPECT_TRUE(testing::tandem_fails(run + flags, 2, message)) << flags;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.file("c")));
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// The large presets are counted from their shapes and refused before
+// anything is allocated where their weights alone exceed the memory
+// available (they met the out-of-memory killer before, saying nothing).
+// Control: the same check passes llama-tiny, which trains.
+TEST(ExpertParallelCliTest, APresetTooLargeForTheMachineIsRefusedBeforeItIsBuilt) {
+  // In float64 the two need 371 and 239 GB for their weights alone.
+  if (engine::machine_resources().available_bytes > (int64_t{230} << 30)) {
+    GTEST_SKIP() << "this machine has room for the presets' weights";
+  }
+  TempDir dir;
+  const std::string run =
+      "train --data text:" + write_text(dir) + " --seq-len 16 --max-steps 1 --progress off --dtype float64 ";
+  for (const std::string model : {"mixtral-8x7b", "qwen3-30b-a3b"}) {
+    EXPECT_TRUE(testing::tandem_fails(run + "--model " + model, 2,
+                                      "--model " + model + ": ")) << model;
+    EXPECT_TRUE(testing::tandem_fails(run + "--model " + model, 2, "for their weights alone")) << model;
+  }
+  auto r = run_tandem(run + "--model llama-tiny");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tandem/engine/train_options.h"
+#include "tandem/models/options.h"
 
 namespace tandem::engine {
 
@@ -57,6 +58,15 @@ struct MachineResources {
   int64_t cores = 1;
 };
 MachineResources machine_resources();
+
+// A language model whose weights alone (its parameter count, from its
+// shape, at `options`' vocabulary and --dtype) need more than `machine`
+// has available, for `workers` local CPU workers (each builds the whole
+// model before any parallelism cuts it), is refused before anything is
+// built (tandem::UsageError naming --model and the figures): building it
+// would meet the kernel's out-of-memory killer.
+void check_model_fits(const TrainOptions& options, const models::ModelOptions& model_options, int64_t workers,
+                      const MachineResources& machine);
 
 // The verdict on `workers` workers of `footprint` each on `machine`:
 // throws tandem::Error with the figures when they cannot fit; returns the

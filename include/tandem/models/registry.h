@@ -49,6 +49,10 @@ struct ModelTraits {
   // none), so that an ep the model cannot take is refused before any
   // worker starts.
   int64_t experts = 0;
+  // Language models: the parameters the model has at options.vocab_size,
+  // counted from its shape without building it (so that a model too large
+  // for the machine is refused before it is allocated).
+  std::function<int64_t(const ModelOptions&)> parameter_count;
 };
 
 // Throws tandem::Error if the name is taken.
