@@ -68,6 +68,7 @@ const std::set<std::string>& inert_keys() {
 }
 
 bool same(const json& a, const json& b) {
+  if (b.is_number_integer() && a.is_number()) return a.is_number_integer() && a.get<int64_t>() == b.get<int64_t>();
   if (a.is_number() && b.is_number()) {
     const double x = a.get<double>(), y = b.get<double>();
     return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
@@ -106,7 +107,7 @@ json normalised(const std::string& key, const json& config) {
 
 // The rotary settings (LLaMA): rope_parameters, or the older rope_scaling
 // and rope_theta, as one object {rope_type, rope_theta, ...}.
-void check_rope(const std::string& file, const json& config, const json& model) {
+void check_rope(const std::string& file, const json& config, const json& model, double default_theta) {
   const char* key = config.contains("rope_parameters") && !config.at("rope_parameters").is_null() ? "rope_parameters"
                     : config.contains("rope_scaling") && !config.at("rope_scaling").is_null()     ? "rope_scaling"
                                                                                                    : nullptr;
@@ -116,7 +117,7 @@ void check_rope(const std::string& file, const json& config, const json& model) 
   if (!rope.contains("rope_theta") && config.contains("rope_theta")) rope["rope_theta"] = config.at("rope_theta");
   if (!rope.contains("rope_type")) rope["rope_type"] = rope.contains("type") ? rope.at("type") : json("default");
   rope.erase("type");
-  if (!rope.contains("rope_theta")) rope["rope_theta"] = 10000.0;  // transformers' default
+  if (!rope.contains("rope_theta")) rope["rope_theta"] = default_theta;  // the family's in transformers
   const json& want = model.at("rope_parameters");
   TANDEM_CHECK(rope.at("rope_type") == want.at("rope_type"), file, ": ", where, "'s rope_type is ",
                rope.at("rope_type").dump(), ", the model's ", want.at("rope_type").dump(),
@@ -126,6 +127,31 @@ void check_rope(const std::string& file, const json& config, const json& model) 
                  "does not know for rope_type ", want.at("rope_type").dump(), ": refused rather than ignored");
     TANDEM_CHECK(same(v, want.at(k)), file, ": ", where, ".", k, " is ", v.dump(), ", the model's ", want.at(k).dump(),
                  " (weights of another configuration)");
+  }
+}
+
+// Note [missing keys]: a key left out of config.json is read by
+// transformers at its family's default. Where that default changes the
+// arithmetic and the tensors' shapes do not show it (the routing's k, its
+// renormalisation, heads, the norms' epsilon), a default other than the
+// model's setting is refused, naming the key, as a different value is.
+// transformers 5.24's defaults:
+void check_missing(const std::string& file, const json& config, const json& model, HfFamily family) {
+  static const json mixtral = {{"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"rms_norm_eps", 1e-5},
+                               {"hidden_act", "silu"},      {"num_experts_per_tok", 2}, {"num_local_experts", 8},
+                               {"router_jitter_noise", 0.0}, {"tie_word_embeddings", false}};
+  static const json qwen3_moe = {{"num_attention_heads", 32},  {"num_key_value_heads", 4},  {"rms_norm_eps", 1e-6},
+                                 {"hidden_act", "silu"},       {"num_experts_per_tok", 8},  {"num_experts", 128},
+                                 {"norm_topk_prob", false},    {"moe_intermediate_size", 768},
+                                 {"decoder_sparse_step", 1},   {"tie_word_embeddings", false}};
+  const json* defaults = family == HfFamily::kMixtral ? &mixtral : family == HfFamily::kQwen3Moe ? &qwen3_moe : nullptr;
+  if (defaults == nullptr) return;
+  for (const auto& [key, value] : defaults->items()) {
+    // Qwen3-MoE's expert count under either of its names.
+    if (config.contains(key) || (key == "num_experts" && config.contains("num_local_experts"))) continue;
+    const json& mine = model.at(key);
+    TANDEM_CHECK(same(value, mine), file, ": ", key, " is missing, so transformers reads its default ", value.dump(),
+                 ", the model's is ", mine.dump(), " (write the key, or weights of another configuration)");
   }
 }
 
@@ -169,7 +195,8 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
       want["num_local_experts"] = want.at("num_experts");  // transformers 5 saves this spelling of it
       computed.erase("intermediate_size");  // a dense layer's, and every layer has experts
     }
-    check_rope(file, config, model);
+    check_rope(file, config, model, family == HfFamily::kMixtral ? 1e6 : 10000.0);
+    check_missing(file, config, want, family);
   }
   for (const auto& [key, value] : config.items()) {
     if (inert_keys().count(key) > 0) continue;

@@ -89,6 +89,27 @@ TEST_P(MoeCliTest, TransformersFoldersGoInAndComeOut) {
   const auto at = checked.output.find("generated ");
   ASSERT_NE(at, std::string::npos) << checked.output;
   EXPECT_EQ(sampled.output, checked.output.substr(at + 10)) << "tandem sample, then transformers' generate()";
+  // Note [missing keys]: Qwen3-MoE's defaults are 8 experts a token and no
+  // renormalising, not qwen3-moe-tiny's 4 and renormalised; an integer is
+  // an integer.
+  if (model != "qwen3-moe-tiny") return;
+  const std::string config = testing::read_text(dir.file("out") + "/config.json");
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::filesystem::remove_all(dir.file("edited"));
+    std::filesystem::copy(dir.file("out"), dir.file("edited"));
+    std::string text = config;
+    const auto where = text.find(from);
+    EXPECT_NE(where, std::string::npos) << from;
+    if (where != std::string::npos) text.replace(where, from.size(), to);
+    std::ofstream(dir.file("edited") + "/config.json") << text;
+    return step + "--init-weights " + dir.file("edited");
+  };
+  EXPECT_TRUE(testing::tandem_fails(edited("\"norm_topk_prob\": true,", ""), 1,
+                                    "norm_topk_prob is missing, so transformers reads its default false"));
+  EXPECT_TRUE(testing::tandem_fails(edited("\"num_experts_per_tok\": 4,", ""), 1,
+                                    "num_experts_per_tok is missing, so transformers reads its default 8"));
+  EXPECT_TRUE(testing::tandem_fails(edited("\"num_experts_per_tok\": 4", "\"num_experts_per_tok\": 4.0000000001"),
+                                    1, "num_experts_per_tok is 4.0000000001"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeCliTest, ::testing::Values("mixtral-tiny", "qwen3-moe-tiny"),
