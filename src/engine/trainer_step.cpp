@@ -72,18 +72,12 @@ std::vector<dist::PlacedTensor> Trainer::placed_parameters(bool gradients) const
 void Trainer::clip_gradients() {
   const auto mesh = mesh_.placement_mesh(plan_->sharded());
   auto placed = placed_parameters();
-  const auto& experts = mesh_.expert_weights();
-  auto is_expert = [&](const dist::PlacedTensor& t) {
-    for (const auto& w : experts) {
-      if (w.unsafeGetTensorImpl() == t.model_parameter.unsafeGetTensorImpl()) return true;
-    }
-    return false;
-  };
+  const bool experts = !mesh_.expert_weights().empty();
   std::vector<torch::Tensor> expert_grads;
-  if (!experts.empty()) {
+  if (experts) {
     std::vector<dist::PlacedTensor> dense;
     for (auto& t : placed) {
-      if (!is_expert(t)) {
+      if (!mesh_.spreads(t.model_parameter)) {
         dense.push_back(std::move(t));
       } else if (t.grad().defined()) {
         expert_grads.push_back(t.grad());
@@ -92,7 +86,7 @@ void Trainer::clip_gradients() {
     placed = std::move(dense);
   }
   auto grads = dist::counted_gradients(placed, mesh);
-  if (!experts.empty()) {
+  if (experts) {
     auto squares = torch::zeros({}, torch::kFloat64);
     for (const auto& g : expert_grads) squares += g.detach().to(torch::kFloat64).pow(2).sum().cpu();
     auto wire = squares.reshape({1}).to(mesh_.groups.expert->wire_device());

@@ -61,27 +61,30 @@ void spread_experts(models::SparseMoeImpl& moe, std::shared_ptr<dist::ProcessGro
     auto theirs = torch::empty_like(mine);
     const std::vector<int64_t> per_rank(static_cast<size_t>(ranks), held);
     group->all_to_all(theirs, mine, per_rank, per_rank).wait();
-    const auto from = theirs.view({ranks, held});  // [source, my expert]
-    std::vector<int64_t> send(static_cast<size_t>(ranks)), receive(static_cast<size_t>(ranks));
+    const int64_t* from = theirs.data_ptr<int64_t>();  // [source][my expert]
+    std::vector<int64_t> send(static_cast<size_t>(ranks), 0), receive(static_cast<size_t>(ranks), 0);
     for (int64_t j = 0; j < ranks; ++j) {
-      send[static_cast<size_t>(j)] =
-          std::accumulate(counts.begin() + j * held, counts.begin() + (j + 1) * held, int64_t{0});
-      receive[static_cast<size_t>(j)] = from[j].sum().item<int64_t>();
+      for (int64_t e = 0; e < held; ++e) {
+        send[static_cast<size_t>(j)] += counts[static_cast<size_t>(j * held + e)];
+        receive[static_cast<size_t>(j)] += from[j * held + e];
+      }
     }
     // 2. The rows to their experts' ranks: they arrive by source, then expert.
     const auto arrived = all_to_all_rows(grouped, receive, send, group);
     // 3. By expert (sources in rank order within each), one product each.
-    const auto starts = from.reshape({-1}).cumsum(0) - from.reshape({-1});  // each (source, expert) run's first row
-    std::vector<torch::Tensor> order;
+    std::vector<int64_t> start(static_cast<size_t>(ranks * held), 0);  // each (source, expert) run's first row
+    for (int64_t k = 1; k < ranks * held; ++k) start[static_cast<size_t>(k)] = start[static_cast<size_t>(k - 1)] + from[k - 1];
+    std::vector<int64_t> order;
+    order.reserve(static_cast<size_t>(arrived.size(0)));
     std::vector<int64_t> rows_per_expert(static_cast<size_t>(held), 0);
     for (int64_t e = 0; e < held; ++e) {
       for (int64_t s = 0; s < ranks; ++s) {
-        const int64_t n = from[s][e].item<int64_t>(), at = starts[s * held + e].item<int64_t>();
-        order.push_back(torch::arange(at, at + n, torch::kInt64));
+        const int64_t n = from[s * held + e], at = start[static_cast<size_t>(s * held + e)];
+        for (int64_t i = at; i < at + n; ++i) order.push_back(i);
         rows_per_expert[static_cast<size_t>(e)] += n;
       }
     }
-    const auto by_expert = torch::cat(order).to(grouped.device());
+    const auto by_expert = torch::tensor(order, torch::kInt64).to(grouped.device());
     auto results = compute(arrived.index_select(0, by_expert), rows_per_expert);
     // 4. Back in arrival order, then to their sources.
     auto back = torch::zeros_like(results).index_copy(0, by_expert, results);
