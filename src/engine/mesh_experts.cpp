@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "tandem/engine/mesh_plan.h"
+#include "tandem/optim/state_tensors.h"
 #include "tandem/parallel/expert_parallel.h"
 #include "tandem/util/check.h"
 
@@ -52,15 +53,61 @@ void MeshPlan::reduce_expert_gradients() {
   for (auto& g : grads) g.div_(data_ranks);
 }
 
+namespace {
+
+torch::Tensor gathered_over(dist::ProcessGroup& group, const torch::Tensor& part) {
+  std::vector<torch::Tensor> parts;
+  for (int64_t r = 0; r < group.size(); ++r) parts.push_back(torch::empty_like(part));
+  group.all_gather(parts, part.detach().contiguous()).wait();
+  return torch::cat(parts, 0);
+}
+
+}  // namespace
+
+// Note [expert checkpoints in one file]: a checkpoint file holds every
+// expert whole, as one process's, so that any layout resumes from it.
+// Before it is written or read, each rank's experts (after tp made its
+// parts whole) are gathered over ep along the experts' dim, with their
+// optimizer state; after, each rank keeps its rows of the whole again,
+// the ones spread_experts gave it (rank r of ep: experts r E/ep onwards).
+void MeshPlan::make_experts_whole(torch::optim::Optimizer* optimizer) {
+  if (expert_weights_.empty()) return;
+  TANDEM_CHECK(held_experts_.empty(), "MeshPlan: make_whole() twice");
+  torch::NoGradGuard no_grad;
+  auto& group = *groups.expert;
+  for (auto& w : expert_weights_) {  // every rank of the group, in the same order
+    const auto held_shape = w.sizes().vec();
+    held_experts_.push_back(w.detach());
+    w.set_data(gathered_over(group, w));
+    if (optimizer) {
+      optim::map_parameter_state(*optimizer, w, held_shape, [&](const torch::Tensor& t) { return gathered_over(group, t); });
+    }
+  }
+}
+
+void MeshPlan::cut_experts_again(torch::optim::Optimizer* optimizer) {
+  if (held_experts_.empty()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t rank = groups.expert->rank();
+  for (size_t i = 0; i < expert_weights_.size(); ++i) {
+    auto& w = expert_weights_[i];
+    auto held = held_experts_[i];
+    const int64_t rows = held.size(0);
+    const auto whole_shape = w.sizes().vec();
+    held.copy_(w.detach().slice(0, rank * rows, (rank + 1) * rows));
+    w.set_data(held);
+    if (optimizer) {
+      optim::map_parameter_state(*optimizer, w, whole_shape, [&](const torch::Tensor& t) {
+        return t.slice(0, rank * rows, (rank + 1) * rows).contiguous();
+      });
+    }
+  }
+  held_experts_.clear();
+}
+
 void MeshPlan::gather_experts() {
   torch::NoGradGuard no_grad;
-  const auto& group = *groups.expert;
-  for (auto& w : expert_weights_) {  // every rank of the group, in the same order
-    std::vector<torch::Tensor> parts;
-    for (int64_t r = 0; r < group.size(); ++r) parts.push_back(torch::empty_like(w));
-    groups.expert->all_gather(parts, w.detach().contiguous()).wait();
-    w.set_data(torch::cat(parts, 0));
-  }
+  for (auto& w : expert_weights_) w.set_data(gathered_over(*groups.expert, w));  // in the same order on every rank
   for (auto* moe : spread_layers_) moe->spread = {};
   expert_weights_.clear();
   spread_layers_.clear();

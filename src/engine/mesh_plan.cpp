@@ -82,10 +82,12 @@ void MeshPlan::reduce_epoch_sums(torch::Tensor& sums) const {
 }
 
 void MeshPlan::make_whole(torch::optim::Optimizer* optimizer) {
-  if (tensor) tensor->make_whole(optimizer);
+  if (tensor) tensor->make_whole(optimizer);  // tp's parts first: ep gathers experts of whole features
+  make_experts_whole(optimizer);
 }
 
 void MeshPlan::cut_again(torch::optim::Optimizer* optimizer) {
+  cut_experts_again(optimizer);
   if (tensor) tensor->cut_again(optimizer);
 }
 

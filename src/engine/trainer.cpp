@@ -61,7 +61,7 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   } else {
     auto built = optim::make_optimizer(settings, model_->named_parameters(),
                                        o.shard_optimizer ? mesh_.groups.data : nullptr,
-                                       elsewhere);
+                                       elsewhere, mesh_.expert_weights());  // Note [expert gradients]
     run->optimizer = std::move(built.optimizer);
     run->zero = built.sharded;
   }

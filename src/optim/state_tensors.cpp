@@ -86,4 +86,13 @@ void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor
   optimizer.state()[key] = std::move(state);
 }
 
+void map_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, c10::IntArrayRef shape,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& map) {
+  auto state = parameter_state(optimizer, p);
+  if (state.empty()) return;
+  std::map<std::string, torch::Tensor> mapped;
+  for (const auto& [name, t] : state) mapped[name] = t.sizes() == shape ? map(t) : t;
+  set_parameter_state(optimizer, p, mapped);
+}
+
 }  // namespace tandem::optim

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <numeric>
 #include <utility>
 
@@ -36,13 +36,14 @@ std::vector<int64_t> plan_shards(const std::vector<int64_t>& numels, int64_t wor
 }
 
 template <class Base>
-void ZeroRedundancy<Base>::plan(const std::vector<torch::Tensor>& elsewhere) {
+void ZeroRedundancy<Base>::plan(const std::vector<torch::Tensor>& elsewhere, const std::vector<torch::Tensor>& own) {
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
   }
-  std::unordered_set<const c10::TensorImpl*> away;
-  for (const auto& p : elsewhere) away.insert(p.unsafeGetTensorImpl());
+  std::unordered_map<const c10::TensorImpl*, int64_t> apart;  // not in the shares: kElsewhere or kOwnEverywhere
+  for (const auto& p : elsewhere) apart.emplace(p.unsafeGetTensorImpl(), kElsewhere);
+  for (const auto& p : own) apart.emplace(p.unsafeGetTensorImpl(), kOwnEverywhere);
   shares_.assign(static_cast<size_t>(world_), {});
   std::vector<int64_t> loads(static_cast<size_t>(world_), 0);
   size_t index = 0;
@@ -50,8 +51,9 @@ void ZeroRedundancy<Base>::plan(const std::vector<torch::Tensor>& elsewhere) {
     std::vector<torch::Tensor> here;
     std::vector<int64_t> numels;
     for (const auto& p : g.params()) {
-      if (away.count(p.unsafeGetTensorImpl()) != 0) {
-        bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), -1).second;
+      const auto found = apart.find(p.unsafeGetTensorImpl());
+      if (found != apart.end()) {
+        bool fresh = owner_.emplace(p.unsafeGetTensorImpl(), found->second).second;
         TANDEM_CHECK(fresh, "optim::ZeroRedundancy: a parameter appears twice among the parameters");
         continue;
       }
@@ -181,7 +183,7 @@ void ZeroRedundancy<Base>::consolidate_state() {
     if (has[i].item<int64_t>() == 0) continue;
     const auto& p = params[i];
     int64_t r = owner(p);
-    if (r < 0) continue;  // stepped elsewhere
+    if (r < 0) continue;  // stepped elsewhere, or by each rank its own
     auto& out = buffers[static_cast<size_t>(r)];
     if (r == rank_) {
       for (auto& [name, t] : parameter_state(*this, p)) out.push_back(t.device() == p.device() ? t : t.to(p.device()));
@@ -203,7 +205,7 @@ void ZeroRedundancy<Base>::consolidate_state() {
 template <class Base>
 void ZeroRedundancy<Base>::shard_state() {
   for (const auto& p : all_parameters()) {
-    if (owner(p) != rank_) this->state_.erase(p.unsafeGetTensorImpl());
+    if (!keeps_state(owner(p))) this->state_.erase(p.unsafeGetTensorImpl());
   }
   consolidated_ = false;
 }

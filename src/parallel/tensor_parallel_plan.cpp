@@ -198,21 +198,6 @@ void TensorParallelPlan::reduce_gradients() {
   dist::sum_partial_gradients(pieces, &dist::PlacedTensor::tensor_parallel, *group_);
 }
 
-namespace {
-
-// `p`'s state tensors shaped like `shape`, mapped by `map`; the rest (a
-// step count) as they are.
-void map_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, c10::IntArrayRef shape,
-               const std::function<torch::Tensor(const torch::Tensor&)>& map) {
-  auto state = optim::parameter_state(optimizer, p);
-  if (state.empty()) return;
-  std::map<std::string, torch::Tensor> mapped;
-  for (const auto& [name, t] : state) mapped[name] = t.sizes() == shape ? map(t) : t;
-  optim::set_parameter_state(optimizer, p, mapped);
-}
-
-}  // namespace
-
 void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
   TANDEM_CHECK(!detached_ && held_parts_.empty(), "TensorParallelPlan: make_whole() after detach() or twice");
   torch::NoGradGuard no_grad;
@@ -222,7 +207,7 @@ void TensorParallelPlan::make_whole(torch::optim::Optimizer* optimizer) {
     const auto part = p.detach();
     held_parts_.push_back(part);
     p.set_data(whole_of_part(p, part));
-    if (optimizer) map_state(*optimizer, p, part_shape, [&](const torch::Tensor& t) { return whole_of_part(p, t); });
+    if (optimizer) optim::map_parameter_state(*optimizer, p, part_shape, [&](const torch::Tensor& t) { return whole_of_part(p, t); });
   }
 }
 
@@ -238,7 +223,7 @@ void TensorParallelPlan::cut_again(torch::optim::Optimizer* optimizer) {
     part.copy_(part_of_whole(p, p.detach()));
     p.set_data(part);
     if (optimizer) {
-      map_state(*optimizer, p, whole_shape, [&](const torch::Tensor& t) { return part_of_whole(p, t).contiguous(); });
+      optim::map_parameter_state(*optimizer, p, whole_shape, [&](const torch::Tensor& t) { return part_of_whole(p, t).contiguous(); });
     }
   }
   held_parts_.clear();

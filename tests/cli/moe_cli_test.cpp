@@ -130,10 +130,8 @@ TEST(ExpertParallelCliTest, WhatEpCannotTakeIsNamedBeforeTheWorkersStart) {
       {"--model llama-tiny --nproc-per-node 2 --mesh ep=2", "llama-tiny has no experts"},
       {"--model mixtral-tiny --nproc-per-node 3 --mesh ep=3", "ep=3 does not divide mixtral-tiny's 8 experts"},
       {"--model mixtral-tiny --nproc-per-node 3 --mesh dp=3,ep=2", "ep=2 must divide the 3 ranks of dp x cp"},
-      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --strategy fsdp", "not --strategy fsdp"},
-      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --checkpoint-format file --checkpoint-dir " +
-           dir.file("c"),
-       "with --checkpoint-format file is not"},
+      {"--model mixtral-tiny --nproc-per-node 2 --mesh ep=2 --strategy fsdp --checkpoint-dir " + dir.file("c"),
+       "not --strategy fsdp"},
       {"--model mixtral-tiny --nproc-per-node 4 --mesh dp_shard=2,dp_replicate=2,ep=2 --strategy fsdp",
        "ep with dp_replicate or dp_shard (HSDP) is not available yet"},
       {"--model mixtral-tiny --nproc-per-node 4 --mesh pp=2,ep=2 --pipeline-balance time",

@@ -62,6 +62,23 @@ TEST(ExpertLayoutTest, ExpertsSpreadOverEpRanksAreOneProcess) {
                                clipped, 1e-10, "--model mixtral-tiny" + data, kRuns);
 }
 
+// --shard-optimizer under ep: the dense parameters' AdamW state sharded
+// over the data ranks (ZeRO-1), each rank stepping its own experts and
+// keeping their state (Note [sharded optimizer state]); a checkpoint of
+// it resumes in one process and under another layout.
+TEST(ExpertLayoutTest, ShardedOptimizerStateUnderEpIsOneProcess) {
+  TempDir text;
+  const std::string model = "--model mixtral-tiny --data text:" + write_text(text) +
+                            " --seq-len 16 --dtype float64 --optimizer adamw ";
+  const std::string flags = model + "--lr 1e-3 ";
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 4 --mesh dp=4,ep=2 --shard-optimizer",
+                                "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2 --shard-optimizer"},
+                               flags, 1e-10, flags + " --lr 2e-3", kRuns);
+  testing::expect_resumes_as_uninterrupted(text, model, "--nproc-per-node 4 --mesh dp=4,ep=2 --shard-optimizer",
+                                           {"--nproc-per-node 0", "--nproc-per-node 2 --mesh ep=2 --shard-optimizer"},
+                                           "dp=4,ep=2 sharded optimizer", 1e-10, kResumed);
+}
+
 // Note [expert checkpoints]: a sharded checkpoint written under ep (each
 // expert by the first rank holding it, with tp's parts of its features)
 // resumes in one process and under other ep layouts where the
@@ -73,6 +90,18 @@ TEST(ExpertLayoutTest, AnEpCheckpointResumesUnderAnotherLayout) {
                                            {"--nproc-per-node 0", "--nproc-per-node 4 --mesh dp=4,ep=4",
                                             "--nproc-per-node 2 --mesh ep=2"},
                                            "dp=2,ep=2,tp=2", 1e-10, kResumed);
+}
+
+// Note [expert checkpoints in one file]: --checkpoint-format file under ep
+// writes every expert whole (gathered over ep after tp), and a run under
+// ep reads the whole file back into its own experts' rows.
+TEST(ExpertLayoutTest, AnEpCheckpointFileResumesUnderAnotherLayout) {
+  TempDir dir;
+  const std::string model = "--model mixtral-tiny --data text:" + write_text(dir) + " --seq-len 16 --dtype float64 ";
+  constexpr testing::RunStyle kInOneFile{/*threads=*/true, /*steps=*/6, "--checkpoint-format file"};
+  testing::expect_resumes_as_uninterrupted(dir, model, "--nproc-per-node 4 --mesh dp=2,ep=2,tp=2",
+                                           {"--nproc-per-node 0", "--nproc-per-node 4 --mesh pp=2,dp=2,ep=2"},
+                                           "dp=2,ep=2,tp=2 in one file", 1e-10, kInOneFile);
 }
 
 }  // namespace expert_layout

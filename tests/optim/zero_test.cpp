@@ -203,6 +203,38 @@ TEST(ZeroSgdTest, WithoutTheBroadcastsTheRanksWouldDrift) {
   }, short_timeout()));
 }
 
+// `own` parameters (the experts a rank holds under expert parallelism)
+// differ over the group: each rank steps its own and keeps its momentum,
+// through consolidate_state() and shard_state(), and nothing of them is
+// sent. Control: planned as a share, rank 1's ends as its owner's.
+TEST(ZeroSgdTest, OwnParametersAreSteppedByEachRankAndNeverSent) {
+  for (const bool own : {true, false}) {
+    testing::expect_no_errors(testing::run_ranks(2, [&](std::shared_ptr<dist::ProcessGroup> group) {
+      auto reference = make_parameters();
+      auto params = make_parameters();
+      {
+        torch::NoGradGuard no_grad;
+        reference[0].add_(group->rank());  // each rank's own values
+        params[0].add_(group->rank());
+      }
+      Sgd plain(reference, kOptions);
+      train(plain, reference, 0, 4);
+      ZeroSgd zero(params, kOptions, group, {}, own ? std::vector<torch::Tensor>{params[0]} : std::vector<torch::Tensor>{});
+      train(zero, params, 0, 2);
+      zero.consolidate_state();
+      zero.shard_state();
+      train(zero, params, 2, 4);
+      const bool mine = !own && zero.owner(params[0]) == zero.rank();
+      EXPECT_EQ(torch::equal(params[0], reference[0]), own || mine) << "own " << own << ", rank " << zero.rank();
+      for (size_t i = 1; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], reference[i])) << i;
+      if (own) {
+        EXPECT_EQ(zero.owner(params[0]), ZeroSgd::kOwnEverywhere);
+        EXPECT_TRUE(torch::equal(momentum_of(zero, params[0]), momentum_of(plain, reference[0])));
+      }
+    }, short_timeout()));
+  }
+}
+
 TEST(ZeroSgdTest, CheckpointsHoldTheWholeStateAndLoadEitherWay) {
   // Uninterrupted: 8 plain steps. Interrupted at 4 in each of three ways.
   auto reference = make_parameters();

@@ -71,11 +71,11 @@ CommandResult resume_halfway(const TempDir& dir, const std::string& model, const
                              const RunStyle& style) {
   RunStyle half = style;
   half.steps = style.steps / 2;
-  train_and_export(dir, model + first_half + " --checkpoint-dir " + dir.file(checkpoints),
+  train_and_export(dir, model + first_half + " --checkpoint-dir " + dir.file(checkpoints) + " " + style.checkpoints,
                    "first-half.safetensors", half);
   return train("--data idx:" + dir.path() + " " + model + "--batch-size 32 --max-steps " +
                    std::to_string(style.steps) + " --lr 0.05 --progress lines --resume --checkpoint-dir " +
-                   dir.file(checkpoints) + " " + resume + " --export-weights " + dir.file(name),
+                   dir.file(checkpoints) + " " + style.checkpoints + " " + resume + " --export-weights " + dir.file(name),
                style);
 }
 

@@ -35,6 +35,9 @@ struct RunStyle {
   bool threads = false;
   // Optimizer steps of a whole run; a resumed run stops at half of them.
   int steps = 20;
+  // Flags of the runs that write or read checkpoints only (e.g.
+  // "--checkpoint-format file", which needs --checkpoint-dir).
+  const char* checkpoints = "";
 };
 inline constexpr RunStyle kInThreads{true, 20};
 

@@ -188,8 +188,9 @@ class MeshPlan {
   // that writes what those ranks hold alike.
   static bool first_of(const std::shared_ptr<dist::ProcessGroup>& group) { return !group || group->rank() == 0; }
 
-  // Note [tensor-parallel checkpoints]: every cut parameter (and
-  // `optimizer`'s state of it, when given) made whole, and cut again.
+  // Note [tensor-parallel checkpoints], [expert checkpoints in one file]:
+  // every cut parameter and spread expert (and `optimizer`'s state of it,
+  // when given) made whole, and cut again.
   void make_whole(torch::optim::Optimizer* optimizer);
   void cut_again(torch::optim::Optimizer* optimizer);
   // The end of training: tp's cut and ep's spread undone, every rank's
@@ -222,7 +223,10 @@ class MeshPlan {
 
  private:
   void gather_experts();  // ep's spread undone (a collective of groups.expert)
+  void make_experts_whole(torch::optim::Optimizer* optimizer);
+  void cut_experts_again(torch::optim::Optimizer* optimizer);
   std::vector<torch::Tensor> expert_weights_;
+  std::vector<torch::Tensor> held_experts_;  // this rank's rows, while make_whole() holds them whole
   std::vector<models::SparseMoeImpl*> spread_layers_;
   bool experts_spread_ = false;  // the run spread them (the optimizer's state stays in parts)
 };

@@ -50,10 +50,12 @@ struct BuiltOptimizer {
 // The optimizer of `settings` over `parameters` (AdamW's decay groups are
 // chosen by name and shape). `zero_group`: shard the state over it
 // (ZeRO-1), or null for the plain optimizer. `elsewhere`: parameters other
-// ranks step (a pipeline's other stages), as ZeroRedundancy takes them.
+// ranks step (a pipeline's other stages), and `own`: parameters each rank
+// steps its own of (the experts under ep), as ZeroRedundancy takes them.
 BuiltOptimizer make_optimizer(const OptimizerSettings& settings,
                               const torch::OrderedDict<std::string, torch::Tensor>& parameters,
                               std::shared_ptr<dist::ProcessGroup> zero_group = nullptr,
-                              const std::vector<torch::Tensor>& elsewhere = {});
+                              const std::vector<torch::Tensor>& elsewhere = {},
+                              const std::vector<torch::Tensor>& own = {});
 
 }  // namespace tandem::optim

@@ -11,6 +11,7 @@
 // "optimizer.<parameter>.<name>" says what it holds.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -51,5 +52,11 @@ void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor
 // The same for a parameter of `shape` that holds no elements now.
 void set_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p,
                          const std::map<std::string, torch::Tensor>& named, c10::IntArrayRef shape);
+
+// `p`'s state tensors of `shape` replaced by `map` of them, the others (a
+// step count) kept; nothing when `p` has no state yet. What a parameter
+// made whole from its parts, or cut again, does to its state.
+void map_parameter_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p, c10::IntArrayRef shape,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& map);
 
 }  // namespace tandem::optim

@@ -89,19 +89,24 @@ class ZeroRedundancy : public Base, public ShardedState {
   // parameters among `params` that other ranks than the group's step (a
   // pipeline's other stages): they keep their place in the state's layout,
   // so a checkpoint of the whole model loads, but are never stepped, sent
-  // or given state here (owner() is -1).
+  // or given state here (owner() is kElsewhere). `own`: parameters whose
+  // values differ over the group (the experts each rank holds under
+  // expert parallelism): every rank steps and keeps the state of its own,
+  // and sends none of them (owner() is kOwnEverywhere).
   template <class Options>
   ZeroRedundancy(std::vector<torch::Tensor> params, Options options, std::shared_ptr<dist::ProcessGroup> group,
-                 const std::vector<torch::Tensor>& elsewhere = {})
+                 const std::vector<torch::Tensor>& elsewhere = {}, const std::vector<torch::Tensor>& own = {})
       : Base(std::move(params), std::move(options)), group_(std::move(group)) {
-    plan(elsewhere);
+    plan(elsewhere, own);
   }
   template <class Options>
   ZeroRedundancy(std::vector<torch::optim::OptimizerParamGroup> groups, Options options,
-                 std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere = {})
+                 std::shared_ptr<dist::ProcessGroup> group, const std::vector<torch::Tensor>& elsewhere = {},
+                 const std::vector<torch::Tensor>& own = {})
       : Base(std::move(groups), std::move(options)), group_(std::move(group)) {
-    plan(elsewhere);
+    plan(elsewhere, own);
   }
+  static constexpr int64_t kElsewhere = -1, kOwnEverywhere = -2;
 
   // Steps this rank's share (Base::step), then broadcasts every share from
   // its owner. A collective.
@@ -125,10 +130,11 @@ class ZeroRedundancy : public Base, public ShardedState {
   std::vector<torch::Tensor> flat_buffers() const;
 
  protected:
-  bool steps_parameter(const torch::Tensor& p) const override { return owner(p) == rank_; }
+  bool steps_parameter(const torch::Tensor& p) const override { return keeps_state(owner(p)); }
 
  private:
-  void plan(const std::vector<torch::Tensor>& elsewhere);
+  bool keeps_state(int64_t owner) const { return owner == rank_ || owner == kOwnEverywhere; }
+  void plan(const std::vector<torch::Tensor>& elsewhere, const std::vector<torch::Tensor>& own);
   std::vector<torch::Tensor> all_parameters() const;  // every group's, in order
 
   std::shared_ptr<dist::ProcessGroup> group_;
