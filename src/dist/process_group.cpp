@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -189,10 +191,30 @@ void ProcessGroup::Impl::connect() {
   }
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    // Note [gloo's threads]: ProcessGroupGloo starts its worker threads in
+    // its constructor, and one that cannot be started (the address-space or
+    // thread limit reached: ulimit -v, -u) leaves the others joinable as the
+    // exception unwinds, which ends the process in std::terminate. Starting
+    // as many threads first turns that into an error naming the limits.
+    std::vector<std::thread> probes;
+    std::string failed;
+    for (size_t i = 0; i < static_cast<size_t>(std::max(gloo_options->threads, 2)) && failed.empty(); ++i) {
+      try {
+        probes.emplace_back([] {});
+      } catch (const std::system_error& e) {
+        failed = e.what();
+      }
+    }
+    for (auto& t : probes) t.join();  // each one joined before anything unwinds
+    TANDEM_CHECK(failed.empty(), "process group (gloo) of ", r.world_size, " ranks on rank ", r.rank,
+                 ": cannot start its threads (", failed, "): the process reached its memory or thread limit "
+                 "(ulimit -v, ulimit -u)");
     gloo_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(r.host)));
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     TANDEM_FAIL("process group (gloo) of ", r.world_size, " ranks at ", r.host, ":", r.port,
                 " failed on rank ", r.rank, ": ", first_line(e.what()));

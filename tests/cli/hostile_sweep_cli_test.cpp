@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "same_weights.h"
 #include "testing.h"
 
 namespace tandem {
@@ -120,6 +121,23 @@ TEST(ResourceCheckCliTest, WorkersTheMemoryCannotHoldAreRefusedWithTheFigures) {
   EXPECT_EQ(r.output.find("[rank "), std::string::npos) << "a worker started\n" << r.output;
   r = testing::run_tandem(job + " --batch-per-process 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// Note [gloo's threads], [terminate message]: a job at its address-space
+// limit ends with an error message and exit 1 wherever the limit strikes
+// (the process group's threads, a tensor, the data), never a signal: with
+// the limit near a worker's need, c10d's Gloo group aborted (SIGABRT) about
+// one start in two, the launcher reporting a crash.
+TEST(ResourceCheckCliTest, WorkersAtTheirAddressSpaceLimitEndWithAMessage) {
+  testing::TempDir dir;
+  const std::string job = " train --model mixtral-tiny --data text:" + testing::write_text(dir) +
+                          " --seq-len 16 --max-steps 2 --progress off --nproc-per-node 2 --mesh ep=2";
+  for (const char* limit : {"2800000", "3000000", "3000000", "3200000"}) {
+    auto r = testing::run("sh -c 'ulimit -v " + std::string(limit) + "; " + std::string(TANDEM_CLI) + job + "'");
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << limit << " KiB\n" << r.output;
+    EXPECT_EQ(r.output.find("by signal"), std::string::npos) << limit << " KiB\n" << r.output;
+    EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << limit << " KiB\n" << r.output;
+  }
 }
 
 }  // namespace

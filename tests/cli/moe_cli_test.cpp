@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tandem/engine/worker_footprint.h"
+#include "same_weights.h"
 #include "testing.h"
 
 namespace tandem {
