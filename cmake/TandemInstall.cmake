@@ -18,7 +18,7 @@ include(CMakePackageConfigHelpers)
 # Every layer but the CLI's, for `target_link_libraries(app PRIVATE tandem::tandem)`.
 add_library(tandem_all INTERFACE)
 target_link_libraries(tandem_all INTERFACE tandem_util tandem_dist tandem_data tandem_models
-                      tandem_optim tandem_parallel tandem_checkpoint
+                      tandem_optim tandem_parallel tandem_plan tandem_checkpoint
                       tandem_observe tandem_engine tandem_launch)
 set_target_properties(tandem_all PROPERTIES EXPORT_NAME tandem)
 add_library(tandem::tandem ALIAS tandem_all)

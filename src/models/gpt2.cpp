@@ -26,6 +26,9 @@ const std::map<std::string, Gpt2Config>& presets() {
         {"gpt2-tiny", make(256, 128, 4, 4)},      {"gpt2", make(1024, 768, 12, 12)},
         {"gpt2-medium", make(1024, 1024, 24, 16)}, {"gpt2-large", make(1024, 1280, 36, 20)},
         {"gpt2-xl", make(1024, 1600, 48, 25)},
+        // GPT-3 175B (Brown et al. 2020; Megatron-LM's 2021 runs): GPT-2's
+        // architecture at 96 layers of width 12,288, 96 heads, 2,048 positions.
+        {"gpt3-175b", make(2048, 12288, 96, 96)},
     };
   }();
   return all;
@@ -53,7 +56,7 @@ Gpt2Config Gpt2Config::preset(const std::string& name) {
 }
 
 std::vector<std::string> Gpt2Config::preset_names() {
-  return {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+  return {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"};
 }
 
 void Gpt2Config::check() const {

@@ -26,6 +26,22 @@ LlamaConfig mixtral(int64_t hidden, int64_t intermediate, int64_t layers, int64_
   return c;
 }
 
+// Meta's Llama 3 and 3.1 shapes (their config.json): GQA over 8 key/value
+// heads, vocabulary 128,256, rotary base 500,000, untied.
+LlamaConfig llama3(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads) {
+  LlamaConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = 8;
+  c.max_positions = 8192;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000;
+  return c;
+}
+
 const std::map<std::string, LlamaConfig>& llama_presets() {
   static const std::map<std::string, LlamaConfig> all = [] {
     LlamaConfig tiny;
@@ -84,7 +100,13 @@ const std::map<std::string, LlamaConfig>& llama_presets() {
     qwen_30b.num_experts = 128;
     qwen_30b.experts_per_token = 8;
     qwen_30b.max_positions = 40960;
+    auto llama_405b = llama3(16384, 53248, 126, 128);  // Llama 3.1 405B: scaled rotary, 128K positions
+    llama_405b.max_positions = 131072;
+    llama_405b.rope_factor = 8;
     return std::map<std::string, LlamaConfig>{{"llama-tiny", tiny},          {"llama-3.2-1b", one_b},
+                                              {"llama-3-8b", llama3(4096, 14336, 32, 32)},
+                                              {"llama-3-70b", llama3(8192, 28672, 80, 64)},
+                                              {"llama-3.1-405b", llama_405b},
                                               {"mixtral-tiny", mixtral_tiny}, {"mixtral-8x7b", mixtral_8x7b},
                                               {"qwen3-moe-tiny", qwen_tiny},  {"qwen3-30b-a3b", qwen_30b}};
   }();
@@ -104,7 +126,7 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 }
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"llama-tiny", "llama-3.2-1b", "mixtral-tiny", "mixtral-8x7b", "qwen3-moe-tiny", "qwen3-30b-a3b"};
+  return {"llama-tiny", "llama-3.2-1b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mixtral-tiny", "mixtral-8x7b", "qwen3-moe-tiny", "qwen3-30b-a3b"};
 }
 
 void LlamaConfig::check() const {

@@ -63,7 +63,7 @@ TEST(CliTest, UsageMistakesAreOneLineAndExitTwo) {
   const std::string data = " --data idx:" + dir.path() + " --max-steps 1 --progress off";
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"train --model foo", "--model: expected one of convnet, gpt2, gpt2-large, gpt2-medium, gpt2-tiny, "
-                                 "gpt2-xl, llama-3.2-1b, llama-tiny, mixtral-8x7b, mixtral-tiny, mlp, mobilenetv2, qwen3-30b-a3b, qwen3-moe-tiny, resnet18, resnet34, "
+                                 "gpt2-xl, gpt3-175b, llama-3-70b, llama-3-8b, llama-3.1-405b, llama-3.2-1b, llama-tiny, mixtral-8x7b, mixtral-tiny, mlp, mobilenetv2, qwen3-30b-a3b, qwen3-moe-tiny, resnet18, resnet34, "
                                  "resnet50, got 'foo'"},
            {"train --data bogus:x", "unknown data spec 'bogus:x'"},
            {"train --augment light", "--augment: expected one of none, cifar, imagenet, heavy, got 'light'"},

@@ -115,8 +115,8 @@ TEST(ModelsTest, RegistryNamesUnknownModelsAndTakesNewOnes) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
-                 "unknown model 'resnet9000' (known: convnet, gpt2, gpt2-large, gpt2-medium, gpt2-tiny, gpt2-xl, "
-                 "llama-3.2-1b, llama-tiny, mixtral-8x7b, mixtral-tiny, mlp, mobilenetv2, qwen3-30b-a3b, qwen3-moe-tiny, resnet18, resnet34, resnet50)");
+                 "unknown model 'resnet9000' (known: convnet, gpt2, gpt2-large, gpt2-medium, gpt2-tiny, gpt2-xl, gpt3-175b, "
+                 "llama-3-70b, llama-3-8b, llama-3.1-405b, llama-3.2-1b, llama-tiny, mixtral-8x7b, mixtral-tiny, mlp, mobilenetv2, qwen3-30b-a3b, qwen3-moe-tiny, resnet18, resnet34, resnet50)");
   }
   register_model("tiny", [](const ModelOptions& o) {
     Sequence s;

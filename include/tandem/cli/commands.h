@@ -34,6 +34,10 @@ std::string export_help();
 int sample_command(const std::vector<std::string>& args);
 std::string sample_help();
 
+// tandem plan [flags]: every layout of a job with its predicted cost.
+int plan_command(const std::vector<std::string>& args);
+std::string plan_help();
+
 // tandem models: the registered model names.
 int models_command(const std::vector<std::string>& args);
 

@@ -1,0 +1,44 @@
+// tandem/plan/device_profile.h: what the planner knows of a device and its
+// links (tandem plan --device).
+//
+// Presets from the vendors' data sheets (dense tensor-core peaks, no
+// sparsity; one direction of a GPU's NVLink and of its network adapter),
+// `cpu` measured on this machine, or a JSON file of the same fields:
+//
+//   {"name": "my-gpu", "peak_tflops_bf16": 989, "peak_tflops_fp32": 67, "memory_gib": 80,
+//    "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+//    "inter_node_latency_us": 25, "efficiency": 0.45}
+//
+// Every field is required and must be positive (efficiency at most 1); a
+// field the planner does not know is refused, naming it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::plan {
+
+struct DeviceProfile {
+  std::string name;
+  double peak_flops_bf16 = 0;  // FLOP/s, dense
+  double peak_flops_fp32 = 0;  // FLOP/s (float64 is planned at half of it)
+  double memory_bytes = 0;
+  double intra_node_bandwidth = 0;  // bytes/s a rank sends to the others of its node
+  double inter_node_bandwidth = 0;  // bytes/s a rank sends over the network
+  double intra_node_latency = 0;    // seconds a collective call costs besides its bytes
+  double inter_node_latency = 0;
+  // The share of the peak a training step's matrix products reach (the
+  // ceiling of its model FLOPs utilisation), a profile value: 0.45 for the
+  // GPUs (torchtitan's and Megatron-LM's published runs reach 0.40-0.55).
+  double efficiency = 0.45;
+  // The memory is the node's, shared by its ranks (cpu), not each rank's.
+  bool memory_per_node = false;
+};
+
+// "h100", "h200", "a100", "cpu" (this machine: its memory and a measured
+// matrix product; its links those of loopback Gloo), or the path of a JSON
+// profile. Throws tandem::UsageError naming --device and what was expected.
+DeviceProfile device_profile(const std::string& name_or_file);
+std::vector<std::string> device_profile_names();
+
+}  // namespace tandem::plan

@@ -1,0 +1,85 @@
+// tandem/plan/layout_cost.h: what one layout of a training job costs each
+// rank: memory, bytes per step over each mesh dimension, the pipeline's
+// bubble, and the step's time, tokens/s and MFU on a device profile.
+//
+// Note [planned traffic]: the bytes are the payloads tandem's process
+// groups count (Note [traffic] in dist/process_group.h), per step, on the
+// rank that sends the most, so that a run's --metrics-out
+// comm_bytes_per_step is the check: DDP's all-reduce of the rank's
+// gradients plus an int32 used flag a tensor; ZeRO-1's broadcast of its
+// parameters; FSDP's reduce-scatter of the gradients and all-gather of the
+// shards (twice with ZeRO-3 but for the last unit, a layer a unit); tp's
+// 4 all-reduces a layer and micro-batch of its activations, one for the
+// embedding, one for the head's input gradient and the vocabulary-parallel
+// loss's 4 numbers a token (Megatron-LM's figure; all-gathers and
+// reduce-scatters under sequence parallelism); a pipeline's activation
+// and gradient a boundary and micro-batch, each after an 80-byte header,
+// and the loss's 8-byte broadcast. On the wire a ring moves 2(n-1)/n of an
+// all-reduce's payload, (n-1)/n of a reduce-scatter's, n-1 times an
+// all-gather's: the time uses those.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tandem/plan/device_profile.h"
+#include "tandem/plan/model_shape.h"
+
+namespace tandem::plan {
+
+enum class Precision { kBf16, kFloat32, kFloat64 };  // bf16: autocast over float32 weights
+enum class DataSharding { kDdp, kZero1, kFsdp, kHsdp };
+
+struct Job {
+  ModelShape model;
+  DeviceProfile device;
+  int64_t nodes = 1, gpus_per_node = 8;
+  int64_t seq_len = 2048;
+  int64_t global_batch = 0;  // sequences a step
+  Precision precision = Precision::kBf16;
+  int64_t world() const { return nodes * gpus_per_node; }
+};
+
+struct Layout {
+  int64_t dp = 1, pp = 1, tp = 1;
+  bool sequence_parallel = false;
+  DataSharding data = DataSharding::kDdp;
+  int64_t dp_shard = 0;  // HSDP: ranks a shard group holds (a node's dp ranks)
+  bool recompute = false;  // activation checkpointing, every layer
+  int64_t micro_batch = 1;  // sequences a micro-batch
+  int64_t micro_batches = 1;  // per step: a pipeline's, or gradient accumulation's
+  std::string schedule = "1f1b";
+  int64_t fsdp_min_unit = int64_t(1) << 17;  // --fsdp-min-unit-params
+  // "dp=8", "pp=2,dp=4,tp=2", "dp_replicate=2,dp_shard=8": --mesh's words.
+  std::string mesh() const;
+  // "ddp", "zero1", "fsdp", "hsdp".
+  std::string strategy() const;
+};
+
+struct Memory {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
+  double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+struct LayoutCost {
+  Layout layout;
+  Memory memory;  // the rank with the most (a pipeline's first stage, or its last with the head)
+  bool fits = false;
+  double shortfall = 0;  // bytes over the device's memory, when it does not fit
+  // dimension ("dp", "pp", "tp") -> collective -> bytes a step (Note [planned traffic])
+  std::map<std::string, std::map<std::string, double>> bytes;
+  // The same for each pipeline stage's ranks (rank 0 holds stage 0).
+  std::vector<std::map<std::string, std::map<std::string, double>>> stage_bytes;
+  double bubble = 0;  // the schedule's idle share, replayed (parallel::simulate)
+  double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0, step_seconds = 0;
+  double tokens_per_second = 0;  // the whole job's
+  double mfu = 0;
+};
+
+// `layout`'s cost for `job`. Throws tandem::Error for a layout whose sizes
+// do not divide the job (checked by the planner before).
+LayoutCost layout_cost(const Job& job, const Layout& layout);
+
+}  // namespace tandem::plan

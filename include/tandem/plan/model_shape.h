@@ -1,0 +1,46 @@
+// tandem/plan/model_shape.h: a registry language model as the planner sees
+// it: its parameters layer by layer, the tensors they are, the FLOPs of a
+// token and the activations a layer keeps for backward, from its preset's
+// shape without building it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::plan {
+
+struct ModelShape {
+  std::string name;
+  bool llama = false;  // LLaMA's decoder (RMSNorm, SwiGLU, rotary, GQA); else GPT-2's
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0, context = 0;
+  int64_t experts = 0, experts_per_token = 0, expert_ffn = 0;
+  bool tied = false;
+  // Parameters: one decoder layer's (all layers alike), the embedding's
+  // (tokens, and GPT-2's learned positions), the final norm's, the head's
+  // (0 when tied to the embedding). Tensors likewise (DDP sends a used
+  // flag per tensor).
+  int64_t layer_parameters = 0, embedding_parameters = 0, norm_parameters = 0, head_parameters = 0;
+  int64_t layer_tensors = 0, embedding_tensors = 0, norm_tensors = 0, head_tensors = 0;
+  // Of a layer's parameters, those tensor parallelism cuts (the rest, its
+  // norms and GPT-2's output biases, stay whole on every tp rank).
+  int64_t layer_cut_parameters = 0;
+  int64_t parameters() const {
+    return layers * layer_parameters + embedding_parameters + norm_parameters + head_parameters;
+  }
+  // Forward and backward FLOPs of one token at `seq_len` (the registry's:
+  // 6 per multiplying weight plus attention's 12 L d T).
+  double flops_per_token(int64_t seq_len) const;
+  // Elements one layer keeps for backward per token, without tensor
+  // parallelism: `whole` those outside tp's regions (norm inputs, the
+  // residual), `inside` those tp divides (q, k, v, attention's output, the
+  // MLP's), attention's scores not kept (a fused kernel's log-sum-exp only).
+  double activations_whole_per_token() const;
+  double activations_inside_per_token() const;
+};
+
+// The preset `model` ("gpt2-tiny", "llama-3-8b", ...) with the vocabulary
+// `vocab` (0: the preset's own). Throws tandem::UsageError naming --model
+// for a model that is not a registry language model.
+ModelShape model_shape(const std::string& model, int64_t vocab = 0);
+
+}  // namespace tandem::plan

@@ -1,0 +1,196 @@
+// tandem plan: every layout of a training job on a cluster, with its
+// predicted memory, traffic, bubble and time, best first (plan/planner.h).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/cli/commands.h"
+#include "tandem/cli/flags.h"
+#include "tandem/dist/device_mesh.h"
+#include "tandem/plan/planner.h"
+#include "tandem/util/check.h"
+#include "tandem/util/table.h"
+
+namespace tandem::cli {
+namespace {
+
+struct PlanFlags {
+  std::string model, device = "h100", mesh;
+  int64_t nodes = 1, gpus_per_node = 8, seq_len = 0, global_batch_tokens = 0, batch_size = 0, vocab_size = 0;
+  int64_t top = 10;
+  plan::Precision precision = plan::Precision::kBf16;
+  bool json = false;
+};
+
+FlagSet plan_flags(PlanFlags& f) {
+  FlagSet flags("tandem plan",
+                "Predict, for every layout tandem can train a language model in on a cluster (dp, ZeRO-1, FSDP, "
+                "HSDP; pp; tp with and without sequence parallelism; activation checkpointing; micro-batches), "
+                "each rank's memory, the bytes a step sends over each mesh dimension (what --metrics-out "
+                "counts), the pipeline's bubble (its schedule replayed), the step's time, tokens/s and MFU; "
+                "best first. Exit 2 when no layout fits.");
+  flags.add_string("model", "NAME", &f.model, "a registry language model (gpt2-tiny ... gpt3-175b, llama-tiny ... "
+                   "llama-3.1-405b, mixtral-8x7b, qwen3-30b-a3b; required)");
+  flags.add_int("nodes", "N", &f.nodes, "machines", 1);
+  flags.add_int("gpus-per-node", "G", &f.gpus_per_node, "ranks a machine (its GPUs, or cpu processes)", 1);
+  flags.add_string("device", "PROFILE", &f.device,
+                   "h100, h200, a100, cpu (this machine, measured), or a JSON profile's path: peak_tflops_bf16, "
+                   "peak_tflops_fp32, memory_gib, intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, "
+                   "inter_node_latency_us, efficiency");
+  flags.add_int("seq-len", "T", &f.seq_len, "tokens a sequence (default: the model's context, at most 2048)", 1);
+  flags.add_int("global-batch-tokens", "K", &f.global_batch_tokens,
+                "tokens a step over the whole job (a multiple of --seq-len)", 1);
+  flags.add_int("batch-size", "B", &f.batch_size, "sequences a step over the whole job (instead of "
+                "--global-batch-tokens; default: one a rank)", 1);
+  flags.add_enum("precision", &f.precision,
+                 {{"bf16", plan::Precision::kBf16}, {"float32", plan::Precision::kFloat32},
+                  {"float64", plan::Precision::kFloat64}},
+                 "bf16: autocast over float32 weights (--amp bf16); float32 or float64: --dtype");
+  flags.add_int("vocab-size", "V", &f.vocab_size, "the vocabulary (default: the preset's; 256 for text as bytes)", 1);
+  flags.add_string("mesh", "SPEC", &f.mesh, "only the layouts of this mesh (as tandem train --mesh)");
+  flags.add_int("top", "N", &f.top, "layouts in the table (--json has them all)", 1);
+  flags.add_switch("json", &f.json, "print {\"layouts\": [...]} best first instead of the table");
+  return flags;
+}
+
+// --mesh's words as the planner writes them ("pp=2,dp=4,tp=2").
+std::string planned_mesh(const std::string& spec, int64_t world) {
+  const auto shape = dist::parse_mesh(spec, world);
+  TANDEM_CHECK_USAGE(shape.cp == 1 && shape.ep == 1, "--mesh ", spec,
+                     ": the planner does not plan context or expert parallelism yet (cp, ep)");
+  plan::Layout l;
+  l.pp = shape[dist::MeshDim::kPipeline];
+  l.dp = shape[dist::MeshDim::kData];
+  l.tp = shape[dist::MeshDim::kTensor];
+  if (shape.dp_shard > 0) {
+    l.data = plan::DataSharding::kHsdp;
+    l.dp_shard = shape.dp_shard;
+  }
+  return l.mesh();
+}
+
+nlohmann::json bytes_json(const std::map<std::string, std::map<std::string, double>>& bytes) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [dim, by] : bytes) {
+    for (const auto& [collective, b] : by) out[dim][collective] = b;
+  }
+  return out;
+}
+
+nlohmann::json to_json(const plan::LayoutCost& c) {
+  const auto& l = c.layout;
+  const auto bytes = bytes_json(c.bytes);
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : c.stage_bytes) stages.push_back(bytes_json(s));
+  return {{"mesh", l.mesh()},
+          {"strategy", l.strategy()},
+          {"sequence_parallel", l.sequence_parallel},
+          {"activation_checkpointing", l.recompute},
+          {"micro_batch", l.micro_batch},
+          {"micro_batches", l.micro_batches},
+          {"schedule", l.pp > 1 ? l.schedule : ""},
+          {"fits", c.fits},
+          {"shortfall_bytes", c.shortfall},
+          {"memory_bytes_per_rank", c.memory.total()},
+          {"memory", {{"parameters", c.memory.parameters}, {"gradients", c.memory.gradients},
+                      {"optimizer", c.memory.optimizer}, {"activations", c.memory.activations},
+                      {"buffers", c.memory.buffers}}},
+          {"bytes_per_step", bytes},
+          {"bytes_per_step_by_stage", stages},
+          {"bubble", c.bubble},
+          {"compute_seconds", c.compute_seconds},
+          {"exposed_comm_seconds", c.exposed_comm_seconds},
+          {"bubble_seconds", c.bubble_seconds},
+          {"step_seconds", c.step_seconds},
+          {"tokens_per_second", c.tokens_per_second},
+          {"mfu", c.mfu}};
+}
+
+std::string gib(double bytes) { return format("%.2f", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+double dim_bytes(const plan::LayoutCost& c, const std::string& dim) {
+  double total = 0;
+  auto found = c.bytes.find(dim);
+  if (found != c.bytes.end()) {
+    for (const auto& [collective, b] : found->second) total += b;
+  }
+  return total;
+}
+
+}  // namespace
+
+std::string plan_help() {
+  PlanFlags f;
+  return plan_flags(f).help();
+}
+
+int plan_command(const std::vector<std::string>& args) {
+  PlanFlags f;
+  auto flags = plan_flags(f);
+  flags.parse(args);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.help().c_str());
+    return 0;
+  }
+  TANDEM_CHECK_USAGE(!f.model.empty(), "--model NAME is required (a registry language model, e.g. llama-3-8b)");
+  TANDEM_CHECK_USAGE(!(flags.given("global-batch-tokens") && flags.given("batch-size")),
+                     "give --global-batch-tokens or --batch-size, not both");
+  plan::Job job;
+  job.model = plan::model_shape(f.model, f.vocab_size);
+  job.nodes = f.nodes;
+  job.gpus_per_node = f.gpus_per_node;
+  job.device = plan::device_profile(f.device);
+  job.precision = f.precision;
+  job.seq_len = f.seq_len > 0 ? f.seq_len : std::min<int64_t>(job.model.context, 2048);
+  TANDEM_CHECK_USAGE(job.seq_len <= job.model.context, "--seq-len ", job.seq_len, ": ", f.model,
+                     " takes sequences of at most ", job.model.context, " tokens");
+  if (f.global_batch_tokens > 0) {
+    TANDEM_CHECK_USAGE(f.global_batch_tokens % job.seq_len == 0, "--global-batch-tokens ", f.global_batch_tokens,
+                       ": not a whole number of sequences of ", job.seq_len, " tokens (--seq-len)");
+    job.global_batch = f.global_batch_tokens / job.seq_len;
+  } else {
+    job.global_batch = f.batch_size > 0 ? f.batch_size : job.world();
+  }
+  plan::PlanOptions options;
+  if (!f.mesh.empty()) options.mesh = planned_mesh(f.mesh, job.world());
+  const auto layouts = plan::plan_layouts(job, options);
+  TANDEM_CHECK_USAGE(!layouts.empty(), "no layout of ", f.model, " on ", job.world(), " rank(s)",
+                     f.mesh.empty() ? "" : " with --mesh " + f.mesh, " divides the global batch of ",
+                     job.global_batch, " sequences (give a --batch-size the data-parallel ranks divide)");
+  if (f.json) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& c : layouts) all.push_back(to_json(c));
+    std::printf("%s\n", nlohmann::json{{"layouts", all}}.dump(1).c_str());
+  } else {
+    std::printf("%s on %lld x %lld %s, %lld sequences of %lld tokens a step: %zu layouts\n\n", f.model.c_str(),
+                static_cast<long long>(job.nodes), static_cast<long long>(job.gpus_per_node),
+                job.device.name.c_str(), static_cast<long long>(job.global_batch),
+                static_cast<long long>(job.seq_len), layouts.size());
+    Table table({"mesh", "strategy", "sp", "ac", "micro", "GiB/rank", "fits", "dp MB", "tp MB", "pp MB", "bubble",
+                 "step s", "tokens/s", "MFU"});
+    for (size_t i = 0; i < layouts.size() && static_cast<int64_t>(i) < f.top; ++i) {
+      const auto& c = layouts[i];
+      const auto& l = c.layout;
+      table.add_row({l.mesh(), l.strategy(), l.sequence_parallel ? "on" : "", l.recompute ? "on" : "",
+                     format("%lldx%lld", static_cast<long long>(l.micro_batches), static_cast<long long>(l.micro_batch)),
+                     gib(c.memory.total()), c.fits ? "yes" : "no (+" + gib(c.shortfall) + ")",
+                     format("%.1f", dim_bytes(c, "dp") / 1e6), format("%.1f", dim_bytes(c, "tp") / 1e6),
+                     format("%.1f", dim_bytes(c, "pp") / 1e6), format("%.3f", c.bubble),
+                     format("%.3g", c.step_seconds), format("%.4g", c.tokens_per_second),
+                     format("%.3f", c.mfu)});
+    }
+    std::printf("%s", table.render().c_str());
+  }
+  if (!layouts.front().fits) {
+    const auto& best = layouts.front();
+    throw UsageError("no layout of " + f.model + " fits " + std::to_string(job.world()) + " x " + job.device.name +
+                     ": the closest, " + best.layout.mesh() + " " + best.layout.strategy() +
+                     (best.layout.recompute ? " with activation checkpointing" : "") + ", needs " +
+                     gib(best.memory.total()) + " GiB a rank, " + gib(best.shortfall) + " more than it has");
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,124 @@
+// The planner's device profiles (device_profile.h).
+#include "tandem/plan/device_profile.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "tandem/util/check.h"
+
+namespace tandem::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+DeviceProfile gpu(const std::string& name, double bf16_tflops, double fp32_tflops, double memory_bytes,
+                  double nvlink_gb_per_s, double network_gb_per_s) {
+  DeviceProfile p;
+  p.name = name;
+  p.peak_flops_bf16 = bf16_tflops * 1e12;
+  p.peak_flops_fp32 = fp32_tflops * 1e12;
+  p.memory_bytes = memory_bytes;
+  p.intra_node_bandwidth = nvlink_gb_per_s * 1e9;
+  p.inter_node_bandwidth = network_gb_per_s * 1e9;
+  p.intra_node_latency = 10e-6;
+  p.inter_node_latency = 25e-6;
+  return p;
+}
+
+// This machine: the median of five timed float32 products of 512 x 512
+// matrices on libtorch's threads, its physical memory, and loopback links.
+// A first figure; tandem plan --calibrate is to measure the rest.
+DeviceProfile this_cpu() {
+  DeviceProfile p;
+  p.name = "cpu";
+  auto a = torch::randn({512, 512}), b = torch::randn({512, 512});
+  std::vector<double> seconds;
+  for (int i = 0; i < 6; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    auto c = torch::mm(a, b);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  seconds.erase(seconds.begin());  // the first warms the threads up
+  std::sort(seconds.begin(), seconds.end());
+  p.peak_flops_fp32 = 2.0 * 512 * 512 * 512 / std::max(seconds[seconds.size() / 2], 1e-9);
+  p.peak_flops_bf16 = p.peak_flops_fp32;
+  p.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  p.intra_node_bandwidth = p.inter_node_bandwidth = 2e9;
+  p.intra_node_latency = p.inter_node_latency = 50e-6;
+  p.efficiency = 0.5;
+  p.memory_per_node = true;
+  return p;
+}
+
+double positive(const nlohmann::json& j, const std::string& key, const std::string& file, double scale,
+                double at_most = 1e300) {
+  TANDEM_CHECK_USAGE(j.contains(key), "--device ", file, ": the profile has no \"", key, "\" (every field is "
+                     "required: see tandem plan --help)");
+  const auto& v = j.at(key);
+  TANDEM_CHECK_USAGE(v.is_number(), "--device ", file, ": \"", key, "\" must be a number, got ", v.dump());
+  const double x = v.get<double>();
+  TANDEM_CHECK_USAGE(x > 0 && x <= at_most, "--device ", file, ": \"", key, "\" must be positive",
+                     at_most < 1e300 ? " and at most " + std::to_string(at_most).substr(0, 3) : std::string(),
+                     ", got ", v.dump());
+  return x * scale;
+}
+
+DeviceProfile from_file(const std::string& file) {
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    TANDEM_CHECK_USAGE(in.good(), "--device ", file, ": cannot read it");
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--device " + file + ": not a JSON profile (" + e.what() + ")");
+  }
+  TANDEM_CHECK_USAGE(j.is_object(), "--device ", file, ": expected a JSON object of the profile's fields");
+  static const std::vector<std::string> known = {"name", "peak_tflops_bf16", "peak_tflops_fp32", "memory_gib",
+                                                 "intra_node_gb_per_s", "inter_node_gb_per_s",
+                                                 "intra_node_latency_us", "inter_node_latency_us", "efficiency"};
+  for (const auto& [key, value] : j.items()) {
+    TANDEM_CHECK_USAGE(std::find(known.begin(), known.end(), key) != known.end(), "--device ", file,
+                       ": unknown field \"", key, "\" (known: name, peak_tflops_bf16, peak_tflops_fp32, memory_gib, "
+                       "intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, inter_node_latency_us, "
+                       "efficiency)");
+  }
+  DeviceProfile p;
+  p.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>()
+                                                        : std::filesystem::path(file).stem().string();
+  p.peak_flops_bf16 = positive(j, "peak_tflops_bf16", file, 1e12);
+  p.peak_flops_fp32 = positive(j, "peak_tflops_fp32", file, 1e12);
+  p.memory_bytes = positive(j, "memory_gib", file, kGiB);
+  p.intra_node_bandwidth = positive(j, "intra_node_gb_per_s", file, 1e9);
+  p.inter_node_bandwidth = positive(j, "inter_node_gb_per_s", file, 1e9);
+  p.intra_node_latency = positive(j, "intra_node_latency_us", file, 1e-6);
+  p.inter_node_latency = positive(j, "inter_node_latency_us", file, 1e-6);
+  p.efficiency = positive(j, "efficiency", file, 1.0, 1.0);
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::string> device_profile_names() { return {"h100", "h200", "a100", "cpu"}; }
+
+DeviceProfile device_profile(const std::string& name_or_file) {
+  // H100 SXM: 989 dense bf16 TFLOP/s, 67 fp32, 80 GiB, NVLink 4 450 GB/s a
+  // direction, a 400 Gb/s NDR adapter a GPU. H200: the same chip, 141 GB.
+  // A100 SXM 80GB: 312 and 19.5, NVLink 3 300 GB/s, 200 Gb/s HDR.
+  if (name_or_file == "h100") return gpu("h100", 989, 67, 80 * kGiB, 450, 50);
+  if (name_or_file == "h200") return gpu("h200", 989, 67, 141e9, 450, 50);
+  if (name_or_file == "a100") return gpu("a100", 312, 19.5, 80 * kGiB, 300, 25);
+  if (name_or_file == "cpu") return this_cpu();
+  std::error_code ec;
+  TANDEM_CHECK_USAGE(std::filesystem::is_regular_file(name_or_file, ec), "--device ", name_or_file,
+                     ": unknown device (presets: h100, h200, a100, cpu; or the path of a JSON profile)");
+  return from_file(name_or_file);
+}
+
+}  // namespace tandem::plan

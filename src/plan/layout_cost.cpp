@@ -1,0 +1,239 @@
+// One layout's cost (layout_cost.h; Note [planned traffic]).
+#include "tandem/plan/layout_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tandem/parallel/fsdp_plan.h"
+#include "tandem/parallel/pipeline_schedule.h"
+#include "tandem/util/check.h"
+
+namespace tandem::plan {
+namespace {
+
+constexpr double kHeader = 80;              // a pipeline message's header (Note [pipeline messages])
+constexpr double kBucketBytes = 25 << 20;   // DDP's bucket (--bucket-cap-mb 25)
+// Note [usable memory]: a device's memory less what its runtime, the
+// allocator's fragmentation and the collectives' own buffers take; 8% is
+// what PyTorch's reserved-but-unallocated share typically is on long runs.
+constexpr double kUsable = 0.92;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double element_bytes(Precision p) { return p == Precision::kFloat64 ? 8 : p == Precision::kFloat32 ? 4 : 2; }
+double weight_bytes(Precision p) { return p == Precision::kFloat64 ? 8 : 4; }  // bf16 autocasts float32 weights
+
+// What one pipeline stage holds on one rank of its tp group.
+struct Stage {
+  int64_t layers = 0;
+  bool first = false, last = false;
+  double parameters = 0, tensors = 0, whole_parameters = 0;  // whole: not cut by tp
+  std::vector<int64_t> layer_numels;  // the stage's layers in order (embedding, blocks, head), as FSDP sees them
+};
+
+Stage stage_of(const ModelShape& m, const Layout& l, int64_t s) {
+  Stage st;
+  st.first = s == 0;
+  st.last = s == l.pp - 1;
+  st.layers = m.layers / l.pp + (s < m.layers % l.pp ? 1 : 0);
+  const double layer_whole = double(m.layer_parameters - m.layer_cut_parameters);
+  const double layer = double(ceil_div(m.layer_cut_parameters, l.tp)) + layer_whole;
+  st.parameters = double(st.layers) * layer;
+  st.whole_parameters = double(st.layers) * layer_whole;
+  st.tensors = double(st.layers * m.layer_tensors);
+  const double vocab_rows = double(ceil_div(m.vocab, l.tp)) * double(m.hidden);
+  if (st.first) {
+    const double positions = double(m.embedding_parameters - m.vocab * m.hidden);
+    st.parameters += vocab_rows + positions;
+    st.whole_parameters += positions;
+    st.tensors += double(m.embedding_tensors);
+    st.layer_numels.push_back(static_cast<int64_t>(vocab_rows + positions));
+  }
+  for (int64_t i = 0; i < st.layers; ++i) st.layer_numels.push_back(static_cast<int64_t>(layer));
+  if (st.last) {
+    double head = double(m.norm_parameters) + (m.head_parameters > 0 ? vocab_rows : 0);
+    if (m.tied && l.pp > 1) head += vocab_rows;  // the head's copy of the embedding
+    st.parameters += head;
+    st.whole_parameters += double(m.norm_parameters);
+    st.tensors += double(m.norm_tensors + m.head_tensors);
+    st.layer_numels.push_back(static_cast<int64_t>(head));
+  }
+  return st;
+}
+
+double wire(const std::string& collective, double payload, int64_t n) {
+  if (n <= 1) return 0;
+  if (collective == "all_reduce") return 2.0 * double(n - 1) / double(n) * payload;
+  if (collective == "reduce_scatter") return double(n - 1) / double(n) * payload;
+  if (collective == "all_gather") return double(n - 1) * payload;
+  return payload;
+}
+
+}  // namespace
+
+std::string Layout::mesh() const {
+  std::string s;
+  auto add = [&s](const std::string& dim, int64_t n) {
+    if (n > 1) s += (s.empty() ? "" : ",") + dim + "=" + std::to_string(n);
+  };
+  add("pp", pp);
+  if (data == DataSharding::kHsdp) {
+    add("dp_replicate", dp / dp_shard);
+    add("dp_shard", dp_shard);
+  } else {
+    add("dp", dp);
+  }
+  add("tp", tp);
+  return s.empty() ? "dp=1" : s;
+}
+
+std::string Layout::strategy() const {
+  switch (data) {
+    case DataSharding::kDdp: return "ddp";
+    case DataSharding::kZero1: return "zero1";
+    case DataSharding::kFsdp: return "fsdp";
+    case DataSharding::kHsdp: return "hsdp";
+  }
+  return "";
+}
+
+LayoutCost layout_cost(const Job& job, const Layout& l) {
+  const auto& m = job.model;
+  const auto& dev = job.device;
+  TANDEM_CHECK(l.dp * l.pp * l.tp == job.world(), "layout ", l.mesh(), " does not lay out ", job.world(), " ranks");
+  TANDEM_CHECK(l.micro_batch * l.micro_batches * l.dp == job.global_batch, "layout ", l.mesh(), ": ", l.micro_batches,
+               " micro-batches of ", l.micro_batch, " on ", l.dp, " dp ranks are not the global batch of ",
+               job.global_batch);
+  TANDEM_CHECK(l.pp <= m.layers, "layout ", l.mesh(), ": more stages than ", m.layers, " layers");
+  LayoutCost c;
+  c.layout = l;
+  const double e = element_bytes(job.precision), w = weight_bytes(job.precision);
+  const double tokens = double(l.micro_batch * job.seq_len);  // a micro-batch's
+  const double d = double(m.hidden);
+  const int64_t mb = l.micro_batches;
+  const bool sharded = l.data == DataSharding::kFsdp || l.data == DataSharding::kHsdp;
+  const int64_t shard_ranks = l.data == DataSharding::kHsdp ? l.dp_shard : l.dp;
+
+  // The schedule, replayed: its idle share and each stage's forwards in flight.
+  parallel::PipelineSimulation sim;
+  if (l.pp > 1) {
+    const double backward = l.recompute ? 3.0 : 2.0;  // backward's products twice forward's (and recomputed)
+    sim = parallel::simulate(parallel::make_pipeline_schedule(l.schedule, l.pp, mb), 1.0, backward);
+    c.bubble = sim.mean_idle_share();
+  }
+
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const Stage st = stage_of(m, l, s);
+    Memory mem;
+    mem.parameters = st.parameters * w;
+    mem.gradients = st.parameters * w;
+    mem.optimizer = 2 * st.parameters * w;  // AdamW's two moments
+    if (sharded) {
+      mem.parameters /= double(shard_ranks);
+      mem.gradients /= double(shard_ranks);
+      mem.optimizer /= double(shard_ranks);
+      // Two units (layers) whole at once, with their gradients (prefetch).
+      const double unit = st.layers > 0 ? st.parameters / double(std::max<int64_t>(st.layers, 1)) : st.parameters;
+      mem.buffers = 2 * 2 * unit * w;
+    } else if (l.data == DataSharding::kZero1) {
+      mem.optimizer /= double(l.dp);
+    }
+    const double in_flight = l.pp > 1 ? double(sim.max_in_flight[static_cast<size_t>(s)]) : 1.0;
+    const double whole = l.sequence_parallel ? m.activations_whole_per_token() / double(l.tp)
+                                             : m.activations_whole_per_token();
+    const double layer = tokens * e * (whole + m.activations_inside_per_token() / double(l.tp));
+    const double kept = l.recompute ? tokens * e * d / double(l.sequence_parallel ? l.tp : 1) : layer;
+    mem.activations = double(st.layers) * kept * in_flight + (l.recompute ? layer : 0);
+    if (st.last) mem.activations += tokens * double(ceil_div(m.vocab, l.tp)) * (e + 4);  // logits, float32 softmax
+    if (mem.total() > c.memory.total()) c.memory = mem;
+
+    // Traffic of this stage's ranks (Note [planned traffic]); the most of each kept.
+    std::map<std::string, std::map<std::string, double>> bytes;
+    if (l.dp > 1) {
+      auto& dp = bytes["dp"];
+      if (sharded) {
+        // Units as FSDP plans them (parallel::plan_units); with ZeRO-3 each
+        // gathered twice but the last, kept from forward to its backward.
+        const double grads = st.parameters * w, shard = grads / double(shard_ranks);
+        const auto units = parallel::plan_units(st.layer_numels, l.fsdp_min_unit);
+        const double last = units.empty() ? 0 : double(units.back().numel) * w / double(shard_ranks);
+        const double times = l.pp > 1 ? 1.0 : double(mb);  // a stage gathers once a step (Note [fsdp under a pipeline])
+        dp["all_gather"] = times * (l.pp == 1 ? 2 * shard - last : shard);
+        dp["reduce_scatter"] = times * grads;
+        if (l.data == DataSharding::kHsdp && l.dp > shard_ranks) dp["all_reduce"] = times * shard;
+      } else {
+        dp["all_reduce"] = st.parameters * w + 4 * st.tensors;
+        if (l.data == DataSharding::kZero1) dp["broadcast"] = st.parameters * w;
+      }
+    }
+    if (l.tp > 1) {
+      auto& tp = bytes["tp"];
+      const double ends = (st.first ? 1.0 : 0.0) + (st.last ? 1.0 : 0.0);
+      const double regions = 4.0 * double(st.layers) + ends + (l.recompute ? 2.0 * double(st.layers) : 0.0);
+      const double loss = st.last ? 4.0 * tokens * e : 0.0;
+      if (l.sequence_parallel) {
+        tp["all_gather"] = double(mb) * regions * tokens * d * e / double(l.tp);
+        tp["reduce_scatter"] = double(mb) * regions * tokens * d * e;
+        tp["all_reduce"] = double(mb) * loss + st.whole_parameters * w;
+      } else {
+        tp["all_reduce"] = double(mb) * (regions * tokens * d * e + loss);
+      }
+    }
+    if (l.pp > 1) {
+      auto& pp = bytes["pp"];
+      const double boundaries = (st.first || st.last) ? 1.0 : 2.0;
+      pp["send"] = pp["recv"] = double(mb) * boundaries * (kHeader + tokens * d * e);
+      pp["broadcast"] = 8;  // the loss, from the last stage
+    }
+    for (const auto& [dim, by] : bytes) {
+      for (const auto& [collective, b] : by) c.bytes[dim][collective] = std::max(c.bytes[dim][collective], b);
+    }
+    c.stage_bytes.push_back(std::move(bytes));
+  }
+
+  // Time (Note [planned time] in planner.h).
+  const double peak = job.precision == Precision::kBf16    ? dev.peak_flops_bf16
+                      : job.precision == Precision::kFloat32 ? dev.peak_flops_fp32
+                                                             : dev.peak_flops_fp32 / 2;
+  const double step_tokens = double(job.global_batch * job.seq_len);
+  const double model_flops = m.flops_per_token(job.seq_len) * step_tokens;
+  const double rank_flops = model_flops / double(job.world()) * (l.recompute ? 4.0 / 3.0 : 1.0);
+  c.compute_seconds = rank_flops / (peak * dev.efficiency);
+  auto seconds = [&](const std::string& dim, int64_t n, int64_t span, double calls) {
+    const bool intra = span <= job.gpus_per_node;
+    const double bw = intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+    const double lat = intra ? dev.intra_node_latency : dev.inter_node_latency;
+    double t = 0;
+    auto found = c.bytes.find(dim);
+    if (found == c.bytes.end()) return t;
+    for (const auto& [collective, b] : found->second) t += wire(collective, b, n) / bw;
+    return t + calls * lat;
+  };
+  const int64_t layers_here = ceil_div(m.layers, l.pp);
+  const double t_tp = seconds("tp", l.tp, l.tp, double(mb) * (4.0 * double(layers_here) + 4.0));
+  const double t_pp = seconds("pp", 2, job.world(), double(2 * mb + 1));
+  const double dp_calls = sharded ? 3.0 * double(layers_here) * (l.pp > 1 ? 1.0 : double(mb))
+                                  : std::ceil(c.memory.gradients / kBucketBytes) + 1;
+  const double t_dp = seconds("dp", sharded ? shard_ranks : l.dp, l.dp * l.tp, dp_calls);
+  // DDP's buckets overlap the last micro-batch's backward (two thirds of
+  // its compute); FSDP's gathers and reductions are prefetched under the
+  // whole step's compute but the first unit's gather; tp's all-reduces sit
+  // between the layers' products and a pipeline's sends on the critical path.
+  const double compute_per_micro = c.compute_seconds / double(mb);
+  const double dp_exposed = sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
+                                    : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
+  c.exposed_comm_seconds = t_tp + t_pp + dp_exposed;
+  const double busy = c.compute_seconds + c.exposed_comm_seconds;
+  c.step_seconds = busy / (1.0 - c.bubble);
+  c.bubble_seconds = c.step_seconds - busy;
+  c.tokens_per_second = step_tokens / c.step_seconds;
+  c.mfu = model_flops / c.step_seconds / (double(job.world()) * peak);
+
+  const double memory = dev.memory_per_node ? dev.memory_bytes / double(job.gpus_per_node) : dev.memory_bytes;
+  c.fits = c.memory.total() <= memory * kUsable;
+  c.shortfall = c.fits ? 0 : c.memory.total() - memory * kUsable;
+  return c;
+}
+
+}  // namespace tandem::plan

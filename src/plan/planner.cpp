@@ -1,0 +1,69 @@
+// Every layout of a job, each with its cost, best first (planner.h).
+#include "tandem/plan/planner.h"
+
+#include <algorithm>
+
+#include "tandem/util/check.h"
+
+namespace tandem::plan {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k <= n; ++k) {
+    if (n % k == 0) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options) {
+  const auto& m = job.model;
+  TANDEM_CHECK_USAGE(job.global_batch > 0, "a global batch of at least one sequence is needed");
+  std::vector<LayoutCost> out;
+  for (int64_t tp : divisors(job.gpus_per_node)) {
+    if (m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
+    for (int64_t pp : divisors(job.world() / tp)) {
+      if (pp > m.layers) continue;
+      const int64_t dp = job.world() / (tp * pp);
+      if (job.global_batch % dp != 0) continue;
+      const int64_t local = job.global_batch / dp;
+      std::vector<DataSharding> shardings{DataSharding::kDdp};
+      if (dp > 1) {
+        shardings.push_back(DataSharding::kZero1);
+        shardings.push_back(DataSharding::kFsdp);
+      }
+      const int64_t node_dp = job.gpus_per_node / tp;  // a node's dp ranks (the mesh's dp runs inside pp)
+      if (dp * tp > job.gpus_per_node && node_dp > 1 && dp % node_dp == 0) shardings.push_back(DataSharding::kHsdp);
+      for (auto data : shardings) {
+        for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+          for (bool recompute : options.recompute_both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+            for (int64_t micro = 1; micro <= local; micro *= 2) {
+              if (local % micro != 0) continue;
+              Layout l;
+              l.dp = dp;
+              l.pp = pp;
+              l.tp = tp;
+              l.sequence_parallel = sp;
+              l.data = data;
+              l.dp_shard = data == DataSharding::kHsdp ? node_dp : 0;
+              l.recompute = recompute;
+              l.micro_batch = micro;
+              l.micro_batches = local / micro;
+              if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
+              out.push_back(layout_cost(job, l));
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LayoutCost& a, const LayoutCost& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.tokens_per_second > b.tokens_per_second : a.shortfall < b.shortfall;
+  });
+  return out;
+}
+
+}  // namespace tandem::plan

@@ -1,0 +1,91 @@
+// tandem plan against what tandem train does (Note [planned traffic]): for
+// each layout of a grid, the bytes a step the planner predicts over each
+// mesh dimension are those the run's process groups count (--metrics-out's
+// comm_bytes_per_step, rank 0's: the first stage's), exactly; and its
+// refusals.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "same_weights.h"
+#include "testing.h"
+
+namespace tandem {
+namespace plan_cli {  // the file's own names (a layer's tests compile as one unit)
+
+using testing::TempDir;
+
+struct Case {
+  std::string ranks, flags;  // tandem train's
+  std::string strategy;      // the planner's layout: its strategy, sp, micro-batches
+  bool sequence_parallel;
+  int64_t micro_batches;
+};
+
+TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
+  TempDir dir;
+  const std::string data = " --data text:" + testing::write_text(dir) + " --seq-len 16 --batch-size 8";
+  const std::vector<Case> cases = {
+      {"2", "--mesh dp=2", "ddp", false, 1},
+      {"2", "--mesh dp=2 --shard-optimizer", "zero1", false, 1},
+      {"2", "--mesh dp=2 --strategy fsdp", "fsdp", false, 1},
+      {"2", "--mesh tp=2", "ddp", false, 1},
+      {"2", "--mesh tp=2 --sequence-parallel", "ddp", true, 1},
+      {"2", "--mesh pp=2 --micro-batches 2", "ddp", false, 2},
+      {"4", "--mesh pp=2,dp=2", "ddp", false, 4},
+      {"4", "--mesh dp=2,tp=2", "ddp", false, 1},
+      {"4", "--mesh pp=2,tp=2 --micro-batches 2", "ddp", false, 2},
+  };
+  for (const auto& c : cases) {
+    const std::string mesh = c.flags.substr(7, c.flags.find(' ', 7) - 7);
+    const auto metrics = dir.file("m.jsonl");
+    auto run = testing::run_tandem("train --model llama-tiny" + data + " --max-steps 2 --epochs 1 --progress off "
+                                   "--nproc-per-node " + c.ranks + " " + c.flags + " --metrics-out " + metrics);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto counted = testing::last_metrics(metrics)["comm_bytes_per_step"];
+    std::remove(metrics.c_str());
+    auto plan = testing::run_tandem("plan --model llama-tiny --vocab-size 256 --seq-len 16 --batch-size 8 "
+                                    "--precision float32 --device h100 --gpus-per-node " + c.ranks + " --mesh " +
+                                    mesh + " --json");
+    ASSERT_EQ(plan.exit_code, 0) << plan.output;
+    const auto layouts = nlohmann::json::parse(plan.output)["layouts"];
+    bool found = false;
+    for (const auto& l : layouts) {
+      if (l["strategy"] != c.strategy || l["sequence_parallel"] != c.sequence_parallel ||
+          l["activation_checkpointing"] || l["micro_batches"] != c.micro_batches) {
+        continue;
+      }
+      found = true;
+      const auto& predicted = l["bytes_per_step_by_stage"][0];
+      EXPECT_EQ(predicted, counted) << c.flags << "\npredicted " << predicted.dump() << "\ncounted " << counted.dump();
+      std::printf("%-40s %s\n", c.flags.c_str(), counted.dump().c_str());
+    }
+    EXPECT_TRUE(found) << c.flags << ": no such layout planned";
+  }
+}
+
+// Bad input: exit 2 and a message naming it.
+TEST(PlanCliTest, BadInputIsNamed) {
+  TempDir dir;
+  const std::string bad = dir.file("p.json");
+  std::ofstream(bad) << R"({"name": "x", "peak_tflops_bf16": 989, "peak_tflops_fp32": 67, "memory_gib": 80,
+    "intra_node_gb_per_s": -450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+    "inter_node_latency_us": 25, "efficiency": 0.45})";
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device tpu-v9", 2,
+                                    "--device tpu-v9: unknown device (presets: h100, h200, a100, cpu"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + bad, 2,
+                                    "\"intra_node_gb_per_s\" must be positive, got -450"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3.1-405b --gpus-per-node 1 --device h100", 2,
+                                    "no layout of llama-3.1-405b fits 1 x h100: the closest"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model resnet18", 2, "--model resnet18: tandem plan plans the language"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --mesh dp=2,cp=2 --gpus-per-node 4", 2,
+                                    "does not plan context or expert parallelism yet"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --seq-len 100 --global-batch-tokens 150", 2,
+                                    "--global-batch-tokens 150: not a whole number of sequences of 100"));
+}
+
+}  // namespace plan_cli
+}  // namespace tandem

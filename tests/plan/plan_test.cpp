@@ -1,0 +1,150 @@
+// The planner's parts against what they model: the shapes against the
+// registry and the built models, the bubble against the textbook's, the
+// published runs' memory against the devices', and the device profiles'
+// refusals. The traffic against tandem's own counts is PlanCliTest's.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <string>
+
+#include "tandem/models/gpt2.h"
+#include "tandem/models/llama.h"
+#include "tandem/models/registry.h"
+#include "tandem/plan/planner.h"
+#include "tandem/util/check.h"
+#include "testing.h"
+
+namespace tandem::plan {
+namespace {
+
+using testing::TempDir;
+
+// Every language model's parameters are the registry's count (which
+// check_model_fits refuses by); the tiny ones', built, are the model's
+// tensors one by one, and its tensors as many as DDP flags.
+TEST(ModelShapeTest, ParametersAreTheRegistrysAndTheBuiltModels) {
+  std::vector<std::string> names = models::Gpt2Config::preset_names();
+  for (const auto& n : models::LlamaConfig::preset_names()) names.push_back(n);
+  for (const auto& name : names) {
+    const auto shape = model_shape(name, 256);
+    models::ModelOptions o;
+    o.vocab_size = 256;
+    o.seq_len = 16;
+    EXPECT_EQ(shape.parameters(), models::model_traits(name).parameter_count(o)) << name;
+    if (name.find("tiny") == std::string::npos) continue;
+    const auto model = models::make_model(name, o);
+    int64_t numel = 0, tensors = 0;
+    for (const auto& p : model->parameters()) {
+      numel += p.numel();
+      ++tensors;
+    }
+    EXPECT_EQ(shape.parameters(), numel) << name;
+    EXPECT_EQ(shape.layers * shape.layer_tensors + shape.embedding_tensors + shape.norm_tensors + shape.head_tensors,
+              tensors)
+        << name;
+  }
+  EXPECT_THROW(model_shape("resnet18"), UsageError);
+}
+
+Job tiny_job(int64_t world) {
+  Job job;
+  job.model = model_shape("gpt2-tiny", 256);
+  job.device = device_profile("h100");
+  job.gpus_per_node = world;
+  job.seq_len = 16;
+  return job;
+}
+
+// The schedule replayed with stages of equal cost gives GPipe's and
+// 1F1B's textbook bubble, (p - 1) / (m + p - 1), exactly.
+TEST(PlannerTest, TheReplayedBubbleIsTheTextbooks) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (int64_t p : {2, 4}) {
+      for (int64_t m : {1, 2, 4, 8}) {
+        auto job = tiny_job(p);
+        job.global_batch = m;
+        Layout l;
+        l.pp = p;
+        l.micro_batches = m;
+        l.schedule = schedule;
+        const auto c = layout_cost(job, l);
+        EXPECT_NEAR(c.bubble, double(p - 1) / double(m + p - 1), 1e-12) << schedule << " p " << p << " m " << m;
+        EXPECT_NEAR(c.bubble_seconds / c.step_seconds, c.bubble, 1e-12);
+      }
+    }
+  }
+}
+
+// At scale, on paper: Llama 3 8B with FSDP on 8 H100s at 8192 tokens and
+// 2 sequences a rank (torchtitan's published run) fits, as does GPT-3
+// 175B at tp=8, pp=8 on A100s with every layer recomputed (Megatron-LM's
+// 2021 layout); the same 175B replicated whole on 64 ranks does not.
+TEST(PlannerTest, ThePublishedLayoutsFitAndAReplicated175BDoesNot) {
+  Job llama;
+  llama.model = model_shape("llama-3-8b");
+  llama.device = device_profile("h100");
+  llama.seq_len = 8192;
+  llama.global_batch = 16;
+  PlanOptions dp8;
+  dp8.mesh = "dp=8";
+  bool fsdp_fits = false;
+  for (const auto& c : plan_layouts(llama, dp8)) fsdp_fits |= c.fits && c.layout.data == DataSharding::kFsdp;
+  EXPECT_TRUE(fsdp_fits);
+
+  Job gpt3;
+  gpt3.model = model_shape("gpt3-175b");
+  gpt3.device = device_profile("a100");
+  gpt3.nodes = 8;
+  gpt3.seq_len = 2048;
+  gpt3.global_batch = 64;
+  Layout megatron;
+  megatron.pp = 8;
+  megatron.tp = 8;
+  megatron.sequence_parallel = false;
+  megatron.recompute = true;
+  megatron.micro_batches = 64;
+  const auto c = layout_cost(gpt3, megatron);
+  EXPECT_TRUE(c.fits) << c.memory.total() / (1 << 30) << " GiB";
+  Layout whole;
+  whole.dp = 64;
+  whole.recompute = true;
+  const auto w = layout_cost(gpt3, whole);
+  EXPECT_FALSE(w.fits);
+  EXPECT_GT(w.shortfall, 1e12);  // 175e9 parameters at 16 bytes each
+}
+
+std::string write(const TempDir& dir, const std::string& text) {
+  const auto path = dir.file("profile.json");
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kProfile = R"({"name": "x", "peak_tflops_bf16": 989, "peak_tflops_fp32": 67, "memory_gib": 80,
+  "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+  "inter_node_latency_us": 25, "efficiency": 0.45})";
+
+TEST(DeviceProfileTest, AFileIsReadAndItsMistakesAreNamed) {
+  TempDir dir;
+  const auto p = device_profile(write(dir, kProfile));
+  EXPECT_EQ(p.name, "x");
+  EXPECT_DOUBLE_EQ(p.inter_node_bandwidth, 50e9);
+  EXPECT_DOUBLE_EQ(p.memory_bytes, 80.0 * (1 << 30));
+  auto refused = [&](const std::string& text) {
+    return testing::error_of([&] { device_profile(write(dir, text)); });
+  };
+  std::string bad = kProfile;
+  EXPECT_NE(refused(std::string(bad).replace(bad.find(": 50,"), 5, ": -5,")).find("\"inter_node_gb_per_s\" must be positive"),
+            std::string::npos);
+  EXPECT_NE(refused(std::string(bad).replace(bad.find("0.45"), 4, "1.5")).find("\"efficiency\" must be positive and at most 1"),
+            std::string::npos);
+  EXPECT_NE(refused(std::string(bad).replace(bad.find("\"name\""), 6, "\"nme\"")).find("unknown field \"nme\""),
+            std::string::npos);
+  EXPECT_NE(refused("{\"name\": \"x\"}").find("has no \"peak_tflops_bf16\""), std::string::npos);
+  EXPECT_NE(refused("[1, 2").find("not a JSON profile"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { device_profile("tpu-v9"); }).find("unknown device (presets: h100, h200, a100, cpu"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::plan
