@@ -12,6 +12,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "auto_mesh.h"
 #include "common_flags.h"
 #include "train_sweep.h"
 #include "tandem/data/augment.h"
@@ -130,7 +131,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "samples, attention around their ring (composes with dp, pp and tp; --seq-len a multiple of "
                    "2C); ep=E: expert parallelism, a mixture of experts' experts spread over E of the dp x cp "
                    "ranks (which it borrows, adding none: dp=4,ep=2 is 4 ranks), tokens sent to their experts by "
-                   "all-to-all; default: pp=N under --strategy pipeline, else dp=N",
+                   "all-to-all; auto (with --nproc-per-node N, a language model): the layout tandem plan predicts "
+                   "fastest among those that fit, printed before the first step and set beside the measured "
+                   "figures after the last; default: pp=N under --strategy pipeline, else dp=N",
                    [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
   flags.add_string("devices", "LIST", &o.devices,
                    "devices of --strategy dp or pipeline in one process, e.g. cpu,cpu or "
@@ -389,6 +392,40 @@ std::string train_help() {
   return train_flags(defaults).help();
 }
 
+namespace {
+
+// The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
+// the workers run the command line `args`; RANK set tells them they are
+// workers. A --device that no worker could use, or flags that cannot work
+// with nproc workers, are named once, here, not by each.
+int launch_workers(const engine::TrainOptions& options, const std::vector<std::string>& args, int64_t nproc,
+                   const std::vector<std::pair<std::string, std::string>>& env) {
+  engine::parse_device(options.device);
+  engine::check_train_options(options);
+  engine::check_train_ranks(options, nproc);
+  // Rank 0's output files: one that cannot be written is named here,
+  // once, not after the rendezvous (where the other ranks then add a lost
+  // connection of their own).
+  engine::check_train_outputs(options, 0);
+  // Data folders that are not there, likewise (each worker named them).
+  data::check_spec_folder(options.data);
+  if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
+  internal::check_resources(options, nproc);
+  launch::LaunchOptions lo;
+  lo.nproc_per_node = nproc;
+  lo.command.push_back(internal::self_executable());
+  lo.command.push_back("train");
+  lo.command.insert(lo.command.end(), args.begin(), args.end());
+  lo.extra_env = {{internal::kSelfLaunched, "1"}};
+  lo.extra_env.insert(lo.extra_env.end(), env.begin(), env.end());
+  lo.max_restarts = options.max_restarts;
+  auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
+  if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
+  return result.exit_code;
+}
+
+}  // namespace
+
 int train_command(const std::vector<std::string>& args) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
@@ -421,41 +458,33 @@ int train_command(const std::vector<std::string>& args) {
     }
   }
   int64_t nproc = local_workers(options);
+  if (!worker && nproc > 0 && options.mesh.is_auto()) {
+    // The planner's layout (auto_mesh.h), chosen once here: the workers run its flags.
+    const auto chosen = internal::choose_layout(options, flags, args, nproc);
+    std::printf("tandem: %s\n", chosen.summary.c_str());
+    std::fflush(stdout);
+    engine::TrainOptions planned;
+    auto planned_flags = train_flags(planned);
+    planned_flags.parse(chosen.args);
+    internal::complete_train_options(planned, planned_flags);
+    return launch_workers(planned, chosen.args, nproc, {{internal::kPlanned, chosen.prediction}});
+  }
   if (!worker && nproc == 0 && options.max_restarts > 0) {
     throw UsageError("--max-restarts goes with --nproc-per-node N: the launcher restarts the workers it started");
   }
-  if (nproc > 0 && !worker) {
-    // The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
-    // the workers run this same command line; RANK set tells them they are workers.
-    // A --device that no worker could use, or flags that cannot work with
-    // nproc workers, are named once, here, not by each.
-    engine::parse_device(options.device);
-    engine::check_train_options(options);
-    engine::check_train_ranks(options, nproc);
-    // Rank 0's output files: one that cannot be written is named here,
-    // once, not after the rendezvous (where the other ranks then add a lost
-    // connection of their own).
-    engine::check_train_outputs(options, 0);
-    // Data folders that are not there, likewise (each worker named them).
-    data::check_spec_folder(options.data);
-    if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
-    internal::check_resources(options, nproc);
-    launch::LaunchOptions lo;
-    lo.nproc_per_node = nproc;
-    lo.command.push_back(internal::self_executable());
-    lo.command.push_back("train");
-    lo.command.insert(lo.command.end(), args.begin(), args.end());
-    lo.extra_env = {{internal::kSelfLaunched, "1"}};
-    lo.max_restarts = options.max_restarts;
-    auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
-    if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
-    return result.exit_code;
-  }
+  if (nproc > 0 && !worker) return launch_workers(options, args, nproc, {});
   engine::Trainer trainer(options);
   if (engine::parse_device(options.device).is_cpu()) engine::limit_memory_to_available();  // Note [memory limit]
   auto result = trainer.run();
   // The trainer's options: the global batch as --batch-per-process made it.
-  if (trainer.rank() == 0) print_summary(trainer.options(), result);
+  if (trainer.rank() == 0) {
+    print_summary(trainer.options(), result);
+    if (!result.epochs.empty()) {
+      const auto& last = result.epochs.back();
+      const auto line = internal::planned_against_measured(last.tokens_per_second, last.comm_bytes_per_step);
+      if (!line.empty()) std::printf("%s\n", line.c_str());
+    }
+  }
   return 0;
 }
 

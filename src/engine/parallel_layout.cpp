@@ -19,6 +19,8 @@ bool pipelined(const ParallelSection& o) {
 }
 
 ParallelLayout parallel_layout(const TrainOptions& o, int64_t ranks) {
+  TANDEM_CHECK_USAGE(!o.mesh.is_auto(), "--mesh auto is chosen by tandem train's own launcher before its workers "
+                     "start: give --nproc-per-node N (under another launcher, give the mesh itself)");
   ParallelLayout layout;
   layout.pipeline = pipelined(o);
   if (o.mesh.empty()) {

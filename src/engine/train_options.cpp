@@ -77,7 +77,7 @@ std::optional<std::vector<std::string>> layers_before_data(const TrainOptions& o
 }  // namespace
 
 MeshFlag::MeshFlag(std::string text) : text_(std::move(text)) {
-  if (!text_.empty()) shape_ = dist::parse_mesh(text_, 0);
+  if (!text_.empty() && !is_auto()) shape_ = dist::parse_mesh(text_, 0);
 }
 
 dist::MeshShape MeshFlag::for_ranks(int64_t ranks) const {

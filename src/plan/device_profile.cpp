@@ -33,11 +33,18 @@ DeviceProfile gpu(const std::string& name, double bf16_tflops, double fp32_tflop
 }
 
 // This machine: the median of five timed float32 products of 512 x 512
-// matrices on libtorch's threads, its physical memory, and loopback links.
-// A first figure; tandem plan --calibrate is to measure the rest.
+// matrices on one thread (a core's peak; the ranks share the cores), its
+// physical memory, and loopback links. A first figure, not a calibration.
 DeviceProfile this_cpu() {
   DeviceProfile p;
   p.name = "cpu";
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { torch::set_num_threads(n); }
+  } restore{threads};
+  p.cores = std::max<int64_t>(1, static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN)));
   auto a = torch::randn({512, 512}), b = torch::randn({512, 512});
   std::vector<double> seconds;
   for (int i = 0; i < 6; ++i) {

@@ -193,9 +193,8 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   }
 
   // Time (Note [planned time] in planner.h).
-  const double peak = job.precision == Precision::kBf16    ? dev.peak_flops_bf16
-                      : job.precision == Precision::kFloat32 ? dev.peak_flops_fp32
-                                                             : dev.peak_flops_fp32 / 2;
+  const double peak = dev.peak_for(job.precision != Precision::kBf16, job.gpus_per_node) *
+                      (job.precision == Precision::kFloat64 ? 0.5 : 1.0);
   const double step_tokens = double(job.global_batch * job.seq_len);
   const double model_flops = m.flops_per_token(job.seq_len) * step_tokens;
   const double rank_flops = model_flops / double(job.world()) * (l.recompute ? 4.0 / 3.0 : 1.0);

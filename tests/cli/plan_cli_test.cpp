@@ -67,6 +67,33 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
   }
 }
 
+// tandem train --mesh auto: the planner picks a layout before the workers
+// start, says so, trains it, and after the run sets its prediction beside
+// what was measured (the bytes a step exactly so). The flags the user gave
+// stay: --strategy fsdp keeps the choice among FSDP's layouts.
+TEST(PlanCliTest, MeshAutoPicksPrintsAndTrainsALayout) {
+  TempDir dir;
+  const std::string job = "train --model llama-tiny --data text:" + testing::write_text(dir) +
+                          " --seq-len 16 --batch-size 8 --max-steps 2 --epochs 1 --progress off --nproc-per-node 4 "
+                          "--mesh auto";
+  auto r = testing::run_tandem(job);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tandem: --mesh auto: --mesh "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("layouts planned for 4 ranks on cpu that fit"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] --mesh auto chose "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s, measured "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(equal)"), std::string::npos) << r.output;
+  r = testing::run_tandem(job + " --strategy fsdp");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--strategy fsdp (the fastest"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(fsdp): predicted"), std::string::npos) << r.output;
+  EXPECT_TRUE(testing::tandem_fails("train --model mlp --nproc-per-node 2 --mesh auto --max-steps 1", 2,
+                                    "--mesh auto: the planner lays out language models; mlp is an image classifier"));
+  EXPECT_TRUE(testing::tandem_fails("train --model llama-tiny --data text:" + dir.file("text.txt") +
+                                        " --seq-len 16 --max-steps 1 --mesh auto",
+                                    2, "--mesh auto is chosen by tandem train's own launcher"));
+}
+
 // Bad input: exit 2 and a message naming it.
 TEST(PlanCliTest, BadInputIsNamed) {
   TempDir dir;

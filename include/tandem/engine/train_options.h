@@ -98,6 +98,9 @@ class MeshFlag {
   MeshFlag(std::string text);  // NOLINT: a flag's text converts
   MeshFlag(const char* text) : MeshFlag(std::string(text)) {}  // NOLINT
   bool empty() const { return text_.empty(); }
+  // --mesh auto: the planner's choice, made by tandem train's launcher
+  // before its workers start (cli/auto_mesh.h); a worker never sees it.
+  bool is_auto() const { return text_ == "auto"; }
   const std::string& text() const { return text_; }
   // The sizes given (all 1 when empty); its size() is the ranks it lays out.
   const dist::MeshShape& shape() const { return shape_; }

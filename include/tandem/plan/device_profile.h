@@ -31,8 +31,15 @@ struct DeviceProfile {
   // ceiling of its model FLOPs utilisation), a profile value: 0.45 for the
   // GPUs (torchtitan's and Megatron-LM's published runs reach 0.40-0.55).
   double efficiency = 0.45;
-  // The memory is the node's, shared by its ranks (cpu), not each rank's.
+  // cpu: the memory is the node's, shared by its ranks, and the peaks one
+  // core's, of `cores`, which the ranks share (peak_for).
   bool memory_per_node = false;
+  int64_t cores = 0;
+  // A rank's peak when `ranks` share a node (FLOP/s, at `fp32` or bf16).
+  double peak_for(bool fp32, int64_t ranks) const {
+    const double peak = fp32 ? peak_flops_fp32 : peak_flops_bf16;
+    return cores > 0 ? peak * double(cores) / double(ranks > 0 ? ranks : 1) : peak;
+  }
 };
 
 // "h100", "h200", "a100", "cpu" (this machine: its memory and a measured
