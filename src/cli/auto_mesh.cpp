@@ -61,6 +61,9 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
   job.precision = o.dtype == engine::Dtype::kFloat64 ? plan::Precision::kFloat64
                   : o.amp == engine::AmpMode::kBf16   ? plan::Precision::kBf16
                                                       : plan::Precision::kFloat32;
+  job.optimizer = engine::resolved_optimizer(o) == engine::Optimizer::kAdamW ? plan::OptimizerKind::kAdamW
+                  : o.momentum > 0                                          ? plan::OptimizerKind::kSgdMomentum
+                                                                            : plan::OptimizerKind::kSgd;
   plan::PlanOptions options;
   options.recompute_both = false;  // every layer recomputed is not a flag of tandem train yet
   const auto layouts = plan::plan_layouts(job, options);

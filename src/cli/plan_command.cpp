@@ -21,6 +21,7 @@ struct PlanFlags {
   int64_t nodes = 1, gpus_per_node = 8, seq_len = 0, global_batch_tokens = 0, batch_size = 0, vocab_size = 0;
   int64_t top = 10;
   plan::Precision precision = plan::Precision::kBf16;
+  plan::OptimizerKind optimizer = plan::OptimizerKind::kAdamW;
   bool json = false;
 };
 
@@ -48,6 +49,10 @@ FlagSet plan_flags(PlanFlags& f) {
                  {{"bf16", plan::Precision::kBf16}, {"float32", plan::Precision::kFloat32},
                   {"float64", plan::Precision::kFloat64}},
                  "bf16: autocast over float32 weights (--amp bf16); float32 or float64: --dtype");
+  flags.add_enum("optimizer", &f.optimizer,
+                 {{"adamw", plan::OptimizerKind::kAdamW}, {"sgd", plan::OptimizerKind::kSgdMomentum},
+                  {"sgd-plain", plan::OptimizerKind::kSgd}},
+                 "the optimizer's state a parameter: AdamW's two moments, SGD's momentum, or none");
   flags.add_int("vocab-size", "V", &f.vocab_size, "the vocabulary (default: the preset's; 256 for text as bytes)", 1);
   flags.add_string("mesh", "SPEC", &f.mesh, "only the layouts of this mesh (as tandem train --mesh)");
   flags.add_int("top", "N", &f.top, "layouts in the table (--json has them all)", 1);
@@ -84,6 +89,8 @@ nlohmann::json to_json(const plan::LayoutCost& c) {
   const auto bytes = bytes_json(c.bytes);
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& s : c.stage_bytes) stages.push_back(bytes_json(s));
+  nlohmann::json memories = nlohmann::json::array();
+  for (const auto& m : c.stage_memory) memories.push_back(m.total());
   return {{"mesh", l.mesh()},
           {"strategy", l.strategy()},
           {"sequence_parallel", l.sequence_parallel},
@@ -94,6 +101,7 @@ nlohmann::json to_json(const plan::LayoutCost& c) {
           {"fits", c.fits},
           {"shortfall_bytes", c.shortfall},
           {"memory_bytes_per_rank", c.memory.total()},
+          {"memory_bytes_by_stage", memories},
           {"memory", {{"parameters", c.memory.parameters}, {"gradients", c.memory.gradients},
                       {"optimizer", c.memory.optimizer}, {"activations", c.memory.activations},
                       {"buffers", c.memory.buffers}}},
@@ -143,6 +151,7 @@ int plan_command(const std::vector<std::string>& args) {
   job.gpus_per_node = f.gpus_per_node;
   job.device = plan::device_profile(f.device);
   job.precision = f.precision;
+  job.optimizer = f.optimizer;
   job.seq_len = f.seq_len > 0 ? f.seq_len : std::min<int64_t>(job.model.context, 2048);
   TANDEM_CHECK_USAGE(job.seq_len <= job.model.context, "--seq-len ", job.seq_len, ": ", f.model,
                      " takes sequences of at most ", job.model.context, " tokens");

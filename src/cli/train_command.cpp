@@ -20,6 +20,9 @@
 #include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/parallel_layout.h"
+#include <c10/core/CPUAllocator.h>
+
+#include "tandem/engine/counting_allocator.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/engine/worker_footprint.h"
 #include "tandem/launch/launcher.h"
@@ -106,6 +109,9 @@ FlagSet train_flags(engine::TrainOptions& o) {
   flags.add_int("max-restarts", "K", &o.max_restarts,
                 "with --nproc-per-node N: after a worker fails, restart all of them, up to K times; they "
                 "resume from the newest checkpoint in --checkpoint-dir (tandem launch's --max-restarts)", 0);
+  flags.add_switch("count-memory", &o.count_memory,
+                   "on CPUs: count every tensor allocation of each rank and record the peak of its live bytes "
+                   "since the run began (--metrics-out's peak_memory_bytes, rank 0's), what tandem plan predicts");
   flags.add_switch("skip-resource-check", &o.skip_resource_check,
                    "with --nproc-per-node N on CPUs: start the workers without first measuring what one needs "
                    "(this process opens the data and takes one step) and refusing a job the machine's memory "
@@ -473,6 +479,24 @@ int train_command(const std::vector<std::string>& args) {
     throw UsageError("--max-restarts goes with --nproc-per-node N: the launcher restarts the workers it started");
   }
   if (nproc > 0 && !worker) return launch_workers(options, args, nproc, {});
+  // --count-memory: every CPU tensor of this rank counted from here on, the
+  // counter outliving the trainer (a tensor freed after it goes uncounted).
+  std::unique_ptr<engine::CountingAllocator> counting;
+  auto* base_allocator = c10::GetCPUAllocator();
+  struct Restore {
+    c10::Allocator* base;
+    bool set = false;
+    ~Restore() {
+      if (set) c10::SetCPUAllocator(base, /*priority=*/100);
+    }
+  } restore{base_allocator};
+  if (options.count_memory) {
+    TANDEM_CHECK_USAGE(engine::parse_device(options.device).is_cpu(), "--count-memory counts the CPU allocator's "
+                       "tensors; --device ", options.device, " allocates elsewhere");
+    counting = std::make_unique<engine::CountingAllocator>(base_allocator);
+    c10::SetCPUAllocator(counting.get(), /*priority=*/100);
+    restore.set = true;
+  }
   engine::Trainer trainer(options);
   if (engine::parse_device(options.device).is_cpu()) engine::limit_memory_to_available();  // Note [memory limit]
   auto result = trainer.run();

@@ -4,6 +4,8 @@
 // evaluation in trainer_step.cpp, the run's account in trainer_account.cpp.
 #include "tandem/engine/trainer.h"
 
+#include "tandem/engine/counting_allocator.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -77,6 +79,10 @@ std::unique_ptr<Trainer::RunState> Trainer::prepare_run() {
   mesh_.refresh_copies(*plan_);  // the copies as their owners, resumed or not
   const auto& position = run->position();
   run->record = std::make_unique<RunRecorder>(o, rank_, run->start.resume && position.step > 0 ? position.step : -1);
+  // --count-memory: the peak from here on is the training's (parameters,
+  // gradients, optimizer state, the steps' activations and buffers), not
+  // the set-up's passing copies (a broadcast's flat buffer, a loaded file).
+  if (auto* counting = CountingAllocator::installed()) counting->reset_peak();
   if (!run->record->notice().empty()) warn(run->record->notice());
 
   // Note [diverged]: what the run starts from, for the advice should it diverge.

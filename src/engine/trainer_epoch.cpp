@@ -8,6 +8,7 @@
 
 #include "tandem/data/device_prefetcher.h"
 #include "tandem/data/source.h"
+#include "tandem/engine/counting_allocator.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/schedule.h"
 #include "tandem/parallel/pipeline_schedule.h"
@@ -217,6 +218,7 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
   m.lr = epoch.lr;
   m.world_size = job_world_;  // processes in the job
   m.comm_bytes_per_step = run.traffic->per_step();
+  if (const auto* counting = CountingAllocator::installed()) m.peak_memory_bytes = counting->peak();
   run.traffic->reset();
   m.partial = position.batch_in_epoch < run.steps_per_epoch;
   if (epoch.progress) {

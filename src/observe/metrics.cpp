@@ -36,6 +36,7 @@ std::string to_json_line(const EpochMetrics& m) {
   j["world_size"] = m.world_size;
   j["partial"] = m.partial;
   if (!m.comm_bytes_per_step.empty()) j["comm_bytes_per_step"] = m.comm_bytes_per_step;
+  if (m.peak_memory_bytes > 0) j["peak_memory_bytes"] = m.peak_memory_bytes;
   if (m.tokens_per_second > 0) {
     j["tokens_per_second"] = m.tokens_per_second;
     if (m.mfu > 0) j["mfu"] = m.mfu;
@@ -80,6 +81,7 @@ std::vector<EpochMetrics> read_metrics(const std::string& path) {
       if (j.contains("comm_bytes_per_step")) {
         m.comm_bytes_per_step = j.at("comm_bytes_per_step").get<std::map<std::string, std::map<std::string, double>>>();
       }
+      m.peak_memory_bytes = j.value("peak_memory_bytes", int64_t{0});
       if (j.contains("tokens_per_second")) {
         m.tokens_per_second = j.at("tokens_per_second").get<double>();
         m.mfu = j.value("mfu", 0.0);

@@ -128,7 +128,8 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     Memory mem;
     mem.parameters = st.parameters * w;
     mem.gradients = st.parameters * w;
-    mem.optimizer = 2 * st.parameters * w;  // AdamW's two moments
+    const double states = job.optimizer == OptimizerKind::kAdamW ? 2 : job.optimizer == OptimizerKind::kSgdMomentum ? 1 : 0;
+    mem.optimizer = states * st.parameters * w;  // AdamW's two moments, SGD's momentum
     if (sharded) {
       mem.parameters /= double(shard_ranks);
       mem.gradients /= double(shard_ranks);
@@ -139,14 +140,30 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     } else if (l.data == DataSharding::kZero1) {
       mem.optimizer /= double(l.dp);
     }
+    // DDP's buckets: the gradients once more, flat, for the all-reduce.
+    if (!sharded && l.dp > 1) mem.buffers = st.parameters * w;
     const double in_flight = l.pp > 1 ? double(sim.max_in_flight[static_cast<size_t>(s)]) : 1.0;
-    const double whole = l.sequence_parallel ? m.activations_whole_per_token() / double(l.tp)
-                                             : m.activations_whole_per_token();
+    const double whole = m.activations_norms_per_token() / double(l.sequence_parallel ? l.tp : 1) +
+                         m.activations_region_inputs_per_token();
     const double layer = tokens * e * (whole + m.activations_inside_per_token() / double(l.tp));
     const double kept = l.recompute ? tokens * e * d / double(l.sequence_parallel ? l.tp : 1) : layer;
     mem.activations = double(st.layers) * kept * in_flight + (l.recompute ? layer : 0);
+    if (dev.cores > 0) {
+      // Note [cpu layouts]: on CPUs GPT-2's Conv1D multiplies by a
+      // contiguous transpose of its weight, which backward keeps (a copy
+      // of a block's matrices a micro-batch in flight); and a pipeline
+      // rank keeps the other stages' weights (for the gathers of
+      // checkpoints and exports; on CUDA they wait in host memory).
+      if (!m.llama) mem.activations += double(st.layers) * in_flight * 12.0 * d * d / double(l.tp) * w;
+      if (l.pp > 1) {
+        for (int64_t other = 0; other < l.pp; ++other) {
+          if (other != s) mem.parameters += stage_of(m, l, other).parameters * w;
+        }
+      }
+    }
     if (st.last) mem.activations += tokens * double(ceil_div(m.vocab, l.tp)) * (e + 4);  // logits, float32 softmax
     if (mem.total() > c.memory.total()) c.memory = mem;
+    c.stage_memory.push_back(mem);
 
     // Traffic of this stage's ranks (Note [planned traffic]); the most of each kept.
     std::map<std::string, std::map<std::string, double>> bytes;

@@ -79,10 +79,10 @@ double ModelShape::flops_per_token(int64_t seq_len) const {
   return models::model_traits(name).flops_per_token(o);
 }
 
-double ModelShape::activations_whole_per_token() const {
-  // The two norms' inputs (the residual stream), and each norm's output,
-  // which tp's regions read whole (without sequence parallelism).
-  return 4.0 * double(hidden);
+double ModelShape::activations_norms_per_token() const {
+  // The two norms' inputs (the residual stream); LLaMA's RMSNorm, composed
+  // of products, keeps its normalised input too.
+  return (llama ? 4.0 : 2.0) * double(hidden);
 }
 
 double ModelShape::activations_inside_per_token() const {

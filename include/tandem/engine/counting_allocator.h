@@ -47,6 +47,8 @@ class CountingAllocator final : public c10::Allocator {
     default_copy_data(dest, src, count);
   }
   void reset_peak() { peak_ = live_.load(); }
+  // The one installed now (null when none is).
+  static CountingAllocator* installed() { return current(); }
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
 

@@ -198,6 +198,7 @@ struct ParallelSection {
                                       // list (1,2,4) runs it once per count (a scaling sweep)
   int64_t max_restarts = 0;           // CLI, with --nproc-per-node N: restarts of all the workers
                                       // after a failure (launch::LaunchOptions::max_restarts)
+  bool count_memory = false;          // CLI: each rank's tensors counted (engine::CountingAllocator)
   bool skip_resource_check = false;   // CLI, with --nproc-per-node N: start the workers without
                                       // measuring their memory (Note [worker footprint])
   std::string device = "cpu";  // cpu | cuda | cuda:N: where each rank runs

@@ -31,6 +31,7 @@ namespace tandem::plan {
 
 enum class Precision { kBf16, kFloat32, kFloat64 };  // bf16: autocast over float32 weights
 enum class DataSharding { kDdp, kZero1, kFsdp, kHsdp };
+enum class OptimizerKind { kAdamW, kSgdMomentum, kSgd };  // state tensors a parameter: 2, 1, 0
 
 struct Job {
   ModelShape model;
@@ -39,6 +40,7 @@ struct Job {
   int64_t seq_len = 2048;
   int64_t global_batch = 0;  // sequences a step
   Precision precision = Precision::kBf16;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
   int64_t world() const { return nodes * gpus_per_node; }
 };
 
@@ -66,6 +68,7 @@ struct Memory {
 struct LayoutCost {
   Layout layout;
   Memory memory;  // the rank with the most (a pipeline's first stage, or its last with the head)
+  std::vector<Memory> stage_memory;  // each pipeline stage's ranks' (rank 0 holds stage 0)
   bool fits = false;
   double shortfall = 0;  // bytes over the device's memory, when it does not fit
   // dimension ("dp", "pp", "tp") -> collective -> bytes a step (Note [planned traffic])

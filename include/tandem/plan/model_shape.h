@@ -31,10 +31,14 @@ struct ModelShape {
   // 6 per multiplying weight plus attention's 12 L d T).
   double flops_per_token(int64_t seq_len) const;
   // Elements one layer keeps for backward per token, without tensor
-  // parallelism: `whole` those outside tp's regions (norm inputs, the
-  // residual), `inside` those tp divides (q, k, v, attention's output, the
-  // MLP's), attention's scores not kept (a fused kernel's log-sum-exp only).
-  double activations_whole_per_token() const;
+  // parallelism: `norms` those of its two norms (their inputs, and
+  // RMSNorm's normalised input), which sequence parallelism cuts;
+  // `region_inputs` the norms' outputs the tp regions read, kept whole
+  // (all-gathered under sequence parallelism); `inside` those tp divides
+  // (q, k, v, attention's output, the MLP's), attention's scores not kept
+  // (a fused kernel's log-sum-exp only).
+  double activations_norms_per_token() const;
+  double activations_region_inputs_per_token() const { return 2.0 * double(hidden); }
   double activations_inside_per_token() const;
 };
 

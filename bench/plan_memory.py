@@ -1,0 +1,82 @@
+"""tandem plan's predicted peak bytes a rank against tandem train's measured
+peak (--count-memory, rank 0: the first pipeline stage), layout by layout.
+
+    bench/plan_memory.sh            (sets up and builds, then runs this)
+    python bench/plan_memory.py TANDEM
+
+Each layout trains 3 steps of 16 sequences of 64 tokens (float32, SGD with
+momentum) on a text of 20,000 bytes, and the planner is asked for the same
+job on the `cpu` profile; the ratio predicted / measured is printed (the
+goal: within 10%).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SEQ, BATCH = 64, 16
+LAYOUTS = [  # model, ranks, train flags, the planner's strategy, sequence parallel, micro-batches
+    ("llama-tiny", 2, "--mesh dp=2", "ddp", False, 1),
+    ("llama-tiny", 2, "--mesh dp=2 --shard-optimizer", "zero1", False, 1),
+    ("llama-tiny", 2, "--mesh dp=2 --strategy fsdp", "fsdp", False, 1),
+    ("llama-tiny", 2, "--mesh tp=2", "ddp", False, 1),
+    ("llama-tiny", 2, "--mesh tp=2 --sequence-parallel", "ddp", True, 1),
+    ("llama-tiny", 2, "--mesh pp=2 --micro-batches 2", "ddp", False, 2),
+    ("llama-tiny", 2, "--mesh pp=2 --micro-batches 4", "ddp", False, 4),
+    ("llama-tiny", 2, "--mesh pp=2 --micro-batches 8", "ddp", False, 8),
+    ("llama-tiny", 4, "--mesh dp=4", "ddp", False, 1),
+    ("llama-tiny", 4, "--mesh dp=4 --strategy fsdp", "fsdp", False, 1),
+    ("llama-tiny", 4, "--mesh dp=2,tp=2", "ddp", False, 1),
+    ("llama-tiny", 4, "--mesh pp=2,dp=2", "ddp", False, 4),
+    ("llama-tiny", 4, "--mesh pp=2,tp=2 --micro-batches 2", "ddp", False, 2),
+    ("gpt2-tiny", 2, "--mesh dp=2", "ddp", False, 1),
+    ("gpt2-tiny", 2, "--mesh dp=2 --shard-optimizer", "zero1", False, 1),
+    ("gpt2-tiny", 2, "--mesh dp=2 --strategy fsdp", "fsdp", False, 1),
+    ("gpt2-tiny", 2, "--mesh tp=2", "ddp", False, 1),
+    ("gpt2-tiny", 2, "--mesh tp=2 --sequence-parallel", "ddp", True, 1),
+    ("gpt2-tiny", 4, "--mesh dp=2,tp=2", "ddp", False, 1),
+    ("gpt2-tiny", 4, "--mesh dp=4 --strategy fsdp", "fsdp", False, 1),
+]
+
+
+def main():
+    tandem = sys.argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    within = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "text.txt")
+        with open(os.path.join(here, "..", "README.md"), "rb") as f:
+            data = f.read()
+        with open(text, "wb") as f:
+            f.write((data * 4)[:20000])
+        print(f"{'model':11} {'layout':40} {'measured MB':>12} {'predicted MB':>13} {'ratio':>6}")
+        for model, ranks, flags, strategy, sp, micro in LAYOUTS:
+            metrics = os.path.join(tmp, "m.jsonl")
+            if os.path.exists(metrics):
+                os.remove(metrics)
+            run = subprocess.run([tandem, "train", "--model", model, "--data", f"text:{text}", "--seq-len", str(SEQ),
+                                  "--batch-size", str(BATCH), "--max-steps", "3", "--epochs", "1", "--progress", "off",
+                                  "--nproc-per-node", str(ranks), "--count-memory", "--metrics-out", metrics]
+                                 + flags.split(), capture_output=True, text=True)
+            if run.returncode != 0:
+                sys.exit(f"{model} {flags}: {run.stderr[-500:]}")
+            with open(metrics) as f:
+                measured = json.loads(f.read().splitlines()[-1])["peak_memory_bytes"]
+            mesh = flags.split()[1]
+            plan = subprocess.run([tandem, "plan", "--model", model, "--vocab-size", "256", "--seq-len", str(SEQ),
+                                   "--batch-size", str(BATCH), "--precision", "float32", "--optimizer", "sgd",
+                                   "--device", "cpu", "--gpus-per-node", str(ranks), "--mesh", mesh, "--json"],
+                                  capture_output=True, text=True, check=True)
+            layout = next(l for l in json.loads(plan.stdout)["layouts"]
+                          if l["strategy"] == strategy and l["sequence_parallel"] == sp and
+                          not l["activation_checkpointing"] and l["micro_batches"] == micro)
+            predicted = layout["memory_bytes_by_stage"][0]
+            ratio = predicted / measured
+            within += abs(ratio - 1) <= 0.10
+            print(f"{model:11} {flags:40} {measured / 1e6:12.2f} {predicted / 1e6:13.2f} {ratio:6.3f}")
+    print(f"\n{within} of {len(LAYOUTS)} layouts within 10%")
+
+
+if __name__ == "__main__":
+    main()
