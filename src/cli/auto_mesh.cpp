@@ -66,6 +66,10 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
                                                                             : plan::OptimizerKind::kSgd;
   plan::PlanOptions options;
   options.recompute_both = false;  // every layer recomputed is not a flag of tandem train yet
+  // The run's own FSDP and all-reduce flags, which the chosen layout keeps.
+  options.fsdp_min_unit = o.fsdp_min_unit_params;
+  options.fsdp_reshard = o.fsdp_sharding == engine::FsdpSharding::kFull;
+  options.allreduce = o.strategy == engine::Strategy::kAllReduce;
   const auto layouts = plan::plan_layouts(job, options);
   std::string tried;
   for (const auto& c : layouts) {
@@ -113,12 +117,16 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
                        gib(c.memory.total()).c_str(), c.tokens_per_second, c.step_seconds);
     return a;
   }
-  TANDEM_CHECK_USAGE(!layouts.empty() && layouts.front().fits, "--mesh auto: no layout of ", o.model, " over ",
+  TANDEM_CHECK_USAGE(!layouts.empty(), "--mesh auto: no layout of ", o.model, " over ", workers, " ranks: dp must "
+                     "divide the global batch of ", o.batch_size, " sequences (--batch-size), tp the model's heads, "
+                     "and pp be at most its layers");
+  TANDEM_CHECK_USAGE(layouts.front().fits, "--mesh auto: no layout of ", o.model, " over ",
                      workers, " ranks fits ", job.device.name, "'s memory",
                      layouts.empty() ? std::string() : " (the closest needs " + gib(layouts.front().memory.total()) +
                                                            " a rank)");
-  throw UsageError("--mesh auto: no layout that fits is one the run's flags allow" +
-                   (tried.empty() ? std::string() : " (the first refused: " + tried + ")"));
+  throw UsageError("--mesh auto: none of the layouts that fit is one the run's flags allow (--strategy, "
+                   "--shard-optimizer, --sequence-parallel and --micro-batches narrow the choice" +
+                   (tried.empty() ? std::string(")") : "; the first the run's checks refused: " + tried + ")"));
 }
 
 std::string planned_against_measured(double tokens_per_second,

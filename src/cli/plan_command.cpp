@@ -40,11 +40,11 @@ FlagSet plan_flags(PlanFlags& f) {
                    "h100, h200, a100, cpu (this machine, measured), or a JSON profile's path: peak_tflops_bf16, "
                    "peak_tflops_fp32, memory_gib, intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, "
                    "inter_node_latency_us, efficiency");
-  flags.add_int("seq-len", "T", &f.seq_len, "tokens a sequence (default: the model's context, at most 2048)", 1);
+  flags.add_int("seq-len", "T", &f.seq_len, "tokens a sequence (0: the model's context, at most 2048)", 0);
   flags.add_int("global-batch-tokens", "K", &f.global_batch_tokens,
                 "tokens a step over the whole job (a multiple of --seq-len)", 1);
   flags.add_int("batch-size", "B", &f.batch_size, "sequences a step over the whole job (instead of "
-                "--global-batch-tokens; default: one a rank)", 1);
+                "--global-batch-tokens; 0: one a rank)", 0);
   flags.add_enum("precision", &f.precision,
                  {{"bf16", plan::Precision::kBf16}, {"float32", plan::Precision::kFloat32},
                   {"float64", plan::Precision::kFloat64}},
@@ -53,7 +53,7 @@ FlagSet plan_flags(PlanFlags& f) {
                  {{"adamw", plan::OptimizerKind::kAdamW}, {"sgd", plan::OptimizerKind::kSgdMomentum},
                   {"sgd-plain", plan::OptimizerKind::kSgd}},
                  "the optimizer's state a parameter: AdamW's two moments, SGD's momentum, or none");
-  flags.add_int("vocab-size", "V", &f.vocab_size, "the vocabulary (default: the preset's; 256 for text as bytes)", 1);
+  flags.add_int("vocab-size", "V", &f.vocab_size, "the vocabulary (0: the preset's; 256 for text as bytes)", 0);
   flags.add_string("mesh", "SPEC", &f.mesh, "only the layouts of this mesh (as tandem train --mesh)");
   flags.add_int("top", "N", &f.top, "layouts in the table (--json has them all)", 1);
   flags.add_switch("json", &f.json, "print {\"layouts\": [...]} best first instead of the table");
@@ -145,6 +145,15 @@ int plan_command(const std::vector<std::string>& args) {
   TANDEM_CHECK_USAGE(!f.model.empty(), "--model NAME is required (a registry language model, e.g. llama-3-8b)");
   TANDEM_CHECK_USAGE(!(flags.given("global-batch-tokens") && flags.given("batch-size")),
                      "give --global-batch-tokens or --batch-size, not both");
+  // Bounds that keep every figure finite and the enumeration short.
+  constexpr int64_t kMostRanks = int64_t(1) << 20, kMostSequences = int64_t(1) << 24;
+  TANDEM_CHECK_USAGE(f.nodes <= kMostRanks && f.gpus_per_node <= kMostRanks && f.nodes * f.gpus_per_node <= kMostRanks,
+                     "--nodes ", f.nodes, " x --gpus-per-node ", f.gpus_per_node, ": the planner lays out at most ",
+                     kMostRanks, " ranks (2^20, as --mesh)");
+  TANDEM_CHECK_USAGE(f.batch_size <= kMostSequences, "--batch-size ", f.batch_size, ": at most ", kMostSequences,
+                     " sequences a step (2^24)");
+  TANDEM_CHECK_USAGE(f.global_batch_tokens <= (int64_t(1) << 40), "--global-batch-tokens ", f.global_batch_tokens,
+                     ": at most 2^40 tokens a step");
   plan::Job job;
   job.model = plan::model_shape(f.model, f.vocab_size);
   job.nodes = f.nodes;
@@ -159,6 +168,8 @@ int plan_command(const std::vector<std::string>& args) {
     TANDEM_CHECK_USAGE(f.global_batch_tokens % job.seq_len == 0, "--global-batch-tokens ", f.global_batch_tokens,
                        ": not a whole number of sequences of ", job.seq_len, " tokens (--seq-len)");
     job.global_batch = f.global_batch_tokens / job.seq_len;
+    TANDEM_CHECK_USAGE(job.global_batch <= kMostSequences, "--global-batch-tokens ", f.global_batch_tokens, ": ",
+                       job.global_batch, " sequences a step, over the planner's 2^24");
   } else {
     job.global_batch = f.batch_size > 0 ? f.batch_size : job.world();
   }
@@ -166,8 +177,11 @@ int plan_command(const std::vector<std::string>& args) {
   if (!f.mesh.empty()) options.mesh = planned_mesh(f.mesh, job.world());
   const auto layouts = plan::plan_layouts(job, options);
   TANDEM_CHECK_USAGE(!layouts.empty(), "no layout of ", f.model, " on ", job.world(), " rank(s)",
-                     f.mesh.empty() ? "" : " with --mesh " + f.mesh, " divides the global batch of ",
-                     job.global_batch, " sequences (give a --batch-size the data-parallel ranks divide)");
+                     f.mesh.empty() ? "" : " with --mesh " + f.mesh, ": the planner's layouts have tp dividing a "
+                     "node's ranks (", job.gpus_per_node, ") and the model's ", job.model.heads, " heads and ",
+                     job.model.kv_heads, " key/value heads, pp at most its ", job.model.layers, " layers, dp "
+                     "dividing the global batch of ", job.global_batch, " sequences, and HSDP's shard groups a "
+                     "node's dp ranks");
   if (f.json) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& c : layouts) all.push_back(to_json(c));

@@ -458,6 +458,11 @@ int train_command(const std::vector<std::string>& args) {
     throw UsageError("--max-restarts: this process is already rank " + env::get("RANK").value_or("") +
                      " of a launched job, whose launcher restarts its workers (tandem launch --max-restarts)");
   }
+  if (worker && !env::get(internal::kSelfLaunched).has_value() && options.mesh.is_auto()) {
+    throw UsageError("--mesh auto is chosen by tandem train's own launcher (--nproc-per-node N) before its workers "
+                     "start; this process is rank " + env::get("RANK").value_or("") + " of a job another launcher "
+                     "started: give the mesh itself (tandem plan suggests one)");
+  }
   if (!worker) {
     if (auto counts = internal::sweep_counts(options.nproc_per_node)) {
       return internal::train_sweep(*counts, args, options, flags);

@@ -26,7 +26,7 @@ void complete_train_options(engine::TrainOptions& o, const FlagSet& flags) {
 // would change nothing and say nothing (the engine's checks see values,
 // not what was given): it is named, as the engine names a changed one.
 void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags) {
-  const bool pipeline = engine::pipelined(o);
+  const bool pipeline = engine::pipelined(o) || o.mesh.is_auto();  // auto may choose one
   for (const char* flag : {"micro-batches", "schedule", "virtual-stages", "pipeline-split", "pipeline-balance"}) {
     if (!pipeline && flags.given(flag)) {
       throw UsageError(std::string("--") + flag + " goes with a pipeline (--strategy pipeline, or --mesh with "

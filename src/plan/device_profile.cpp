@@ -64,27 +64,34 @@ DeviceProfile this_cpu() {
   return p;
 }
 
-double positive(const nlohmann::json& j, const std::string& key, const std::string& file, double scale,
-                double at_most = 1e300) {
+// A field's value, from `least` to `most` (the figures stay finite).
+double field(const nlohmann::json& j, const std::string& key, const std::string& file, double scale, double least,
+             double most) {
   TANDEM_CHECK_USAGE(j.contains(key), "--device ", file, ": the profile has no \"", key, "\" (every field is "
                      "required: see tandem plan --help)");
   const auto& v = j.at(key);
   TANDEM_CHECK_USAGE(v.is_number(), "--device ", file, ": \"", key, "\" must be a number, got ", v.dump());
   const double x = v.get<double>();
-  TANDEM_CHECK_USAGE(x > 0 && x <= at_most, "--device ", file, ": \"", key, "\" must be positive",
-                     at_most < 1e300 ? " and at most " + std::to_string(at_most).substr(0, 3) : std::string(),
-                     ", got ", v.dump());
+  TANDEM_CHECK_USAGE(x > 0 && x >= least && x <= most, "--device ", file, ": \"", key, "\" must be positive, from ",
+                     least, " to ", most, ", got ", v.dump());
   return x * scale;
 }
 
 DeviceProfile from_file(const std::string& file) {
   nlohmann::json j;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  TANDEM_CHECK_USAGE(!ec && size <= (1 << 20), "--device ", file, ": a profile is a JSON file of at most 1 MiB",
+                     ec ? "" : " (this one has " + std::to_string(size) + " bytes)");
   try {
     std::ifstream in(file);
-    TANDEM_CHECK_USAGE(in.good(), "--device ", file, ": cannot read it");
+    TANDEM_CHECK_USAGE(in.good() && in.peek() != std::ifstream::traits_type::eof(), "--device ", file,
+                       in.good() ? ": the file is empty" : ": cannot read it (permissions?)");
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("--device " + file + ": not a JSON profile (" + e.what() + ")");
+  } catch (const std::ios_base::failure& e) {
+    throw UsageError("--device " + file + ": cannot read it (" + e.what() + ")");
   }
   TANDEM_CHECK_USAGE(j.is_object(), "--device ", file, ": expected a JSON object of the profile's fields");
   static const std::vector<std::string> known = {"name", "peak_tflops_bf16", "peak_tflops_fp32", "memory_gib",
@@ -97,16 +104,17 @@ DeviceProfile from_file(const std::string& file) {
                        "efficiency)");
   }
   DeviceProfile p;
-  p.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>()
-                                                        : std::filesystem::path(file).stem().string();
-  p.peak_flops_bf16 = positive(j, "peak_tflops_bf16", file, 1e12);
-  p.peak_flops_fp32 = positive(j, "peak_tflops_fp32", file, 1e12);
-  p.memory_bytes = positive(j, "memory_gib", file, kGiB);
-  p.intra_node_bandwidth = positive(j, "intra_node_gb_per_s", file, 1e9);
-  p.inter_node_bandwidth = positive(j, "inter_node_gb_per_s", file, 1e9);
-  p.intra_node_latency = positive(j, "intra_node_latency_us", file, 1e-6);
-  p.inter_node_latency = positive(j, "inter_node_latency_us", file, 1e-6);
-  p.efficiency = positive(j, "efficiency", file, 1.0, 1.0);
+  TANDEM_CHECK_USAGE(!j.contains("name") || j["name"].is_string(), "--device ", file,
+                     ": \"name\" must be a string, got ", j.contains("name") ? j["name"].dump() : "");
+  p.name = j.contains("name") ? j["name"].get<std::string>() : std::filesystem::path(file).stem().string();
+  p.peak_flops_bf16 = field(j, "peak_tflops_bf16", file, 1e12, 1e-6, 1e6);
+  p.peak_flops_fp32 = field(j, "peak_tflops_fp32", file, 1e12, 1e-6, 1e6);
+  p.memory_bytes = field(j, "memory_gib", file, kGiB, 1e-6, 1e9);
+  p.intra_node_bandwidth = field(j, "intra_node_gb_per_s", file, 1e9, 1e-6, 1e6);
+  p.inter_node_bandwidth = field(j, "inter_node_gb_per_s", file, 1e9, 1e-6, 1e6);
+  p.intra_node_latency = field(j, "intra_node_latency_us", file, 1e-6, 1e-3, 1e9);
+  p.inter_node_latency = field(j, "inter_node_latency_us", file, 1e-6, 1e-3, 1e9);
+  p.efficiency = field(j, "efficiency", file, 1.0, 1e-6, 1.0);
   return p;
 }
 
@@ -123,8 +131,12 @@ DeviceProfile device_profile(const std::string& name_or_file) {
   if (name_or_file == "a100") return gpu("a100", 312, 19.5, 80 * kGiB, 300, 25);
   if (name_or_file == "cpu") return this_cpu();
   std::error_code ec;
-  TANDEM_CHECK_USAGE(std::filesystem::is_regular_file(name_or_file, ec), "--device ", name_or_file,
-                     ": unknown device (presets: h100, h200, a100, cpu; or the path of a JSON profile)");
+  const auto status = std::filesystem::status(name_or_file, ec);
+  TANDEM_CHECK_USAGE(std::filesystem::exists(status), "--device ", name_or_file,
+                     ": unknown device (presets: h100, h200, a100, cpu; or the path of a JSON profile, and no file "
+                     "has this name)");
+  TANDEM_CHECK_USAGE(std::filesystem::is_regular_file(status), "--device ", name_or_file,
+                     ": not a regular file (a JSON profile is expected)");
   return from_file(name_or_file);
 }
 

@@ -21,6 +21,8 @@ constexpr double kUsable = 0.92;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+constexpr int64_t kReplayedMicroBatches = 1024;  // schedules longer than this use the textbook's figures
+
 double element_bytes(Precision p) { return p == Precision::kFloat64 ? 8 : p == Precision::kFloat32 ? 4 : 2; }
 double weight_bytes(Precision p) { return p == Precision::kFloat64 ? 8 : 4; }  // bf16 autocasts float32 weights
 
@@ -90,7 +92,7 @@ std::string Layout::mesh() const {
 
 std::string Layout::strategy() const {
   switch (data) {
-    case DataSharding::kDdp: return "ddp";
+    case DataSharding::kDdp: return allreduce ? "allreduce" : "ddp";
     case DataSharding::kZero1: return "zero1";
     case DataSharding::kFsdp: return "fsdp";
     case DataSharding::kHsdp: return "hsdp";
@@ -117,10 +119,16 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
 
   // The schedule, replayed: its idle share and each stage's forwards in flight.
   parallel::PipelineSimulation sim;
-  if (l.pp > 1) {
+  if (l.pp > 1 && mb <= kReplayedMicroBatches) {
     const double backward = l.recompute ? 3.0 : 2.0;  // backward's products twice forward's (and recomputed)
     sim = parallel::simulate(parallel::make_pipeline_schedule(l.schedule, l.pp, mb), 1.0, backward);
     c.bubble = sim.mean_idle_share();
+  } else if (l.pp > 1) {
+    // Past kReplayedMicroBatches the textbook's figures, which the replay
+    // equals for GPipe and 1F1B (PlannerTest): (p - 1) / (m + p - 1), and
+    // in flight m (GPipe) or p - s (1F1B's stage s).
+    c.bubble = double(l.pp - 1) / double(mb + l.pp - 1);
+    for (int64_t s = 0; s < l.pp; ++s) sim.max_in_flight.push_back(l.schedule == "gpipe" ? mb : l.pp - s);
   }
 
   for (int64_t s = 0; s < l.pp; ++s) {
@@ -175,12 +183,16 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         const double grads = st.parameters * w, shard = grads / double(shard_ranks);
         const auto units = parallel::plan_units(st.layer_numels, l.fsdp_min_unit);
         const double last = units.empty() ? 0 : double(units.back().numel) * w / double(shard_ranks);
+        // A tied embedding's unit is pinned (Note [fsdp tied weights]):
+        // gathered once, at the start of forward.
+        const double first = units.empty() ? 0 : double(units.front().numel) * w / double(shard_ranks);
+        const double pinned = m.tied && l.pp == 1 && units.size() > 1 ? first : 0;
         const double times = l.pp > 1 ? 1.0 : double(mb);  // a stage gathers once a step (Note [fsdp under a pipeline])
-        dp["all_gather"] = times * (l.pp == 1 ? 2 * shard - last : shard);
+        dp["all_gather"] = times * (l.pp == 1 && l.fsdp_reshard ? 2 * shard - last - pinned : shard);
         dp["reduce_scatter"] = times * grads;
         if (l.data == DataSharding::kHsdp && l.dp > shard_ranks) dp["all_reduce"] = times * shard;
       } else {
-        dp["all_reduce"] = st.parameters * w + 4 * st.tensors;
+        dp["all_reduce"] = st.parameters * w + (l.allreduce ? 0 : 4 * st.tensors);
         if (l.data == DataSharding::kZero1) dp["broadcast"] = st.parameters * w;
       }
     }
@@ -194,7 +206,9 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         tp["reduce_scatter"] = double(mb) * regions * tokens * d * e;
         tp["all_reduce"] = double(mb) * loss + st.whole_parameters * w;
       } else {
-        tp["all_reduce"] = double(mb) * (regions * tokens * d * e + loss);
+        // A router's and q/k norms' partial gradients summed over tp too.
+        tp["all_reduce"] = double(mb) * (regions * tokens * d * e + loss) +
+                           double(st.layers * m.layer_partial_parameters) * w;
       }
     }
     if (l.pp > 1) {
@@ -244,7 +258,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   c.step_seconds = busy / (1.0 - c.bubble);
   c.bubble_seconds = c.step_seconds - busy;
   c.tokens_per_second = step_tokens / c.step_seconds;
-  c.mfu = model_flops / c.step_seconds / (double(job.world()) * peak);
+  c.mfu = std::min(1.0, model_flops / c.step_seconds / (double(job.world()) * peak));  // 1 at most, to rounding
 
   const double memory = dev.memory_per_node ? dev.memory_bytes / double(job.gpus_per_node) : dev.memory_bytes;
   c.fits = c.memory.total() <= memory * kUsable;

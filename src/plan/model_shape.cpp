@@ -61,6 +61,7 @@ ModelShape llama_shape(const std::string& name, int64_t vocab) {
   s.layer_parameters = attention + mlp + qk_norm + 2 * d;
   s.layer_tensors = 4 + (s.experts > 0 ? 4 : 3) + 2 + (c.qk_norm ? 2 : 0);
   s.layer_cut_parameters = attention + (s.experts > 0 ? 3 * s.experts * s.expert_ffn * d : mlp);
+  s.layer_partial_parameters = (s.experts > 0 ? s.experts * d : 0) + qk_norm;
   s.embedding_parameters = s.vocab * d;
   s.embedding_tensors = 1;
   s.norm_parameters = d;
@@ -100,6 +101,8 @@ double ModelShape::activations_inside_per_token() const {
 }
 
 ModelShape model_shape(const std::string& model, int64_t vocab) {
+  TANDEM_CHECK_USAGE(vocab >= 0 && vocab <= (int64_t(1) << 31), "--vocab-size ", vocab,
+                     ": expected a vocabulary of at most 2^31 tokens");
   const auto gpt2 = models::Gpt2Config::preset_names();
   const auto llama = models::LlamaConfig::preset_names();
   if (std::find(gpt2.begin(), gpt2.end(), model) != gpt2.end()) return gpt2_shape(model, vocab);

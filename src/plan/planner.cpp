@@ -37,7 +37,8 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
       const int64_t node_dp = job.gpus_per_node / tp;  // a node's dp ranks (the mesh's dp runs inside pp)
       if (dp * tp > job.gpus_per_node && node_dp > 1 && dp % node_dp == 0) shardings.push_back(DataSharding::kHsdp);
       for (auto data : shardings) {
-        for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+        const bool sp_fits = tp > 1 && job.seq_len % tp == 0;  // sequence parallelism cuts each sequence in tp parts
+        for (bool sp : sp_fits ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
           for (bool recompute : options.recompute_both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
             for (int64_t micro = 1; micro <= local; micro *= 2) {
               if (local % micro != 0) continue;
@@ -51,6 +52,9 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
               l.recompute = recompute;
               l.micro_batch = micro;
               l.micro_batches = local / micro;
+              l.fsdp_min_unit = options.fsdp_min_unit;
+              l.fsdp_reshard = options.fsdp_reshard;
+              l.allreduce = options.allreduce && data == DataSharding::kDdp;
               if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
               out.push_back(layout_cost(job, l));
             }

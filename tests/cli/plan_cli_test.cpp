@@ -20,7 +20,7 @@ namespace plan_cli {  // the file's own names (a layer's tests compile as one un
 using testing::TempDir;
 
 struct Case {
-  std::string ranks, flags;  // tandem train's
+  std::string model, ranks, flags;  // tandem train's
   std::string strategy;      // the planner's layout: its strategy, sp, micro-batches
   bool sequence_parallel;
   int64_t micro_batches;
@@ -30,25 +30,29 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
   TempDir dir;
   const std::string data = " --data text:" + testing::write_text(dir) + " --seq-len 16 --batch-size 8";
   const std::vector<Case> cases = {
-      {"2", "--mesh dp=2", "ddp", false, 1},
-      {"2", "--mesh dp=2 --shard-optimizer", "zero1", false, 1},
-      {"2", "--mesh dp=2 --strategy fsdp", "fsdp", false, 1},
-      {"2", "--mesh tp=2", "ddp", false, 1},
-      {"2", "--mesh tp=2 --sequence-parallel", "ddp", true, 1},
-      {"2", "--mesh pp=2 --micro-batches 2", "ddp", false, 2},
-      {"4", "--mesh pp=2,dp=2", "ddp", false, 4},
-      {"4", "--mesh dp=2,tp=2", "ddp", false, 1},
-      {"4", "--mesh pp=2,tp=2 --micro-batches 2", "ddp", false, 2},
+      {"llama-tiny", "2", "--mesh dp=2", "ddp", false, 1},
+      {"llama-tiny", "2", "--mesh dp=2 --shard-optimizer", "zero1", false, 1},
+      {"llama-tiny", "2", "--mesh dp=2 --strategy fsdp", "fsdp", false, 1},
+      {"llama-tiny", "2", "--mesh tp=2", "ddp", false, 1},
+      {"llama-tiny", "2", "--mesh tp=2 --sequence-parallel", "ddp", true, 1},
+      {"llama-tiny", "2", "--mesh pp=2 --micro-batches 2", "ddp", false, 2},
+      {"llama-tiny", "4", "--mesh pp=2,dp=2", "ddp", false, 4},
+      {"llama-tiny", "4", "--mesh dp=2,tp=2", "ddp", false, 1},
+      {"llama-tiny", "4", "--mesh pp=2,tp=2 --micro-batches 2", "ddp", false, 2},
+      // A tied embedding's FSDP unit gathered once; a router's partial gradients over tp.
+      {"gpt2-tiny", "2", "--mesh dp=2 --strategy fsdp", "fsdp", false, 1},
+      {"mixtral-tiny", "2", "--mesh tp=2", "ddp", false, 1},
+      {"qwen3-moe-tiny", "4", "--mesh pp=2,tp=2 --micro-batches 2", "ddp", false, 2},
   };
   for (const auto& c : cases) {
     const std::string mesh = c.flags.substr(7, c.flags.find(' ', 7) - 7);
     const auto metrics = dir.file("m.jsonl");
-    auto run = testing::run_tandem("train --model llama-tiny" + data + " --max-steps 2 --epochs 1 --progress off "
+    auto run = testing::run_tandem("train --model " + c.model + data + " --max-steps 2 --epochs 1 --progress off "
                                    "--nproc-per-node " + c.ranks + " " + c.flags + " --metrics-out " + metrics);
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const auto counted = testing::last_metrics(metrics)["comm_bytes_per_step"];
     std::remove(metrics.c_str());
-    auto plan = testing::run_tandem("plan --model llama-tiny --vocab-size 256 --seq-len 16 --batch-size 8 "
+    auto plan = testing::run_tandem("plan --model " + c.model + " --vocab-size 256 --seq-len 16 --batch-size 8 "
                                     "--precision float32 --device h100 --gpus-per-node " + c.ranks + " --mesh " +
                                     mesh + " --json");
     ASSERT_EQ(plan.exit_code, 0) << plan.output;
@@ -61,8 +65,8 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
       }
       found = true;
       const auto& predicted = l["bytes_per_step_by_stage"][0];
-      EXPECT_EQ(predicted, counted) << c.flags << "\npredicted " << predicted.dump() << "\ncounted " << counted.dump();
-      std::printf("%-40s %s\n", c.flags.c_str(), counted.dump().c_str());
+      EXPECT_EQ(predicted, counted) << c.model << " " << c.flags << "\npredicted " << predicted.dump() << "\ncounted " << counted.dump();
+      std::printf("%-15s %-36s %s\n", c.model.c_str(), c.flags.c_str(), counted.dump().c_str());
     }
     EXPECT_TRUE(found) << c.flags << ": no such layout planned";
   }
@@ -137,6 +141,13 @@ TEST(PlanCliTest, MeshAutoPicksPrintsAndTrainsALayout) {
   EXPECT_TRUE(testing::tandem_fails("train --model llama-tiny --data text:" + dir.file("text.txt") +
                                         " --seq-len 16 --max-steps 1 --mesh auto",
                                     2, "--mesh auto is chosen by tandem train's own launcher"));
+  // Under another launcher: refused before any rendezvous (it waited for rank 1).
+  auto under = testing::run("env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 timeout 60 " +
+                            std::string(TANDEM_CLI) + " train --model llama-tiny --data text:" + dir.file("text.txt") +
+                            " --seq-len 16 --max-steps 1 --mesh auto");
+  EXPECT_EQ(under.exit_code, 2) << under.output;
+  EXPECT_NE(under.output.find("this process is rank 0 of a job another launcher started"), std::string::npos)
+      << under.output;
 }
 
 // Bad input: exit 2 and a message naming it.
@@ -149,7 +160,7 @@ TEST(PlanCliTest, BadInputIsNamed) {
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device tpu-v9", 2,
                                     "--device tpu-v9: unknown device (presets: h100, h200, a100, cpu"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + bad, 2,
-                                    "\"intra_node_gb_per_s\" must be positive, got -450"));
+                                    "\"intra_node_gb_per_s\" must be positive, from 1e-06 to 1e+06, got -450"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3.1-405b --gpus-per-node 1 --device h100", 2,
                                     "no layout of llama-3.1-405b fits 1 x h100: the closest"));
   EXPECT_TRUE(testing::tandem_fails("plan --model resnet18", 2, "--model resnet18: tandem plan plans the language"));
@@ -157,6 +168,22 @@ TEST(PlanCliTest, BadInputIsNamed) {
                                     "does not plan context or expert parallelism yet"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --seq-len 100 --global-batch-tokens 150", 2,
                                     "--global-batch-tokens 150: not a whole number of sequences of 100"));
+  // Sizes whose products would overflow or whose enumeration would not end.
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --nodes 2305843009213693953 --gpus-per-node 8", 2,
+                                    "the planner lays out at most 1048576 ranks"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --batch-size 100000000", 2,
+                                    "--batch-size 100000000: at most 16777216 sequences"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --vocab-size 72057594037927937", 2,
+                                    "expected a vocabulary of at most 2^31 tokens"));
+  std::ofstream(bad) << R"({"name": "x", "peak_tflops_bf16": 1e-200, "peak_tflops_fp32": 67, "memory_gib": 80,
+    "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+    "inter_node_latency_us": 25, "efficiency": 0.45})";
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + bad, 2,
+                                    "\"peak_tflops_bf16\" must be positive, from 1e-06 to 1e+06"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + dir.path(), 2, "not a regular file"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --gpus-per-node 8 --mesh tp=8", 2,
+                                    "the planner's layouts have tp dividing a node's ranks (8) and the model's 4 "
+                                    "heads"));
 }
 
 }  // namespace plan_cli

@@ -136,7 +136,7 @@ TEST(DeviceProfileTest, AFileIsReadAndItsMistakesAreNamed) {
   std::string bad = kProfile;
   EXPECT_NE(refused(std::string(bad).replace(bad.find(": 50,"), 5, ": -5,")).find("\"inter_node_gb_per_s\" must be positive"),
             std::string::npos);
-  EXPECT_NE(refused(std::string(bad).replace(bad.find("0.45"), 4, "1.5")).find("\"efficiency\" must be positive and at most 1"),
+  EXPECT_NE(refused(std::string(bad).replace(bad.find("0.45"), 4, "1.5")).find("\"efficiency\" must be positive, from 1e-06 to 1, got 1.5"),
             std::string::npos);
   EXPECT_NE(refused(std::string(bad).replace(bad.find("\"name\""), 6, "\"nme\"")).find("unknown field \"nme\""),
             std::string::npos);

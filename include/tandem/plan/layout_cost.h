@@ -54,6 +54,8 @@ struct Layout {
   int64_t micro_batches = 1;  // per step: a pipeline's, or gradient accumulation's
   std::string schedule = "1f1b";
   int64_t fsdp_min_unit = int64_t(1) << 17;  // --fsdp-min-unit-params
+  bool fsdp_reshard = true;  // ZeRO-3 (--fsdp-sharding full); false: ZeRO-2, each unit gathered once
+  bool allreduce = false;    // --strategy allreduce: the gradients all-reduced without DDP's used flags
   // "dp=8", "pp=2,dp=4,tp=2", "dp_replicate=2,dp_shard=8": --mesh's words.
   std::string mesh() const;
   // "ddp", "zero1", "fsdp", "hsdp".

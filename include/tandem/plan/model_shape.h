@@ -24,6 +24,10 @@ struct ModelShape {
   // Of a layer's parameters, those tensor parallelism cuts (the rest, its
   // norms and GPT-2's output biases, stay whole on every tp rank).
   int64_t layer_cut_parameters = 0;
+  // Of the whole ones, those whose gradients are partial sums over tp (a
+  // router's, Qwen3's q/k norms'): all-reduced over tp without sequence
+  // parallelism too.
+  int64_t layer_partial_parameters = 0;
   int64_t parameters() const {
     return layers * layer_parameters + embedding_parameters + norm_parameters + head_parameters;
   }

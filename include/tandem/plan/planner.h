@@ -22,6 +22,10 @@ namespace tandem::plan {
 struct PlanOptions {
   std::string mesh;  // --mesh: only layouts of this shape (its words, as Layout::mesh() writes them)
   bool recompute_both = true;  // with and without activation checkpointing
+  // Settings every layout takes (Layout's fields of the same names).
+  int64_t fsdp_min_unit = int64_t(1) << 17;
+  bool fsdp_reshard = true;
+  bool allreduce = false;
 };
 
 // The layouts of `job` over its ranks: tp over a node's ranks dividing the
