@@ -111,7 +111,8 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "resume from the newest checkpoint in --checkpoint-dir (tandem launch's --max-restarts)", 0);
   flags.add_switch("count-memory", &o.count_memory,
                    "on CPUs: count every tensor allocation of each rank and record the peak of its live bytes "
-                   "since the run began (--metrics-out's peak_memory_bytes, rank 0's), what tandem plan predicts");
+                   "over each epoch's training steps (--metrics-out's peak_memory_bytes, rank 0's; evaluation not "
+                   "counted), what tandem plan predicts");
   flags.add_switch("skip-resource-check", &o.skip_resource_check,
                    "with --nproc-per-node N on CPUs: start the workers without first measuring what one needs "
                    "(this process opens the data and takes one step) and refusing a job the machine's memory "
@@ -363,28 +364,6 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 
 }  // namespace
 
-namespace internal {
-
-// This program's path, for re-running it as workers.
-std::string self_executable() {
-  char path[4096];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
-  return std::string(path, static_cast<size_t>(n));
-}
-
-// Note [worker footprint]: CPU workers measured against the machine before
-// they start (not with --skip-resource-check; GPUs bound the count there).
-void check_resources(const engine::TrainOptions& o, int64_t workers) {
-  if (o.skip_resource_check || workers < 2 || !engine::parse_device(o.device).is_cpu()) return;
-  const auto footprint = engine::measure_worker_footprint(o, workers);
-  for (const auto& line : engine::check_worker_resources(workers, footprint, engine::machine_resources())) {
-    std::fprintf(stderr, "tandem: warning: %s\n", line.c_str());
-  }
-}
-
-}  // namespace internal
-
 engine::TrainOptions parse_train_flags(const std::vector<std::string>& args) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
@@ -397,40 +376,6 @@ std::string train_help() {
   engine::TrainOptions defaults;
   return train_flags(defaults).help();
 }
-
-namespace {
-
-// The short form of `tandem launch --nproc-per-node N -- tandem train ...`:
-// the workers run the command line `args`; RANK set tells them they are
-// workers. A --device that no worker could use, or flags that cannot work
-// with nproc workers, are named once, here, not by each.
-int launch_workers(const engine::TrainOptions& options, const std::vector<std::string>& args, int64_t nproc,
-                   const std::vector<std::pair<std::string, std::string>>& env) {
-  engine::parse_device(options.device);
-  engine::check_train_options(options);
-  engine::check_train_ranks(options, nproc);
-  // Rank 0's output files: one that cannot be written is named here,
-  // once, not after the rendezvous (where the other ranks then add a lost
-  // connection of their own).
-  engine::check_train_outputs(options, 0);
-  // Data folders that are not there, likewise (each worker named them).
-  data::check_spec_folder(options.data);
-  if (!options.val_data.empty()) data::check_spec_folder(options.val_data);
-  internal::check_resources(options, nproc);
-  launch::LaunchOptions lo;
-  lo.nproc_per_node = nproc;
-  lo.command.push_back(internal::self_executable());
-  lo.command.push_back("train");
-  lo.command.insert(lo.command.end(), args.begin(), args.end());
-  lo.extra_env = {{internal::kSelfLaunched, "1"}};
-  lo.extra_env.insert(lo.extra_env.end(), env.begin(), env.end());
-  lo.max_restarts = options.max_restarts;
-  auto result = launch::run_workers(lo, [] { return dist::pick_free_port("127.0.0.1"); });
-  if (result.exit_code != 0) std::fprintf(stderr, "tandem launch: %s\n", result.summary().c_str());
-  return result.exit_code;
-}
-
-}  // namespace
 
 int train_command(const std::vector<std::string>& args) {
   engine::TrainOptions options;
@@ -478,12 +423,12 @@ int train_command(const std::vector<std::string>& args) {
     auto planned_flags = train_flags(planned);
     planned_flags.parse(chosen.args);
     internal::complete_train_options(planned, planned_flags);
-    return launch_workers(planned, chosen.args, nproc, {{internal::kPlanned, chosen.prediction}});
+    return internal::launch_workers(planned, chosen.args, nproc, {{internal::kPlanned, chosen.prediction}});
   }
   if (!worker && nproc == 0 && options.max_restarts > 0) {
     throw UsageError("--max-restarts goes with --nproc-per-node N: the launcher restarts the workers it started");
   }
-  if (nproc > 0 && !worker) return launch_workers(options, args, nproc, {});
+  if (nproc > 0 && !worker) return internal::launch_workers(options, args, nproc, {});
   // --count-memory: every CPU tensor of this rank counted from here on, the
   // counter outliving the trainer (a tensor freed after it goes uncounted).
   std::unique_ptr<engine::CountingAllocator> counting;

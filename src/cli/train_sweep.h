@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/cli/flags.h"
@@ -33,6 +34,12 @@ std::string self_executable();
 // machine before they start (not with --skip-resource-check). Throws
 // tandem::Error with the figures when the memory cannot hold them.
 void check_resources(const engine::TrainOptions& o, int64_t workers);
+
+// The short form of `tandem launch --nproc-per-node N -- tandem train ...`
+// (train_launch.cpp): the workers run the command line `args` with `env`
+// added; returns the job's exit code.
+int launch_workers(const engine::TrainOptions& options, const std::vector<std::string>& args, int64_t nproc,
+                   const std::vector<std::pair<std::string, std::string>>& env);
 
 // --nproc-per-node 1,2,4: the process counts of a scaling sweep; nullopt
 // for one count (N or auto). Throws UsageError for a bad list.

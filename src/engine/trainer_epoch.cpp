@@ -186,6 +186,10 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
   m.step = position.step;
   m.train_loss = position.epoch_seen ? position.epoch_loss_sum / position.epoch_seen : 0.0;
   m.train_acc = position.epoch_seen ? double(position.epoch_correct) / position.epoch_seen : 0.0;
+  // --count-memory: the epoch's training steps' peak, read before the
+  // evaluation (whose batches are whole, not micro-batches) adds its own.
+  auto* counting = CountingAllocator::installed();
+  if (counting) m.peak_memory_bytes = counting->peak();
   if (data_.test) {
     auto eval = evaluate();
     if (!std::isfinite(eval.loss)) {  // weights that overflow at evaluation (Note [diverged])
@@ -218,7 +222,7 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
   m.lr = epoch.lr;
   m.world_size = job_world_;  // processes in the job
   m.comm_bytes_per_step = run.traffic->per_step();
-  if (const auto* counting = CountingAllocator::installed()) m.peak_memory_bytes = counting->peak();
+  if (counting) counting->reset_peak();  // the next epoch's steps counted from here
   run.traffic->reset();
   m.partial = position.batch_in_epoch < run.steps_per_epoch;
   if (epoch.progress) {

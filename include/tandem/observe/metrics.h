@@ -24,8 +24,9 @@ struct EpochMetrics {
   // Rank 0's bytes per training step by layout dimension ("dp", "pp") and
   // collective (engine/step_traffic.h); empty in one process.
   std::map<std::string, std::map<std::string, double>> comm_bytes_per_step;
-  // --count-memory: rank 0's peak live tensor bytes since the run began
-  // (engine::CountingAllocator); 0: not counted.
+  // --count-memory: rank 0's peak live tensor bytes over the epoch's
+  // training steps, evaluation not counted (engine::CountingAllocator);
+  // 0: not counted.
   int64_t peak_memory_bytes = 0;
   // Language models (absent for images; the losses are nats per token):
   double tokens_per_second = 0.0;  // 0: not a language model
