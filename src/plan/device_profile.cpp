@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -87,7 +88,18 @@ DeviceProfile from_file(const std::string& file) {
     std::ifstream in(file);
     TANDEM_CHECK_USAGE(in.good() && in.peek() != std::ifstream::traits_type::eof(), "--device ", file,
                        in.good() ? ": the file is empty" : ": cannot read it (permissions?)");
-    j = nlohmann::json::parse(in);
+    // A field given twice is refused (the parser would keep the last).
+    std::vector<std::string> keys;
+    std::string twice;
+    j = nlohmann::json::parse(in, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (event == nlohmann::json::parse_event_t::key && depth == 1) {
+        const auto key = parsed.get<std::string>();
+        if (std::find(keys.begin(), keys.end(), key) != keys.end() && twice.empty()) twice = key;
+        keys.push_back(key);
+      }
+      return true;
+    });
+    TANDEM_CHECK_USAGE(twice.empty(), "--device ", file, ": the field \"", twice, "\" is given twice");
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("--device " + file + ": not a JSON profile (" + e.what() + ")");
   } catch (const std::ios_base::failure& e) {
@@ -107,6 +119,9 @@ DeviceProfile from_file(const std::string& file) {
   TANDEM_CHECK_USAGE(!j.contains("name") || j["name"].is_string(), "--device ", file,
                      ": \"name\" must be a string, got ", j.contains("name") ? j["name"].dump() : "");
   p.name = j.contains("name") ? j["name"].get<std::string>() : std::filesystem::path(file).stem().string();
+  TANDEM_CHECK_USAGE(!p.name.empty() && std::all_of(p.name.begin(), p.name.end(),
+                                                    [](char c) { return c >= 0x20 && c != 0x7f; }),
+                     "--device ", file, ": \"name\" must be a printable name of one line");
   p.peak_flops_bf16 = field(j, "peak_tflops_bf16", file, 1e12, 1e-6, 1e6);
   p.peak_flops_fp32 = field(j, "peak_tflops_fp32", file, 1e12, 1e-6, 1e6);
   p.memory_bytes = field(j, "memory_gib", file, kGiB, 1e-6, 1e9);

@@ -142,6 +142,10 @@ TEST(DeviceProfileTest, AFileIsReadAndItsMistakesAreNamed) {
             std::string::npos);
   EXPECT_NE(refused("{\"name\": \"x\"}").find("has no \"peak_tflops_bf16\""), std::string::npos);
   EXPECT_NE(refused("[1, 2").find("not a JSON profile"), std::string::npos);
+  EXPECT_NE(refused(std::string(bad).replace(0, 1, "{\"efficiency\": 0.5, ")).find("the field \"efficiency\" is given twice"),
+            std::string::npos);
+  EXPECT_NE(refused(std::string(bad).replace(bad.find("\"x\""), 3, "\"a\\u001bb\"")).find("must be a printable name"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([] { device_profile("tpu-v9"); }).find("unknown device (presets: h100, h200, a100, cpu"),
             std::string::npos);
 }
