@@ -238,7 +238,10 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     auto found = c.bytes.find(dim);
     if (found == c.bytes.end()) return t;
     for (const auto& [collective, b] : found->second) t += wire(collective, b, n) / bw;
-    return t + calls * lat;
+    // A ring's collective takes 2 (n - 1) steps (an all-reduce's; n - 1
+    // for its halves), each paying the link's latency; a send one.
+    const double steps = dim == "pp" ? 1.0 : 2.0 * double(n - 1);
+    return t + calls * lat * steps;
   };
   const int64_t layers_here = ceil_div(m.layers, l.pp);
   const double t_tp = seconds("tp", l.tp, l.tp, double(mb) * (4.0 * double(layers_here) + 4.0));

@@ -6,7 +6,9 @@
 // profile's peak times its efficiency, plus the communication that is not
 // hidden: tp's all-reduces (between the layers' products), a pipeline's
 // sends, DDP's buckets beyond the last micro-batch's backward, FSDP's
-// transfers beyond the step's compute and its first gather; divided by
+// transfers beyond the step's compute and its first gather (each a
+// ring's bytes over the link's bandwidth plus its 2 (n - 1) steps'
+// latencies, over NVLink inside a node, the network across); divided by
 // 1 - the bubble of the schedule replayed with backward twice forward.
 // Tokens/s is the global batch's tokens over it, MFU the model's FLOPs a
 // second over the job's peak.
