@@ -20,8 +20,6 @@
 #include "tandem/dist/device_mesh.h"
 #include "tandem/dist/process_group.h"
 #include "tandem/engine/parallel_layout.h"
-#include <c10/core/CPUAllocator.h>
-
 #include "tandem/engine/counting_allocator.h"
 #include "tandem/engine/trainer.h"
 #include "tandem/engine/worker_footprint.h"
@@ -431,21 +429,11 @@ int train_command(const std::vector<std::string>& args) {
   if (nproc > 0 && !worker) return internal::launch_workers(options, args, nproc, {});
   // --count-memory: every CPU tensor of this rank counted from here on, the
   // counter outliving the trainer (a tensor freed after it goes uncounted).
-  std::unique_ptr<engine::CountingAllocator> counting;
-  auto* base_allocator = c10::GetCPUAllocator();
-  struct Restore {
-    c10::Allocator* base;
-    bool set = false;
-    ~Restore() {
-      if (set) c10::SetCPUAllocator(base, /*priority=*/100);
-    }
-  } restore{base_allocator};
+  std::optional<engine::CountingCpuAllocator> counting;
   if (options.count_memory) {
     TANDEM_CHECK_USAGE(engine::parse_device(options.device).is_cpu(), "--count-memory counts the CPU allocator's "
                        "tensors; --device ", options.device, " allocates elsewhere");
-    counting = std::make_unique<engine::CountingAllocator>(base_allocator);
-    c10::SetCPUAllocator(counting.get(), /*priority=*/100);
-    restore.set = true;
+    counting.emplace();
   }
   engine::Trainer trainer(options);
   if (engine::parse_device(options.device).is_cpu()) engine::limit_memory_to_available();  // Note [memory limit]

@@ -10,6 +10,7 @@
 // plan, whose average over all D ranks would mix different experts.
 #include <torch/torch.h>
 
+#include "tandem/dist/placement.h"
 #include "tandem/engine/mesh_plan.h"
 #include "tandem/optim/state_tensors.h"
 #include "tandem/parallel/expert_parallel.h"
@@ -55,12 +56,9 @@ void MeshPlan::reduce_expert_gradients() {
 
 namespace {
 
-torch::Tensor gathered_over(dist::ProcessGroup& group, const torch::Tensor& part) {
-  std::vector<torch::Tensor> parts;
-  for (int64_t r = 0; r < group.size(); ++r) parts.push_back(torch::empty_like(part));
-  group.all_gather(parts, part.detach().contiguous()).wait();
-  return torch::cat(parts, 0);
-}
+// The experts' cut over ep: Shard(0) of the whole's experts in equal runs,
+// rank r's from r E/ep on, as spread_experts keeps them.
+dist::Placement experts_cut(int64_t whole_experts) { return dist::Placement::shard(0, whole_experts); }
 
 }  // namespace
 
@@ -77,10 +75,12 @@ void MeshPlan::make_experts_whole(torch::optim::Optimizer* optimizer) {
   auto& group = *groups.expert;
   for (auto& w : expert_weights_) {  // every rank of the group, in the same order
     const auto held_shape = w.sizes().vec();
+    const auto cut = experts_cut(w.size(0) * group.size());
     held_experts_.push_back(w.detach());
-    w.set_data(gathered_over(group, w));
+    w.set_data(dist::whole_of_part(w.detach(), cut, group));
     if (optimizer) {
-      optim::map_parameter_state(*optimizer, w, held_shape, [&](const torch::Tensor& t) { return gathered_over(group, t); });
+      optim::map_parameter_state(*optimizer, w, held_shape,
+                                 [&](const torch::Tensor& t) { return dist::whole_of_part(t, cut, group); });
     }
   }
 }
@@ -88,18 +88,17 @@ void MeshPlan::make_experts_whole(torch::optim::Optimizer* optimizer) {
 void MeshPlan::cut_experts_again(torch::optim::Optimizer* optimizer) {
   if (held_experts_.empty()) return;
   torch::NoGradGuard no_grad;
-  const int64_t rank = groups.expert->rank();
+  const auto& group = *groups.expert;
   for (size_t i = 0; i < expert_weights_.size(); ++i) {
     auto& w = expert_weights_[i];
     auto held = held_experts_[i];
-    const int64_t rows = held.size(0);
     const auto whole_shape = w.sizes().vec();
-    held.copy_(w.detach().slice(0, rank * rows, (rank + 1) * rows));
+    const auto cut = experts_cut(w.size(0));
+    held.copy_(dist::part_of_whole(w.detach(), cut, group));
     w.set_data(held);
     if (optimizer) {
-      optim::map_parameter_state(*optimizer, w, whole_shape, [&](const torch::Tensor& t) {
-        return t.slice(0, rank * rows, (rank + 1) * rows).contiguous();
-      });
+      optim::map_parameter_state(*optimizer, w, whole_shape,
+                                 [&](const torch::Tensor& t) { return dist::part_of_whole(t, cut, group); });
     }
   }
   held_experts_.clear();
@@ -107,7 +106,10 @@ void MeshPlan::cut_experts_again(torch::optim::Optimizer* optimizer) {
 
 void MeshPlan::gather_experts() {
   torch::NoGradGuard no_grad;
-  for (auto& w : expert_weights_) w.set_data(gathered_over(*groups.expert, w));  // in the same order on every rank
+  auto& group = *groups.expert;
+  for (auto& w : expert_weights_) {  // in the same order on every rank
+    w.set_data(dist::whole_of_part(w.detach(), experts_cut(w.size(0) * group.size()), group));
+  }
   for (auto* moe : spread_layers_) moe->spread = {};
   expert_weights_.clear();
   spread_layers_.clear();

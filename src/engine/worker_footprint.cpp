@@ -77,13 +77,8 @@ WorkerFootprint measure_worker_footprint(const TrainOptions& o, int64_t workers)
     const auto info = splits.train->info();
     // The model's tensors are counted as they are allocated: live bytes and
     // their peak, which the heap malloc keeps from before would hide.
-    auto* base_allocator = c10::GetCPUAllocator();
-    CountingAllocator counting(base_allocator);
-    c10::SetCPUAllocator(&counting, /*priority=*/100);
-    struct Restore {
-      c10::Allocator* base;
-      ~Restore() { c10::SetCPUAllocator(base, /*priority=*/100); }
-    } restore{base_allocator};
+    CountingCpuAllocator installed;
+    auto& counting = installed.counting();
     check_model_fits(o, model_options_for(o, info), workers, machine_resources());
     auto model = models::make_seeded_model(o.model, model_options_for(o, info), o.seed);
     model->to(o.dtype == Dtype::kFloat64 ? torch::kFloat64 : torch::kFloat32);

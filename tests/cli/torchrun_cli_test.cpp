@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "tandem/dist/process_group.h"
+#include "same_weights.h"
 #include "testing.h"
 
 namespace tandem {
@@ -84,6 +85,21 @@ TEST_F(TorchrunCliTest, TheRendezvousFormsGiveTandemLaunchsWeights) {
     EXPECT_TRUE(testing::read_text(weights) == want) << form.name << ": the weights differ from tandem launch's\n"
                                                      << r.output;
   }
+}
+
+// --mesh auto is chosen by tandem train's own launcher: under torchrun
+// each worker refuses it at once, before a rendezvous that would wait for
+// its peers (it hung there once), and torchrun ends with the reason.
+TEST_F(TorchrunCliTest, MeshAutoIsRefusedAtOnce) {
+  ASSERT_EQ(::access(torchrun().c_str(), X_OK), 0) << torchrun() << " is not there";
+  TempDir out;
+  auto r = run("timeout 120 " + torchrun() + " --standalone --nproc-per-node 2 --no-python " + TANDEM_CLI +
+               " train --model llama-tiny --data text:" + testing::write_text(out) +
+               " --seq-len 16 --max-steps 1 --progress off --mesh auto");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "torchrun did not end\n" << r.output;
+  EXPECT_NE(r.output.find("--mesh auto is chosen by tandem train's own launcher"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("of a job another launcher started"), std::string::npos) << r.output;
 }
 
 TEST_F(TorchrunCliTest, AKilledWorkerIsRestartedAndTheJobEndsWithTheSameWeights) {

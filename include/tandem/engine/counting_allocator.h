@@ -2,11 +2,8 @@
 // live and their peak (header-only; c10 alone): for measuring what a step
 // holds (Note [worker footprint]), and for the tests and the benchmarks.
 //
-//   auto* base = c10::GetCPUAllocator();
-//   tandem::engine::CountingAllocator counting(base);
-//   c10::SetCPUAllocator(&counting, /*priority=*/100);
-//   ... counting.reset_peak(); work; counting.peak() ...
-//   c10::SetCPUAllocator(base, /*priority=*/100);
+//   tandem::engine::CountingCpuAllocator counting;  // installed for its scope
+//   ... counting->reset_peak(); work; counting->peak() ...
 //
 // Process-wide: threads (rank threads) add up.
 #pragma once
@@ -18,6 +15,7 @@
 #include <unordered_map>
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 
 namespace tandem::engine {
 
@@ -78,6 +76,25 @@ class CountingAllocator final : public c10::Allocator {
   std::mutex mutex_;
   std::unordered_map<void*, Block> blocks_;
   std::atomic<int64_t> live_{0}, peak_{0};
+};
+
+// The CPU allocator counting for this object's life (tensors made now are
+// counted, freed ones too), the one before restored at its end, also when
+// an exception leaves the scope early.
+class CountingCpuAllocator {
+ public:
+  CountingCpuAllocator() : base_(c10::GetCPUAllocator()), counting_(base_) {
+    c10::SetCPUAllocator(&counting_, /*priority=*/100);
+  }
+  ~CountingCpuAllocator() { c10::SetCPUAllocator(base_, /*priority=*/100); }
+  CountingCpuAllocator(const CountingCpuAllocator&) = delete;
+  CountingCpuAllocator& operator=(const CountingCpuAllocator&) = delete;
+  CountingAllocator* operator->() { return &counting_; }
+  CountingAllocator& counting() { return counting_; }
+
+ private:
+  c10::Allocator* base_;
+  CountingAllocator counting_;
 };
 
 }  // namespace tandem::engine
