@@ -38,6 +38,11 @@ void add_data_flags(FlagSet& flags, engine::TrainOptions& o) {
   flags.add_int("vocab-size", "V", &o.vocab_size,
                 "token data: the vocabulary, which nanoGPT's .bin files do not record (0: the files'; text is "
                 "bytes, 256)", 0);
+  flags.add_string("tokenizer", "FILE", &o.tokenizer,
+                   "token data: a tokenizer.json (byte-level BPE) or SentencePiece .model; text:FILE is tokenized "
+                   "with it as it is read (each file a document, after the tokenizer's end- or begin-of-text "
+                   "token; for large corpora, tandem tokenize), tokens:PATH takes its vocabulary; recorded in "
+                   "the weights for tandem sample and eval");
 }
 
 void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {

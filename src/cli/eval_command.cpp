@@ -133,7 +133,7 @@ int eval_command(const std::vector<std::string>& args) {
                        where.c_str()));
   }
   if (rank == 0 && language) {
-    const bool text = data::data_format(options.data) == "text";
+    const bool text = data::data_format(options.data) == "text" && options.tokenizer.empty();  // bytes as tokens
     std::printf("%s from %s on %s: test loss %.4f nats/token (perplexity %.2f%s), next-token accuracy %.2f%% "
                 "(%lld windows of %lld tokens)\n",
                 options.model.c_str(), weights.c_str(),

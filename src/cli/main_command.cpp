@@ -41,6 +41,7 @@ std::string top_help() {
              "  export    write a checkpoint's weights as one safetensors file\n"
              "  sample    generate text from a trained language model (--export-weights' file)\n"
              "  plan      predict each layout's memory, traffic, bubble and time for a job on a cluster\n"
+             "  tokenize  turn text into token shards with a tokenizer.json or SentencePiece model\n"
              "  launch    run a command as N local workers of a distributed job\n"
              "  models    list the model names --model accepts\n"
              "  version   print the version\n\n"
@@ -67,12 +68,13 @@ int run_command(int argc, char** argv) {
     if (command == "sample") return sample_command(rest);
     if (command == "models") return models_command(rest);
     if (command == "plan") return plan_command(rest);
+    if (command == "tokenize") return tokenize_command(rest);
     if (command == "launch") return launch_command(rest);
     if (command == "version" || command == "--version") {
       std::printf("tandem %s\n", TANDEM_VERSION);
       return 0;
     }
-    throw UsageError("unknown command '" + command + "' (commands: train, eval, export, sample, plan, launch, models, version)");
+    throw UsageError("unknown command '" + command + "' (commands: train, eval, export, sample, plan, tokenize, launch, models, version)");
   } catch (const UsageError& e) {
     const std::string message = printable(e.what());  // one line, whatever names it holds
     std::fprintf(stderr, "tandem: error: %s\n", message.c_str());

@@ -13,6 +13,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
+#include "tandem/data/tokenizer.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/models/decoding.h"
 #include "tandem/models/registry.h"
@@ -28,6 +29,7 @@ struct SampleFlags {
   std::string prompt = "\n";
   std::string prompt_ids;
   std::string device = "cpu";
+  std::string tokenizer;
   models::SampleOptions sample;
 };
 
@@ -51,6 +53,9 @@ FlagSet sample_flags(SampleFlags& f) {
   flags.add_int("top-k", "K", &f.sample.top_k, "sample among the K most likely tokens only (0: all)", 0);
   flags.add_uint("seed", "N", &f.sample.seed, "the sampling's seed: the same seed, the same text");
   flags.add_string("device", "DEV", &f.device, "cpu, cuda or cuda:N");
+  flags.add_string("tokenizer", "FILE", &f.tokenizer,
+                   "encode the prompt and decode the output with this tokenizer.json or SentencePiece .model "
+                   "(default: the one the run trained with, recorded in the weights)");
   return flags;
 }
 
@@ -99,7 +104,15 @@ int sample_command(const std::vector<std::string>& args) {
   TANDEM_CHECK(vocab_size && *vocab_size > 0, f.weights, ": its metadata's vocab_size '", printable(*vocab),
                "' is not a vocabulary size");
   const auto* tokens = field(file, "tokens");
-  const bool text = tokens != nullptr && *tokens == "text";
+  // The run's tokenizer (Note [encode without specials]), or --tokenizer's.
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (const auto* recorded = field(file, "tokenizer"); f.tokenizer.empty() && recorded) f.tokenizer = *recorded;
+  if (!f.tokenizer.empty()) {
+    tokenizer = data::load_tokenizer(f.tokenizer);
+    TANDEM_CHECK_USAGE(tokenizer->vocab_size() <= *vocab_size, "--tokenizer ", f.tokenizer, ": ",
+                       tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", *vocab_size);
+  }
+  const bool text = tokenizer != nullptr || (tokens != nullptr && *tokens == "text");
 
   // The prompt: bytes of text, or the ids given.
   std::vector<int64_t> ids;
@@ -119,7 +132,12 @@ int sample_command(const std::vector<std::string>& args) {
                        "give --prompt-ids");
     }
     if (f.prompt.empty()) throw UsageError("--prompt: give at least one character to start from");
-    for (unsigned char c : f.prompt) ids.push_back(c);
+    if (tokenizer) {
+      for (const int32_t id : tokenizer->encode(f.prompt, "--prompt")) ids.push_back(id);
+      TANDEM_CHECK_USAGE(!ids.empty(), "--prompt: the tokenizer makes no tokens of it");
+    } else {
+      for (unsigned char c : f.prompt) ids.push_back(c);
+    }
   }
 
   models::ModelOptions options;
@@ -150,10 +168,28 @@ int sample_command(const std::vector<std::string>& args) {
     for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%lld", i ? " " : "", static_cast<long long>(ids[i]));
   }
   std::fflush(stdout);
-  f.sample.on_token = [as_text](const torch::Tensor& next) {
+  // With a tokenizer, the prompt and continuation are decoded whole each
+  // time and the new bytes printed (a SentencePiece piece's leading space,
+  // a byte-level token's part of a character, come out as decode() joins
+  // them).
+  std::vector<int32_t> generated;
+  std::string printed;
+  const auto* tok = tokenizer.get();
+  if (tok && as_text) {
+    generated.assign(ids.begin(), ids.end());  // the prompt's ids, decoded with what follows them
+    printed = tok->decode(generated);
+  }
+  f.sample.on_token = [as_text, tok, &generated, &printed](const torch::Tensor& next) {
     const int64_t id = next.cpu().item<int64_t>();
     if (!as_text) {
       std::printf(" %lld", static_cast<long long>(id));
+    } else if (tok) {
+      if (id < tok->vocab_size()) generated.push_back(static_cast<int32_t>(id));
+      const auto text = tok->decode(generated);
+      if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+        std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
+        printed = text;
+      }
     } else if (id < 256) {
       std::fputc(static_cast<int>(id), stdout);  // bytes as they are
     } else {

@@ -119,6 +119,9 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
       }
     }
   }
+  if (const auto* tokenizer = field("tokenizer"); tokenizer && metadata_model && !flags.given("tokenizer")) {
+    o.tokenizer = *tokenizer;  // the run's (Note [encode without specials])
+  }
   if (const auto* vocab = field("vocab_size"); vocab && metadata_model && !flags.given("vocab-size")) {
     const auto recorded = parse_int(*vocab);
     if (!recorded || *recorded < 1) throw bad("vocab_size", *vocab, "is not a vocabulary size");

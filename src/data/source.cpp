@@ -137,6 +137,7 @@ TokenOptions token_options(const DataOptions& o) {
   TokenOptions t;
   t.seq_len = o.seq_len;
   t.vocab_size = o.vocab_size;
+  t.tokenizer = o.tokenizer;
   return t;
 }
 

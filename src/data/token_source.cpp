@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "tandem/data/tokenizer.h"
 #include "tandem/data/tokens.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
@@ -87,6 +88,50 @@ bool validation_file(const std::string& path) {
   return name.find("_val_") != std::string::npos || name == "val.bin";
 }
 
+// text:... tokenized with --tokenizer as it is read: each file a document
+// after the tokenizer's separator (Note [corpus shards]), uint32 tokens in
+// memory. For small data: a large corpus is tandem tokenize's.
+std::shared_ptr<const TokenStream> tokenized_text(const std::string& spec, const std::vector<std::string>& files,
+                                                  const TokenOptions& o) {
+  constexpr int64_t kMostBytes = int64_t(256) << 20;
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& f : files) bytes += static_cast<int64_t>(fs::file_size(f, ec));
+  TANDEM_CHECK_USAGE(bytes <= kMostBytes, spec, ": ", bytes, " bytes of text; --tokenizer tokenizes at most 256 MiB "
+                     "as it reads (tandem tokenize writes shards of any size for --data tokens:DIR)");
+  const auto tokenizer = load_tokenizer(o.tokenizer);
+  const auto separator = tokenizer->document_separator();
+  TANDEM_CHECK_USAGE(separator.has_value(), "--tokenizer ", o.tokenizer, ": the tokenizer has no end-of-text or "
+                     "begin-of-text token to write before each document");
+  const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : tokenizer->vocab_size();
+  TANDEM_CHECK_USAGE(vocab >= tokenizer->vocab_size(), "--vocab-size ", o.vocab_size, ": smaller than --tokenizer ",
+                     o.tokenizer, "'s ", tokenizer->vocab_size(), " tokens");
+  std::vector<uint32_t> tokens;
+  for (const auto& f : files) {
+    tokens.push_back(static_cast<uint32_t>(*separator));
+    for (const int32_t id : tokenizer->encode(read_regular_file(f, "a text file"), f)) {
+      tokens.push_back(static_cast<uint32_t>(id));
+    }
+  }
+  TokenLayout layout;
+  layout.width = 4;
+  layout.count = static_cast<int64_t>(tokens.size());
+  layout.vocab_size = vocab;
+  layout.format = "text tokenized by " + tokenizer->describe();
+  std::string raw(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint32_t));
+  return std::make_shared<const TokenStream>(std::move(raw), layout, spec);
+}
+
+// The stream of `files` of `kind`, tokenized or with the tokenizer's
+// vocabulary when --tokenizer is given.
+std::shared_ptr<const TokenStream> token_stream(const std::string& kind, const std::string& spec,
+                                                const std::vector<std::string>& files, const TokenOptions& o) {
+  if (o.tokenizer.empty()) return std::make_shared<const TokenStream>(kind, files, o.vocab_size);
+  if (kind == "text") return tokenized_text(spec, files, o);
+  const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : load_tokenizer(o.tokenizer)->vocab_size();
+  return std::make_shared<const TokenStream>(kind, files, vocab);
+}
+
 }  // namespace
 
 std::vector<std::string> token_spec_files(const std::string& kind, const std::string& path) {
@@ -99,7 +144,7 @@ std::shared_ptr<const Dataset> open_token_eval(const std::string& kind, const st
                                                const TokenOptions& o) {
   const std::string spec = kind + ":" + path;
   TANDEM_CHECK_USAGE(o.seq_len > 0, "--seq-len: expected a positive number of tokens, got ", o.seq_len);
-  auto stream = std::make_shared<const TokenStream>(kind, token_spec_files(kind, path), o.vocab_size);
+  auto stream = token_stream(kind, spec, token_spec_files(kind, path), o);
   TANDEM_CHECK(stream->size() >= o.seq_len + 1, spec, ": ", stream->size(), " tokens, fewer than one window of --seq-len ",
                o.seq_len, " + 1");
   return std::make_shared<TokenDataset>(stream, 0, stream->size(), o.seq_len,
@@ -115,11 +160,12 @@ DataSplits open_tokens(const std::string& kind, const std::string& path, const T
   if (kind == "text") {
     TANDEM_CHECK_USAGE(o.vocab_size == 0 || o.vocab_size >= 256, "--vocab-size ", o.vocab_size,
                        ": text data are bytes, a vocabulary of 256");
-    auto stream = std::make_shared<const TokenStream>(kind, text_files(spec, path), o.vocab_size);
+    auto stream = token_stream(kind, spec, text_files(spec, path), o);
     const int64_t n = stream->size();
     const auto held_out = static_cast<int64_t>(std::floor(static_cast<double>(n) * o.val_fraction));
     const int64_t need = o.seq_len + 1;
-    TANDEM_CHECK(n - held_out >= need && held_out >= need, spec, ": ", n, " bytes; its training part (", n - held_out,
+    TANDEM_CHECK(n - held_out >= need && held_out >= need, spec, ": ", n, o.tokenizer.empty() ? " bytes" : " tokens",
+                 "; its training part (", n - held_out,
                  ") and its held-out tail (", held_out, ", a tenth) each need one window of --seq-len ", o.seq_len,
                  " + 1 tokens");
     const std::string what = spec + " (" + stream->describe() + ")";
@@ -131,12 +177,12 @@ DataSplits open_tokens(const std::string& kind, const std::string& path, const T
   std::vector<std::string> train, val;
   for (auto& f : token_files(spec, path)) (validation_file(f) ? val : train).push_back(std::move(f));
   TANDEM_CHECK(!train.empty(), spec, ": every file is a validation one (*_val_*, val.bin); no training tokens");
-  auto train_stream = std::make_shared<const TokenStream>(kind, train, o.vocab_size);
+  auto train_stream = token_stream(kind, spec, train, o);
   splits.train = std::make_shared<TokenDataset>(train_stream, 0, train_stream->size(), o.seq_len,
                                                 spec + " train (" + train_stream->describe() + ", " +
                                                     train_stream->format() + ")");
   if (!val.empty()) {
-    auto val_stream = std::make_shared<const TokenStream>(kind, val, o.vocab_size);
+    auto val_stream = token_stream(kind, spec, val, o);
     TANDEM_CHECK(val_stream->format() == train_stream->format() &&
                      val_stream->vocab_size() == train_stream->vocab_size(),
                  spec, ": validation files of ", val_stream->format(), " tokens (vocabulary ", val_stream->vocab_size(),

@@ -53,6 +53,7 @@ data::DataOptions data_options_for(const TrainOptions& o) {
   data_options.skip_bad_images = o.skip_bad_images;
   data_options.seq_len = resolved_seq_len(o);
   data_options.vocab_size = o.vocab_size;
+  data_options.tokenizer = o.tokenizer;
   return data_options;
 }
 

@@ -2,6 +2,7 @@
 // weights checked against it (run_setup.h).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const
     metadata["tokens"] = data::data_format(o.data);
     metadata["seq_len"] = std::to_string(info.seq_len);
     metadata["data"] = data::absolute_spec(o.data);
+    if (!o.tokenizer.empty()) metadata["tokenizer"] = std::filesystem::absolute(o.tokenizer).string();
     return metadata;
   }
   metadata["num_classes"] = std::to_string(info.num_classes);

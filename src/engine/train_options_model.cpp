@@ -55,7 +55,8 @@ void check_model_and_data(const TrainOptions& o) {
                        "--augment, --image-size, --skip-bad-images, --channels-last, --cudnn-benchmark and "
                        "--sync-bn are for image models; --model ", o.model, " is a language model");
   } else {
-    TANDEM_CHECK_USAGE(o.seq_len == 0 && o.vocab_size == 0, "--seq-len and --vocab-size are for language models "
+    TANDEM_CHECK_USAGE(o.seq_len == 0 && o.vocab_size == 0 && o.tokenizer.empty(), "--seq-len, --vocab-size and "
+                       "--tokenizer are for language models "
                        "on token data; --model ", o.model, " is an image classifier");
     TANDEM_CHECK_USAGE(o.export_hf.empty(), "--export-hf writes a language model in transformers' form; --model ",
                        o.model, " is an image classifier (--export-weights writes its weights)");

@@ -217,7 +217,7 @@ observe::EpochMetrics Trainer::end_epoch(RunState& run, EpochState& epoch) {
     m.tokens_per_second = m.images_per_second * double(tokens_per_sample_);
     const double peak = peak_flops();
     if (peak > 0 && flops_per_token_ > 0) m.mfu = m.tokens_per_second * flops_per_token_ / peak;
-    m.text = data::data_format(options_.data) == "text";
+    m.text = data::data_format(options_.data) == "text" && options_.tokenizer.empty();  // bytes as tokens
   }
   m.lr = epoch.lr;
   m.world_size = job_world_;  // processes in the job

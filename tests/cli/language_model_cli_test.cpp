@@ -302,7 +302,7 @@ TEST(LanguageModelCliTest, MismatchesAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--model gpt2-tiny", "image data, but --model gpt2-tiny is a language model"},
       {"--model convnet --data " + text, "token data, but --model convnet is an image classifier"},
-      {"--model convnet --seq-len 8", "--seq-len and --vocab-size are for language models"},
+      {"--model convnet --seq-len 8", "--seq-len, --vocab-size and --tokenizer are for language models"},
       {"--model gpt2-tiny --data " + text + " --seq-len 300", "gpt2-tiny takes sequences of at most 256 tokens"},
       {"--model gpt2-tiny --data " + text + " --augment cifar", "are for image models"},
       {"--model gpt2-tiny --data " + text + " --nesterov", "--nesterov is SGD's"},

@@ -38,6 +38,10 @@ std::string sample_help();
 int plan_command(const std::vector<std::string>& args);
 std::string plan_help();
 
+// tandem tokenize [flags] INPUTS...: a corpus into llm.c's token shards.
+int tokenize_command(const std::vector<std::string>& args);
+std::string tokenize_help();
+
 // tandem models: the registered model names.
 int models_command(const std::vector<std::string>& args);
 

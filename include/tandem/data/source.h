@@ -31,6 +31,7 @@ struct DataOptions {
   bool skip_bad_images = false;  // leave unreadable images out (with a warning)
   int64_t seq_len = 0;           // token data: tokens a sample's inputs hold (required there)
   int64_t vocab_size = 0;        // token data: --vocab-size (0: the files')
+  std::string tokenizer;         // token data: --tokenizer (tokenizer.h)
 };
 
 // Whether `spec` is token data (text:... or tokens:...), for a language

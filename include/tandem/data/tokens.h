@@ -108,6 +108,10 @@ struct TokenOptions {
   int64_t seq_len = 0;     // --seq-len: tokens a sample's inputs hold
   int64_t vocab_size = 0;  // --vocab-size: 0 for the format's own
   double val_fraction = 0.1;  // text: the held-out tail
+  // --tokenizer (tokenizer.h): text is tokenized with it as it is read,
+  // each file a document after the tokenizer's separator (Note [corpus
+  // shards]); tokens take its vocabulary unless vocab_size says otherwise.
+  std::string tokenizer;
 };
 
 // Opens text:... or tokens:... (`kind`, `path` the spec after the colon):

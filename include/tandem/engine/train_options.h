@@ -134,6 +134,7 @@ struct DataSection {
   bool skip_bad_images = false;        // leave unreadable images out, with a warning
   int64_t seq_len = 0;     // token data: tokens a sample's inputs hold (0: the model's context, at most 1024)
   int64_t vocab_size = 0;  // token data: the vocabulary where the files do not say it (0: the files')
+  std::string tokenizer;   // token data: text tokenized with it, the vocabulary its own (data/tokenizer.h)
 };
 
 // Model: what is trained, in what precision.
@@ -220,6 +221,7 @@ struct CheckpointSection {
 // Logging: what the run reports, and where.
 struct LogSection {
   std::string metrics_out;      // JSON lines, one per epoch
+  std::string config;           // --config: the TOML job file the flags came from (the CLI's)
   std::string tensorboard;      // folder of TensorBoard event files (observe/tensorboard.h); rank 0
   int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
   std::string profile_out;      // Chrome trace of --profile-steps (observe/profile.h); "{rank}": per rank
