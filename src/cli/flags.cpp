@@ -164,6 +164,12 @@ void FlagSet::parse(const std::vector<std::string>& args) {
   }
 }
 
+std::vector<FlagSet::FlagInfo> FlagSet::flag_infos() const {
+  std::vector<FlagInfo> out;
+  for (const auto& f : flags_) out.push_back({f.name, f.section >= 0 ? sections_[f.section] : "", f.is_switch});
+  return out;
+}
+
 bool FlagSet::given(const std::string& name) const {
   for (const auto& f : flags_) {
     if (f.name == name) return f.given;

@@ -14,6 +14,7 @@
 #include "tandem/cli/flags.h"
 #include "auto_mesh.h"
 #include "common_flags.h"
+#include "config_file.h"
 #include "train_sweep.h"
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
@@ -194,6 +195,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "longest wait of any collective before the job fails", 1e-3, 604800);
 
   flags.section("run");
+  flags.add_string("config", "FILE", &o.config,
+                   "a TOML job file of these flags by section ([data], [model], [optimisation], [distributed], "
+                   "[run]); flags on the command line replace its. The run's effective configuration is written "
+                   "beside --metrics-out (NAME.config.toml) and in --checkpoint-dir (config.toml)");
   flags.add_string("device", "DEV", &o.device, "cpu, cuda or cuda:N");
   flags.add_double("peak-tflops", "X", &o.peak_tflops,
                    "a device's peak TFLOPS (0.001 to 100000), for a language model's MFU (0: known for H100 "
@@ -365,7 +370,7 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 engine::TrainOptions parse_train_flags(const std::vector<std::string>& args) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
-  flags.parse(args);
+  flags.parse(with_config_file(args, flags));
   internal::complete_train_options(options, flags);
   return options;
 }
@@ -375,9 +380,11 @@ std::string train_help() {
   return train_flags(defaults).help();
 }
 
-int train_command(const std::vector<std::string>& args) {
+int train_command(const std::vector<std::string>& command_line) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
+  // Note [job files]: --config's flags first, the command line's after.
+  const auto args = with_config_file(command_line, flags);
   flags.parse(args);
   if (flags.help_requested()) {
     std::printf("%s", flags.help().c_str());
@@ -385,6 +392,18 @@ int train_command(const std::vector<std::string>& args) {
   }
   internal::complete_train_options(options, flags);
   const bool worker = env::get("RANK").has_value();
+  // The run's effective configuration, written once: by this launcher, or
+  // by rank 0 of another launcher's job.
+  if (!env::get(internal::kSelfLaunched).has_value() && (!worker || env::get("RANK") == "0")) {
+    if (!options.metrics_out.empty() && options.metrics_out.find("{rank}") == std::string::npos) {
+      const std::filesystem::path metrics(options.metrics_out);
+      write_config_file(args, flags, (metrics.parent_path() / (metrics.stem().string() + ".config.toml")).string());
+    }
+    if (!options.checkpoint_dir.empty()) {
+      std::filesystem::create_directories(options.checkpoint_dir);
+      write_config_file(args, flags, options.checkpoint_dir + "/config.toml");
+    }
+  }
   // Under another launcher (tandem launch, torchrun, Slurm's srun setting
   // RANK) this process is one worker already: --nproc-per-node would be
   // ignored, and the job run with fewer processes than asked. Refused.

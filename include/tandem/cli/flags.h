@@ -76,6 +76,14 @@ class FlagSet {
 
   std::string help() const;
 
+  // What each flag is, for job files (config_file.h): its name, the
+  // section --help lists it under ("" before the first), whether a switch.
+  struct FlagInfo {
+    std::string name, section;
+    bool is_switch = false;
+  };
+  std::vector<FlagInfo> flag_infos() const;
+
  private:
   struct Flag {
     std::string name, metavar, help, default_text;
