@@ -9,7 +9,9 @@
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/device_mesh.h"
+#include "calibrate_command.h"
 #include "tandem/plan/planner.h"
+#include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
 #include "tandem/util/table.h"
 
@@ -17,7 +19,7 @@ namespace tandem::cli {
 namespace {
 
 struct PlanFlags {
-  std::string model, device = "h100", mesh;
+  std::string model, device = "h100", mesh, calibrate, time_links;
   int64_t nodes = 1, gpus_per_node = 8, seq_len = 0, global_batch_tokens = 0, batch_size = 0, vocab_size = 0;
   int64_t top = 10;
   plan::Precision precision = plan::Precision::kBf16;
@@ -57,6 +59,11 @@ FlagSet plan_flags(PlanFlags& f) {
   flags.add_string("mesh", "SPEC", &f.mesh, "only the layouts of this mesh (as tandem train --mesh)");
   flags.add_int("top", "N", &f.top, "layouts in the table (--json has them all)", 1);
   flags.add_switch("json", &f.json, "print {\"layouts\": [...]} best first instead of the table");
+  flags.add_string("calibrate", "FILE", &f.calibrate,
+                   "measure this machine instead of planning: time training steps of --model (default llama-tiny) "
+                   "at --seq-len (default 64) and loopback Gloo all-reduces, and write a profile for --device FILE");
+  flags.add_string("time-links", "FILE", &f.time_links,
+                   "internal: the link timing --calibrate runs as two worker processes");
   return flags;
 }
 
@@ -127,6 +134,24 @@ double dim_bytes(const plan::LayoutCost& c, const std::string& dim) {
   return total;
 }
 
+// tandem plan --calibrate FILE (Note [calibrated profile]).
+int calibrate_command(const PlanFlags& f, const FlagSet& flags) {
+  for (const char* other : {"nodes", "gpus-per-node", "device", "global-batch-tokens", "batch-size", "precision",
+                            "optimizer", "mesh", "top", "json"}) {
+    TANDEM_CHECK_USAGE(!flags.given(other), "--", other, " plans a job: --calibrate measures this machine and "
+                       "takes only --model, --seq-len and --vocab-size");
+  }
+  check_replaceable_file("--calibrate", f.calibrate);
+  plan::CalibrateOptions o;
+  if (!f.model.empty()) o.model = f.model;
+  if (f.seq_len > 0) o.seq_len = f.seq_len;
+  if (f.vocab_size > 0) o.vocab = f.vocab_size;
+  const auto shape = plan::model_shape(o.model, o.vocab);
+  TANDEM_CHECK_USAGE(o.seq_len <= shape.context, "--seq-len ", o.seq_len, ": ", o.model, " takes sequences of at most ",
+                     shape.context, " tokens");
+  return internal::calibrate_machine(o, f.calibrate);
+}
+
 }  // namespace
 
 std::string plan_help() {
@@ -142,6 +167,8 @@ int plan_command(const std::vector<std::string>& args) {
     std::printf("%s", flags.help().c_str());
     return 0;
   }
+  if (flags.given("time-links")) return internal::time_links_worker(f.time_links);
+  if (flags.given("calibrate")) return calibrate_command(f, flags);
   TANDEM_CHECK_USAGE(!f.model.empty(), "--model NAME is required (a registry language model, e.g. llama-3-8b)");
   TANDEM_CHECK_USAGE(!(flags.given("global-batch-tokens") && flags.given("batch-size")),
                      "give --global-batch-tokens or --batch-size, not both");

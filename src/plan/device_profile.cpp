@@ -108,12 +108,13 @@ DeviceProfile from_file(const std::string& file) {
   TANDEM_CHECK_USAGE(j.is_object(), "--device ", file, ": expected a JSON object of the profile's fields");
   static const std::vector<std::string> known = {"name", "peak_tflops_bf16", "peak_tflops_fp32", "memory_gib",
                                                  "intra_node_gb_per_s", "inter_node_gb_per_s",
-                                                 "intra_node_latency_us", "inter_node_latency_us", "efficiency"};
+                                                 "intra_node_latency_us", "inter_node_latency_us", "efficiency",
+                                                 "layer_overhead_us", "cores"};
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK_USAGE(std::find(known.begin(), known.end(), key) != known.end(), "--device ", file,
                        ": unknown field \"", key, "\" (known: name, peak_tflops_bf16, peak_tflops_fp32, memory_gib, "
                        "intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, inter_node_latency_us, "
-                       "efficiency)");
+                       "efficiency; optional: layer_overhead_us, cores)");
   }
   DeviceProfile p;
   TANDEM_CHECK_USAGE(!j.contains("name") || j["name"].is_string(), "--device ", file,
@@ -130,6 +131,19 @@ DeviceProfile from_file(const std::string& file) {
   p.intra_node_latency = field(j, "intra_node_latency_us", file, 1e-6, 1e-3, 1e9);
   p.inter_node_latency = field(j, "inter_node_latency_us", file, 1e-6, 1e-3, 1e9);
   p.efficiency = field(j, "efficiency", file, 1.0, 1e-6, 1.0);
+  if (j.contains("layer_overhead_us")) {
+    const auto& v = j["layer_overhead_us"];
+    TANDEM_CHECK_USAGE(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1e9, "--device ", file,
+                       ": \"layer_overhead_us\" must be a number from 0 to 1e9, got ", v.dump());
+    p.layer_overhead = v.get<double>() * 1e-6;
+  }
+  if (j.contains("cores")) {
+    const auto& v = j["cores"];
+    TANDEM_CHECK_USAGE(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 20), "--device ",
+                       file, ": \"cores\" must be a whole number from 1 to 2^20, got ", v.dump());
+    p.cores = v.get<int64_t>();
+    p.memory_per_node = true;
+  }
   return p;
 }
 

@@ -230,7 +230,14 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const double model_flops = m.flops_per_token(job.seq_len) * step_tokens;
   const double rank_flops = model_flops / double(job.world()) * (l.recompute ? 4.0 / 3.0 : 1.0);
   c.compute_seconds = rank_flops / (peak * dev.efficiency);
-  auto seconds = [&](const std::string& dim, int64_t n, int64_t span, double calls) {
+  // What the rank's layers cost besides their FLOPs, each micro-batch's
+  // (Note [calibrated profile]); on a CPU whose ranks outnumber its cores
+  // they take turns.
+  const int64_t layers_here = ceil_div(m.layers, l.pp);
+  const double turns = dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
+  c.compute_seconds += dev.layer_overhead * turns * double(mb) * double(layers_here) * (l.recompute ? 4.0 / 3.0 : 1.0);
+  // A collective of `steps` ring steps, `calls` of them.
+  auto seconds = [&](const std::string& dim, int64_t n, int64_t span, double calls, double steps) {
     const bool intra = span <= job.gpus_per_node;
     const double bw = intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
     const double lat = intra ? dev.intra_node_latency : dev.inter_node_latency;
@@ -238,24 +245,37 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     auto found = c.bytes.find(dim);
     if (found == c.bytes.end()) return t;
     for (const auto& [collective, b] : found->second) t += wire(collective, b, n) / bw;
-    // A ring's collective takes 2 (n - 1) steps (an all-reduce's; n - 1
-    // for its halves), each paying the link's latency; a send one.
-    const double steps = dim == "pp" ? 1.0 : 2.0 * double(n - 1);
-    return t + calls * lat * steps;
+    // On a CPU whose ranks outnumber its cores the copies take turns too
+    // (a rank that waits yields its core: the latencies do not).
+    return t * turns + calls * lat * steps;
   };
-  const int64_t layers_here = ceil_div(m.layers, l.pp);
-  const double t_tp = seconds("tp", l.tp, l.tp, double(mb) * (4.0 * double(layers_here) + 4.0));
-  const double t_pp = seconds("pp", 2, job.world(), double(2 * mb + 1));
+  // A ring's all-reduce takes 2 (n - 1) steps, each paying the link's
+  // latency; its halves, an all-gather or a reduce-scatter, n - 1 but no
+  // fewer than 2: a call's own cost (its handshakes) is the floor, so
+  // sequence parallelism's two calls a region cost more than one
+  // all-reduce on few ranks. A send is one step.
+  const double ring = 2.0 * double(l.tp - 1), half = std::max(2.0, double(l.tp - 1));
+  const double regions = double(mb) * (4.0 * double(layers_here) + 4.0);
+  const double t_tp = l.sequence_parallel ? seconds("tp", l.tp, l.tp, 2.0 * regions, half)
+                                          : seconds("tp", l.tp, l.tp, regions, ring);
+  const double t_pp = seconds("pp", 2, job.world(), double(2 * mb + 1), 1.0);
   const double dp_calls = sharded ? 3.0 * double(layers_here) * (l.pp > 1 ? 1.0 : double(mb))
                                   : std::ceil(c.memory.gradients / kBucketBytes) + 1;
-  const double t_dp = seconds("dp", sharded ? shard_ranks : l.dp, l.dp * l.tp, dp_calls);
+  const int64_t dp_ranks = sharded ? shard_ranks : l.dp;
+  const double t_dp = seconds("dp", dp_ranks, l.dp * l.tp, dp_calls,
+                              sharded ? std::max(2.0, double(dp_ranks - 1)) : 2.0 * double(dp_ranks - 1));
   // DDP's buckets overlap the last micro-batch's backward (two thirds of
   // its compute); FSDP's gathers and reductions are prefetched under the
   // whole step's compute but the first unit's gather; tp's all-reduces sit
   // between the layers' products and a pipeline's sends on the critical path.
+  // On a CPU whose cores all compute, nothing is left to move the bytes
+  // meanwhile: the transfers take turns with the compute.
+  const bool overlap = dev.cores == 0 || job.gpus_per_node < dev.cores;
   const double compute_per_micro = c.compute_seconds / double(mb);
-  const double dp_exposed = sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
-                                    : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
+  const double dp_exposed =
+      !overlap  ? t_dp
+      : sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
+                : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
   c.exposed_comm_seconds = t_tp + t_pp + dp_exposed;
   const double busy = c.compute_seconds + c.exposed_comm_seconds;
   c.step_seconds = busy / (1.0 - c.bubble);

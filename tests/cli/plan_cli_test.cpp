@@ -178,6 +178,44 @@ TEST(PlanCliTest, BadInputIsNamed) {
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --gpus-per-node 8 --mesh tp=8", 2,
                                     "the planner's layouts have tp dividing a node's ranks (8) and the model's 4 "
                                     "heads"));
+  std::ofstream(bad) << R"({"name": "x", "peak_tflops_bf16": 989, "peak_tflops_fp32": 67, "memory_gib": 80,
+    "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+    "inter_node_latency_us": 25, "efficiency": 0.45, "layer_overhead_us": -3})";
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + bad, 2,
+                                    "\"layer_overhead_us\" must be a number from 0 to 1e9, got -3"));
+  std::ofstream(bad) << R"({"name": "x", "peak_tflops_bf16": 989, "peak_tflops_fp32": 67, "memory_gib": 80,
+    "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
+    "inter_node_latency_us": 25, "efficiency": 0.45, "cores": 2.5})";
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --device " + bad, 2,
+                                    "\"cores\" must be a whole number from 1 to 2^20, got 2.5"));
+  EXPECT_TRUE(testing::tandem_fails("plan --calibrate " + dir.file("c.json") + " --nodes 2", 2,
+                                    "--nodes plans a job: --calibrate measures this machine"));
+}
+
+// tandem plan --calibrate writes a profile tandem plan reads back: the
+// fit's figures in range, and a layer's overhead that makes the plan's
+// step of many micro-batches slower than of one (Note [calibrated profile]).
+TEST(PlanCliTest, CalibrateWritesAProfileThePlannerReads) {
+  TempDir dir;
+  auto r = run_tandem("plan --calibrate " + dir.file("cpu.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto profile = nlohmann::json::parse(testing::read_text(dir.file("cpu.json")));
+  EXPECT_GT(profile["efficiency"].get<double>(), 0.05) << profile.dump();
+  EXPECT_LE(profile["efficiency"].get<double>(), 1.0);
+  EXPECT_GT(profile["layer_overhead_us"].get<double>(), 0.0);
+  EXPECT_GT(profile["intra_node_gb_per_s"].get<double>(), 0.01);
+  EXPECT_GE(profile["cores"].get<int64_t>(), 1);
+  r = run_tandem("plan --model llama-tiny --vocab-size 256 --seq-len 64 --batch-size 16 --precision float32 "
+                 "--gpus-per-node 2 --mesh pp=2 --json --device " + dir.file("cpu.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double one = 0, sixteen = 0;
+  const auto plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));  // kept: the loop reads into it
+  for (const auto& l : plan["layouts"]) {
+    if (l["activation_checkpointing"].get<bool>()) continue;
+    if (l["micro_batches"] == 2) one = l["compute_seconds"].get<double>();
+    if (l["micro_batches"] == 16) sixteen = l["compute_seconds"].get<double>();
+  }
+  EXPECT_GT(sixteen, one * 1.5) << "16 micro-batches pay their layers' overhead 8 times as often as 2";
 }
 
 }  // namespace plan_cli

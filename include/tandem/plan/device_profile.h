@@ -9,8 +9,12 @@
 //    "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "intra_node_latency_us": 10,
 //    "inter_node_latency_us": 25, "efficiency": 0.45}
 //
-// Every field is required and must be positive (efficiency at most 1); a
-// field the planner does not know is refused, naming it.
+// Those fields are required and must be positive (efficiency at most 1).
+// Two more are optional: "layer_overhead_us" (default 0), what a layer's
+// forward and backward of one micro-batch cost besides their FLOPs, and
+// "cores" (a CPU: the peaks are one core's, shared by the node's ranks,
+// and the memory the node's). tandem plan --calibrate FILE writes both
+// (calibrate.h). A field the planner does not know is refused, naming it.
 #pragma once
 
 #include <string>
@@ -31,6 +35,10 @@ struct DeviceProfile {
   // ceiling of its model FLOPs utilisation), a profile value: 0.45 for the
   // GPUs (torchtitan's and Megatron-LM's published runs reach 0.40-0.55).
   double efficiency = 0.45;
+  // Seconds a layer's forward and backward of one micro-batch take besides
+  // their FLOPs (Note [calibrated profile] in calibrate.h); 0 for the GPUs,
+  // whose kernels are queued ahead of the device.
+  double layer_overhead = 0;
   // cpu: the memory is the node's, shared by its ranks, and the peaks one
   // core's, of `cores`, which the ranks share (peak_for).
   bool memory_per_node = false;

@@ -3,15 +3,17 @@
 //
 // Note [planned time]: a rank's step is its share of the model's FLOPs
 // (forward and backward, a third more with every layer recomputed) at the
-// profile's peak times its efficiency, plus the communication that is not
-// hidden: tp's all-reduces (between the layers' products), a pipeline's
-// sends, DDP's buckets beyond the last micro-batch's backward, FSDP's
-// transfers beyond the step's compute and its first gather (each a
-// ring's bytes over the link's bandwidth plus its 2 (n - 1) steps'
-// latencies, over NVLink inside a node, the network across); divided by
-// 1 - the bubble of the schedule replayed with backward twice forward.
-// Tokens/s is the global batch's tokens over it, MFU the model's FLOPs a
-// second over the job's peak.
+// profile's peak times its efficiency, plus its layers' overhead a
+// micro-batch (the profile's layer_overhead), plus the communication that
+// is not hidden: tp's all-reduces (between the layers' products), a
+// pipeline's sends, DDP's buckets beyond the last micro-batch's backward,
+// FSDP's transfers beyond the step's compute and its first gather, all of
+// dp's on a CPU whose cores all compute (each a ring's bytes over the
+// link's bandwidth plus its steps' latencies: 2 (n - 1) an all-reduce, at
+// least 2 a call; over NVLink inside a node, the network across);
+// divided by 1 - the bubble of the schedule replayed with backward twice
+// forward. Tokens/s is the global batch's tokens over it, MFU the model's
+// FLOPs a second over the job's peak.
 #pragma once
 
 #include <string>

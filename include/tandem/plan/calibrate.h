@@ -1,0 +1,67 @@
+// tandem/plan/calibrate.h: a device profile of this CPU machine made by
+// measuring it (tandem plan --calibrate FILE), so that the planner's times
+// can be checked against runs made here.
+//
+// Note [calibrated profile]: what a CPU training step costs is not its
+// FLOPs alone. The calibration times real training steps of a registry
+// language model (forward, cross-entropy, backward, AdamW, one thread: a
+// rank's share of this machine's cores) at several micro-batch sizes and
+// fits, by least squares, step = FLOPs / (peak x efficiency) + layers x
+// layer_overhead: the slope gives the efficiency the matrix products reach
+// at these shapes, the intercept what a layer costs besides its FLOPs
+// (operator dispatch, the memory-bound element-wise work, the optimizer),
+// which dominates small models and short sequences. The links are timed
+// the same way: all-reduces of 64 KiB to 16 MiB between two ranks over
+// loopback Gloo, fitted as latency + bytes / bandwidth over the sizes a
+// step sends (Gloo's cost of a call is not its cost for one float: on
+// this machine 0.5 ms for 4 bytes, 3.6 ms for 64 KiB between processes).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/plan/device_profile.h"
+
+namespace tandem::plan {
+
+struct CalibrateOptions {
+  std::string model = "llama-tiny";  // a registry language model
+  int64_t seq_len = 64;
+  int64_t vocab = 256;
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16};  // sequences, one timing each
+  int steps = 9;  // timed steps a size (the median kept), after two that warm up
+};
+
+struct CalibrationPoint {
+  int64_t micro_batch = 0;
+  double flops = 0;    // the step's, forward and backward
+  double seconds = 0;  // the median step
+  double fitted = 0;   // the fit's step
+};
+
+struct Calibration {
+  DeviceProfile profile;
+  std::vector<CalibrationPoint> points;
+  std::vector<std::pair<double, double>> links;  // (bytes, mean seconds) of the all-reduces timed
+};
+
+// (bytes, mean seconds) of all-reduces of 64 KiB to 16 MiB.
+using LinkTimes = std::vector<std::pair<double, double>>;
+
+// Every rank of `group` calls it: the all-reduces timed, the slowest
+// rank's mean of each size.
+LinkTimes time_allreduces(dist::ProcessGroup& group);
+
+// Measures this machine (about 10-30 s): the steps here, the links by
+// `links` (time_allreduces over two processes: threads of one process
+// wake each other faster than processes do). `say` reports each stage.
+Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& say,
+                      const std::function<LinkTimes()>& links);
+
+// The profile as a JSON file device_profile() reads back (Note [calibrated
+// profile]); written atomically.
+void write_profile(const DeviceProfile& profile, const std::string& path);
+
+}  // namespace tandem::plan

@@ -1,0 +1,178 @@
+// This machine's profile, measured (calibrate.h, Note [calibrated profile]).
+#include "tandem/plan/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "tandem/dist/process_group.h"
+#include "tandem/models/registry.h"
+#include "tandem/optim/adamw.h"
+#include "tandem/plan/model_shape.h"
+#include "tandem/util/atomic_file.h"
+#include "tandem/util/check.h"
+#include "tandem/util/stats.h"
+#include "tandem/util/table.h"
+
+namespace tandem::plan {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Least squares of y = slope x + intercept.
+std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>& points) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    n += 1;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  return {slope, (sy - slope * sx) / n};
+}
+
+// The median training step of `model` on micro-batches of `batch` random
+// sequences: what one rank of a data-parallel job computes a step.
+double step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, const CalibrateOptions& o) {
+  std::vector<double> times;
+  for (int i = 0; i < o.steps + 2; ++i) {
+    auto tokens = torch::randint(o.vocab, {batch, o.seq_len + 1}, torch::kLong);
+    auto input = tokens.narrow(1, 0, o.seq_len), target = tokens.narrow(1, 1, o.seq_len);
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    auto logits = model->forward(input);
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
+    loss.backward();
+    optimizer.step();
+    if (i >= 2) times.push_back(seconds_since(start));
+  }
+  return median(times);
+}
+
+// Float counts of the all-reduces timed: 64 KiB to 16 MiB.
+const std::vector<int64_t> kLinkFloats = {int64_t(16) << 10, int64_t(64) << 10, int64_t(256) << 10,
+                                          int64_t(1) << 20, int64_t(4) << 20};
+
+}  // namespace
+
+LinkTimes time_allreduces(dist::ProcessGroup& group) {
+  std::vector<double> means;
+  for (const int64_t floats : kLinkFloats) {
+    auto t = torch::ones({floats});
+    group.all_reduce(t).wait();  // connections made
+    // The mean, not the median: a call costs either about 0.5 ms or about
+    // 3 ms here (whether a peer's thread slept), and a step pays the mix.
+    double total = 0;
+    constexpr int kCalls = 21;
+    for (int k = 0; k < kCalls; ++k) {
+      group.barrier().wait();
+      const auto start = std::chrono::steady_clock::now();
+      group.all_reduce(t).wait();
+      total += seconds_since(start);
+    }
+    means.push_back(total / kCalls);
+  }
+  auto slowest = torch::tensor(means, torch::kFloat64);
+  group.all_reduce(slowest, dist::ReduceOp::kMax).wait();
+  LinkTimes out;
+  for (size_t i = 0; i < kLinkFloats.size(); ++i) {
+    out.emplace_back(double(kLinkFloats[i] * 4), slowest[static_cast<int64_t>(i)].item<double>());
+  }
+  return out;
+}
+
+Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& say,
+                      const std::function<LinkTimes()>& links) {
+  TANDEM_CHECK_USAGE(models::is_language_model(o.model), "--model ", o.model,
+                     ": the calibration times a registry language model's training steps");
+  TANDEM_CHECK_USAGE(o.micro_batches.size() >= 2, "the calibration fits at least two micro-batch sizes");
+  Calibration cal;
+  auto& p = cal.profile;
+  p = device_profile("cpu");  // a core's matrix-product peak, the node's memory
+  p.name = "cpu-calibrated";
+  say(format("a core's float32 matrix product: %.2f GFLOP/s", p.peak_flops_fp32 / 1e9));
+
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  struct Restore {
+    int n;
+    ~Restore() { torch::set_num_threads(n); }
+  } restore{threads};
+  const auto shape = model_shape(o.model, o.vocab);
+  models::ModelOptions mo;
+  mo.vocab_size = o.vocab;
+  mo.seq_len = o.seq_len;
+  auto model = models::make_seeded_model(o.model, mo, 0);
+  model->train();
+  optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  std::vector<std::pair<double, double>> steps;
+  for (const int64_t b : o.micro_batches) {
+    CalibrationPoint point;
+    point.micro_batch = b;
+    point.flops = shape.flops_per_token(o.seq_len) * double(b * o.seq_len);
+    point.seconds = step_seconds(model, optimizer, b, o);
+    cal.points.push_back(point);
+    steps.emplace_back(point.flops, point.seconds);
+    say(format("%s, %lld x %lld tokens a step: %.4f s", o.model.c_str(), static_cast<long long>(b),
+               static_cast<long long>(o.seq_len), point.seconds));
+  }
+  auto [slope, intercept] = fit_line(steps);
+  // Noise can tilt a fit of nearly flat times: the efficiency stays at most
+  // 1 and the overhead at least 0 (the fit then through the origin).
+  slope = std::max(slope, 1.0 / p.peak_flops_fp32);
+  if (intercept < 0) {
+    double sxx = 0, sxy = 0;
+    for (const auto& [x, y] : steps) {
+      sxx += x * x;
+      sxy += x * y;
+    }
+    intercept = 0;
+    slope = std::max(sxy / sxx, 1.0 / p.peak_flops_fp32);
+  }
+  p.efficiency = std::min(1.0, 1.0 / (slope * p.peak_flops_fp32));
+  p.layer_overhead = intercept / double(shape.layers);
+  for (auto& q : cal.points) q.fitted = slope * q.flops + intercept;
+  say(format("fit: efficiency %.3f of the core's peak, %.1f us a layer and micro-batch besides its FLOPs",
+             p.efficiency, p.layer_overhead * 1e6));
+
+  cal.links = links();
+  for (const auto& [bytes, seconds] : cal.links) {
+    say(format("all-reduce of %.0f bytes between two processes: %.3f ms", bytes, seconds * 1e3));
+  }
+  // Two ranks: a ring all-reduce is 2 steps and puts its payload on the wire once.
+  const auto [per_byte, fixed] = fit_line(cal.links);
+  p.intra_node_latency = p.inter_node_latency = std::max(fixed / 2.0, 1e-9);
+  p.intra_node_bandwidth = p.inter_node_bandwidth = 1.0 / std::max(per_byte, 1e-15);
+  say(format("loopback Gloo fit: %.1f us a ring step, %.2f GB/s", p.intra_node_latency * 1e6,
+             p.intra_node_bandwidth / 1e9));
+  return cal;
+}
+
+void write_profile(const DeviceProfile& p, const std::string& path) {
+  nlohmann::ordered_json j;
+  j["name"] = p.name;
+  j["peak_tflops_bf16"] = p.peak_flops_bf16 / 1e12;
+  j["peak_tflops_fp32"] = p.peak_flops_fp32 / 1e12;
+  j["memory_gib"] = p.memory_bytes / (1024.0 * 1024.0 * 1024.0);
+  j["intra_node_gb_per_s"] = p.intra_node_bandwidth / 1e9;
+  j["inter_node_gb_per_s"] = p.inter_node_bandwidth / 1e9;
+  j["intra_node_latency_us"] = p.intra_node_latency * 1e6;
+  j["inter_node_latency_us"] = p.inter_node_latency * 1e6;
+  j["efficiency"] = p.efficiency;
+  j["layer_overhead_us"] = p.layer_overhead * 1e6;
+  if (p.cores > 0) j["cores"] = p.cores;
+  write_atomically(path, [&](const std::string& tmp) {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    TANDEM_CHECK(out.good(), "--calibrate ", path, ": cannot write the profile");
+  });
+}
+
+}  // namespace tandem::plan
