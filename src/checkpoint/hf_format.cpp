@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "hf_config.h"
+#include "hf_shards.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/atomic_file.h"
@@ -40,7 +41,7 @@ std::string dtype_word(torch::ScalarType t) {
 }
 
 void write_folder(const std::string& dir, models::Sequence& model, json config, const NameMap& hf_name,
-                  std::map<std::string, std::string> metadata) {
+                  std::map<std::string, std::string> metadata, double max_shard_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   TANDEM_CHECK(!ec && std::filesystem::is_directory(dir), dir, ": cannot make the folder: ", ec.message());
@@ -58,7 +59,7 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
   config["dtype"] = dtype_word(models::parameter_dtype(*model));
   config["transformers_version"] = "5.24.0";  // the version its form follows
   metadata["format"] = "pt";  // what transformers reads; tandem's keys beside it are ignored there
-  write_safetensors(dir + "/model.safetensors", tensors, metadata);
+  internal::write_weight_shards(dir, tensors, metadata, max_shard_bytes);
   const std::string text = config.dump(2) + "\n";
   write_atomically(dir + "/config.json", [&](const std::string& tmp) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -72,7 +73,7 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
 // The tensors of a folder save_pretrained wrote: its model.safetensors, or
 // the shards its model.safetensors.index.json names (weights larger than
 // max_shard_size, transformers' default 5 GB), each read whole and checked.
-NamedTensors read_folder(const std::string& dir) {
+NamedTensors read_folder(const std::string& dir, std::map<std::string, std::string>* metadata = nullptr) {
   namespace fs = std::filesystem;
   const std::string index = dir + "/model.safetensors.index.json";
   std::error_code ec;
@@ -92,7 +93,10 @@ NamedTensors read_folder(const std::string& dir) {
   }
   NamedTensors tensors;
   for (const auto& shard : shards) {
-    for (auto& [name, t] : read_safetensors(dir + "/" + shard).tensors) {
+    auto file = read_safetensors(dir + "/" + shard);
+    // The first shard's metadata: --export-hf writes tandem's in each (Note [weight shards]).
+    if (metadata && shard == *shards.begin()) *metadata = file.metadata;
+    for (auto& [name, t] : file.tensors) {
       auto it = where.find(name);
       TANDEM_CHECK(it != where.end() && it->second == shard, dir, "/", shard, ": holds ", name, ", which ", index,
                    it == where.end() ? " does not name" : " places in " + it->second);
@@ -257,13 +261,13 @@ void check_config(const std::string& path, const json& expected, internal::HfFam
 }  // namespace
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& c,
-                     const std::map<std::string, std::string>& metadata) {
-  write_folder(dir, model, gpt2_json(c), one_name(models::gpt2_hf_name), metadata);
+                     const std::map<std::string, std::string>& metadata, double max_shard_bytes) {
+  write_folder(dir, model, gpt2_json(c), one_name(models::gpt2_hf_name), metadata, max_shard_bytes);
 }
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& c,
-                     const std::map<std::string, std::string>& metadata) {
-  write_folder(dir, model, llama_json(c), llama_names(c), metadata);
+                     const std::map<std::string, std::string>& metadata, double max_shard_bytes) {
+  write_folder(dir, model, llama_json(c), llama_names(c), metadata, max_shard_bytes);
 }
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config) {
@@ -289,17 +293,18 @@ bool has_hf_form(const std::string& model_name) {
 }
 
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
-                     int64_t vocab_size, const std::map<std::string, std::string>& metadata, double dropout) {
+                     int64_t vocab_size, const std::map<std::string, std::string>& metadata, double dropout,
+                     double max_shard_bytes) {
   TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
   if (among(model_name, models::Gpt2Config::preset_names())) {
     auto c = models::Gpt2Config::preset(model_name);
     c.vocab_size = vocab_size;
     c.dropout = dropout;
-    write_hf_folder(dir, model, c, metadata);
+    write_hf_folder(dir, model, c, metadata, max_shard_bytes);
   } else {
     auto c = models::LlamaConfig::preset(model_name);
     c.vocab_size = vocab_size;
-    write_hf_folder(dir, model, c, metadata);
+    write_hf_folder(dir, model, c, metadata, max_shard_bytes);
   }
 }
 
@@ -322,9 +327,8 @@ SafetensorsFile read_weights_or_folder(const std::string& path) {
   if (!std::filesystem::is_directory(path, ec)) return read_safetensors(path);
   const std::string index = path + "/model.safetensors.index.json";
   if (!std::filesystem::exists(index, ec)) return read_safetensors(path + "/model.safetensors");
-  NamedTensors tensors = read_folder(path);
   SafetensorsFile file;
-  file.tensors = std::move(tensors);
+  file.tensors = read_folder(path, &file.metadata);
   return file;
 }
 

@@ -224,7 +224,10 @@ FlagSet train_flags(engine::TrainOptions& o) {
                 "steps between the progress line's updates and TensorBoard's step records", 1);
   flags.add_string("export-hf", "DIR", &o.export_hf,
                    "a language model's final weights as a folder that transformers' "
-                   "AutoModelForCausalLM.from_pretrained(DIR) loads (config.json, model.safetensors)");
+                   "AutoModelForCausalLM.from_pretrained(DIR) loads (config.json, model.safetensors; past "
+                   "--export-hf-shard-gb, shards under model.safetensors.index.json, as save_pretrained cuts them)");
+  flags.add_double("export-hf-shard-gb", "X", &o.export_hf_shard_gb,
+                   "--export-hf's largest shard in GB of 10^9 bytes (transformers' max_shard_size, 5GB)", 1e-6, 1e6);
   flags.add_string("export-weights", "FILE", &o.export_weights,
                    "write the final parameters and buffers as safetensors (rank 0; a "
                    "{rank} in FILE makes every rank write its own)");

@@ -39,6 +39,9 @@ void check_flags_that_apply(const engine::TrainOptions& o, const FlagSet& flags)
                        engine::strategy_name(o.strategy));
     }
   }
+  if (o.export_hf.empty() && flags.given("export-hf-shard-gb")) {
+    throw UsageError("--export-hf-shard-gb goes with --export-hf (the largest shard of its folder)");
+  }
   const int64_t tp = o.mesh[dist::MeshDim::kTensor];
   if (pipeline && tp > 1 && flags.given("pipeline-balance") && o.pipeline_balance != engine::PipelineBalance::kParams) {
     throw UsageError("--pipeline-balance " + engine::option_name(o.pipeline_balance) + ": a pipeline with tp > 1 "

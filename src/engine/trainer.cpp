@@ -159,7 +159,7 @@ TrainResult Trainer::finish_run(RunState& run) {
     // --export-hf: the folder AutoModelForCausalLM.from_pretrained loads.
     if (!o.export_hf.empty() && rank_ == 0) {
       checkpoint::write_hf_folder(o.export_hf, model_, o.model, data_.train->info().num_classes, weights_metadata(),
-                                  o.dropout);
+                                  o.dropout, o.export_hf_shard_gb * 1e9);
       say("transformers folder written to " + o.export_hf);
     }
   } catch (const Error& e) {

@@ -33,10 +33,13 @@ namespace tandem::checkpoint {
 // "format" (tandem's --export-weights metadata: what the model was trained
 // on, so that tandem eval and tandem sample read the folder as they read
 // an export).
+// Weights past `max_shard_bytes` (transformers' 5 GB) go in shards under
+// model.safetensors.index.json, as save_pretrained cuts them (Note
+// [weight shards] in src/checkpoint/hf_shards.h).
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::Gpt2Config& config,
-                     const std::map<std::string, std::string>& metadata = {});
+                     const std::map<std::string, std::string>& metadata = {}, double max_shard_bytes = 5e9);
 void write_hf_folder(const std::string& dir, models::Sequence& model, const models::LlamaConfig& config,
-                     const std::map<std::string, std::string>& metadata = {});
+                     const std::map<std::string, std::string>& metadata = {}, double max_shard_bytes = 5e9);
 
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::Gpt2Config& config);
 void load_hf_weights(const std::string& path, models::Sequence& model, const models::LlamaConfig& config);
@@ -49,14 +52,14 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 bool has_hf_form(const std::string& model_name);
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size, const std::map<std::string, std::string>& metadata = {},
-                     double dropout = 0.0);
+                     double dropout = 0.0, double max_shard_bytes = 5e9);
 void load_hf_weights(const std::string& path, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size);
 
 // What `--weights PATH` names: a safetensors file, or a folder that
 // --export-hf or save_pretrained wrote (its model.safetensors, whose
 // metadata --export-hf fills as --export-weights does; a sharded folder's
-// tensors, with no metadata).
+// tensors, with its first shard's metadata).
 SafetensorsFile read_weights_or_folder(const std::string& path);
 
 // Whether a safetensors file's tensor names are transformers' (a name

@@ -216,6 +216,7 @@ struct CheckpointSection {
   bool resume = false;          // continue from the newest checkpoint in checkpoint_dir
   std::string export_weights;   // safetensors file with the final weights
   std::string export_hf;        // a language model's final weights as a transformers folder (checkpoint/hf_format.h)
+  double export_hf_shard_gb = 5;  // its largest shard (transformers' max_shard_size "5GB")
 };
 
 // Logging: what the run reports, and where.
