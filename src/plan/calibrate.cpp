@@ -13,6 +13,7 @@
 #include "tandem/optim/adamw.h"
 #include "tandem/plan/model_shape.h"
 #include "tandem/util/atomic_file.h"
+#include "one_thread.h"
 #include "tandem/util/check.h"
 #include "tandem/util/stats.h"
 #include "tandem/util/table.h"
@@ -99,12 +100,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   p.name = "cpu-calibrated";
   say(format("a core's float32 matrix product: %.2f GFLOP/s", p.peak_flops_fp32 / 1e9));
 
-  const int threads = torch::get_num_threads();
-  torch::set_num_threads(1);
-  struct Restore {
-    int n;
-    ~Restore() { torch::set_num_threads(n); }
-  } restore{threads};
+  const internal::OneThread one_thread;
   const auto shape = model_shape(o.model, o.vocab);
   models::ModelOptions mo;
   mo.vocab_size = o.vocab;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "one_thread.h"
 #include "tandem/util/check.h"
 
 namespace tandem::plan {
@@ -39,12 +40,7 @@ DeviceProfile gpu(const std::string& name, double bf16_tflops, double fp32_tflop
 DeviceProfile this_cpu() {
   DeviceProfile p;
   p.name = "cpu";
-  const int threads = torch::get_num_threads();
-  torch::set_num_threads(1);
-  struct Restore {
-    int n;
-    ~Restore() { torch::set_num_threads(n); }
-  } restore{threads};
+  const internal::OneThread one_thread;
   p.cores = std::max<int64_t>(1, static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN)));
   auto a = torch::randn({512, 512}), b = torch::randn({512, 512});
   std::vector<double> seconds;
