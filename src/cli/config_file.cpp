@@ -75,6 +75,7 @@ std::vector<std::string> with_config_file(const std::vector<std::string>& args, 
   const auto infos = flags.flag_infos();
   const auto given = given_names(rest);
   std::vector<std::string> out;
+  std::map<std::string, std::string> seen;  // flag -> the key that gave it
   for (const auto& [section_key, section_node] : root) {
     const std::string section(section_key.str());
     const auto* table = section_node.as_table();
@@ -89,6 +90,8 @@ std::vector<std::string> with_config_file(const std::vector<std::string>& args, 
       const auto* flag = find_flag(infos, name);
       TANDEM_CHECK_USAGE(flag != nullptr, where, ": unknown flag (see tandem train --help)");
       TANDEM_CHECK_USAGE(flag->section == section, where, ": --", name, " belongs in [", flag->section, "]");
+      TANDEM_CHECK_USAGE(seen.emplace(name, key).second, where, ": --", name, " is given twice (as ", seen[name],
+                         " and ", key, ")");
       if (std::find(given.begin(), given.end(), name) != given.end()) continue;  // the command line's wins
       if (flag->is_switch) {
         const auto* b = node.as_boolean();
@@ -112,7 +115,7 @@ std::vector<std::string> with_config_file(const std::vector<std::string>& args, 
   return out;
 }
 
-void write_config_file(const std::vector<std::string>& args, const FlagSet& flags, const std::string& path) {
+std::string config_text(const std::vector<std::string>& args, const FlagSet& flags) {
   const auto infos = flags.flag_infos();
   std::map<std::string, toml::table> sections;
   std::vector<std::string> order;
@@ -138,18 +141,14 @@ void write_config_file(const std::vector<std::string>& args, const FlagSet& flag
     sections[flag->section].insert_or_assign(key, value);
   }
   std::ostringstream text;
-  text << "# tandem train's effective configuration: `tandem train --config " << path
-       << "` repeats the run\n# (docs/TRAINING.md, job files).\n";
+  text << "# tandem train's effective configuration: tandem train --config with this file repeats the\n"
+       << "# run (docs/TRAINING.md, job files); its paths are as given, from the folder it ran in.\n";
   for (const auto& section : order) {
     toml::table one;
     one.insert(section, sections[section]);
     text << "\n" << one << "\n";
   }
-  write_atomically(path, [&](const std::string& tmp) {
-    std::ofstream out(tmp);
-    out << text.str();
-    TANDEM_CHECK(out.good(), "cannot write the run's configuration to ", path);
-  });
+  return text.str();
 }
 
 }  // namespace tandem::cli

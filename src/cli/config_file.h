@@ -26,9 +26,10 @@ namespace tandem::cli {
 // and key. `flags` is the command's table (names, sections, switches).
 std::vector<std::string> with_config_file(const std::vector<std::string>& args, const FlagSet& flags);
 
-// Writes the flags of `args` (a command line without --config, as
+// The flags of `args` (a command line without --config, as
 // with_config_file returns it) as a job file --config reads: each flag
-// under its section, values as strings, switches as true. Atomic.
-void write_config_file(const std::vector<std::string>& args, const FlagSet& flags, const std::string& path);
+// under its section, values as strings, switches as true. The run writes
+// it once it has started (engine/run_record.h).
+std::string config_text(const std::vector<std::string>& args, const FlagSet& flags);
 
 }  // namespace tandem::cli

@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "calibrate_command.h"
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/device_mesh.h"
-#include "calibrate_command.h"
 #include "tandem/plan/planner.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
@@ -142,6 +142,7 @@ int calibrate_command(const PlanFlags& f, const FlagSet& flags) {
                        "takes only --model, --seq-len and --vocab-size");
   }
   check_replaceable_file("--calibrate", f.calibrate);
+  check_output_file("--calibrate", f.calibrate);
   plan::CalibrateOptions o;
   if (!f.model.empty()) o.model = f.model;
   if (f.seq_len > 0) o.seq_len = f.seq_len;

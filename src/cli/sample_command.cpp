@@ -106,7 +106,12 @@ int sample_command(const std::vector<std::string>& args) {
   const auto* tokens = field(file, "tokens");
   // The run's tokenizer (Note [encode without specials]), or --tokenizer's.
   std::unique_ptr<data::Tokenizer> tokenizer;
-  if (const auto* recorded = field(file, "tokenizer"); f.tokenizer.empty() && recorded) f.tokenizer = *recorded;
+  if (const auto* recorded = field(file, "tokenizer"); f.tokenizer.empty() && recorded) {
+    std::error_code ec;
+    TANDEM_CHECK_USAGE(std::filesystem::is_regular_file(*recorded, ec), f.weights, ": the run's tokenizer, ",
+                       printable(*recorded), " (recorded in the weights), is not here; give --tokenizer FILE");
+    f.tokenizer = *recorded;
+  }
   if (!f.tokenizer.empty()) {
     tokenizer = data::load_tokenizer(f.tokenizer);
     TANDEM_CHECK_USAGE(tokenizer->vocab_size() <= *vocab_size, "--tokenizer ", f.tokenizer, ": ",
@@ -133,7 +138,13 @@ int sample_command(const std::vector<std::string>& args) {
     }
     if (f.prompt.empty()) throw UsageError("--prompt: give at least one character to start from");
     if (tokenizer) {
-      for (const int32_t id : tokenizer->encode(f.prompt, "--prompt")) ids.push_back(id);
+      std::vector<int32_t> encoded;
+      try {
+        encoded = tokenizer->encode(f.prompt, "--prompt");
+      } catch (const Error& e) {
+        throw UsageError(e.what());  // text that is not UTF-8: the flag's mistake
+      }
+      for (const int32_t id : encoded) ids.push_back(id);
       TANDEM_CHECK_USAGE(!ids.empty(), "--prompt: the tokenizer makes no tokens of it");
     } else {
       for (unsigned char c : f.prompt) ids.push_back(c);
@@ -183,8 +194,10 @@ int sample_command(const std::vector<std::string>& args) {
     const int64_t id = next.cpu().item<int64_t>();
     if (!as_text) {
       std::printf(" %lld", static_cast<long long>(id));
+    } else if (tok && id >= tok->vocab_size()) {
+      std::fputs("\xEF\xBF\xBD", stdout);  // past the tokenizer's vocabulary (a padded one): U+FFFD
     } else if (tok) {
-      if (id < tok->vocab_size()) generated.push_back(static_cast<int32_t>(id));
+      generated.push_back(static_cast<int32_t>(id));
       const auto text = tok->decode(generated);
       if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
         std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);

@@ -100,6 +100,10 @@ int tokenize_command(const std::vector<std::string>& args) {
     bar->update(done, done, "");
   });
   if (bar) bar->finish(s.bytes, s.bytes, "");
+  if (f.options.val_fraction > 0 && s.val_documents == 0) {
+    std::fprintf(stderr, "tandem: warning: --val-fraction %g of %lld documents holds out none: no validation "
+                 "shard was written\n", f.options.val_fraction, static_cast<long long>(s.documents));
+  }
   Table table({"split", "documents", "tokens", "shards"});
   int64_t train_shards = 0;
   for (const auto& shard : s.shards) train_shards += shard.find("tokens_train_") != std::string::npos;

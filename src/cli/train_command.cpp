@@ -395,18 +395,9 @@ int train_command(const std::vector<std::string>& command_line) {
   }
   internal::complete_train_options(options, flags);
   const bool worker = env::get("RANK").has_value();
-  // The run's effective configuration, written once: by this launcher, or
-  // by rank 0 of another launcher's job.
-  if (!env::get(internal::kSelfLaunched).has_value() && (!worker || env::get("RANK") == "0")) {
-    if (!options.metrics_out.empty() && options.metrics_out.find("{rank}") == std::string::npos) {
-      const std::filesystem::path metrics(options.metrics_out);
-      write_config_file(args, flags, (metrics.parent_path() / (metrics.stem().string() + ".config.toml")).string());
-    }
-    if (!options.checkpoint_dir.empty()) {
-      std::filesystem::create_directories(options.checkpoint_dir);
-      write_config_file(args, flags, options.checkpoint_dir + "/config.toml");
-    }
-  }
+  // The run's effective configuration, which rank 0 writes once the run
+  // has started (engine/run_record.h).
+  options.effective_config = config_text(args, flags);
   // Under another launcher (tandem launch, torchrun, Slurm's srun setting
   // RANK) this process is one worker already: --nproc-per-node would be
   // ignored, and the job run with fewer processes than asked. Refused.

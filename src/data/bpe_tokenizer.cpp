@@ -13,6 +13,7 @@
 #include <array>
 #include <climits>
 #include <mutex>
+#include <queue>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -60,6 +61,7 @@ class BpeTokenizer : public Tokenizer {
   void read_pre_tokenizer(const json& p, const std::string& where);
   void encode_segment(std::string_view segment, std::vector<int32_t>& out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void merge_all(std::vector<int32_t>& symbols) const;
 
   std::string path_;
   std::vector<std::string> tokens_;  // id -> the token's characters (or an added token's text)
@@ -116,6 +118,8 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& path, const std::st
                        "\": empty, or id ", id, " too large");
     if (id >= static_cast<int64_t>(tokens_.size())) tokens_.resize(id + 1);
     text::check_utf8(content, where + ": added token");
+    TANDEM_CHECK_USAGE(tokens_[id].empty() || tokens_[id] == content, where, ": added token \"", content,
+                       "\" has id ", id, ", which model.vocab gives \"", tokens_[id], "\"");
     tokens_[id] = content;
     starts_added_[static_cast<uint8_t>(content[0])] = true;
     added_.emplace_back(content, static_cast<int32_t>(id));
@@ -256,25 +260,53 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   if (whole != ids_.end()) {
     symbols.assign(1, whole->second);
   } else {
-    while (symbols.size() > 1) {
-      int32_t best_rank = INT32_MAX, merged = -1;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        auto found = merges_.find((uint64_t(uint32_t(symbols[i])) << 32) | uint32_t(symbols[i + 1]));
-        if (found != merges_.end() && found->second.first < best_rank) {
-          best_rank = found->second.first;
-          merged = found->second.second;
-          at = i;
-        }
-      }
-      if (merged < 0) break;
-      symbols[at] = merged;
-      symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
+    merge_all(symbols);
   }
   out.insert(out.end(), symbols.begin(), symbols.end());
+  if (piece.size() > 256) return;  // a long run of one piece is not met again
   std::unique_lock lock(cache_mutex_);
   if (cache_.size() < (size_t(1) << 20)) cache_.emplace(std::string(piece), std::move(symbols));
+}
+
+// The merges in rank order, leftmost first among equals, in O(n log n):
+// the symbols a linked list, the candidate pairs a heap, a candidate
+// dropped when its pair has changed since (a piece of 2 MiB of spaces
+// took quadratic time with a scan per merge).
+void BpeTokenizer::merge_all(std::vector<int32_t>& symbols) const {
+  const auto n = static_cast<int32_t>(symbols.size());
+  std::vector<int32_t> next(n);
+  std::vector<int32_t> prev(n);
+  for (int32_t i = 0; i < n; ++i) {
+    next[i] = i + 1 < n ? i + 1 : -1;
+    prev[i] = i - 1;
+  }
+  struct Candidate {
+    int32_t rank, at, left, right, merged;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : at > o.at; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto consider = [&](int32_t at) {
+    if (at < 0 || next[at] < 0) return;
+    const int32_t left = symbols[at], right = symbols[next[at]];
+    auto found = merges_.find((uint64_t(uint32_t(left)) << 32) | uint32_t(right));
+    if (found != merges_.end()) heap.push({found->second.first, at, left, right, found->second.second});
+  };
+  for (int32_t i = 0; i < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const auto c = heap.top();
+    heap.pop();
+    const int32_t j = next[c.at];
+    if (symbols[c.at] != c.left || j < 0 || symbols[j] != c.right) continue;  // stale
+    symbols[c.at] = c.merged;
+    symbols[j] = -1;
+    next[c.at] = next[j];
+    if (next[j] >= 0) prev[next[j]] = c.at;
+    consider(prev[c.at]);
+    consider(c.at);
+  }
+  size_t kept = 0;
+  for (int32_t i = 0; i >= 0 && i < n; i = next[i]) symbols[kept++] = symbols[i];
+  symbols.resize(kept);
 }
 
 void BpeTokenizer::encode_segment(std::string_view segment, std::vector<int32_t>& out) const {

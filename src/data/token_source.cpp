@@ -128,8 +128,10 @@ std::shared_ptr<const TokenStream> token_stream(const std::string& kind, const s
                                                 const std::vector<std::string>& files, const TokenOptions& o) {
   if (o.tokenizer.empty()) return std::make_shared<const TokenStream>(kind, files, o.vocab_size);
   if (kind == "text") return tokenized_text(spec, files, o);
-  const int64_t vocab = o.vocab_size > 0 ? o.vocab_size : load_tokenizer(o.tokenizer)->vocab_size();
-  return std::make_shared<const TokenStream>(kind, files, vocab);
+  const int64_t tokenizer_vocab = load_tokenizer(o.tokenizer)->vocab_size();
+  TANDEM_CHECK_USAGE(o.vocab_size == 0 || o.vocab_size >= tokenizer_vocab, "--vocab-size ", o.vocab_size,
+                     ": smaller than --tokenizer ", o.tokenizer, "'s ", tokenizer_vocab, " tokens");
+  return std::make_shared<const TokenStream>(kind, files, o.vocab_size > 0 ? o.vocab_size : tokenizer_vocab);
 }
 
 }  // namespace

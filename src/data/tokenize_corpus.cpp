@@ -20,7 +20,8 @@
 #include "tandem/data/tokens.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
-#include "tandem/util/removed_on_signal.h"
+#include "text_unicode.h"
+#include "token_shard_writer.h"
 
 namespace tandem::data {
 namespace {
@@ -47,6 +48,11 @@ void read_documents(const std::string& file, const std::function<void(Document&&
     start = end + 1;
     if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // a blank line
     const auto where = file + ":" + std::to_string(line);
+    try {
+      text::check_utf8(text, where);
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
     auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     TANDEM_CHECK_USAGE(!j.is_discarded() && j.is_object(), where, ": not a JSON object (a .jsonl file has one "
                        "document a line, {\"text\": ...})");
@@ -55,62 +61,6 @@ void read_documents(const std::string& file, const std::function<void(Document&&
   }
 }
 
-// Shards of one split, written under temporary names (Note [corpus shards]).
-class ShardWriter {
- public:
-  ShardWriter(std::string out, std::string split, int64_t shard_tokens, bool wide)
-      : out_(std::move(out)), split_(std::move(split)), shard_tokens_(shard_tokens), wide_(wide) {}
-  ~ShardWriter() {
-    for (const auto& tmp : temporaries_) std::remove(tmp.c_str());
-  }
-  void add(const std::vector<int32_t>& tokens) {
-    for (const int32_t t : tokens) {
-      buffer_.push_back(static_cast<uint32_t>(t));
-      if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
-    }
-  }
-  void flush() {
-    if (buffer_.empty()) return;
-    char name[64];
-    std::snprintf(name, sizeof(name), "tokens_%s_%06zu.bin", split_.c_str(), finals_.size());
-    const auto final_path = (fs::path(out_) / name).string();
-    const auto tmp = final_path + ".tmp-" + std::to_string(getpid());
-    temporaries_.push_back(tmp);
-    guards_.push_back(std::make_unique<RemovedOnSignal>(tmp));
-    finals_.push_back(final_path);
-    std::vector<int32_t> header(256, 0);
-    header[0] = wide_ ? kLlmcLlama3Magic : kLlmcGpt2Magic;
-    header[1] = wide_ ? 7 : 1;
-    header[2] = static_cast<int32_t>(buffer_.size());
-    std::ofstream file(tmp, std::ios::binary);
-    file.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderBytes);
-    if (wide_) {
-      file.write(reinterpret_cast<const char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size() * 4));
-    } else {
-      std::vector<uint16_t> narrow(buffer_.begin(), buffer_.end());
-      file.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(narrow.size() * 2));
-    }
-    file.close();
-    TANDEM_CHECK(file.good(), "cannot write ", tmp, " (", std::strerror(errno), ")");
-    buffer_.clear();
-  }
-  // Renames the temporaries to their names; returns those.
-  std::vector<std::string> commit() {
-    flush();
-    for (size_t i = 0; i < finals_.size(); ++i) fs::rename(temporaries_[i], finals_[i]);
-    temporaries_.clear();
-    guards_.clear();
-    return finals_;
-  }
-
- private:
-  std::string out_, split_;
-  int64_t shard_tokens_;
-  bool wide_;
-  std::vector<uint32_t> buffer_;
-  std::vector<std::string> temporaries_, finals_;
-  std::vector<std::unique_ptr<RemovedOnSignal>> guards_;
-};
 
 }  // namespace
 
@@ -169,7 +119,7 @@ TokenizeSummary tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOption
   for (const auto& f : files) total_bytes += static_cast<int64_t>(fs::file_size(f, ec));
 
   const bool wide = tokenizer.vocab_size() > 65536;
-  ShardWriter train(o.out, "train", o.shard_tokens, wide), val(o.out, "val", o.shard_tokens, wide);
+  internal::TokenShardWriter train(o.out, "train", o.shard_tokens, wide), val(o.out, "val", o.shard_tokens, wide);
   const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   TokenizeSummary s;
   int64_t bytes_done = 0;
@@ -231,6 +181,7 @@ TokenizeSummary tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOption
     });
   }
   if (!batch.empty()) encode_batch();
+  TANDEM_CHECK_USAGE(s.documents > 0, "the inputs hold no document (every .jsonl line blank?): nothing to tokenize");
   if (progress) progress(total_bytes, total_bytes);
   s.shards = train.commit();
   const auto vals = val.commit();

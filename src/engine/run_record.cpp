@@ -1,6 +1,10 @@
 #include "tandem/engine/run_record.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include "tandem/util/atomic_file.h"
+#include "tandem/util/check.h"
 #include "tandem/util/file.h"
 #include "tandem/util/table.h"
 
@@ -22,6 +26,23 @@ RunRecorder::RunRecorder(const TrainOptions& o, int64_t rank, int64_t resumed_at
     }
   }
   if (!o.metrics_out.empty()) metrics_ = observe::MetricsWriter(o.metrics_out, /*append=*/resumed_at > 0);
+  // The effective configuration (--config), now that the run is accepted:
+  // a refused run leaves the one beside the earlier metrics and checkpoints.
+  auto write_config = [&](const std::string& path) {
+    write_atomically(path, [&](const std::string& tmp) {
+      std::ofstream out(tmp);
+      out << o.effective_config;
+      TANDEM_CHECK(out.good(), "cannot write the run's configuration to ", path);
+    });
+  };
+  if (!o.effective_config.empty() && !o.metrics_out.empty()) {
+    const std::filesystem::path metrics(o.metrics_out);
+    write_config((metrics.parent_path() / (metrics.stem().string() + ".config.toml")).string());
+  }
+  if (!o.effective_config.empty() && !o.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(o.checkpoint_dir);
+    write_config(o.checkpoint_dir + "/config.toml");
+  }
 }
 
 void RunRecorder::steps(const StepRecord& r) {

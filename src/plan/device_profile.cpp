@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -135,9 +136,10 @@ DeviceProfile from_file(const std::string& file) {
   }
   if (j.contains("cores")) {
     const auto& v = j["cores"];
-    TANDEM_CHECK_USAGE(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 20), "--device ",
-                       file, ": \"cores\" must be a whole number from 1 to 2^20, got ", v.dump());
-    p.cores = v.get<int64_t>();
+    const bool whole = v.is_number() && v.get<double>() >= 1 && v.get<double>() <= double(1 << 20) &&
+                       v.get<double>() == std::floor(v.get<double>());
+    TANDEM_CHECK_USAGE(whole, "--device ", file, ": \"cores\" must be a whole number from 1 to 2^20, got ", v.dump());
+    p.cores = static_cast<int64_t>(v.get<double>());
     p.memory_per_node = true;
   }
   return p;

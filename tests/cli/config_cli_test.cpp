@@ -71,6 +71,16 @@ TEST(ConfigCliTest, AJobFileReproducesTheCommandLinesRunExactly) {
   const double lr = testing::last_metrics(dir.file("lr.jsonl"))["lr"].get<double>();
   const double file_lr = testing::last_metrics(dir.file("cli.jsonl"))["lr"].get<double>();
   EXPECT_NEAR(lr * 3, file_lr, 1e-12);
+
+  // A run refused (its --checkpoint-dir holds an earlier run's) leaves the
+  // earlier run's configuration there.
+  r = run_tandem("train --config " + dir.file("job.toml") + " --checkpoint-dir " + dir.file("ck"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto kept = testing::read_text(dir.file("ck/config.toml"));
+  EXPECT_NE(kept.find("seed = '7'"), std::string::npos) << kept;
+  r = run_tandem("train --config " + dir.file("job.toml") + " --checkpoint-dir " + dir.file("ck") + " --seed 8");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testing::read_text(dir.file("ck/config.toml")), kept);
 }
 
 TEST(ConfigCliTest, WhatIsNotAFlagOfItsSectionIsRefused) {
@@ -85,6 +95,7 @@ TEST(ConfigCliTest, WhatIsNotAFlagOfItsSectionIsRefused) {
   EXPECT_TRUE(refused("[optimisation]\nnesterov = 1\n", "[optimisation] nesterov: a switch takes true or false"));
   EXPECT_TRUE(refused("[run]\nconfig = \"other.toml\"\n", "a job file does not name another"));
   EXPECT_TRUE(refused("[data\nseq_len = 16\n", "bad.toml: not TOML (line 1"));
+  EXPECT_TRUE(refused("[data]\nseq_len = 16\nseq-len = 32\n", "--seq-len is given twice"));
   EXPECT_TRUE(refused("[optimisation]\nlr = -1.0\n", "--lr"));
   EXPECT_TRUE(testing::tandem_fails("train --config " + dir.file("absent.toml"), 2, "absent.toml"));
 }

@@ -207,6 +207,35 @@ TEST(TokenizeCliTest, BadInputIsNamedAndNothingIsWritten) {
   EXPECT_TRUE(testing::tandem_fails("train --model gpt2-tiny --data text:" + dir.file("good.txt") + " --tokenizer " +
                                         dir.file("absent.json"),
                                     2, "absent.json: no such file"));
+  EXPECT_TRUE(testing::tandem_fails("train --model gpt2-tiny --seq-len 4 --data tokens:" + dir.file("out") +
+                                        " --tokenizer " + dir.file("gpt2.json") + " --vocab-size 300",
+                                    2, "--vocab-size 300: smaller than --tokenizer"));
+  std::ofstream(dir.file("blank.jsonl")) << "\n\n";
+  EXPECT_TRUE(testing::tandem_fails("tokenize --tokenizer " + dir.file("gpt2.json") + " --out " + dir.file("none") +
+                                        " " + dir.file("blank.jsonl"),
+                                    2, "the inputs hold no document"));
+}
+
+// Stopped while it writes, tandem tokenize leaves no temporary behind
+// (Note [one spill file]: one a split, which the signal removes).
+TEST(TokenizeCliTest, AStoppedRunLeavesNoTemporaries) {
+  TempDir dir;
+  make_tokenizers(dir);
+  {
+    std::ofstream big(dir.file("big.txt"));
+    const auto text = testing::read_text(dir.file("train.txt"));
+    while (big.tellp() < (int64_t(24) << 20)) big << text;
+  }
+  std::ofstream(dir.file("stop.sh")) << "\"$1\" tokenize --tokenizer \"$2\" --out \"$3\" --shard-tokens 1000 \"$4\" &\n"
+                                        "pid=$!\n"
+                                        "for i in $(seq 400); do ls \"$3\"/*.tmp-* >/dev/null 2>&1 && break; sleep 0.02; done\n"
+                                        "sleep 0.5; kill -TERM $pid; wait $pid; echo \"status $?\"\n";
+  auto r = testing::run("sh " + dir.file("stop.sh") + " " TANDEM_CLI " " + dir.file("gpt2.json") + " " +
+                        dir.file("out") + " " + dir.file("big.txt"));
+  EXPECT_NE(r.output.find("status 143"), std::string::npos) << r.output;  // ended by SIGTERM
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("out"))) {
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
 }
 
 }  // namespace

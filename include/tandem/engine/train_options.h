@@ -223,6 +223,10 @@ struct CheckpointSection {
 struct LogSection {
   std::string metrics_out;      // JSON lines, one per epoch
   std::string config;           // --config: the TOML job file the flags came from (the CLI's)
+  // The flags as a job file (the CLI's config_text), written beside
+  // --metrics-out and in --checkpoint-dir once the run has started; empty:
+  // not written (the library's own callers).
+  std::string effective_config;
   std::string tensorboard;      // folder of TensorBoard event files (observe/tensorboard.h); rank 0
   int64_t log_every = 10;       // steps between the progress line's and TensorBoard's step records
   std::string profile_out;      // Chrome trace of --profile-steps (observe/profile.h); "{rank}": per rank
