@@ -42,7 +42,8 @@ std::string scalar_text(const toml::node& node, const std::string& where) {
 
 }  // namespace
 
-std::vector<std::string> with_config_file(const std::vector<std::string>& args, const FlagSet& flags) {
+std::vector<std::string> with_config_file(const std::vector<std::string>& args, const FlagSet& flags,
+                                          std::map<std::string, std::string>* origins) {
   std::vector<std::string> rest;
   std::string file;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -93,6 +94,7 @@ std::vector<std::string> with_config_file(const std::vector<std::string>& args, 
       TANDEM_CHECK_USAGE(seen.emplace(name, key).second, where, ": --", name, " is given twice (as ", seen[name],
                          " and ", key, ")");
       if (std::find(given.begin(), given.end(), name) != given.end()) continue;  // the command line's wins
+      if (origins) (*origins)[name] = where;
       if (flag->is_switch) {
         const auto* b = node.as_boolean();
         TANDEM_CHECK_USAGE(b != nullptr, where, ": a switch takes true or false");
@@ -113,6 +115,22 @@ std::vector<std::string> with_config_file(const std::vector<std::string>& args, 
   }
   out.insert(out.end(), rest.begin(), rest.end());
   return out;
+}
+
+void parse_with_origins(FlagSet& flags, const std::vector<std::string>& args,
+                        const std::map<std::string, std::string>& origins) {
+  try {
+    flags.parse(args);
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    for (const auto& [name, where] : origins) {
+      const std::string flag = "--" + name;
+      const bool names_it = message.rfind(flag, 0) == 0 &&
+                            (message.size() == flag.size() || message[flag.size()] == ':' || message[flag.size()] == ' ');
+      if (names_it) throw UsageError(where + ": " + message);
+    }
+    throw;
+  }
 }
 
 std::string config_text(const std::vector<std::string>& args, const FlagSet& flags) {

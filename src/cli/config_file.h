@@ -14,6 +14,7 @@
 // significant digits, so a double is the same double.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,14 @@ namespace tandem::cli {
 // `args` with --config FILE replaced by the file's flags (those the
 // command line does not give), first. Throws UsageError naming the file
 // and key. `flags` is the command's table (names, sections, switches).
-std::vector<std::string> with_config_file(const std::vector<std::string>& args, const FlagSet& flags);
+// `origins` (when given) gets each file flag's "--config FILE: [section] key".
+std::vector<std::string> with_config_file(const std::vector<std::string>& args, const FlagSet& flags,
+                                          std::map<std::string, std::string>* origins = nullptr);
+
+// flags.parse(args), a value the job file gave refused naming its file and
+// key too ("--config job.toml: [run] seed: --seed: expected ...").
+void parse_with_origins(FlagSet& flags, const std::vector<std::string>& args,
+                        const std::map<std::string, std::string>& origins);
 
 // The flags of `args` (a command line without --config, as
 // with_config_file returns it) as a job file --config reads: each flag

@@ -373,7 +373,8 @@ void print_summary(const engine::TrainOptions& o, const engine::TrainResult& r) 
 engine::TrainOptions parse_train_flags(const std::vector<std::string>& args) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
-  flags.parse(with_config_file(args, flags));
+  std::map<std::string, std::string> origins;
+  parse_with_origins(flags, with_config_file(args, flags, &origins), origins);
   internal::complete_train_options(options, flags);
   return options;
 }
@@ -387,8 +388,9 @@ int train_command(const std::vector<std::string>& command_line) {
   engine::TrainOptions options;
   auto flags = train_flags(options);
   // Note [job files]: --config's flags first, the command line's after.
-  const auto args = with_config_file(command_line, flags);
-  flags.parse(args);
+  std::map<std::string, std::string> origins;
+  const auto args = with_config_file(command_line, flags, &origins);
+  parse_with_origins(flags, args, origins);
   if (flags.help_requested()) {
     std::printf("%s", flags.help().c_str());
     return 0;

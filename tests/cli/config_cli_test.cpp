@@ -96,7 +96,8 @@ TEST(ConfigCliTest, WhatIsNotAFlagOfItsSectionIsRefused) {
   EXPECT_TRUE(refused("[run]\nconfig = \"other.toml\"\n", "a job file does not name another"));
   EXPECT_TRUE(refused("[data\nseq_len = 16\n", "bad.toml: not TOML (line 1"));
   EXPECT_TRUE(refused("[data]\nseq_len = 16\nseq-len = 32\n", "--seq-len is given twice"));
-  EXPECT_TRUE(refused("[optimisation]\nlr = -1.0\n", "--lr"));
+  EXPECT_TRUE(refused("[optimisation]\nlr = -1.0\n", "bad.toml: [optimisation] lr: --lr"));
+  EXPECT_TRUE(refused("[run]\nseed = 1.5\n", "bad.toml: [run] seed: --seed"));
   EXPECT_TRUE(testing::tandem_fails("train --config " + dir.file("absent.toml"), 2, "absent.toml"));
 }
 
