@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -64,6 +66,31 @@ int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
   int64_t total = 0;
   for (const auto& t : tensors) total += bytes_of(t);
   return total;
+}
+
+// Starts `count` threads at once while holding kThreadReserve of address
+// space, joins them and gives the reserve back (Note [gloo's threads]);
+// returns why a thread could not start, or "" when all did.
+constexpr size_t kThreadReserve = size_t{64} << 20;
+
+std::string probe_threads(size_t count) {
+  void* reserve = mmap(nullptr, kThreadReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserve == MAP_FAILED) return "no room for a 64 MiB reserve of address space";
+  std::vector<std::thread> probes;
+  std::promise<void> go;
+  std::shared_future<void> started = go.get_future().share();
+  std::string failed;
+  for (size_t i = 0; i < count && failed.empty(); ++i) {
+    try {
+      probes.emplace_back([started] { started.wait(); });
+    } catch (const std::system_error& e) {
+      failed = e.what();
+    }
+  }
+  go.set_value();
+  for (auto& t : probes) t.join();  // each one joined before anything unwinds
+  munmap(reserve, kThreadReserve);
+  return failed;
 }
 
 }  // namespace
@@ -191,26 +218,23 @@ void ProcessGroup::Impl::connect() {
   }
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    // The device starts its own event-loop thread.
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(r.host)));
     // Note [gloo's threads]: ProcessGroupGloo starts its worker threads in
-    // its constructor, and one that cannot be started (the address-space or
-    // thread limit reached: ulimit -v, -u) leaves the others joinable as the
-    // exception unwinds, which ends the process in std::terminate. Starting
-    // as many threads first turns that into an error naming the limits.
-    std::vector<std::thread> probes;
-    std::string failed;
-    for (size_t i = 0; i < static_cast<size_t>(std::max(gloo_options->threads, 2)) && failed.empty(); ++i) {
-      try {
-        probes.emplace_back([] {});
-      } catch (const std::system_error& e) {
-        failed = e.what();
-      }
-    }
-    for (auto& t : probes) t.join();  // each one joined before anything unwinds
+    // its constructor, and when one cannot be started (the address-space or
+    // thread limit reached: ulimit -v, -u) the exception leaves the first
+    // waiting on a condition variable that the unwinding then destroys: the
+    // rank blocks for ever in pthread_cond_destroy (libtorch 2.11), and its
+    // peers wait out --dist-timeout. So its threads are started here first,
+    // all at once, while a reserve of address space is held that is given
+    // back just before the constructor: what the constructor allocates
+    // besides its threads comes out of the reserve, and a process too close
+    // to its limits gets an error naming them instead of a hang.
+    std::string failed = probe_threads(static_cast<size_t>(std::max(gloo_options->threads, 2)));
     TANDEM_CHECK(failed.empty(), "process group (gloo) of ", r.world_size, " ranks on rank ", r.rank,
                  ": cannot start its threads (", failed, "): the process reached its memory or thread limit "
                  "(ulimit -v, ulimit -u)");
-    gloo_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(r.host)));
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         store, static_cast<int>(r.rank), static_cast<int>(r.world_size), gloo_options);
   } catch (const Error&) {
