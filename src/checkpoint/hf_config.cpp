@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "tandem/util/check.h"
@@ -79,6 +80,9 @@ bool same(const json& a, const json& b) {
 std::string family_name(HfFamily family) {
   switch (family) {
     case HfFamily::kGpt2: return "GPT-2";
+    case HfFamily::kMistral: return "Mistral";
+    case HfFamily::kQwen2: return "Qwen2";
+    case HfFamily::kQwen3: return "Qwen3";
     case HfFamily::kMixtral: return "Mixtral";
     case HfFamily::kQwen3Moe: return "Qwen3-MoE";
     default: return "LLaMA";
@@ -144,12 +148,24 @@ void check_missing(const std::string& file, const json& config, const json& mode
                                  {"hidden_act", "silu"},       {"num_experts_per_tok", 8},  {"num_experts", 128},
                                  {"norm_topk_prob", false},    {"moe_intermediate_size", 768},
                                  {"decoder_sparse_step", 1},   {"tie_word_embeddings", false}};
-  const json* defaults = family == HfFamily::kMixtral ? &mixtral : family == HfFamily::kQwen3Moe ? &qwen3_moe : nullptr;
+  static const json mistral = {{"num_attention_heads", 32}, {"num_key_value_heads", 8},    {"rms_norm_eps", 1e-6},
+                               {"hidden_act", "silu"},      {"sliding_window", 4096},     {"tie_word_embeddings", false}};
+  static const json qwen2 = {{"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"rms_norm_eps", 1e-6},
+                             {"hidden_act", "silu"},      {"tie_word_embeddings", false}};
+  static const json qwen3 = {{"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"rms_norm_eps", 1e-6},
+                             {"hidden_act", "silu"},      {"head_dim", 128},           {"attention_bias", false},
+                             {"tie_word_embeddings", false}};
+  static const std::map<HfFamily, const json*> by_family = {{HfFamily::kMixtral, &mixtral},
+                                                            {HfFamily::kQwen3Moe, &qwen3_moe},
+                                                            {HfFamily::kMistral, &mistral},
+                                                            {HfFamily::kQwen2, &qwen2},
+                                                            {HfFamily::kQwen3, &qwen3}};
+  const json* defaults = by_family.count(family) ? by_family.at(family) : nullptr;
   if (defaults == nullptr) return;
   for (const auto& [key, value] : defaults->items()) {
     // Qwen3-MoE's expert count under either of its names.
     if (config.contains(key) || (key == "num_experts" && config.contains("num_local_experts"))) continue;
-    const json& mine = model.at(key);
+    const json mine = model.contains(key) ? model.at(key) : json(nullptr);
     TANDEM_CHECK(same(value, mine), file, ": ", key, " is missing, so transformers reads its default ", value.dump(),
                  ", the model's is ", mine.dump(), " (write the key, or weights of another configuration)");
   }
@@ -180,13 +196,18 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
                 "reorder_and_upcast_attn", "add_cross_attention", "tie_word_embeddings", "is_encoder_decoder"};
   } else {
     want["pad_token_id"] = nullptr;  // a padding row: its embedding gets no gradient
-    want["attention_bias"] = false;
-    want["mlp_bias"] = false;
+    if (!want.contains("attention_bias")) want["attention_bias"] = false;  // Mistral's, Qwen2's: none
+    if (!want.contains("mlp_bias")) want["mlp_bias"] = false;
     computed = {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
                 "hidden_act", "attention_bias", "mlp_bias", "tie_word_embeddings", "is_encoder_decoder",
                 "pad_token_id"};
-    if (family == HfFamily::kMixtral) {
+    if (family == HfFamily::kMistral) {
+      computed.insert("sliding_window");
+      if (!want.contains("sliding_window")) want["sliding_window"] = nullptr;
+    } else if (family == HfFamily::kQwen2 || family == HfFamily::kQwen3) {
+      computed.insert({"sliding_window", "use_sliding_window", "layer_types"});
+    } else if (family == HfFamily::kMixtral) {
       computed.insert({"num_local_experts", "num_experts_per_tok", "router_jitter_noise", "sliding_window"});
     } else if (family == HfFamily::kQwen3Moe) {
       computed.insert({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
@@ -208,7 +229,8 @@ void check_hf_config(const std::string& file, const json& config, const json& mo
     TANDEM_CHECK(computed.count(key) > 0, file, ": ", key, " is ", value.dump(), ", a setting tandem's ",
                  family_name(family), " does not know: refused rather than ignored, as it may change what the "
                  "model computes");
-    const json got = normalised(key, config), expected = normalised(key, want);
+    const json got = normalised(key, config);
+    const json expected = want.contains(key) ? normalised(key, want) : json(nullptr);
     TANDEM_CHECK(same(got, expected), file, ": ", key, " is ", value.dump(), ", the model's ", expected.dump(),
                  " (weights of another configuration, or a setting tandem's ", family_name(family),
                  " does not compute)");

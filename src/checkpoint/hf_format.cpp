@@ -20,6 +20,130 @@
 
 namespace tandem::checkpoint {
 
+namespace internal {
+
+using json = nlohmann::json;
+
+json gpt2_json(const models::Gpt2Config& c) {
+  json config = {{"architectures", {"GPT2LMHeadModel"}},
+                 {"model_type", "gpt2"},
+                 {"vocab_size", c.vocab_size},
+                 {"n_positions", c.n_positions},
+                 {"n_embd", c.n_embd},
+                 {"n_layer", c.n_layer},
+                 {"n_head", c.n_head},
+                 {"n_inner", nullptr},
+                 {"activation_function", "gelu_new"},
+                 {"resid_pdrop", c.dropout},
+                 {"embd_pdrop", c.dropout},
+                 {"attn_pdrop", c.dropout},
+                 {"layer_norm_epsilon", c.layer_norm_eps},
+                 {"initializer_range", 0.02},
+                 {"scale_attn_weights", true},
+                 {"tie_word_embeddings", true}};
+  // GPT-2's <|endoftext|> is token 50256; a smaller vocabulary (bytes) has
+  // no such token, and transformers' default would point past it.
+  const json end = c.vocab_size > 50256 ? json(50256) : json(nullptr);
+  config["bos_token_id"] = end;
+  config["eos_token_id"] = end;
+  return config;
+}
+
+json llama_json(const models::LlamaConfig& c) {
+  json rope = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_factor != 0) {
+    rope = {{"rope_type", "llama3"},
+            {"rope_theta", c.rope_theta},
+            {"factor", c.rope_factor},
+            {"low_freq_factor", c.rope_low_freq_factor},
+            {"high_freq_factor", c.rope_high_freq_factor},
+            {"original_max_position_embeddings", c.rope_original_max_positions}};
+  }
+  using models::LlamaFamily;
+  const LlamaFamily f = c.family;
+  const bool mixtral = f == LlamaFamily::kMixtral, qwen_moe = f == LlamaFamily::kQwen3Moe;
+  static const std::map<LlamaFamily, std::pair<const char*, const char*>> kinds = {
+      {LlamaFamily::kLlama, {"LlamaForCausalLM", "llama"}},
+      {LlamaFamily::kMistral, {"MistralForCausalLM", "mistral"}},
+      {LlamaFamily::kQwen2, {"Qwen2ForCausalLM", "qwen2"}},
+      {LlamaFamily::kQwen3, {"Qwen3ForCausalLM", "qwen3"}},
+      {LlamaFamily::kMixtral, {"MixtralForCausalLM", "mixtral"}},
+      {LlamaFamily::kQwen3Moe, {"Qwen3MoeForCausalLM", "qwen3_moe"}}};
+  const auto& [architecture, model_type] = kinds.at(f);
+  json config = {{"architectures", {architecture}},
+                 {"model_type", model_type},
+                 {"vocab_size", c.vocab_size},
+                 {"hidden_size", c.hidden_size},
+                 {"intermediate_size", c.intermediate_size},
+                 {"num_hidden_layers", c.num_layers},
+                 {"num_attention_heads", c.num_heads},
+                 {"num_key_value_heads", c.num_kv_heads},
+                 {"head_dim", c.head_dim()},
+                 {"max_position_embeddings", c.max_positions},
+                 {"rms_norm_eps", c.rms_norm_eps},
+                 {"rope_parameters", rope},
+                 {"hidden_act", "silu"},
+                 {"attention_bias", c.o_bias},
+                 {"mlp_bias", c.mlp_bias},
+                 {"initializer_range", 0.02},
+                 {"tie_word_embeddings", c.tie_embeddings}};
+  // What each family's config has of these: Mistral and Qwen2 no bias
+  // keys (Qwen2's q/k/v biases always there), Qwen3 no mlp_bias; the
+  // window settings.
+  const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  const json full = json(std::vector<std::string>(static_cast<size_t>(c.num_layers), "full_attention"));
+  if (f == LlamaFamily::kMistral) {
+    config.erase("attention_bias");
+    config.erase("mlp_bias");
+    config["sliding_window"] = window;
+  } else if (f == LlamaFamily::kQwen2 || f == LlamaFamily::kQwen3) {
+    if (f == LlamaFamily::kQwen2) config.erase("attention_bias");
+    config.erase("mlp_bias");
+    config["use_sliding_window"] = false;
+    config["sliding_window"] = nullptr;
+    config["layer_types"] = full;
+  }
+  if (!c.has_experts()) return config;
+  // The experts' settings (models/moe.h); the balancing loss's weight is
+  // a training setting, written as transformers' default.
+  config["output_router_logits"] = false;
+  config["router_aux_loss_coef"] = 0.001;
+  config["num_experts_per_tok"] = c.experts_per_token;
+  config["sliding_window"] = nullptr;
+  if (mixtral) {
+    config.erase("attention_bias");
+    config.erase("mlp_bias");
+    config["num_local_experts"] = c.num_experts;
+    config["router_jitter_noise"] = 0.0;
+  } else {
+    config.erase("mlp_bias");
+    config["num_experts"] = c.num_experts;
+    config["moe_intermediate_size"] = c.expert_intermediate_size;
+    config["norm_topk_prob"] = c.normalize_top_k;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = json::array();
+    config["use_sliding_window"] = false;
+  }
+  return config;
+}
+
+HfFamily hf_family(const models::LlamaConfig& c) {
+  switch (c.family) {
+    case models::LlamaFamily::kMistral: return HfFamily::kMistral;
+    case models::LlamaFamily::kQwen2: return HfFamily::kQwen2;
+    case models::LlamaFamily::kQwen3: return HfFamily::kQwen3;
+    case models::LlamaFamily::kMixtral: return HfFamily::kMixtral;
+    case models::LlamaFamily::kQwen3Moe: return HfFamily::kQwen3Moe;
+    default: return HfFamily::kLlama;
+  }
+}
+
+}  // namespace internal
+
+using internal::gpt2_json;
+using internal::hf_family;
+using internal::llama_json;
+
 namespace {
 
 using json = nlohmann::json;
@@ -69,6 +193,24 @@ void write_folder(const std::string& dir, models::Sequence& model, json config, 
   });
 }
 
+// The weight_map of dir's model.safetensors.index.json: tensor -> shard,
+// each shard a file in dir.
+std::map<std::string, std::string> read_index(const std::string& dir) {
+  const std::string index = dir + "/model.safetensors.index.json";
+  std::ifstream in(index);
+  const auto parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(parsed.is_object() && parsed.contains("weight_map") && parsed.at("weight_map").is_object(), index,
+               ": not transformers' index of shards (a JSON object with a \"weight_map\" of tensor names to files)");
+  std::map<std::string, std::string> where;
+  for (const auto& [name, shard] : parsed.at("weight_map").items()) {
+    TANDEM_CHECK(shard.is_string() && !shard.get<std::string>().empty() &&
+                     shard.get<std::string>().find('/') == std::string::npos,
+                 index, ": the weight_map's file for ", name, " is ", shard.dump(), ", expected a file name in ", dir);
+    where[name] = shard.get<std::string>();
+  }
+  return where;
+}
+
 // Strict load under transformers' names (the header's rules).
 // The tensors of a folder save_pretrained wrote: its model.safetensors, or
 // the shards its model.safetensors.index.json names (weights larger than
@@ -78,19 +220,9 @@ NamedTensors read_folder(const std::string& dir, std::map<std::string, std::stri
   const std::string index = dir + "/model.safetensors.index.json";
   std::error_code ec;
   if (!fs::exists(index, ec)) return read_safetensors(dir + "/model.safetensors").tensors;
-  std::ifstream in(index);
-  const auto parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  TANDEM_CHECK(parsed.is_object() && parsed.contains("weight_map") && parsed.at("weight_map").is_object(), index,
-               ": not transformers' index of shards (a JSON object with a \"weight_map\" of tensor names to files)");
-  std::map<std::string, std::string> where;  // tensor -> shard
+  std::map<std::string, std::string> where = read_index(dir);  // tensor -> shard
   std::set<std::string> shards;
-  for (const auto& [name, shard] : parsed.at("weight_map").items()) {
-    TANDEM_CHECK(shard.is_string() && !shard.get<std::string>().empty() &&
-                     shard.get<std::string>().find('/') == std::string::npos,
-                 index, ": the weight_map's file for ", name, " is ", shard.dump(), ", expected a file name in ", dir);
-    where[name] = shard.get<std::string>();
-    shards.insert(shard.get<std::string>());
-  }
+  for (const auto& [name, shard] : where) shards.insert(shard);
   NamedTensors tensors;
   for (const auto& shard : shards) {
     auto file = read_safetensors(dir + "/" + shard);
@@ -154,93 +286,6 @@ void load(const std::string& path, models::Sequence& model, const NameMap& hf_na
   for (auto& [to, from] : copies) to.copy_(from);
 }
 
-json gpt2_json(const models::Gpt2Config& c) {
-  json config = {{"architectures", {"GPT2LMHeadModel"}},
-                 {"model_type", "gpt2"},
-                 {"vocab_size", c.vocab_size},
-                 {"n_positions", c.n_positions},
-                 {"n_embd", c.n_embd},
-                 {"n_layer", c.n_layer},
-                 {"n_head", c.n_head},
-                 {"n_inner", nullptr},
-                 {"activation_function", "gelu_new"},
-                 {"resid_pdrop", c.dropout},
-                 {"embd_pdrop", c.dropout},
-                 {"attn_pdrop", c.dropout},
-                 {"layer_norm_epsilon", c.layer_norm_eps},
-                 {"initializer_range", 0.02},
-                 {"scale_attn_weights", true},
-                 {"tie_word_embeddings", true}};
-  // GPT-2's <|endoftext|> is token 50256; a smaller vocabulary (bytes) has
-  // no such token, and transformers' default would point past it.
-  const json end = c.vocab_size > 50256 ? json(50256) : json(nullptr);
-  config["bos_token_id"] = end;
-  config["eos_token_id"] = end;
-  return config;
-}
-
-json llama_json(const models::LlamaConfig& c) {
-  json rope = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
-  if (c.rope_factor != 0) {
-    rope = {{"rope_type", "llama3"},
-            {"rope_theta", c.rope_theta},
-            {"factor", c.rope_factor},
-            {"low_freq_factor", c.rope_low_freq_factor},
-            {"high_freq_factor", c.rope_high_freq_factor},
-            {"original_max_position_embeddings", c.rope_original_max_positions}};
-  }
-  using models::LlamaFamily;
-  const bool mixtral = c.family == LlamaFamily::kMixtral, qwen = c.family == LlamaFamily::kQwen3Moe;
-  const char* architecture = mixtral ? "MixtralForCausalLM" : qwen ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM";
-  json config = {{"architectures", {architecture}},
-                 {"model_type", mixtral ? "mixtral" : qwen ? "qwen3_moe" : "llama"},
-                 {"vocab_size", c.vocab_size},
-                 {"hidden_size", c.hidden_size},
-                 {"intermediate_size", c.intermediate_size},
-                 {"num_hidden_layers", c.num_layers},
-                 {"num_attention_heads", c.num_heads},
-                 {"num_key_value_heads", c.num_kv_heads},
-                 {"head_dim", c.head_dim()},
-                 {"max_position_embeddings", c.max_positions},
-                 {"rms_norm_eps", c.rms_norm_eps},
-                 {"rope_parameters", rope},
-                 {"hidden_act", "silu"},
-                 {"attention_bias", false},
-                 {"mlp_bias", false},
-                 {"initializer_range", 0.02},
-                 {"tie_word_embeddings", c.tie_embeddings}};
-  if (!c.has_experts()) return config;
-  // The experts' settings (models/moe.h); the balancing loss's weight is
-  // a training setting, written as transformers' default.
-  config["output_router_logits"] = false;
-  config["router_aux_loss_coef"] = 0.001;
-  config["num_experts_per_tok"] = c.experts_per_token;
-  config["sliding_window"] = nullptr;
-  if (mixtral) {
-    config.erase("attention_bias");
-    config.erase("mlp_bias");
-    config["num_local_experts"] = c.num_experts;
-    config["router_jitter_noise"] = 0.0;
-  } else {
-    config.erase("mlp_bias");
-    config["num_experts"] = c.num_experts;
-    config["moe_intermediate_size"] = c.expert_intermediate_size;
-    config["norm_topk_prob"] = c.normalize_top_k;
-    config["decoder_sparse_step"] = 1;
-    config["mlp_only_layers"] = json::array();
-    config["use_sliding_window"] = false;
-  }
-  return config;
-}
-
-internal::HfFamily hf_family(const models::LlamaConfig& c) {
-  switch (c.family) {
-    case models::LlamaFamily::kMixtral: return internal::HfFamily::kMixtral;
-    case models::LlamaFamily::kQwen3Moe: return internal::HfFamily::kQwen3Moe;
-    default: return internal::HfFamily::kLlama;
-  }
-}
-
 NameMap llama_names(const models::LlamaConfig& c) {
   return [c](const std::string& n) { return models::llama_hf_names(n, c); };
 }
@@ -289,6 +334,7 @@ bool among(const std::string& name, const std::vector<std::string>& names) {
 }  // namespace
 
 bool has_hf_form(const std::string& model_name) {
+  models::resolve_model_name(model_name);  // "hf:DIR" (Note [model resolvers])
   return among(model_name, models::Gpt2Config::preset_names()) || among(model_name, models::LlamaConfig::preset_names());
 }
 
@@ -297,14 +343,12 @@ void write_hf_folder(const std::string& dir, models::Sequence& model, const std:
                      double max_shard_bytes) {
   TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
   if (among(model_name, models::Gpt2Config::preset_names())) {
-    auto c = models::Gpt2Config::preset(model_name);
-    c.vocab_size = vocab_size;
+    auto c = models::Gpt2Config::preset(model_name).with_vocabulary(vocab_size);
     c.dropout = dropout;
     write_hf_folder(dir, model, c, metadata, max_shard_bytes);
   } else {
-    auto c = models::LlamaConfig::preset(model_name);
-    c.vocab_size = vocab_size;
-    write_hf_folder(dir, model, c, metadata, max_shard_bytes);
+    write_hf_folder(dir, model, models::LlamaConfig::preset(model_name).with_vocabulary(vocab_size), metadata,
+                    max_shard_bytes);
   }
 }
 
@@ -312,13 +356,19 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const std
                      int64_t vocab_size) {
   TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
   if (among(model_name, models::Gpt2Config::preset_names())) {
-    auto c = models::Gpt2Config::preset(model_name);
-    c.vocab_size = vocab_size;
-    load_hf_weights(path, model, c);
+    load_hf_weights(path, model, models::Gpt2Config::preset(model_name).with_vocabulary(vocab_size));
   } else {
-    auto c = models::LlamaConfig::preset(model_name);
-    c.vocab_size = vocab_size;
-    load_hf_weights(path, model, c);
+    load_hf_weights(path, model, models::LlamaConfig::preset(model_name).with_vocabulary(vocab_size));
+  }
+}
+
+void check_weight_files(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return;
+  if (!std::filesystem::exists(path + "/model.safetensors.index.json", ec)) return;
+  for (const auto& [name, shard] : read_index(path)) {
+    TANDEM_CHECK(std::filesystem::is_regular_file(path + "/" + shard, ec), path,
+                 "/model.safetensors.index.json: names ", shard, " for ", name, ", which is not in the folder");
   }
 }
 

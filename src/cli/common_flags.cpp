@@ -49,7 +49,9 @@ void add_model_flags(FlagSet& flags, engine::TrainOptions& o) {
   std::string models;
   for (const auto& name : models::model_names()) models += (models.empty() ? "" : ", ") + name;
   flags.section("model");
-  flags.add_string("model", "NAME", &o.model, "one of " + models);
+  flags.add_string("model", "NAME", &o.model,
+                   "one of " + models + "; or hf:DIR, the model a transformers config.json in DIR describes (GPT-2, "
+                   "LLaMA, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE; its weights with --init-weights DIR)");
   flags.add_double("width-mult", "X", &o.width_mult, "mobilenetv2 width multiplier", 1e-3, models::kMaxWidthMult);
   flags.add_choice("stem", &o.stem, {"auto", "imagenet", "cifar"},
                    "resnet stem; auto picks cifar for images up to 64 px");

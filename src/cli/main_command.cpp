@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include "tandem/checkpoint/hf_model.h"
 #include "tandem/cli/commands.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/communication_error.h"
@@ -110,6 +111,7 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main_command(int argc, char** argv) {
+  checkpoint::enable_hf_models();  // --model hf:DIR
   const int code = run_command(argc, argv);
   // What was printed must have arrived: a full disk or a closed stdout
   // lost the result table with exit 0 (a sweep's find).

@@ -89,13 +89,19 @@ int sample_command(const std::vector<std::string>& args) {
   const auto file = checkpoint::read_weights_or_folder(f.weights);
   std::error_code ec;
   const bool folder = std::filesystem::is_directory(f.weights, ec);
-  const auto* model_name = field(file, "model");
+  const auto* recorded_model = field(file, "model");
   const auto* vocab = field(file, "vocab_size");
+  // A model built from a config.json: an --export-hf folder's own says the same.
+  const std::string hf_self = "hf:" + f.weights;
+  const bool own_config = folder && recorded_model && recorded_model->rfind("hf:", 0) == 0 &&
+                          std::filesystem::exists(f.weights + "/config.json", ec);
+  const auto* model_name = own_config ? &hf_self : recorded_model;
   TANDEM_CHECK(model_name && vocab, f.weights,
                folder ? ": a transformers folder without tandem's metadata (save_pretrained's, not --export-hf's): "
                         "start a run from it with tandem train --init-weights"
                       : ": not a language model's weights from tandem train --export-weights (its metadata names "
                         "no model and vocabulary)");
+  models::resolve_model_name(*model_name);
   const auto names = models::model_names();
   TANDEM_CHECK(std::find(names.begin(), names.end(), *model_name) != names.end() &&
                    models::is_language_model(*model_name),

@@ -68,10 +68,11 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
   // Another model given is the command line's mistake, named before the
   // settings that follow from it (a --vocab-size the metadata's model had
   // and the one given has not).
-  if (model && flags.given("model") && o.model != *model) {
+  if (model && flags.given("model") && o.model != *model && models::canonical_model_name(o.model) != *model) {
     throw UsageError("--model " + o.model + ": " + file + " holds the weights of " + printable(*model) +
                      " (its metadata); leave --model out to evaluate them as that");
   }
+  if (model && flags.given("model")) o.model = *model;  // the same model, as recorded
   const bool metadata_model = model && o.model == *model;  // the settings below are that model's
   if (const auto* data = field("data")) {
     if (flags.given("data")) {

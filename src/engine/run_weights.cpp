@@ -22,7 +22,7 @@ namespace tandem::engine {
 
 std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const data::DataSplits& splits) {
   const auto info = splits.train->info();
-  std::map<std::string, std::string> metadata{{"format", "pt"}, {"producer", "tandem"}, {"model", o.model}};
+  std::map<std::string, std::string> metadata{{"format", "pt"}, {"producer", "tandem"}, {"model", models::canonical_model_name(o.model)}};
   if (info.seq_len > 0) {
     // A language model: its vocabulary shapes it; the data's kind and the
     // sequence length say how it was trained.
@@ -105,7 +105,7 @@ void check_weights_metadata(const TrainOptions& o, const data::DataSplits& split
     return it == metadata.end() ? nullptr : &it->second;
   };
   if (const auto* model = field("model")) {
-    TANDEM_CHECK(*model == o.model, path, ": weights of --model ", *model, " (its metadata), not of --model ",
+    TANDEM_CHECK(*model == o.model || *model == models::canonical_model_name(o.model), path, ": weights of --model ", *model, " (its metadata), not of --model ",
                  o.model);
   }
   if (const auto* kind = field("tokens")) {

@@ -14,6 +14,7 @@
 #include "tandem/data/augment.h"
 #include "tandem/data/source.h"
 #include "tandem/engine/parallel_layout.h"
+#include "tandem/checkpoint/hf_format.h"
 #include "tandem/models/registry.h"
 #include "tandem/observe/profile.h"
 #include "tandem/observe/tensorboard.h"
@@ -108,6 +109,7 @@ void check_section(const DataSection& o) {
 }
 
 void check_section(const ModelSection& o) {
+  models::resolve_model_name(o.model);  // "hf:DIR": its config.json's mistakes are usage errors
   one_of("--model", o.model, models::model_names());
   TANDEM_CHECK_USAGE(o.width_mult == 1 || o.model == "mobilenetv2", "--width-mult ", o.width_mult,
                      " applies to --model mobilenetv2 only, not ", o.model);
@@ -115,6 +117,13 @@ void check_section(const ModelSection& o) {
                      " applies to the resnet models only, not ", o.model);
   TANDEM_CHECK_USAGE(o.init_weights_except.empty() || !o.init_weights.empty(),
                      "--init-weights-except goes with --init-weights");
+  try {
+    checkpoint::check_weight_files(o.init_weights);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    TANDEM_CHECK_USAGE(false, "--init-weights ", o.init_weights, ": ", e.what());
+  }
   TANDEM_CHECK_USAGE(o.amp == AmpMode::kOff || o.dtype == Dtype::kFloat32, "--amp ", o.amp,
                      " needs --dtype float32 (autocast lowers float32 ops), got --dtype ", o.dtype);
 }

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <mutex>
 
 #include <torch/torch.h>
 
+#include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 
 namespace tandem::models {
@@ -45,18 +47,58 @@ torch::nn::LayerNorm layer_norm(const Gpt2Config& c) {
 
 }  // namespace
 
+namespace {
+
+struct AddedGpt2 {
+  std::mutex mutex;
+  std::map<std::string, Gpt2Config> configs;
+};
+
+AddedGpt2& added_gpt2() {
+  static AddedGpt2 instance;
+  return instance;
+}
+
+bool find_added_gpt2(const std::string& name, Gpt2Config* out) {
+  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
+  auto it = added_gpt2().configs.find(name);
+  if (it == added_gpt2().configs.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+}  // namespace
+
 Gpt2Config Gpt2Config::preset(const std::string& name) {
   auto it = presets().find(name);
-  if (it == presets().end()) {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    TANDEM_CHECK_USAGE(false, "unknown GPT-2 size '", name, "' (known: ", known, ")");
-  }
-  return it->second;
+  if (it != presets().end()) return it->second;
+  Gpt2Config found;
+  // Note [model resolvers] (models/registry.h): "hf:DIR" and the like.
+  if (find_added_gpt2(name, &found) || (resolve_model_name(name) && find_added_gpt2(name, &found))) return found;
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  TANDEM_CHECK_USAGE(false, "unknown GPT-2 size '", name, "' (known: ", known, ")");
+  return {};
 }
 
 std::vector<std::string> Gpt2Config::preset_names() {
-  return {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"};
+  std::vector<std::string> names = {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"};
+  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
+  for (const auto& entry : added_gpt2().configs) names.push_back(entry.first);
+  return names;
+}
+
+void Gpt2Config::add_preset(const std::string& name, const Gpt2Config& config) {
+  config.check();
+  TANDEM_CHECK(presets().count(name) == 0, "GPT-2: '", name, "' is a preset's name");
+  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
+  TANDEM_CHECK(added_gpt2().configs.emplace(name, config).second, "GPT-2: '", name, "' is already added");
+}
+
+Gpt2Config Gpt2Config::with_vocabulary(int64_t vocab) const {
+  Gpt2Config c = *this;
+  if (!fixed_vocabulary) c.vocab_size = vocab;
+  return c;
 }
 
 void Gpt2Config::check() const {

@@ -16,10 +16,22 @@ void init_llama_normal(torch::Tensor& t) {
   t.normal_(0.0, 0.02);
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
+// Weights N(0, 0.02), biases 0 (transformers' _init_weights).
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
   init_llama_normal(l->weight);
+  if (bias) {
+    torch::NoGradGuard no_grad;
+    l->bias.zero_();
+  }
   return l;
+}
+
+// A row-parallel projection (Note [split regions]): the ranks' partial
+// products summed by split.out, the bias (whole on every rank) added once.
+torch::Tensor project_out(torch::nn::Linear& l, const torch::Tensor& x, const SplitRegion& split) {
+  if (!l->bias.defined() || !split.split()) return split.out(l->forward(x));
+  return split.out(torch::linear(x, l->weight)) + l->bias;
 }
 
 // transformers' inverse frequencies, in float32 (Note [rotary positions in
@@ -63,10 +75,10 @@ LlamaAttentionImpl::LlamaAttentionImpl(LlamaConfig config) : config_(config) { r
 
 void LlamaAttentionImpl::reset() {
   const int64_t c = config_.hidden_size, d = config_.head_dim();
-  q_proj = register_module("q_proj", linear(c, config_.num_heads * d));
-  k_proj = register_module("k_proj", linear(c, config_.num_kv_heads * d));
-  v_proj = register_module("v_proj", linear(c, config_.num_kv_heads * d));
-  o_proj = register_module("o_proj", linear(config_.num_heads * d, c));
+  q_proj = register_module("q_proj", linear(c, config_.num_heads * d, config_.qkv_bias));
+  k_proj = register_module("k_proj", linear(c, config_.num_kv_heads * d, config_.qkv_bias));
+  v_proj = register_module("v_proj", linear(c, config_.num_kv_heads * d, config_.qkv_bias));
+  o_proj = register_module("o_proj", linear(config_.num_heads * d, c, config_.o_bias));
   if (config_.qk_norm) {
     q_norm = register_module("q_norm", RmsNorm(d, config_.rms_norm_eps));
     k_norm = register_module("k_norm", RmsNorm(d, config_.rms_norm_eps));
@@ -103,8 +115,9 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
   const int64_t b = in.size(0), t = in.size(1), d = config_.head_dim();
   const int64_t h = config_.num_heads, kv = config_.num_kv_heads;
   const int64_t past = cache ? cache->length() : 0;
-  TANDEM_CHECK(past + t * context.parts <= config_.max_positions, "LLaMA: a sequence of ", past + t * context.parts,
-               " tokens is longer than the model's ", config_.max_positions, " positions");
+  TANDEM_CHECK(past + t * context.parts <= config_.context(), "LLaMA: a sequence of ", past + t * context.parts,
+               " tokens is longer than the model's ", config_.context(),
+               config_.context() < config_.max_positions ? " positions (its attention window)" : " positions");
   TANDEM_CHECK(!context.split() || cache == nullptr, "LLaMA: decoding with a cache under context parallelism");
   // The heads from the widths: a split region holds some of them, its
   // key/value heads in the same proportion.
@@ -131,20 +144,21 @@ torch::Tensor LlamaAttentionImpl::attend(const torch::Tensor& x, KvCache* cache)
            : context.split() ? context.attend(q, k, v)  // the default scale, d^-0.5
                              : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                                 /*is_causal=*/true, scale);
-  return split.out(o_proj->forward(y.transpose(1, 2).contiguous().view({b, t, local_heads * d})));
+  return project_out(o_proj, y.transpose(1, 2).contiguous().view({b, t, local_heads * d}), split);
 }
 
 LlamaMlpImpl::LlamaMlpImpl(LlamaConfig config) : config_(config) { reset(); }
 
 void LlamaMlpImpl::reset() {
-  gate_proj = register_module("gate_proj", linear(config_.hidden_size, config_.intermediate_size));
-  up_proj = register_module("up_proj", linear(config_.hidden_size, config_.intermediate_size));
-  down_proj = register_module("down_proj", linear(config_.intermediate_size, config_.hidden_size));
+  const bool bias = config_.mlp_bias;
+  gate_proj = register_module("gate_proj", linear(config_.hidden_size, config_.intermediate_size, bias));
+  up_proj = register_module("up_proj", linear(config_.hidden_size, config_.intermediate_size, bias));
+  down_proj = register_module("down_proj", linear(config_.intermediate_size, config_.hidden_size, bias));
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   const auto in = split.in(x);
-  return split.out(down_proj->forward(torch::silu(gate_proj->forward(in)) * up_proj->forward(in)));
+  return project_out(down_proj, torch::silu(gate_proj->forward(in)) * up_proj->forward(in), split);
 }
 
 LlamaLayerImpl::LlamaLayerImpl(LlamaConfig config) : config_(config) { reset(); }

@@ -1,8 +1,10 @@
 // LLaMA's presets and the config's checks (llama.h): the dense LLaMAs, and
 // the Mixtral and Qwen3-MoE shapes the same decoder computes with experts.
 #include <map>
+#include <mutex>
 
 #include "tandem/models/llama.h"
+#include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 
 namespace tandem::models {
@@ -115,18 +117,59 @@ const std::map<std::string, LlamaConfig>& llama_presets() {
 
 }  // namespace
 
+namespace {
+
+struct AddedLlama {
+  std::mutex mutex;
+  std::map<std::string, LlamaConfig> configs;
+};
+
+AddedLlama& added_llama() {
+  static AddedLlama instance;
+  return instance;
+}
+
+bool find_added_llama(const std::string& name, LlamaConfig* out) {
+  std::lock_guard<std::mutex> lock(added_llama().mutex);
+  auto it = added_llama().configs.find(name);
+  if (it == added_llama().configs.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+}  // namespace
+
 LlamaConfig LlamaConfig::preset(const std::string& name) {
   auto it = llama_presets().find(name);
-  if (it == llama_presets().end()) {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    TANDEM_CHECK_USAGE(false, "unknown LLaMA size '", name, "' (known: ", known, ")");
-  }
-  return it->second;
+  if (it != llama_presets().end()) return it->second;
+  LlamaConfig found;
+  // Note [model resolvers] (models/registry.h): "hf:DIR" and the like.
+  if (find_added_llama(name, &found) || (resolve_model_name(name) && find_added_llama(name, &found))) return found;
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  TANDEM_CHECK_USAGE(false, "unknown LLaMA size '", name, "' (known: ", known, ")");
+  return {};
 }
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"llama-tiny", "llama-3.2-1b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mixtral-tiny", "mixtral-8x7b", "qwen3-moe-tiny", "qwen3-30b-a3b"};
+  std::vector<std::string> names = {"llama-tiny",   "llama-3.2-1b", "llama-3-8b",     "llama-3-70b",  "llama-3.1-405b",
+                                    "mixtral-tiny", "mixtral-8x7b", "qwen3-moe-tiny", "qwen3-30b-a3b"};
+  std::lock_guard<std::mutex> lock(added_llama().mutex);
+  for (const auto& entry : added_llama().configs) names.push_back(entry.first);
+  return names;
+}
+
+void LlamaConfig::add_preset(const std::string& name, const LlamaConfig& config) {
+  config.check();
+  TANDEM_CHECK(llama_presets().count(name) == 0, "LLaMA: '", name, "' is a preset's name");
+  std::lock_guard<std::mutex> lock(added_llama().mutex);
+  TANDEM_CHECK(added_llama().configs.emplace(name, config).second, "LLaMA: '", name, "' is already added");
+}
+
+LlamaConfig LlamaConfig::with_vocabulary(int64_t vocab) const {
+  LlamaConfig c = *this;
+  if (!fixed_vocabulary) c.vocab_size = vocab;
+  return c;
 }
 
 void LlamaConfig::check() const {
@@ -142,8 +185,9 @@ void LlamaConfig::check() const {
                "LLaMA: rotary scaling needs a positive factor and high_freq_factor > low_freq_factor");
   TANDEM_CHECK(num_experts >= 0, "LLaMA: a negative number of experts");
   if (has_experts()) moe().check();
-  TANDEM_CHECK(family == LlamaFamily::kLlama || has_experts(),
-               "LLaMA: a Mixtral or Qwen3-MoE config without experts (num_experts 0)");
+  const bool moe_family = family == LlamaFamily::kMixtral || family == LlamaFamily::kQwen3Moe;
+  TANDEM_CHECK(!moe_family || has_experts(), "LLaMA: a Mixtral or Qwen3-MoE config without experts (num_experts 0)");
+  TANDEM_CHECK(sliding_window >= 0, "LLaMA: a negative attention window");
 }
 
 }  // namespace tandem::models

@@ -1,7 +1,9 @@
 #include "tandem/models/registry.h"
 
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "tandem/models/convnet.h"
 #include "language_models.h"
@@ -54,7 +56,8 @@ std::string joined_names() {
 
 Entry find(const std::string& name) {
   Entry entry;
-  {
+  for (int pass = 0; pass < 2 && !entry.factory; ++pass) {
+    if (pass == 1 && !resolve_model_name(name)) break;
     std::lock_guard<std::mutex> lock(registry().mutex);
     auto it = registry().factories.find(name);
     if (it != registry().factories.end()) entry = it->second;
@@ -63,7 +66,44 @@ Entry find(const std::string& name) {
   return entry;
 }
 
+struct Resolvers {
+  std::recursive_mutex mutex;  // held while one resolves: a name is read once
+  std::map<std::string, ModelResolver> by_prefix;
+  std::set<std::string> resolved;
+};
+
+Resolvers& resolvers() {
+  static Resolvers instance;
+  return instance;
+}
+
 }  // namespace
+
+void add_model_resolver(const std::string& prefix, ModelResolver resolver) {
+  std::lock_guard<std::recursive_mutex> lock(resolvers().mutex);
+  resolvers().by_prefix[prefix] = std::move(resolver);
+}
+
+bool resolve_model_name(const std::string& name) {
+  auto& r = resolvers();
+  std::lock_guard<std::recursive_mutex> lock(r.mutex);
+  for (const auto& [prefix, resolve] : r.by_prefix) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    if (r.resolved.count(name) == 0) {
+      resolve(name);  // throws, naming what is wrong, or registers the name
+      r.resolved.insert(name);
+    }
+    return true;
+  }
+  return false;
+}
+
+std::string canonical_model_name(const std::string& name) {
+  if (name.rfind("hf:", 0) != 0 || name.size() == 3) return name;
+  std::error_code ec;
+  const auto path = std::filesystem::absolute(name.substr(3), ec);
+  return ec ? name : "hf:" + path.lexically_normal().string();
+}
 
 void register_model(const std::string& name, ModelFactory factory, ModelTraits traits) {
   std::lock_guard<std::mutex> lock(registry().mutex);

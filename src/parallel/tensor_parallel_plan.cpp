@@ -132,6 +132,11 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(a->q_proj->weight, 0, head_rows(c.num_heads, d, 1, world));
       cut_parameter(a->k_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
       cut_parameter(a->v_proj->weight, 0, head_rows(c.num_kv_heads, d, 1, world));
+      if (c.qkv_bias) {  // by heads, as their weights' rows; o_proj's bias whole (added once)
+        cut_parameter(a->q_proj->bias, 0, head_rows(c.num_heads, d, 1, world));
+        cut_parameter(a->k_proj->bias, 0, head_rows(c.num_kv_heads, d, 1, world));
+        cut_parameter(a->v_proj->bias, 0, head_rows(c.num_kv_heads, d, 1, world));
+      }
       cut_parameter(a->o_proj->weight, 1, head_rows(c.num_heads, d, 1, world));
       if (a->q_norm) {  // each rank normalises its heads with the whole weight
         partial_.insert(a->q_norm->weight.unsafeGetTensorImpl());
@@ -146,6 +151,10 @@ TensorParallelPlan::TensorParallelPlan(models::Sequence model, std::shared_ptr<d
       cut_parameter(m->gate_proj->weight, 0, rows);
       cut_parameter(m->up_proj->weight, 0, rows);
       cut_parameter(m->down_proj->weight, 1, rows);
+      if (m->gate_proj->bias.defined()) {  // down_proj's bias whole (added once)
+        cut_parameter(m->gate_proj->bias, 0, rows);
+        cut_parameter(m->up_proj->bias, 0, rows);
+      }
       m->split = region();
       regions_.push_back(&m->split);
     } else if (auto* m = dynamic_cast<models::SparseMoeImpl*>(module.get())) {

@@ -20,7 +20,7 @@ ModelShape gpt2_shape(const std::string& name, int64_t vocab) {
   s.heads = s.kv_heads = c.n_head;
   s.head_dim = c.n_embd / c.n_head;
   s.ffn = 4 * c.n_embd;
-  s.vocab = vocab > 0 ? vocab : c.vocab_size;
+  s.vocab = vocab > 0 && !c.fixed_vocabulary ? vocab : c.vocab_size;
   s.context = c.n_positions;
   s.tied = true;
   const int64_t d = s.hidden;
@@ -48,7 +48,7 @@ ModelShape llama_shape(const std::string& name, int64_t vocab) {
   s.kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim();
   s.ffn = c.intermediate_size;
-  s.vocab = vocab > 0 ? vocab : c.vocab_size;
+  s.vocab = vocab > 0 && !c.fixed_vocabulary ? vocab : c.vocab_size;
   s.context = c.max_positions;
   s.tied = c.tie_embeddings;
   s.experts = c.num_experts;
@@ -103,6 +103,7 @@ double ModelShape::activations_inside_per_token() const {
 ModelShape model_shape(const std::string& model, int64_t vocab) {
   TANDEM_CHECK_USAGE(vocab >= 0 && vocab <= (int64_t(1) << 31), "--vocab-size ", vocab,
                      ": expected a vocabulary of at most 2^31 tokens");
+  models::resolve_model_name(model);  // "hf:DIR" (Note [model resolvers])
   const auto gpt2 = models::Gpt2Config::preset_names();
   const auto llama = models::LlamaConfig::preset_names();
   if (std::find(gpt2.begin(), gpt2.end(), model) != gpt2.end()) return gpt2_shape(model, vocab);

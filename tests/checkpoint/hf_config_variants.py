@@ -1,13 +1,16 @@
-"""Every documented key of GPT2Config and LlamaConfig, each set to a value
-other than its default, as the folder transformers' save_pretrained writes
-(float64 weights from one seed) with the logits of the model it built on
-fixed tokens; where transformers cannot build that model, the base model's
+"""Every documented key of GPT2Config, LlamaConfig, MistralConfig,
+Qwen2Config and Qwen3Config, each set to a value other than its default,
+as the folder transformers' save_pretrained writes (float64 weights from
+one seed; each family's own base model in several shards) with the
+logits and the language-model loss of the model it built on fixed
+tokens; where transformers cannot build that model, the base model's
 folder with the key written into its config.json, and no logits.
 
     hf_config_variants.py TESTING_DIR OUT_DIR
 
-Writes OUT_DIR/tokens.safetensors, a folder per variant and
-OUT_DIR/variants.json: [{"family", "key", "value", "folder", "logits"}].
+Writes OUT_DIR/tokens.safetensors, a folder per variant (logits.safetensors
+beside its weights: the logits and the loss) and OUT_DIR/variants.json:
+[{"family", "key", "value", "folder", "logits"}].
 A key with no value to try here fails the script, naming it: a key that a
 new transformers adds is tried before tandem can pass the test.
 """
@@ -19,7 +22,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 sys.path.insert(0, sys.argv[1])
 import transformers_peer  # noqa: E402
@@ -35,9 +39,20 @@ FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM,
               dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=16, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    "mistral": (MistralConfig, MistralForCausalLM,
+                dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=16, sliding_window=32, bos_token_id=None,
+                     eos_token_id=None)),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM,
+              dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=True)),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM,
+              dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=6, max_position_embeddings=16)),
 }
 # Older spellings transformers still reads from a file.
-EXTRA_KEYS = {"gpt2": ["n_ctx"], "llama": ["rope_scaling", "rope_theta"]}
+EXTRA_KEYS = {"gpt2": ["n_ctx"], "llama": ["rope_scaling", "rope_theta"], "mistral": ["rope_scaling", "rope_theta"],
+              "qwen2": ["rope_scaling", "rope_theta"], "qwen3": ["rope_scaling", "rope_theta"]}
 # Values to try, where flipping or changing the default says too little.
 VALUES = {
     "activation_function": ["relu", "gelu", "gelu_pytorch_tanh"],
@@ -64,6 +79,12 @@ VALUES = {
     "eos_token_id": [4],
     "pad_token_id": [5],
     "n_ctx": [1024],
+    # the attention window: past the 16 positions (nothing changes), none,
+    # or on (layers of windowed attention tandem does not compute)
+    "sliding_window": [64, None],
+    "use_sliding_window": [True],
+    "layer_types": [["sliding_attention", "full_attention"]],
+    "max_window_layers": [1],
 }
 
 
@@ -89,7 +110,8 @@ def build(config_class, model_class, settings):
     model = model_class(config_class(**settings)).to(torch.float64).eval()
     model.config.return_dict = True  # a form of forward's output (5.24's GPT-2 fails on a tuple inside)
     with torch.no_grad():
-        return model, model(input_ids=tokens, return_dict=True).logits
+        out = model(input_ids=tokens, labels=tokens, return_dict=True)
+        return model, (out.logits, out.loss)
 
 
 variants = []
@@ -114,8 +136,8 @@ for family, (config_class, model_class, base) in FAMILIES.items():
                 model, logits = build(config_class, model_class, settings)
             except Exception:  # transformers refuses it: tandem must too
                 model, logits = base_model, None
-            try:
-                model.save_pretrained(folder)
+            try:  # the base model in several shards, under an index
+                model.save_pretrained(folder, max_shard_size="4KB" if key is None else "5GB")
             except Exception:  # built, but refused by save_pretrained's checks (output_attentions under sdpa)
                 same = model.state_dict().keys() == base_model.state_dict().keys() and all(
                     torch.equal(a, base_model.state_dict()[k]) for k, a in model.state_dict().items())
@@ -129,7 +151,8 @@ for family, (config_class, model_class, base) in FAMILIES.items():
             with open(path, "w") as f:
                 json.dump(config, f, indent=2)
             if logits is not None:
-                save_file({"logits": logits.contiguous()}, os.path.join(folder, "logits.safetensors"))
+                save_file({"logits": logits[0].contiguous(), "loss": logits[1].reshape(1)},
+                          os.path.join(folder, "logits.safetensors"))
             variants.append({"family": family, "key": key, "value": value, "folder": folder,
                              "logits": logits is not None})
 

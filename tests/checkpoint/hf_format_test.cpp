@@ -8,12 +8,15 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "tandem/checkpoint/hf_format.h"
+#include "tandem/checkpoint/hf_model.h"
+#include "tandem/models/registry.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/util/check.h"
 #include "testing.h"
@@ -206,15 +209,31 @@ TEST(HfFormatTest, AFileOfAnotherModelIsRefusedNamingTheTensor) {
   }
 }
 
-// Note [a folder's config.json]: every key that GPT2Config and LlamaConfig
-// document (and the older spellings transformers still reads), set to a
-// value other than its default in a folder save_pretrained wrote
-// (tests/checkpoint/hf_config_variants.py), either loads and gives the logits
-// of the model transformers built from it (float64, 1e-10), or is refused
-// naming the key. Settings that change nothing tandem computes (dropout,
-// token ids, provenance) and equivalent spellings must load. Before this
-// test a folder with activation_function "relu" or rope_scaling "linear"
-// loaded, and trained tandem's own architecture.
+// The tensor of `name` in a safetensors file.
+torch::Tensor tensor_of(const std::string& file, const std::string& name) {
+  for (auto& [n, t] : read_safetensors(file).tensors) {
+    if (n == name) return t;
+  }
+  ADD_FAILURE() << file << ": no tensor " << name;
+  return {};
+}
+
+// Note [a folder's config.json]: every key that GPT2Config, LlamaConfig,
+// MistralConfig, Qwen2Config and Qwen3Config document (and the older
+// spellings transformers still reads), set to a value other than its
+// default in a folder save_pretrained wrote (tests/checkpoint/
+// hf_config_variants.py; each family's base model in several shards),
+// is tried two ways. Built from the folder's config.json (--model hf:DIR),
+// it gives the logits of the model transformers built from it (float64,
+// 1e-10) and its loss (1e-6: transformers' is float32), or is refused
+// naming the key; the shapes and settings
+// tandem computes (head_dim, key/value heads, biases, epsilon, the rotary
+// base, tying, a window past the positions) must build. Loaded into the
+// registry's shape (GPT-2 and LLaMA), it gives those logits or is refused
+// naming the key; only settings that change nothing tandem computes
+// (dropout, token ids, provenance) and equivalent spellings must load.
+// Before this test a folder with activation_function "relu" or
+// rope_scaling "linear" loaded, and trained tandem's own architecture.
 TEST(HfConfigTest, EveryDocumentedKeyIsComputedOrRefused) {
   TempDir dir;
   auto r = testing::run("HF_HUB_OFFLINE=1 " + std::string(TANDEM_PYTHON) + " " TANDEM_SOURCE_DIR
@@ -226,36 +245,77 @@ TEST(HfConfigTest, EveryDocumentedKeyIsComputedOrRefused) {
   const std::set<std::string> must_load = {"", "attn_pdrop", "embd_pdrop", "resid_pdrop", "attention_dropout",
                                            "bos_token_id", "eos_token_id", "use_cache", "dtype", "initializer_range",
                                            "transformers_version", "architectures", "output_hidden_states",
-                                           "return_dict", "n_ctx", "pretraining_tp"};
-  int loaded = 0, refused = 0;
-  for (const auto& v : variants) {
-    const std::string key = v["key"].is_null() ? "" : v["key"].get<std::string>();
-    const bool gpt2 = v["family"] == "gpt2";
-    SCOPED_TRACE(v["family"].get<std::string>() + " " + (key.empty() ? "(as saved)" : key + " = " + v["value"].dump()));
-    auto model = gpt2 ? models::gpt2(gpt2_config()) : models::llama(llama_config(false));
-    model->to(torch::kFloat64);
+                                           "return_dict", "n_ctx", "pretraining_tp", "max_window_layers"};
+  const std::set<std::string> must_build = {"head_dim", "num_key_value_heads", "attention_bias", "mlp_bias",
+                                            "rms_norm_eps", "layer_norm_epsilon", "rope_theta", "tie_word_embeddings",
+                                            "sliding_window", "vocab_size", "hidden_size", "num_hidden_layers",
+                                            "n_embd", "n_layer", "intermediate_size", "max_position_embeddings"};
+  enable_hf_models();
+  int loaded = 0, refused = 0, built = 0, built_refused = 0;
+  // One way: the model, then the folder's weights; the logits and loss checked against transformers'.
+  auto check = [&](const nlohmann::json& v, const std::string& key, const std::function<models::Sequence()>& make,
+                   bool must, int& ok, int& no) {
     const std::string folder = v["folder"];
+    models::Sequence model;
     try {
-      gpt2 ? load_hf_weights(folder, model, gpt2_config()) : load_hf_weights(folder, model, llama_config(false));
+      model = make();
     } catch (const tandem::Error& e) {
-      ++refused;
+      ++no;
       EXPECT_NE(std::string(e.what()).find(key.empty() ? std::string("\n") : key), std::string::npos) << e.what();
-      EXPECT_EQ(must_load.count(key), 0u) << "refused: " << e.what();
-      continue;
+      EXPECT_FALSE(must) << "refused: " << e.what();
+      return;
     }
-    ++loaded;
+    ++ok;
     if (!v["logits"].get<bool>()) {
       ADD_FAILURE() << "loaded a config transformers cannot build a model from";
-      continue;
+      return;
     }
     model->eval();
     torch::NoGradGuard no_grad;
-    const auto theirs = read_safetensors(folder + "/logits.safetensors").tensors.at(0).second;
-    EXPECT_LE(largest_difference(model->forward(tokens), theirs), 1e-10) << "loaded, but computes another model";
+    const auto logits = model->forward(tokens);
+    EXPECT_LE(largest_difference(logits, tensor_of(folder + "/logits.safetensors", "logits")), 1e-10)
+        << "loaded, but computes another model";
+    const int64_t vocab = logits.size(-1);
+    const auto loss = torch::nn::functional::cross_entropy(
+        logits.slice(1, 0, -1).reshape({-1, vocab}), tokens.slice(1, 1).reshape({-1}));
+    // transformers' loss casts the logits to float32 first (ForCausalLMLoss).
+    EXPECT_LE(largest_difference(loss.reshape({1}), tensor_of(folder + "/logits.safetensors", "loss")), 1e-6);
+  };
+  for (const auto& v : variants) {
+    const std::string key = v["key"].is_null() ? "" : v["key"].get<std::string>();
+    const std::string family = v["family"];
+    const std::string folder = v["folder"];
+    SCOPED_TRACE(family + " " + (key.empty() ? "(as saved)" : key + " = " + v["value"].dump()));
+    const bool has_logits = v["logits"].get<bool>();
+    if (key.empty()) {  // the base model: several shards under an index
+      EXPECT_TRUE(std::filesystem::exists(folder + "/model.safetensors.index.json"));
+      EXPECT_FALSE(std::filesystem::exists(folder + "/model.safetensors"));
+    }
+    check(v, key, [&] {
+      models::ModelOptions options;
+      options.vocab_size = 1;  // the data's: the model's own is the config's
+      auto model = models::make_model("hf:" + folder, options);
+      model->to(torch::kFloat64);
+      load_hf_weights(folder, model, "hf:" + folder, 0);
+      return model;
+    }, has_logits && (must_load.count(key) > 0 || (must_build.count(key) > 0 && !(family == "gpt2" && key ==
+                                                                                  "tie_word_embeddings"))),
+          built, built_refused);
+    if (family != "gpt2" && family != "llama") continue;
+    const bool gpt2 = family == "gpt2";
+    check(v, key, [&] {
+      auto model = gpt2 ? models::gpt2(gpt2_config()) : models::llama(llama_config(false));
+      model->to(torch::kFloat64);
+      gpt2 ? load_hf_weights(folder, model, gpt2_config()) : load_hf_weights(folder, model, llama_config(false));
+      return model;
+    }, must_load.count(key) > 0, loaded, refused);
   }
-  std::printf("%d variants loaded with transformers' logits, %d refused naming the key\n", loaded, refused);
-  EXPECT_GE(loaded, static_cast<int>(must_load.size()));
+  std::printf("built from config.json: %d variants with transformers' logits, %d refused naming the key; into the "
+              "registry's shape: %d loaded, %d refused\n", built, built_refused, loaded, refused);
+  EXPECT_GE(loaded, static_cast<int>(must_load.size()) - 1);
   EXPECT_GE(refused, 20);
+  EXPECT_GE(built, 5 * 20);
+  EXPECT_GE(built_refused, 5 * 4);
 }
 
 }  // namespace

@@ -116,13 +116,23 @@ TEST(TokenizeCliTest, ShardsHoldEachDocumentAfterTheSeparatorInOrder) {
   EXPECT_EQ(std::count(c.begin(), c.end(), separator), 1);
 }
 
+// The model: a tiny Qwen3 (q/k norms, a head size of 48 rather than the
+// width's 32, tied) that tandem builds from a transformers config.json.
 TEST(TokenizeCliTest, TransformersContinuesATokenizedRunAsSampleDoes) {
   TempDir dir;
   make_tokenizers(dir);
   auto r = run_tandem("tokenize --tokenizer " + dir.file("gpt2.json") + " --out " + dir.file("out") +
                       " --val-fraction 0.1 " + dir.file("train.txt"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run_tandem("train --model llama-tiny --data tokens:" + dir.file("out") + " --tokenizer " + dir.file("gpt2.json") +
+  std::filesystem::create_directories(dir.file("qwen3"));
+  std::ofstream(dir.file("qwen3/config.json")) << R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    "vocab_size": 1280, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-06, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "hidden_act": "silu", "attention_bias": false, "tie_word_embeddings": true, "use_sliding_window": false,
+    "sliding_window": null, "max_window_layers": 28, "bos_token_id": null, "eos_token_id": null})";
+  r = run_tandem("train --model hf:" + dir.file("qwen3") + " --data tokens:" + dir.file("out") + " --tokenizer " +
+                 dir.file("gpt2.json") +
                  " --seq-len 32 --batch-size 8 --lr 3e-3 --max-steps 100 --dtype float64 --progress off --export-hf " +
                  dir.file("hf"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

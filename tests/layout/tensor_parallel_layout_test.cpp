@@ -5,6 +5,7 @@
 // is tests/cli/tensor_parallel_cli_test.cpp.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "same_weights.h"
@@ -33,6 +34,25 @@ TEST(TensorParallelLayoutTest, LlamaWithRecomputedRegionsIsOneProcess) {
   const std::string model = "--model llama-tiny --data text:" + testing::write_text(text) +
                             " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 --label-smoothing 0.1 ";
   testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2 --checkpoint-activations 2"},
+                               model, 1e-12, model + " --momentum 0.5", kSixSteps);
+}
+
+// A model built from a transformers config.json (--model hf:DIR): LLaMA
+// with attention_bias and mlp_bias, so that every projection has a bias,
+// cut with its weight's rows (q, k, v, gate, up) or whole and added once
+// after the sum (o, down), on tp=2, with sequence parallelism, and under
+// a pipeline. Control: another momentum.
+TEST(TensorParallelLayoutTest, BiasedProjectionsOfATransformersConfigAreOneProcess) {
+  TempDir text;
+  std::ofstream(text.file("config.json")) << R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "attention_bias": true, "mlp_bias": true,
+    "tie_word_embeddings": false, "hidden_act": "silu"})";
+  const std::string model = "--model hf:" + text.path() + " --data text:" + testing::write_text(text) +
+                            " --seq-len 16 --dtype float64 --optimizer sgd --lr 0.05 ";
+  testing::expect_same_weights({"--nproc-per-node 0", "--nproc-per-node 2 --mesh tp=2",
+                                "--nproc-per-node 2 --mesh tp=2 --sequence-parallel",
+                                "--nproc-per-node 4 --mesh pp=2,tp=2 --sequence-parallel"},
                                model, 1e-12, model + " --momentum 0.5", kSixSteps);
 }
 

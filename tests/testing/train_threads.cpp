@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tandem/checkpoint/hf_model.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/cli/commands.h"
 #include "tandem/data/loader.h"
@@ -64,6 +65,7 @@ std::string ThreadJob::report() const {
 }
 
 ThreadJob train_in_threads(const std::string& flags) {
+  checkpoint::enable_hf_models();  // --model hf:DIR, as the CLI's main
   const auto args = words(flags);
   bool timeout_given = false;
   for (const auto& a : args) timeout_given = timeout_given || a == "--dist-timeout";

@@ -1,6 +1,7 @@
 """What the language-model tests change in transformers, in one place.
 
-transformers' RMSNorms (LLaMA's, Mixtral's, Qwen3-MoE's) normalise in
+transformers' RMSNorms (LLaMA's, Mistral's, Qwen2's, Qwen3's, Mixtral's,
+Qwen3-MoE's) normalise in
 float32 whatever the input's dtype, which rounds a float64 model's
 activations to float32 and makes a float64 comparison meaningless.
 keep_float64_rms_norm() makes them normalise in the wider of float32 and
@@ -13,7 +14,10 @@ both compute what transformers computes.
 import torch
 import torch.nn.functional as F
 import transformers.models.llama.modeling_llama as llama
+import transformers.models.mistral.modeling_mistral as mistral
 import transformers.models.mixtral.modeling_mixtral as mixtral
+import transformers.models.qwen2.modeling_qwen2 as qwen2
+import transformers.models.qwen3.modeling_qwen3 as qwen3
 import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3_moe
 
 
@@ -25,7 +29,8 @@ def _rms_norm(self, h):
 
 
 def keep_float64_rms_norm():
-    for norm in (llama.LlamaRMSNorm, mixtral.MixtralRMSNorm, qwen3_moe.Qwen3MoeRMSNorm):
+    for norm in (llama.LlamaRMSNorm, mistral.MistralRMSNorm, qwen2.Qwen2RMSNorm, qwen3.Qwen3RMSNorm,
+                 mixtral.MixtralRMSNorm, qwen3_moe.Qwen3MoeRMSNorm):
         norm.forward = _rms_norm
 
 

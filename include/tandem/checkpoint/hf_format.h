@@ -62,6 +62,11 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const std
 // tensors, with its first shard's metadata).
 SafetensorsFile read_weights_or_folder(const std::string& path);
 
+// Reads a folder's model.safetensors.index.json, if it has one, and checks
+// that each shard it names is there: a damaged index is named before any
+// worker starts. Throws tandem::Error naming the file.
+void check_weight_files(const std::string& path);
+
 // Whether a safetensors file's tensor names are transformers' (a name
 // under "transformer.", "model.", "lm_head.", or the Hub's unprefixed
 // GPT-2 "wte."/"wpe."), not tandem's.

@@ -43,12 +43,20 @@ struct Gpt2Config {
   int64_t n_head = 12;
   double dropout = 0.0;  // embeddings, attention, residuals (transformers' three pdrops)
   double layer_norm_eps = 1e-5;
+  // The vocabulary is this config's own (a model read from transformers'
+  // config.json), which the data's must fit; a preset's is the data's.
+  bool fixed_vocabulary = false;
 
   // gpt2-tiny (4 layers, 4 heads, width 128: tests and CPU demos), gpt2
   // (124M), gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1558M).
   // Throws tandem::Error naming the presets for another name.
+  // Names added by add_preset (a model read from transformers' config.json,
+  // "hf:DIR") are found too once resolved (models/registry.h).
   static Gpt2Config preset(const std::string& name);
   static std::vector<std::string> preset_names();
+  static void add_preset(const std::string& name, const Gpt2Config& config);
+  // This config with the data's vocabulary, unless fixed_vocabulary.
+  Gpt2Config with_vocabulary(int64_t vocab) const;
   // Throws tandem::Error for sizes that do not fit (heads not dividing the
   // width, non-positive sizes, dropout outside [0, 1)).
   void check() const;

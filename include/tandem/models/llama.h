@@ -21,10 +21,11 @@
 // transformers does, and in the input's own precision when wider (float64:
 // transformers would round it to float32).
 //
-// The same decoder is Mixtral's (MixtralForCausalLM) and Qwen3-MoE's
-// (Qwen3MoeForCausalLM) where the config says so: each layer's MLP a
-// mixture of experts (models/moe.h), and for Qwen3 RMSNorms of each
-// query and key head before the rotary angles and a head size of its own.
+// The same decoder is Mistral's, Qwen2's and Qwen3's (biases on the
+// attention's projections, RMSNorms of each query and key head before the
+// rotary angles, a head size of its own), and Mixtral's and Qwen3-MoE's
+// where the config says so: each layer's MLP a mixture of experts
+// (models/moe.h).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,7 @@ namespace tandem::models {
 
 // Which transformers class computes the same function, and so the names
 // and config.json of its weights.
-enum class LlamaFamily { kLlama, kMixtral, kQwen3Moe };
+enum class LlamaFamily { kLlama, kMistral, kQwen2, kQwen3, kMixtral, kQwen3Moe };
 
 struct LlamaConfig {
   LlamaFamily family = LlamaFamily::kLlama;
@@ -61,6 +62,17 @@ struct LlamaConfig {
   bool tie_embeddings = false;
   int64_t head_size = 0;  // 0: hidden_size / num_heads (Qwen3 sets its own)
   bool qk_norm = false;   // Qwen3: an RMSNorm over each query and key head
+  // Biases: of the query, key and value projections (Qwen2; LLaMA's and
+  // Qwen3's attention_bias), of the output projection (attention_bias),
+  // of the MLP's three (LLaMA's mlp_bias). Initialised to 0.
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
+  // Mistral's attention window (0: none). Sequences are held to it (the
+  // model's context is the smaller of it and max_positions), where a
+  // window changes nothing.
+  int64_t sliding_window = 0;
+  // The vocabulary is this config's own (a model read from transformers'
+  // config.json), which the data's must fit; a preset's is the data's.
+  bool fixed_vocabulary = false;
   // A mixture of experts in every layer for the MLP where num_experts > 0
   // (models/moe.h): each token to experts_per_token of them, each an MLP
   // of expert_intermediate_size features.
@@ -72,9 +84,20 @@ struct LlamaConfig {
   // layers, width 2048, 32 heads over 8, tied, Llama 3 rotary scaling),
   // mixtral-tiny and mixtral-8x7b (8 experts, top 2), qwen3-moe-tiny and
   // qwen3-30b-a3b (128 experts, top 8; q/k norms): llama_presets.cpp.
+  // A name resolve_model_name (models/registry.h) knows, as "hf:DIR", is
+  // found too once resolved.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
+  // Adds `config` under `name` for preset() (add_llama_model in
+  // models/registry.h registers the model too); a name taken is refused.
+  static void add_preset(const std::string& name, const LlamaConfig& config);
+  // This config with the data's vocabulary, unless fixed_vocabulary.
+  LlamaConfig with_vocabulary(int64_t vocab) const;
   int64_t head_dim() const { return head_size > 0 ? head_size : hidden_size / num_heads; }
+  // The longest sequence the model takes (Mistral's window included).
+  int64_t context() const {
+    return sliding_window > 0 && sliding_window < max_positions ? sliding_window : max_positions;
+  }
   bool has_experts() const { return num_experts > 0; }
   MoeConfig moe() const {
     return {hidden_size, expert_intermediate_size, num_experts, experts_per_token, normalize_top_k};

@@ -58,6 +58,31 @@ struct ModelTraits {
 // Throws tandem::Error if the name is taken.
 void register_model(const std::string& name, ModelFactory factory, ModelTraits traits = {});
 
+// Note [model resolvers]: names that stand for a file rather than a
+// preset ("hf:DIR", a model built from DIR/config.json) are registered
+// when first asked for: model_traits, make_model and the configs' preset()
+// hand a name they do not know to the resolver of its prefix, which
+// registers it (add_llama_model, add_gpt2_model) or throws naming what is
+// wrong. Every process resolves the name itself (a launched worker reads
+// the same flags), each at most once; thread ranks share the result.
+using ModelResolver = std::function<void(const std::string& name)>;
+void add_model_resolver(const std::string& prefix, ModelResolver resolver);
+// Resolves `name` if a resolver's prefix starts it and it is not yet
+// resolved; false when no resolver takes it.
+bool resolve_model_name(const std::string& name);
+
+// The name as weights record it and compare it: "hf:DIR" with DIR made
+// absolute (a run started elsewhere names the same folder); others as
+// they are.
+std::string canonical_model_name(const std::string& name);
+
+// A GPT-2 or LLaMA-family model of `config` under `name`, with the traits
+// of its shape; its vocabulary is the config's where fixed_vocabulary.
+struct Gpt2Config;
+struct LlamaConfig;
+void add_gpt2_model(const std::string& name, const Gpt2Config& config);
+void add_llama_model(const std::string& name, const LlamaConfig& config);
+
 // Throws tandem::Error naming the known models when `name` is unknown.
 ModelTraits model_traits(const std::string& name);
 bool is_language_model(const std::string& name);
