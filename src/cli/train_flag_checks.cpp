@@ -2,6 +2,7 @@
 // parsed (train_sweep.h): flags that exclude each other, flags given for a
 // feature the run lacks, and AdamW's defaults.
 #include <algorithm>
+#include <filesystem>
 #include <string>
 
 #include "tandem/cli/flags.h"
@@ -17,6 +18,13 @@ namespace tandem::cli::internal {
 void complete_train_options(engine::TrainOptions& o, const FlagSet& flags) {
   if (flags.given("batch-size") && flags.given("batch-per-process")) {
     throw UsageError("give --batch-size (the global batch) or --batch-per-process, not both");
+  }
+  // --init-weights DIR alone, DIR a transformers folder: the model its
+  // config.json describes (--model hf:DIR).
+  std::error_code ec;
+  if (!flags.given("model") && !o.init_weights.empty() && std::filesystem::is_directory(o.init_weights, ec) &&
+      std::filesystem::exists(o.init_weights + "/config.json", ec)) {
+    o.model = "hf:" + o.init_weights;
   }
   check_flags_that_apply(o, flags);
   apply_optimizer_defaults(o, flags);

@@ -81,6 +81,11 @@ TEST_P(HfShardsCliTest, ShardedFoldersGoInAndComeOut) {
   ASSERT_EQ(checked.exit_code, 0) << checked.output;
   EXPECT_LE(difference(checked.output, "out"), 1e-10) << checked.output;  // float64, one step at lr 1e-12
   EXPECT_GT(difference(checked.output, "control"), 1e-3) << checked.output;
+  // --init-weights DIR alone builds the model DIR/config.json describes.
+  r = run_tandem("train --data text:" + testing::write_text(dir) + " --progress off --seq-len 16 --batch-size 8 "
+                 "--max-steps 1 --dtype float64 --init-weights " + dir.file("in"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hf:" + dir.file("in") + " on text:"), std::string::npos) << r.output;
   // tandem's metadata travels in the shards: sample reads the folder.
   auto sampled = run_tandem("sample --weights " + dir.file("out") + " --prompt 'The ' --max-tokens 4 --temperature 0");
   EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
