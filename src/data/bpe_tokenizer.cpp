@@ -11,10 +11,10 @@
 // vocabulary is that token. Decoding maps the characters back to bytes.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <queue>
-#include <shared_mutex>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +42,23 @@ std::array<std::string, 256> byte_characters() {
                        : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
   }
   return out;
+}
+
+// Note [word cache]: a piece's merges depend on the piece alone, and a
+// corpus repeats its words, so each piece's ids are kept, per thread: the
+// tokenize command's threads then share no lock and no cache line (one
+// cache behind a shared lock took a lock and a string a piece). A thread's
+// cache belongs to one tokenizer at a time (its id, never reused), dropped
+// when the thread encodes with another; at most 2^20 pieces, each of at
+// most 256 bytes (a long run of one piece is not met again).
+struct WordCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<int32_t>> words;
+};
+
+uint64_t next_tokenizer_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
 }
 
 class BpeTokenizer : public Tokenizer {
@@ -75,8 +92,7 @@ class BpeTokenizer : public Tokenizer {
   std::array<std::string, 256> byte_chars_ = byte_characters();
   std::unordered_map<std::string, uint8_t> char_bytes_;
   std::optional<int32_t> separator_;
-  mutable std::shared_mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  const uint64_t id_ = next_tokenizer_id();  // the owner of a thread's word cache
 };
 
 BpeTokenizer::BpeTokenizer(const json& j, const std::string& path, const std::string& flag) : path_(path) {
@@ -242,13 +258,15 @@ void BpeTokenizer::read_pre_tokenizer(const json& p, const std::string& where) {
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
-  {
-    std::shared_lock lock(cache_mutex_);
-    auto found = cache_.find(std::string(piece));
-    if (found != cache_.end()) {
-      out.insert(out.end(), found->second.begin(), found->second.end());
-      return;
-    }
+  thread_local WordCache cache;
+  if (cache.owner != id_) {
+    cache.words.clear();
+    cache.owner = id_;
+  }
+  std::string key(piece);  // short pieces stay in the string's own buffer
+  if (auto found = cache.words.find(key); found != cache.words.end()) {
+    out.insert(out.end(), found->second.begin(), found->second.end());
+    return;
   }
   std::vector<int32_t> symbols;
   std::string chars;
@@ -263,9 +281,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     merge_all(symbols);
   }
   out.insert(out.end(), symbols.begin(), symbols.end());
-  if (piece.size() > 256) return;  // a long run of one piece is not met again
-  std::unique_lock lock(cache_mutex_);
-  if (cache_.size() < (size_t(1) << 20)) cache_.emplace(std::string(piece), std::move(symbols));
+  if (piece.size() <= 256 && cache.words.size() < (size_t(1) << 20)) cache.words.emplace(std::move(key), std::move(symbols));
 }
 
 // The merges in rank order, leftmost first among equals, in O(n log n):
