@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
 
 #include "tandem/data/tokenizer.h"
 #include "tandem/data/tokens.h"
@@ -88,6 +92,25 @@ bool validation_file(const std::string& path) {
   return name.find("_val_") != std::string::npos || name == "val.bin";
 }
 
+// The tokenizer at `path`, read once for both splits (train and val):
+// the last one read is kept while its file's size and time stay the same
+// (a large tokenizer.json takes a second to parse).
+std::shared_ptr<const Tokenizer> shared_tokenizer(const std::string& path) {
+  static std::mutex mutex;
+  static std::string kept_path;
+  static std::pair<std::uintmax_t, fs::file_time_type> kept_stamp;
+  static std::shared_ptr<const Tokenizer> kept;
+  std::error_code size_error, time_error;
+  const std::pair<std::uintmax_t, fs::file_time_type> stamp{fs::file_size(path, size_error),
+                                                             fs::last_write_time(path, time_error)};
+  const bool stamped = !size_error && !time_error;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stamped && kept && kept_path == path && kept_stamp == stamp) return kept;
+  std::shared_ptr<const Tokenizer> loaded = load_tokenizer(path);
+  if (stamped) std::tie(kept_path, kept_stamp, kept) = std::make_tuple(path, stamp, loaded);
+  return loaded;
+}
+
 // text:... tokenized with --tokenizer as it is read: each file a document
 // after the tokenizer's separator (Note [corpus shards]), uint32 tokens in
 // memory. For small data: a large corpus is tandem tokenize's.
@@ -99,7 +122,7 @@ std::shared_ptr<const TokenStream> tokenized_text(const std::string& spec, const
   for (const auto& f : files) bytes += static_cast<int64_t>(fs::file_size(f, ec));
   TANDEM_CHECK_USAGE(bytes <= kMostBytes, spec, ": ", bytes, " bytes of text; --tokenizer tokenizes at most 256 MiB "
                      "as it reads (tandem tokenize writes shards of any size for --data tokens:DIR)");
-  const auto tokenizer = load_tokenizer(o.tokenizer);
+  const auto tokenizer = shared_tokenizer(o.tokenizer);
   const auto separator = tokenizer->document_separator();
   TANDEM_CHECK_USAGE(separator.has_value(), "--tokenizer ", o.tokenizer, ": the tokenizer has no end-of-text or "
                      "begin-of-text token to write before each document");
@@ -128,7 +151,7 @@ std::shared_ptr<const TokenStream> token_stream(const std::string& kind, const s
                                                 const std::vector<std::string>& files, const TokenOptions& o) {
   if (o.tokenizer.empty()) return std::make_shared<const TokenStream>(kind, files, o.vocab_size);
   if (kind == "text") return tokenized_text(spec, files, o);
-  const int64_t tokenizer_vocab = load_tokenizer(o.tokenizer)->vocab_size();
+  const int64_t tokenizer_vocab = shared_tokenizer(o.tokenizer)->vocab_size();
   TANDEM_CHECK_USAGE(o.vocab_size == 0 || o.vocab_size >= tokenizer_vocab, "--vocab-size ", o.vocab_size,
                      ": smaller than --tokenizer ", o.tokenizer, "'s ", tokenizer_vocab, " tokens");
   return std::make_shared<const TokenStream>(kind, files, o.vocab_size > 0 ? o.vocab_size : tokenizer_vocab);
