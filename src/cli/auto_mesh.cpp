@@ -42,8 +42,6 @@ std::vector<std::string> without_mesh(const std::vector<std::string>& args) {
   return out;
 }
 
-std::string gib(double bytes) { return format("%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
-
 }  // namespace
 
 AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, const std::vector<std::string>& args,
@@ -112,7 +110,7 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
     std::string flat;
     for (size_t i = 0; i < extra.size(); ++i) flat += (i ? " " : "") + extra[i];
     a.summary = format("--mesh auto: %s (the fastest of %zu layouts planned for %lld ranks on %s that fit and that "
-                       "the run's flags allow): predicted %s a rank, %.4g tokens/s, a step of %.3g s",
+                       "the run's flags allow): predicted %s GiB a rank, %.4g tokens/s, a step of %.3g s",
                        flat.c_str(), layouts.size(), static_cast<long long>(workers), job.device.name.c_str(),
                        gib(c.memory.total()).c_str(), c.tokens_per_second, c.step_seconds);
     return a;
@@ -122,8 +120,8 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
                      "and pp be at most its layers");
   TANDEM_CHECK_USAGE(layouts.front().fits, "--mesh auto: no layout of ", o.model, " over ",
                      workers, " ranks fits ", job.device.name, "'s memory",
-                     layouts.empty() ? std::string() : " (the closest needs " + gib(layouts.front().memory.total()) +
-                                                           " a rank)");
+                     layouts.empty() ? std::string()
+                                     : " (the closest needs " + gib(layouts.front().memory.total()) + " GiB a rank)");
   throw UsageError("--mesh auto: none of the layouts that fit is one the run's flags allow (--strategy, "
                    "--shard-optimizer, --sequence-parallel and --micro-batches narrow the choice" +
                    (tried.empty() ? std::string(")") : "; the first the run's checks refused: " + tried + ")"));

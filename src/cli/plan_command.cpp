@@ -123,7 +123,6 @@ nlohmann::json to_json(const plan::LayoutCost& c) {
           {"mfu", c.mfu}};
 }
 
-std::string gib(double bytes) { return format("%.2f", bytes / (1024.0 * 1024.0 * 1024.0)); }
 
 double dim_bytes(const plan::LayoutCost& c, const std::string& dim) {
   double total = 0;

@@ -52,4 +52,6 @@ std::string format(const char* fmt, ...) {
   return out;
 }
 
+std::string gib(double bytes) { return format("%.2f", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
 }  // namespace tandem

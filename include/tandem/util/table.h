@@ -22,4 +22,7 @@ class Table {
 // printf-style formatting into a std::string, e.g. format("%.2f", x).
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// Bytes in GiB with two decimals: "1.50" (the unit is the caller's to say).
+std::string gib(double bytes);
+
 }  // namespace tandem
