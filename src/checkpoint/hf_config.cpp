@@ -109,16 +109,31 @@ json normalised(const std::string& key, const json& config) {
   return value;
 }
 
+}  // namespace
+
+json rope_settings(const std::string& file, const json& config, std::string* where) {
+  auto given = [&](const char* k) { return config.contains(k) && !config.at(k).is_null(); };
+  json rope = json::object();
+  *where = "rope_theta";
+  // rope_scaling over rope_parameters, as transformers 5 reads a file with both.
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!given(key)) continue;
+    const json& part = config.at(key);
+    TANDEM_CHECK(part.is_object(), file, ": ", key, " is ", part.dump(), ", expected an object of rotary settings");
+    for (const auto& [k, v] : part.items()) rope[k] = v;
+    *where = key;
+  }
+  if (!rope.contains("rope_theta") && config.contains("rope_theta")) rope["rope_theta"] = config.at("rope_theta");
+  return rope;
+}
+
+namespace {
+
 // The rotary settings (LLaMA): rope_parameters, or the older rope_scaling
 // and rope_theta, as one object {rope_type, rope_theta, ...}.
 void check_rope(const std::string& file, const json& config, const json& model, double default_theta) {
-  const char* key = config.contains("rope_parameters") && !config.at("rope_parameters").is_null() ? "rope_parameters"
-                    : config.contains("rope_scaling") && !config.at("rope_scaling").is_null()     ? "rope_scaling"
-                                                                                                   : nullptr;
-  json rope = key ? config.at(key) : json::object();
-  TANDEM_CHECK(rope.is_object(), file, ": ", key, " is ", rope.dump(), ", expected an object of rotary settings");
-  const std::string where = key ? key : "rope_theta";
-  if (!rope.contains("rope_theta") && config.contains("rope_theta")) rope["rope_theta"] = config.at("rope_theta");
+  std::string where;
+  json rope = rope_settings(file, config, &where);
   if (!rope.contains("rope_type")) rope["rope_type"] = rope.contains("type") ? rope.at("type") : json("default");
   rope.erase("type");
   if (!rope.contains("rope_theta")) rope["rope_theta"] = default_theta;  // the family's in transformers

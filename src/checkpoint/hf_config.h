@@ -23,6 +23,12 @@ nlohmann::json gpt2_json(const models::Gpt2Config& c);
 nlohmann::json llama_json(const models::LlamaConfig& c);
 HfFamily hf_family(const models::LlamaConfig& c);
 
+// The rotary settings of a LLaMA-family config.json as one object
+// {rope_type, rope_theta, ...}: rope_parameters, rope_scaling's keys over
+// them (as transformers reads a file with both), rope_theta beside them;
+// `where` the key they came from last, for messages.
+nlohmann::json rope_settings(const std::string& file, const nlohmann::json& config, std::string* where);
+
 void check_hf_config(const std::string& file, const nlohmann::json& config, const nlohmann::json& model,
                      HfFamily family);
 

@@ -338,6 +338,12 @@ bool has_hf_form(const std::string& model_name) {
   return among(model_name, models::Gpt2Config::preset_names()) || among(model_name, models::LlamaConfig::preset_names());
 }
 
+std::string model_config_json(const std::string& model_name) {
+  TANDEM_CHECK(has_hf_form(model_name), "--model ", model_name, " has no form in Hugging Face transformers");
+  if (among(model_name, models::Gpt2Config::preset_names())) return gpt2_json(models::Gpt2Config::preset(model_name)).dump();
+  return llama_json(models::LlamaConfig::preset(model_name)).dump();
+}
+
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size, const std::map<std::string, std::string>& metadata, double dropout,
                      double max_shard_bytes) {

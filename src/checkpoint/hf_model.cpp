@@ -2,6 +2,7 @@
 #include "tandem/checkpoint/hf_model.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -45,6 +46,10 @@ struct Keys {
   }
 };
 
+// Past any model built (Llama 3.1 405B: 126 layers); a typo's billion
+// layers would only exhaust memory naming each one.
+constexpr int64_t kMostLayers = 10000;
+
 // transformers 5.24's defaults of each family's config class, for keys a
 // file leaves out.
 struct Defaults {
@@ -62,7 +67,7 @@ const std::map<std::string, Defaults>& families() {
       {"qwen2", {LlamaFamily::kQwen2, 151936, 4096, 22016, 32, 32, 32, 0, 32768, 1e-6, 10000}},
       {"qwen3", {LlamaFamily::kQwen3, 151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, 10000}},
       {"mixtral", {LlamaFamily::kMixtral, 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6}},
-      {"qwen3_moe", {LlamaFamily::kQwen3Moe, 151936, 2048, 6144, 24, 32, 4, 128, 32768, 1e-6, 10000}},
+      {"qwen3_moe", {LlamaFamily::kQwen3Moe, 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 10000}},
   };
   return all;
 }
@@ -70,22 +75,21 @@ const std::map<std::string, Defaults>& families() {
 // The rotary settings: rope_parameters, or the older rope_scaling beside
 // rope_theta. Their every key is checked again by check_hf_config.
 void read_rope(const Keys& k, models::LlamaConfig& c) {
-  const char* key = k.has("rope_parameters") ? "rope_parameters" : k.has("rope_scaling") ? "rope_scaling" : nullptr;
-  if (k.has("rope_theta")) c.rope_theta = k.positive(k.config.at("rope_theta"), "rope_theta");
-  if (key == nullptr) return;
-  const json& rope = k.config.at(key);
-  TANDEM_CHECK(rope.is_object(), k.file, ": ", key, " is ", rope.dump(), ", expected an object of rotary settings");
+  std::string where;
+  const json rope = internal::rope_settings(k.file, k.config, &where);
   auto read = [&](const char* name, double& out) {
-    if (rope.contains(name)) out = k.positive(rope.at(name), std::string(key) + "." + name);
+    if (rope.contains(name)) out = k.positive(rope.at(name), where + "." + name);
   };
   read("rope_theta", c.rope_theta);
   const json type = rope.contains("rope_type") ? rope.at("rope_type") : rope.contains("type") ? rope.at("type") : json();
   if (type != "llama3") return;  // "default", or one check_hf_config refuses by name
-  c.rope_factor = 1;
+  for (const char* needed : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    TANDEM_CHECK(rope.contains(needed), k.file, ": ", where, " has no ", needed, ", which rope_type \"llama3\" needs");
+  }
   read("factor", c.rope_factor);
   read("low_freq_factor", c.rope_low_freq_factor);
   read("high_freq_factor", c.rope_high_freq_factor);
-  double original = static_cast<double>(c.rope_original_max_positions);
+  double original = 0;
   read("original_max_position_embeddings", original);
   c.rope_original_max_positions = static_cast<int64_t>(original);
 }
@@ -98,6 +102,8 @@ models::LlamaConfig llama_family_config(const Keys& k, const Defaults& d) {
   c.hidden_size = k.count("hidden_size", d.hidden);
   c.intermediate_size = k.count("intermediate_size", d.intermediate);
   c.num_layers = k.count("num_hidden_layers", d.layers);
+  TANDEM_CHECK(c.num_layers <= kMostLayers, k.file, ": num_hidden_layers is ", c.num_layers, ", expected at most ",
+               kMostLayers);
   c.num_heads = k.count("num_attention_heads", d.heads);
   // Left out: the class's default; null: as many as the heads.
   const bool kv_null = k.config.contains("num_key_value_heads") && k.config.at("num_key_value_heads").is_null();
@@ -115,6 +121,11 @@ models::LlamaConfig llama_family_config(const Keys& k, const Defaults& d) {
   if (d.family == LlamaFamily::kLlama) c.mlp_bias = k.flag("mlp_bias", false);
   if (d.family == LlamaFamily::kQwen2) c.qkv_bias = true;  // Qwen2's projections always have them
   c.qk_norm = qwen3;
+  TANDEM_CHECK(!k.has("attention_dropout") || (k.config.at("attention_dropout").is_number() &&
+                                               k.config.at("attention_dropout").get<double>() == 0),
+               k.file, ": attention_dropout is ", k.has("attention_dropout") ? k.config.at("attention_dropout").dump()
+                                                                            : "", ", expected 0: tandem's ",
+               "LLaMA-family models train without dropout");
   if (d.family == LlamaFamily::kMistral) {  // 4096 when left out, none when null
     c.sliding_window = k.config.contains("sliding_window") ? k.count("sliding_window", 0) : 4096;
   }
@@ -139,6 +150,7 @@ models::Gpt2Config gpt2_config(const Keys& k) {
   c.n_positions = k.count("n_positions", 1024);
   c.n_embd = k.count("n_embd", 768);
   c.n_layer = k.count("n_layer", 12);
+  TANDEM_CHECK(c.n_layer <= kMostLayers, k.file, ": n_layer is ", c.n_layer, ", expected at most ", kMostLayers);
   c.n_head = k.count("n_head", 12);
   c.layer_norm_eps = k.number("layer_norm_epsilon", 1e-5);
   return c;
@@ -148,10 +160,14 @@ models::Gpt2Config gpt2_config(const Keys& k) {
 
 HfModelConfig read_hf_model_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::exists(file, ec) || std::filesystem::is_regular_file(file, ec), file,
+               ": not a file (transformers' config.json)");
   std::ifstream in(file);
   TANDEM_CHECK(in.good(), file, ": cannot read it (a folder transformers' save_pretrained wrote holds a config.json)");
   const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  TANDEM_CHECK(!config.is_discarded() && config.is_object(), file, ": not a JSON object (transformers' config.json)");
+  TANDEM_CHECK(!config.is_discarded(), file, ": not valid JSON (transformers' config.json)");
+  TANDEM_CHECK(config.is_object(), file, ": not a JSON object (transformers' config.json)");
   TANDEM_CHECK(config.contains("model_type") && config.at("model_type").is_string(), file,
                ": no model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral or qwen3_moe)");
   const std::string type = config.at("model_type").get<std::string>();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "tandem/data/source.h"
 #include "tandem/models/registry.h"
@@ -65,6 +66,14 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
   };
   const auto* model = field("model");
   if (model && !flags.given("model")) o.model = *model;
+  // A model built from a config.json, exported as a transformers folder:
+  // the folder's own config.json says the same (the weights' hf_config
+  // checks it), so the folder it was first built from may be gone.
+  std::error_code ec;
+  if (model && !flags.given("model") && model->rfind("hf:", 0) == 0 && std::filesystem::is_directory(path, ec) &&
+      std::filesystem::exists(path + "/config.json", ec)) {
+    o.model = "hf:" + path;
+  }
   // Another model given is the command line's mistake, named before the
   // settings that follow from it (a --vocab-size the metadata's model had
   // and the one given has not).
@@ -73,7 +82,7 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
                      " (its metadata); leave --model out to evaluate them as that");
   }
   if (model && flags.given("model")) o.model = *model;  // the same model, as recorded
-  const bool metadata_model = model && o.model == *model;  // the settings below are that model's
+  const bool metadata_model = model && (o.model == *model || o.model.rfind("hf:", 0) == 0);  // the settings below are that model's
   if (const auto* data = field("data")) {
     if (flags.given("data")) {
       std::string given = o.data;

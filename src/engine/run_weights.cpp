@@ -12,6 +12,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/data/source.h"
 #include "tandem/engine/run_setup.h"
+#include "tandem/checkpoint/hf_format.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 #include "tandem/util/file.h"
@@ -23,6 +24,8 @@ namespace tandem::engine {
 std::map<std::string, std::string> weights_metadata(const TrainOptions& o, const data::DataSplits& splits) {
   const auto info = splits.train->info();
   std::map<std::string, std::string> metadata{{"format", "pt"}, {"producer", "tandem"}, {"model", models::canonical_model_name(o.model)}};
+  // A model built from a config.json is known by that config, not by its folder.
+  if (o.model.rfind("hf:", 0) == 0) metadata["hf_config"] = checkpoint::model_config_json(o.model);
   if (info.seq_len > 0) {
     // A language model: its vocabulary shapes it; the data's kind and the
     // sequence length say how it was trained.
@@ -104,7 +107,15 @@ void check_weights_metadata(const TrainOptions& o, const data::DataSplits& split
     auto it = metadata.find(key);
     return it == metadata.end() ? nullptr : &it->second;
   };
-  if (const auto* model = field("model")) {
+  const auto* hf_config = field("hf_config");
+  const bool hf = o.model.rfind("hf:", 0) == 0;
+  const std::string config = hf ? checkpoint::model_config_json(o.model) : std::string();
+  if (hf_config && hf) {
+    TANDEM_CHECK(*hf_config == config, path, ": trained as ", field("model") ? *field("model") : std::string("?"),
+                 " whose config.json said ", *hf_config, "; --model ", o.model, "'s config.json says ", config,
+                 " (a config.json changed since, or weights of another model)");
+  }
+  if (const auto* model = field("model"); model && !(hf_config && hf)) {
     TANDEM_CHECK(*model == o.model || *model == models::canonical_model_name(o.model), path, ": weights of --model ", *model, " (its metadata), not of --model ",
                  o.model);
   }

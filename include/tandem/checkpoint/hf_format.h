@@ -50,6 +50,11 @@ void load_hf_weights(const std::string& path, models::Sequence& model, const mod
 // dropout (GPT-2's three pdrops) (--export-hf, --init-weights). Throws
 // tandem::Error for a model without transformers' form.
 bool has_hf_form(const std::string& model_name);
+
+// The config.json (one line) transformers would read for the model of
+// `model_name` as tandem builds it: for a model built from a folder's
+// config.json (hf:DIR), what weights record to know it again.
+std::string model_config_json(const std::string& model_name);
 void write_hf_folder(const std::string& dir, models::Sequence& model, const std::string& model_name,
                      int64_t vocab_size, const std::map<std::string, std::string>& metadata = {},
                      double dropout = 0.0, double max_shard_bytes = 5e9);
