@@ -70,9 +70,9 @@ FromWeights defaults_from_weights(const std::map<std::string, std::string>& meta
   // the folder's own config.json says the same (the weights' hf_config
   // checks it), so the folder it was first built from may be gone.
   std::error_code ec;
-  if (model && !flags.given("model") && model->rfind("hf:", 0) == 0 && std::filesystem::is_directory(path, ec) &&
-      std::filesystem::exists(path + "/config.json", ec)) {
-    o.model = "hf:" + path;
+  if ((model == nullptr || model->rfind("hf:", 0) == 0) && !flags.given("model") &&
+      std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec)) {
+    o.model = "hf:" + path;  // and a folder save_pretrained wrote: the model its config.json describes
   }
   // Another model given is the command line's mistake, named before the
   // settings that follow from it (a --vocab-size the metadata's model had

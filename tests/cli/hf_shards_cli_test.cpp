@@ -86,6 +86,10 @@ TEST_P(HfShardsCliTest, ShardedFoldersGoInAndComeOut) {
                  "--max-steps 1 --dtype float64 --init-weights " + dir.file("in"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("hf:" + dir.file("in") + " on text:"), std::string::npos) << r.output;
+  // ... and eval --weights DIR evaluates it, as transformers saved it.
+  r = run_tandem("eval --weights " + dir.file("in") + " --data text:" + testing::write_text(dir) + " --seq-len 16");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hf:" + dir.file("in") + " from"), std::string::npos) << r.output;
   // tandem's metadata travels in the shards: sample reads the folder.
   auto sampled = run_tandem("sample --weights " + dir.file("out") + " --prompt 'The ' --max-tokens 4 --temperature 0");
   EXPECT_EQ(sampled.exit_code, 0) << sampled.output;
