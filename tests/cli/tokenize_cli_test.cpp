@@ -161,9 +161,11 @@ sys.stdout.write(tok.decode(out[0].tolist(), skip_special_tokens=False) + "\n")
                                 dir.file("hf") + " '" + prompt + "'");
   ASSERT_EQ(generated.exit_code, 0) << generated.output;
   EXPECT_EQ(sampled.output, generated.output) << "tandem sample, then transformers' generate()";
-  // Control: something came after the prompt.
-  const auto continuation = sampled.output.substr(std::min(sampled.output.size(), prompt.size()));
-  EXPECT_GE(std::set<char>(continuation.begin(), continuation.end()).size(), 2u) << continuation;
+  // Control: the prompt came back, and its 24 tokens' continuation after it
+  // (which this small model may spend on one repeated token, as it does on
+  // the docs of some commits: the comparison is of ids either way).
+  EXPECT_EQ(sampled.output.rfind(prompt, 0), 0u) << sampled.output;
+  EXPECT_GE(sampled.output.size(), prompt.size() + 12) << sampled.output;
 }
 
 TEST(TokenizeCliTest, TextTokenizedAsItIsReadTrainsAndIsRecorded) {
