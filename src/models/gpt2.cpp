@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include "added_configs.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 
@@ -47,34 +48,14 @@ torch::nn::LayerNorm layer_norm(const Gpt2Config& c) {
 
 }  // namespace
 
-namespace {
-
-struct AddedGpt2 {
-  std::mutex mutex;
-  std::map<std::string, Gpt2Config> configs;
-};
-
-AddedGpt2& added_gpt2() {
-  static AddedGpt2 instance;
-  return instance;
-}
-
-bool find_added_gpt2(const std::string& name, Gpt2Config* out) {
-  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
-  auto it = added_gpt2().configs.find(name);
-  if (it == added_gpt2().configs.end()) return false;
-  *out = it->second;
-  return true;
-}
-
-}  // namespace
+using AddedGpt2 = internal::AddedConfigs<Gpt2Config>;
 
 Gpt2Config Gpt2Config::preset(const std::string& name) {
   auto it = presets().find(name);
   if (it != presets().end()) return it->second;
   Gpt2Config found;
   // Note [model resolvers] (models/registry.h): "hf:DIR" and the like.
-  if (find_added_gpt2(name, &found) || (resolve_model_name(name) && find_added_gpt2(name, &found))) return found;
+  if (AddedGpt2::instance().find(name, &found)) return found;
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   TANDEM_CHECK_USAGE(false, "unknown GPT-2 size '", name, "' (known: ", known, ")");
@@ -83,16 +64,14 @@ Gpt2Config Gpt2Config::preset(const std::string& name) {
 
 std::vector<std::string> Gpt2Config::preset_names() {
   std::vector<std::string> names = {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b"};
-  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
-  for (const auto& entry : added_gpt2().configs) names.push_back(entry.first);
+  AddedGpt2::instance().append_names(names);
   return names;
 }
 
 void Gpt2Config::add_preset(const std::string& name, const Gpt2Config& config) {
   config.check();
   TANDEM_CHECK(presets().count(name) == 0, "GPT-2: '", name, "' is a preset's name");
-  std::lock_guard<std::mutex> lock(added_gpt2().mutex);
-  TANDEM_CHECK(added_gpt2().configs.emplace(name, config).second, "GPT-2: '", name, "' is already added");
+  AddedGpt2::instance().add(name, config, "GPT-2");
 }
 
 Gpt2Config Gpt2Config::with_vocabulary(int64_t vocab) const {

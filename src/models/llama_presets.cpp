@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "tandem/models/llama.h"
+#include "added_configs.h"
 #include "tandem/models/registry.h"
 #include "tandem/util/check.h"
 
@@ -117,34 +118,14 @@ const std::map<std::string, LlamaConfig>& llama_presets() {
 
 }  // namespace
 
-namespace {
-
-struct AddedLlama {
-  std::mutex mutex;
-  std::map<std::string, LlamaConfig> configs;
-};
-
-AddedLlama& added_llama() {
-  static AddedLlama instance;
-  return instance;
-}
-
-bool find_added_llama(const std::string& name, LlamaConfig* out) {
-  std::lock_guard<std::mutex> lock(added_llama().mutex);
-  auto it = added_llama().configs.find(name);
-  if (it == added_llama().configs.end()) return false;
-  *out = it->second;
-  return true;
-}
-
-}  // namespace
+using AddedLlama = internal::AddedConfigs<LlamaConfig>;
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
   auto it = llama_presets().find(name);
   if (it != llama_presets().end()) return it->second;
   LlamaConfig found;
   // Note [model resolvers] (models/registry.h): "hf:DIR" and the like.
-  if (find_added_llama(name, &found) || (resolve_model_name(name) && find_added_llama(name, &found))) return found;
+  if (AddedLlama::instance().find(name, &found)) return found;
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   TANDEM_CHECK_USAGE(false, "unknown LLaMA size '", name, "' (known: ", known, ")");
@@ -154,16 +135,14 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 std::vector<std::string> LlamaConfig::preset_names() {
   std::vector<std::string> names = {"llama-tiny",   "llama-3.2-1b", "llama-3-8b",     "llama-3-70b",  "llama-3.1-405b",
                                     "mixtral-tiny", "mixtral-8x7b", "qwen3-moe-tiny", "qwen3-30b-a3b"};
-  std::lock_guard<std::mutex> lock(added_llama().mutex);
-  for (const auto& entry : added_llama().configs) names.push_back(entry.first);
+  AddedLlama::instance().append_names(names);
   return names;
 }
 
 void LlamaConfig::add_preset(const std::string& name, const LlamaConfig& config) {
   config.check();
   TANDEM_CHECK(llama_presets().count(name) == 0, "LLaMA: '", name, "' is a preset's name");
-  std::lock_guard<std::mutex> lock(added_llama().mutex);
-  TANDEM_CHECK(added_llama().configs.emplace(name, config).second, "LLaMA: '", name, "' is already added");
+  AddedLlama::instance().add(name, config, "LLaMA");
 }
 
 LlamaConfig LlamaConfig::with_vocabulary(int64_t vocab) const {
