@@ -37,6 +37,7 @@
 
 #include "bench_main.h"
 #include "counting_allocator.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/cli/flags.h"
 #include "tandem/dist/collectives.h"
 #include "tandem/dist/process_group.h"
@@ -53,6 +54,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string model_name = "resnet18", mode = "ddp", hook = "allreduce", zero = "optimizer";
   std::string fsdp_sharding = "full";
   int64_t batch = 64, size = 32, steps = 8, warmup = 2, threads = 1;

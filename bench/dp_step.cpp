@@ -36,6 +36,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/cli/flags.h"
 #include "tandem/models/registry.h"
 #include "tandem/parallel/data_parallel.h"
@@ -49,6 +50,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string model_name = "convnet", device_name = "cpu";
   int64_t batch = 256, size = 28, channels = 1, steps = 10, warmup = 2;
   cli::FlagSet flags("dp_step", "DataParallel on repeated CPU devices against one device.");

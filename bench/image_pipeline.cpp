@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "bench_main.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/cli/flags.h"
 #include "tandem/data/loader.h"
 #include "tandem/data/source.h"
@@ -19,6 +20,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string spec, augment = "heavy";
   int64_t image_size = 224, workers = 1, batch = 64, batches = 20;
   cli::FlagSet flags("image_pipeline", "Images per second out of tandem's loader.");

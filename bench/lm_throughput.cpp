@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/engine/run_setup.h"
 #include "tandem/models/registry.h"
 #include "tandem/optim/adamw.h"
@@ -26,6 +27,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does (Note [malloc for training])
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string model_name = "gpt2-tiny", device_text = "cpu", amp = "off";
   int64_t vocab = 256, seq_len = 256, batch = 16, steps = 10, warmup = 2, rounds = 3;
   cli::FlagSet flags("lm_throughput", "A language model's training step, in tokens a second.");

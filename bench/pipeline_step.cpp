@@ -55,6 +55,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/cli/flags.h"
 #include "tandem/parallel/pipeline.h"
 #include "tandem/util/allocator.h"
@@ -162,6 +163,7 @@ double replayed_seconds(const parallel::PipelineStep& step, int64_t chunks) {
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string schedule = "1f1b", counts = "1,2,4,8";
   bool trace = false;
   int64_t stages = 2, blocks = 8, width = 512, rows = 64, steps = 15, warmup = 3, hold_us = 0,

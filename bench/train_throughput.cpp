@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include "bench_main.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/cli/flags.h"
 #include "tandem/data/idx.h"
 #include "tandem/data/source.h"
@@ -38,6 +39,7 @@ using namespace tandem;
 
 int main(int argc, char** argv) {
   tune_malloc_for_training();  // as the tandem binary does
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   std::string model_name = "convnet", data_spec = "fashion-mnist", device_text = "cpu";
   int64_t batch = 256, steps = 30, warmup = 5, rounds = 3, checkpoint_segments = 0;
   std::string amp = "off";

@@ -13,6 +13,14 @@ function(tandem_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM tandem_pch)
 endfunction()
 
+# tandem_needs_cuda_module(target): the program loads the CUDA module
+# (Note [CUDA as a module]), so building it builds the module.
+function(tandem_needs_cuda_module target)
+  if(C10_CUDA_LIBRARY AND NOT TANDEM_FUZZ)
+    add_dependencies(${target} tandem_cuda)
+  endif()
+endfunction()
+
 # tandem_layer(name [TORCH] SOURCES ... DEPS ...): the static library
 # tandem_<name> built from src/<name>/, with the public include/ tree;
 # `cmake --install` installs it as tandem::<name> (cmake/tandemConfig.cmake.in).
@@ -108,7 +116,8 @@ function(tandem_test layer)
   # the layer has the same ones; a clash is a compile error, not a silent
   # merge.
   set_target_properties(${exe} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
-  target_link_libraries(${exe} PRIVATE ${T_DEPS} tandem_testing GTest::gtest GTest::gtest_main tandem_torch)
+  target_link_libraries(${exe} PRIVATE ${T_DEPS} tandem_testing GTest::gtest tandem_torch)
+  tandem_needs_cuda_module(${exe})
   target_compile_definitions(${exe} PRIVATE
     TANDEM_PYTHON="${TANDEM_PYTHON}"
     TANDEM_CLI="$<TARGET_FILE:tandem>"

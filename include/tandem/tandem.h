@@ -9,6 +9,7 @@
 #include "tandem/util/arith.h"
 #include "tandem/util/atomic_file.h"
 #include "tandem/util/check.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/util/env.h"
 #include "tandem/util/message.h"
 #include "tandem/util/parse.h"

@@ -7,6 +7,7 @@
 
 #include "tandem/cli/commands.h"
 #include "tandem/util/allocator.h"
+#include "tandem/util/cuda_module.h"
 
 namespace {
 
@@ -38,6 +39,7 @@ namespace {
 
 int main(int argc, char** argv) {
   std::set_terminate(terminate_with_message);
+  tandem::cuda::load_when_present();  // Note [CUDA as a module]
   tandem::tune_malloc_for_training();  // Note [malloc for training]
   tandem::cli::quiet_library_logs();   // Note [library warnings]
   return tandem::cli::main_command(argc, argv);

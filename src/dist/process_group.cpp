@@ -25,20 +25,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
 
-// Note [nccl headers]: c10d's ProcessGroupNCCL.hpp needs nccl.h and the CUDA
-// runtime headers (the CUDA toolkit's include folder, which torch's CMake
-// config adds when it finds a toolkit). ProcessGroupNCCL itself is compiled
-// into the wheel's libtorch_cuda. Without those headers this build refuses
-// --dist-backend nccl with a message saying so.
-#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>) && __has_include(<cuda_runtime_api.h>)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#define TANDEM_WITH_NCCL 1
-#else
-#define TANDEM_WITH_NCCL 0
-#endif
-
 #include "group_impl.h"
 #include "internal.h"
+#include "tandem/cuda/parts.h"
 #include "tandem/util/check.h"
 
 namespace tandem::dist {
@@ -132,11 +121,14 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
   TANDEM_CHECK(backend == "gloo" || backend == "nccl", "--dist-backend: expected auto, gloo or nccl, got '",
                options.backend, "'");
   if (backend == "nccl") {
-    TANDEM_CHECK(TANDEM_WITH_NCCL, "--dist-backend nccl: this build has no NCCL support (it was "
-                 "compiled without nccl.h; see docs/BUILD.md); use --dist-backend gloo");
+    // A driver without the CUDA module is CUDA missing for libtorch too
+    // (Note [CUDA as a module]): the module's reason is the one to give.
+    const std::string why = cuda::load_error();
     TANDEM_CHECK(torch::cuda::is_available() && torch::cuda::device_count() > 0,
                  "--dist-backend nccl: no CUDA device is visible to rank ", r.rank,
-                 " (NCCL reduces CUDA tensors; use --dist-backend gloo on CPU)");
+                 " (NCCL reduces CUDA tensors; use --dist-backend gloo on CPU)", why.empty() ? "" : ": ", why);
+    TANDEM_CHECK(built_with_nccl(), "--dist-backend nccl: this build has no NCCL support (it was "
+                 "compiled without nccl.h; see docs/BUILD.md); use --dist-backend gloo");
   }
   impl_->backend = backend;
 
@@ -203,17 +195,13 @@ ProcessGroup::ProcessGroup(const Rendezvous& r, const GroupOptions& options)
 void ProcessGroup::Impl::connect() {
   const auto& r = rendezvous;
   if (backend == "nccl") {
-#if TANDEM_WITH_NCCL
     try {
-      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = options.timeout;
-      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          store, static_cast<int>(r.rank), static_cast<int>(r.world_size), nccl_options);
+      group = cuda::parts()->nccl_group(store, static_cast<int>(r.rank), static_cast<int>(r.world_size),
+                                        options.timeout);
     } catch (const std::exception& e) {
       TANDEM_FAIL("process group (nccl) of ", r.world_size, " ranks at ", r.host, ":", r.port,
                   " failed on rank ", r.rank, ": ", first_line(e.what()));
     }
-#endif
     return;
   }
   try {
@@ -399,6 +387,9 @@ void ProcessGroup::reset_traffic() {
   impl_->tally->by_collective.clear();
 }
 
-bool built_with_nccl() { return TANDEM_WITH_NCCL; }
+bool built_with_nccl() {
+  const auto* parts = cuda::parts();
+  return parts != nullptr && parts->nccl;
+}
 
 }  // namespace tandem::dist

@@ -1,8 +1,16 @@
-// The table of known peaks (device_peak.h); the device's name comes from
-// device_peak_cuda.cpp or device_peak_none.cpp.
+// The table of known peaks (device_peak.h); a CUDA device's name comes from
+// the CUDA module (tandem/cuda/parts.h).
 #include "tandem/engine/device_peak.h"
 
+#include "tandem/cuda/parts.h"
+
 namespace tandem::engine {
+
+double known_peak_flops(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const auto* parts = cuda::parts();
+  return parts == nullptr ? 0 : peak_flops_of(parts->device_name(device.has_index() ? device.index() : -1));
+}
 
 double peak_flops_of(const std::string& name) {
   // Dense (not 2:4 sparse) bf16, SXM parts. The PCIe and NVL parts run

@@ -18,6 +18,7 @@
 
 #include "task_thread.h"
 #include "tandem/util/check.h"
+#include "tandem/util/cuda_module.h"
 #include "tandem/util/message.h"
 #include "tandem/util/parse.h"
 
@@ -310,8 +311,9 @@ torch::Device parse_one_device(const std::string& item, const std::string& flag,
                                const std::string& whole, const std::string& expected) {
   const torch::Device device = parse_device_name(item, flag, whole, expected);
   if (device.is_cuda()) {
-    TANDEM_CHECK(torch::cuda::is_available(), flag, " ", whole,
-                 ": no CUDA device is available on this machine");
+    const std::string why = cuda::load_error();  // Note [CUDA as a module]
+    TANDEM_CHECK(torch::cuda::is_available(), flag, " ", whole, ": no CUDA device is available on this machine",
+                 why.empty() ? "" : " (", why, why.empty() ? "" : ")");
     TANDEM_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
                  flag, " ", whole, ": only ", torch::cuda::device_count(), " CUDA device(s) present");
   }

@@ -231,8 +231,8 @@ GroupOptions nccl_on_cuda0() {
   return options;
 }
 
-// Without a CUDA device (CI), --dist-backend nccl is a clear error (as it is
-// in a build without NCCL, on any machine).
+// Without a CUDA device (CI), --dist-backend nccl is a clear error; so it
+// is with one, in a build without NCCL.
 TEST(ProcessGroupTest, NcclNeedsACudaDevice) {
   if (built_with_nccl() && torch::cuda::is_available()) {
     GTEST_SKIP() << "a CUDA device is visible, so NCCL is not refused (NcclGroupOfOneRunsOnTheGpu runs it)";
@@ -240,14 +240,14 @@ TEST(ProcessGroupTest, NcclNeedsACudaDevice) {
   Rendezvous rv;
   rv.port = pick_free_port();
   const auto options = nccl_on_cuda0();
-  if (!built_with_nccl()) {
-    EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
-              "--dist-backend nccl: this build has no NCCL support (it was compiled without "
-              "nccl.h; see docs/BUILD.md); use --dist-backend gloo");
-  } else {
+  if (!torch::cuda::is_available()) {
     EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
               "--dist-backend nccl: no CUDA device is visible to rank 0 (NCCL reduces CUDA "
               "tensors; use --dist-backend gloo on CPU)");
+  } else {
+    EXPECT_EQ(testing::error_of([&] { ProcessGroup group(rv, options); }),
+              "--dist-backend nccl: this build has no NCCL support (it was compiled without "
+              "nccl.h; see docs/BUILD.md); use --dist-backend gloo");
   }
 }
 

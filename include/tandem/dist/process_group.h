@@ -176,8 +176,9 @@ class ProcessGroup {
 // Public for the tests; code outside src/dist has no reason to take it.
 std::mutex& gloo_launch_mutex();
 
-// Whether this build can make NCCL groups (Note [nccl headers] in
-// src/dist/process_group.cpp); they also need a CUDA device at run time.
+// Whether this process can make NCCL groups: the CUDA module is loaded and
+// was compiled with NCCL's headers (Note [nccl headers] in
+// src/cuda/nccl_group.cpp); they also need a CUDA device at run time.
 bool built_with_nccl();
 
 // A port on `host` that was free a moment ago, for launchers and tests:

@@ -1,6 +1,6 @@
-// CudaGraphStep on a CUDA build of libtorch (the CMake file picks this file
-// or cuda_graph_none.cpp).
-#include "tandem/engine/cuda_graph.h"
+// engine::CudaGraphStep's body in the CUDA module (src/engine/cuda_graph.cpp
+// holds the class and calls this through tandem/cuda/parts.h).
+#include "module.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -11,7 +11,11 @@
 
 #include "tandem/util/check.h"
 
-namespace tandem::engine {
+namespace tandem::cuda {
+
+using engine::CudaGraphOptions;
+using engine::StepFunction;
+using engine::StepOutputs;
 
 namespace {
 
@@ -38,11 +42,7 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
   event.block(waiter);
 }
 
-}  // namespace
-
-bool cuda_graphs_built() { return true; }
-
-struct CudaGraphStep::Impl {
+struct GraphStep final : GraphRunner {
   torch::Device device;
   StepFunction step;
   CudaGraphOptions options;
@@ -51,9 +51,9 @@ struct CudaGraphStep::Impl {
   torch::Tensor static_inputs, static_targets;
   StepOutputs static_outputs;
   std::vector<int64_t> first_sizes;  // the first warm-up batch's: the shape to capture
-  int64_t eager = 0, replays = 0;
+  int64_t eager = 0, replay_count = 0;
 
-  Impl(torch::Device d, StepFunction s, CudaGraphOptions o)
+  GraphStep(torch::Device d, StepFunction s, CudaGraphOptions o)
       : device(d), step(std::move(s)), options(o), side(c10::cuda::getStreamFromPool(false, d.index())) {}
 
   bool fits(const torch::Tensor& x, const torch::Tensor& y) const {
@@ -127,48 +127,43 @@ struct CudaGraphStep::Impl {
     wait_for(current, side);
     // Capture recorded the step without running it: run it now.
     graph->replay();
-    ++replays;
+    ++replay_count;
     return static_outputs;
   }
+
+  StepOutputs run(const torch::Tensor& inputs, const torch::Tensor& targets) override {
+    TANDEM_CHECK(inputs.device() == device && targets.device() == device, "CudaGraphStep::run: inputs on ",
+                 inputs.device().str(), " and targets on ", targets.device().str(), ", expected both on ",
+                 device.str());
+    c10::cuda::CUDAGuard device_guard(device.index());
+    if (graph) {
+      if (!fits(inputs, targets)) {  // a short last batch: eagerly, on the current stream
+        ++eager;
+        return detached(step(inputs, targets));
+      }
+      static_inputs.copy_(inputs, /*non_blocking=*/true);
+      static_targets.copy_(targets, /*non_blocking=*/true);
+      graph->replay();
+      ++replay_count;
+      return static_outputs;
+    }
+    if (eager < options.warmup_steps) return warm_up(inputs, targets);
+    // Capture the common shape (the first batch's), not an epoch's short last
+    // batch that happens to come right after the warm-up.
+    if (inputs.sizes() != c10::IntArrayRef(first_sizes)) return warm_up(inputs, targets);
+    return capture(inputs, targets);
+  }
+
+  bool captured() const override { return graph != nullptr; }
+  int64_t replays() const override { return replay_count; }
+  int64_t eager_steps() const override { return eager; }
 };
 
-CudaGraphStep::CudaGraphStep(torch::Device device, StepFunction step, CudaGraphOptions options) {
-  TANDEM_CHECK(device.is_cuda(), "--cuda-graph needs --device cuda (a CUDA graph replays GPU "
-               "kernels), got --device ", device.str());
-  TANDEM_CHECK(options.warmup_steps >= 1, "CudaGraphStep: warmup_steps must be at least 1 (the "
-               "step's state is made eagerly), got ", options.warmup_steps);
+}  // namespace
+
+std::unique_ptr<GraphRunner> graph_step(torch::Device device, StepFunction step, const CudaGraphOptions& options) {
   if (!device.has_index()) device = torch::Device(torch::kCUDA, c10::cuda::current_device());
-  impl_ = std::make_unique<Impl>(device, std::move(step), options);
+  return std::make_unique<GraphStep>(device, std::move(step), options);
 }
 
-CudaGraphStep::~CudaGraphStep() = default;
-
-StepOutputs CudaGraphStep::run(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  auto& s = *impl_;
-  TANDEM_CHECK(inputs.device() == s.device && targets.device() == s.device,
-               "CudaGraphStep::run: inputs on ", inputs.device().str(), " and targets on ",
-               targets.device().str(), ", expected both on ", s.device.str());
-  c10::cuda::CUDAGuard device_guard(s.device.index());
-  if (s.graph) {
-    if (!s.fits(inputs, targets)) {  // a short last batch: eagerly, on the current stream
-      ++s.eager;
-      return detached(s.step(inputs, targets));
-    }
-    s.static_inputs.copy_(inputs, /*non_blocking=*/true);
-    s.static_targets.copy_(targets, /*non_blocking=*/true);
-    s.graph->replay();
-    ++s.replays;
-    return s.static_outputs;
-  }
-  if (s.eager < s.options.warmup_steps) return s.warm_up(inputs, targets);
-  // Capture the common shape (the first batch's), not an epoch's short last
-  // batch that happens to come right after the warm-up.
-  if (inputs.sizes() != c10::IntArrayRef(s.first_sizes)) return s.warm_up(inputs, targets);
-  return s.capture(inputs, targets);
-}
-
-bool CudaGraphStep::captured() const { return impl_->graph != nullptr; }
-int64_t CudaGraphStep::replays() const { return impl_->replays; }
-int64_t CudaGraphStep::eager_steps() const { return impl_->eager; }
-
-}  // namespace tandem::engine
+}  // namespace tandem::cuda
