@@ -37,6 +37,10 @@ LAYOUTS = [  # model, ranks, train flags, the planner's strategy, sequence paral
     ("gpt2-tiny", 2, "--mesh tp=2 --sequence-parallel", "ddp", True, 1),
     ("gpt2-tiny", 4, "--mesh dp=2,tp=2", "ddp", False, 1),
     ("gpt2-tiny", 4, "--mesh dp=4 --strategy fsdp", "fsdp", False, 1),
+    ("llama-tiny", 2, "--mesh cp=2", "ddp", False, 1),
+    ("llama-tiny", 4, "--mesh dp=2,cp=2", "ddp", False, 1),
+    ("llama-tiny", 4, "--mesh cp=4", "ddp", False, 1),
+    ("gpt2-tiny", 4, "--mesh cp=2,tp=2", "ddp", False, 1),
 ]
 
 

@@ -70,11 +70,11 @@ FlagSet plan_flags(PlanFlags& f) {
 // --mesh's words as the planner writes them ("pp=2,dp=4,tp=2").
 std::string planned_mesh(const std::string& spec, int64_t world) {
   const auto shape = dist::parse_mesh(spec, world);
-  TANDEM_CHECK_USAGE(shape.cp == 1 && shape.ep == 1, "--mesh ", spec,
-                     ": the planner does not plan context or expert parallelism yet (cp, ep)");
+  TANDEM_CHECK_USAGE(shape.ep == 1, "--mesh ", spec, ": the planner does not plan expert parallelism yet (ep)");
   plan::Layout l;
   l.pp = shape[dist::MeshDim::kPipeline];
-  l.dp = shape[dist::MeshDim::kData];
+  l.dp = shape.dp();
+  l.cp = shape.cp;
   l.tp = shape[dist::MeshDim::kTensor];
   if (shape.dp_shard > 0) {
     l.data = plan::DataSharding::kHsdp;
@@ -206,9 +206,9 @@ int plan_command(const std::vector<std::string>& args) {
   TANDEM_CHECK_USAGE(!layouts.empty(), "no layout of ", f.model, " on ", job.world(), " rank(s)",
                      f.mesh.empty() ? "" : " with --mesh " + f.mesh, ": the planner's layouts have tp dividing a "
                      "node's ranks (", job.gpus_per_node, ") and the model's ", job.model.heads, " heads and ",
-                     job.model.kv_heads, " key/value heads, pp at most its ", job.model.layers, " layers, dp "
-                     "dividing the global batch of ", job.global_batch, " sequences, and HSDP's shard groups a "
-                     "node's dp ranks");
+                     job.model.kv_heads, " key/value heads, 2 cp dividing the sequence of ", job.seq_len,
+                     " tokens, pp at most its ", job.model.layers, " layers, dp dividing the global batch of ",
+                     job.global_batch, " sequences, and HSDP's shard groups a node's dp ranks");
   if (f.json) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& c : layouts) all.push_back(to_json(c));
@@ -218,15 +218,17 @@ int plan_command(const std::vector<std::string>& args) {
                 static_cast<long long>(job.nodes), static_cast<long long>(job.gpus_per_node),
                 job.device.name.c_str(), static_cast<long long>(job.global_batch),
                 static_cast<long long>(job.seq_len), layouts.size());
-    Table table({"mesh", "strategy", "sp", "ac", "micro", "GiB/rank", "fits", "dp MB", "tp MB", "pp MB", "bubble",
-                 "step s", "tokens/s", "MFU"});
+    Table table({"mesh", "strategy", "sp", "ac", "micro", "GiB/rank", "fits", "dp MB", "cp MB", "tp MB", "pp MB",
+                 "bubble", "step s", "tokens/s", "MFU"});
     for (size_t i = 0; i < layouts.size() && static_cast<int64_t>(i) < f.top; ++i) {
       const auto& c = layouts[i];
       const auto& l = c.layout;
       table.add_row({l.mesh(), l.strategy(), l.sequence_parallel ? "on" : "", l.recompute ? "on" : "",
                      format("%lldx%lld", static_cast<long long>(l.micro_batches), static_cast<long long>(l.micro_batch)),
                      gib(c.memory.total()), c.fits ? "yes" : "no (+" + gib(c.shortfall) + ")",
-                     format("%.1f", dim_bytes(c, "dp") / 1e6), format("%.1f", dim_bytes(c, "tp") / 1e6),
+                     format("%.1f", (dim_bytes(c, "dp") + dim_bytes(c, "dp_cp")) / 1e6),
+                     format("%.1f", dim_bytes(c, "cp") / 1e6),
+                     format("%.1f", dim_bytes(c, "tp") / 1e6),
                      format("%.1f", dim_bytes(c, "pp") / 1e6), format("%.3f", c.bubble),
                      format("%.3g", c.step_seconds), format("%.4g", c.tokens_per_second),
                      format("%.3f", c.mfu)});

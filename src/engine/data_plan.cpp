@@ -118,12 +118,14 @@ std::unique_ptr<DataPlan> make_data_plan(const DataPlanSetup& setup) {
   }
   if (!setup.group) return std::make_unique<LocalPlan>(setup.model);
   // Under a mesh the layout says; otherwise --strategy does (a group of one
-  // rank is averaged over, so that it trains as one process).
+  // rank is averaged over, so that it trains as one process). The group's
+  // size, not the data ranks': under cp the ranks of one sample reduce
+  // their gradients together too.
   const bool mesh = !setup.pieces.empty();
   const auto data = mesh ? setup.layout.data
-                         : o.strategy == Strategy::kFsdp                        ? DataParallelism::kFsdp
-                           : setup.data_ranks > 1 && o.strategy != Strategy::kAllReduce ? DataParallelism::kDdp
-                                                                                   : DataParallelism::kAllReduce;
+                         : o.strategy == Strategy::kFsdp                             ? DataParallelism::kFsdp
+                           : setup.group->size() > 1 && o.strategy != Strategy::kAllReduce ? DataParallelism::kDdp
+                                                                                        : DataParallelism::kAllReduce;
   switch (data) {
     case DataParallelism::kDdp:
       return internal::make_ddp_plan(setup);

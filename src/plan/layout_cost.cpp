@@ -86,6 +86,7 @@ std::string Layout::mesh() const {
   } else {
     add("dp", dp);
   }
+  add("cp", cp);
   add("tp", tp);
   return s.empty() ? "dp=1" : s;
 }
@@ -103,7 +104,10 @@ std::string Layout::strategy() const {
 LayoutCost layout_cost(const Job& job, const Layout& l) {
   const auto& m = job.model;
   const auto& dev = job.device;
-  TANDEM_CHECK(l.dp * l.pp * l.tp == job.world(), "layout ", l.mesh(), " does not lay out ", job.world(), " ranks");
+  TANDEM_CHECK(l.dp * l.pp * l.cp * l.tp == job.world(), "layout ", l.mesh(), " does not lay out ", job.world(),
+               " ranks");
+  TANDEM_CHECK(job.seq_len % (2 * l.cp) == 0, "layout ", l.mesh(), ": cp=", l.cp, " cuts a sequence into ", 2 * l.cp,
+               " chunks, which ", job.seq_len, " tokens are not");
   TANDEM_CHECK(l.micro_batch * l.micro_batches * l.dp == job.global_batch, "layout ", l.mesh(), ": ", l.micro_batches,
                " micro-batches of ", l.micro_batch, " on ", l.dp, " dp ranks are not the global batch of ",
                job.global_batch);
@@ -111,11 +115,12 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   LayoutCost c;
   c.layout = l;
   const double e = element_bytes(job.precision), w = weight_bytes(job.precision);
-  const double tokens = double(l.micro_batch * job.seq_len);  // a micro-batch's
+  const double tokens = double(l.micro_batch * job.seq_len / l.cp);  // a micro-batch's, on this rank
   const double d = double(m.hidden);
   const int64_t mb = l.micro_batches;
   const bool sharded = l.data == DataSharding::kFsdp || l.data == DataSharding::kHsdp;
-  const int64_t shard_ranks = l.data == DataSharding::kHsdp ? l.dp_shard : l.dp;
+  const int64_t data_ranks = l.dp * l.cp;  // the data dimension's: they reduce the gradients together
+  const int64_t shard_ranks = (l.data == DataSharding::kHsdp ? l.dp_shard : l.dp) * l.cp;
 
   // The schedule, replayed: its idle share and each stage's forwards in flight.
   parallel::PipelineSimulation sim;
@@ -146,10 +151,10 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
       const double unit = st.layers > 0 ? st.parameters / double(std::max<int64_t>(st.layers, 1)) : st.parameters;
       mem.buffers = 2 * 2 * unit * w;
     } else if (l.data == DataSharding::kZero1) {
-      mem.optimizer /= double(l.dp);
+      mem.optimizer /= double(data_ranks);
     }
     // DDP's buckets: the gradients once more, flat, for the all-reduce.
-    if (!sharded && l.dp > 1) mem.buffers = st.parameters * w;
+    if (!sharded && data_ranks > 1) mem.buffers = st.parameters * w;
     const double in_flight = l.pp > 1 ? double(sim.max_in_flight[static_cast<size_t>(s)]) : 1.0;
     const double whole = m.activations_norms_per_token() / double(l.sequence_parallel ? l.tp : 1) +
                          m.activations_region_inputs_per_token();
@@ -175,8 +180,8 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
 
     // Traffic of this stage's ranks (Note [planned traffic]); the most of each kept.
     std::map<std::string, std::map<std::string, double>> bytes;
-    if (l.dp > 1) {
-      auto& dp = bytes["dp"];
+    if (data_ranks > 1) {
+      auto& dp = bytes[l.cp > 1 ? "dp_cp" : "dp"];  // the group's name (torchtitan's)
       if (sharded) {
         // Units as FSDP plans them (parallel::plan_units); with ZeRO-3 each
         // gathered twice but the last, kept from forward to its backward.
@@ -190,7 +195,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         const double times = l.pp > 1 ? 1.0 : double(mb);  // a stage gathers once a step (Note [fsdp under a pipeline])
         dp["all_gather"] = times * (l.pp == 1 && l.fsdp_reshard ? 2 * shard - last - pinned : shard);
         dp["reduce_scatter"] = times * grads;
-        if (l.data == DataSharding::kHsdp && l.dp > shard_ranks) dp["all_reduce"] = times * shard;
+        if (l.data == DataSharding::kHsdp && data_ranks > shard_ranks) dp["all_reduce"] = times * shard;
       } else {
         dp["all_reduce"] = st.parameters * w + (l.allreduce ? 0 : 4 * st.tensors);
         if (l.data == DataSharding::kZero1) dp["broadcast"] = st.parameters * w;
@@ -210,6 +215,13 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         tp["all_reduce"] = double(mb) * (regions * tokens * d * e + loss) +
                            double(st.layers * m.layer_partial_parameters) * w;
       }
+    }
+    if (l.cp > 1) {
+      // A block: the rank's tokens of its tp share of the key/value heads.
+      const double block = tokens * double(m.kv_heads / l.tp) * double(m.head_dim) * e;
+      const double blocks = 6.0 * double(l.cp - 1) + 2.0 + (l.recompute ? 2.0 * double(l.cp - 1) : 0.0);
+      auto& cp = bytes["cp"];
+      cp["send"] = cp["recv"] = double(mb) * double(st.layers) * blocks * block;
     }
     if (l.pp > 1) {
       auto& pp = bytes["pp"];
@@ -259,10 +271,14 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const double t_tp = l.sequence_parallel ? seconds("tp", l.tp, l.tp, 2.0 * regions, half)
                                           : seconds("tp", l.tp, l.tp, regions, ring);
   const double t_pp = seconds("pp", 2, job.world(), double(2 * mb + 1), 1.0);
+  // The ring's hops, a layer and micro-batch: C - 1 forward (again when
+  // recomputed), C backward; each waited on before the block it brings.
+  const double hops = double(l.cp - 1) * (l.recompute ? 2.0 : 1.0) + double(l.cp);
+  const double t_cp = seconds("cp", l.cp, l.cp * l.tp, double(mb) * double(layers_here) * hops, 1.0);
   const double dp_calls = sharded ? 3.0 * double(layers_here) * (l.pp > 1 ? 1.0 : double(mb))
                                   : std::ceil(c.memory.gradients / kBucketBytes) + 1;
-  const int64_t dp_ranks = sharded ? shard_ranks : l.dp;
-  const double t_dp = seconds("dp", dp_ranks, l.dp * l.tp, dp_calls,
+  const int64_t dp_ranks = sharded ? shard_ranks : data_ranks;
+  const double t_dp = seconds(l.cp > 1 ? "dp_cp" : "dp", dp_ranks, data_ranks * l.tp, dp_calls,
                               sharded ? std::max(2.0, double(dp_ranks - 1)) : 2.0 * double(dp_ranks - 1));
   // DDP's buckets overlap the last micro-batch's backward (two thirds of
   // its compute); FSDP's gathers and reductions are prefetched under the
@@ -276,7 +292,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
       !overlap  ? t_dp
       : sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
                 : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
-  c.exposed_comm_seconds = t_tp + t_pp + dp_exposed;
+  c.exposed_comm_seconds = t_tp + t_cp + t_pp + dp_exposed;
   const double busy = c.compute_seconds + c.exposed_comm_seconds;
   c.step_seconds = busy / (1.0 - c.bubble);
   c.bubble_seconds = c.step_seconds - busy;

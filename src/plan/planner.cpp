@@ -24,39 +24,47 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
   std::vector<LayoutCost> out;
   for (int64_t tp : divisors(job.gpus_per_node)) {
     if (m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
-    for (int64_t pp : divisors(job.world() / tp)) {
-      if (pp > m.layers) continue;
-      const int64_t dp = job.world() / (tp * pp);
-      if (job.global_batch % dp != 0) continue;
-      const int64_t local = job.global_batch / dp;
-      std::vector<DataSharding> shardings{DataSharding::kDdp};
-      if (dp > 1) {
-        shardings.push_back(DataSharding::kZero1);
-        shardings.push_back(DataSharding::kFsdp);
-      }
-      const int64_t node_dp = job.gpus_per_node / tp;  // a node's dp ranks (the mesh's dp runs inside pp)
-      if (dp * tp > job.gpus_per_node && node_dp > 1 && dp % node_dp == 0) shardings.push_back(DataSharding::kHsdp);
-      for (auto data : shardings) {
-        const bool sp_fits = tp > 1 && job.seq_len % tp == 0;  // sequence parallelism cuts each sequence in tp parts
-        for (bool sp : sp_fits ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-          for (bool recompute : options.recompute_both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-            for (int64_t micro = 1; micro <= local; micro *= 2) {
-              if (local % micro != 0) continue;
-              Layout l;
-              l.dp = dp;
-              l.pp = pp;
-              l.tp = tp;
-              l.sequence_parallel = sp;
-              l.data = data;
-              l.dp_shard = data == DataSharding::kHsdp ? node_dp : 0;
-              l.recompute = recompute;
-              l.micro_batch = micro;
-              l.micro_batches = local / micro;
-              l.fsdp_min_unit = options.fsdp_min_unit;
-              l.fsdp_reshard = options.fsdp_reshard;
-              l.allreduce = options.allreduce && data == DataSharding::kDdp;
-              if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
-              out.push_back(layout_cost(job, l));
+    for (int64_t cp : divisors(job.world() / tp)) {
+      if (job.seq_len % (2 * cp) != 0) continue;  // two chunks a rank (Note [context parallelism])
+      for (int64_t pp : divisors(job.world() / (tp * cp))) {
+        if (pp > m.layers) continue;
+        const int64_t dp = job.world() / (tp * cp * pp);
+        if (job.global_batch % dp != 0) continue;
+        const int64_t local = job.global_batch / dp;
+        std::vector<DataSharding> shardings{DataSharding::kDdp};
+        if (dp * cp > 1) {
+          shardings.push_back(DataSharding::kZero1);
+          shardings.push_back(DataSharding::kFsdp);
+        }
+        // A node's dp ranks (the mesh's dp runs inside pp, cp and tp inside dp).
+        const int64_t node_dp = job.gpus_per_node / (tp * cp);
+        if (dp * cp * tp > job.gpus_per_node && node_dp > 1 && dp % node_dp == 0) {
+          shardings.push_back(DataSharding::kHsdp);
+        }
+        for (auto data : shardings) {
+          // Sequence parallelism cuts a rank's tokens of each sequence in tp parts.
+          const bool sp_fits = tp > 1 && (job.seq_len / cp) % tp == 0;
+          for (bool sp : sp_fits ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+            for (bool recompute : options.recompute_both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+              for (int64_t micro = 1; micro <= local; micro *= 2) {
+                if (local % micro != 0) continue;
+                Layout l;
+                l.dp = dp;
+                l.pp = pp;
+                l.tp = tp;
+                l.cp = cp;
+                l.sequence_parallel = sp;
+                l.data = data;
+                l.dp_shard = data == DataSharding::kHsdp ? node_dp : 0;
+                l.recompute = recompute;
+                l.micro_batch = micro;
+                l.micro_batches = local / micro;
+                l.fsdp_min_unit = options.fsdp_min_unit;
+                l.fsdp_reshard = options.fsdp_reshard;
+                l.allreduce = options.allreduce && data == DataSharding::kDdp;
+                if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
+                out.push_back(layout_cost(job, l));
+              }
             }
           }
         }

@@ -43,6 +43,11 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
       {"gpt2-tiny", "2", "--mesh dp=2 --strategy fsdp", "fsdp", false, 1},
       {"mixtral-tiny", "2", "--mesh tp=2", "ddp", false, 1},
       {"qwen3-moe-tiny", "4", "--mesh pp=2,tp=2 --micro-batches 2", "ddp", false, 2},
+      // cp's ring (GPT-2's heads, LLaMA's grouped ones) beside dp, FSDP, tp with sp, and pp.
+      {"gpt2-tiny", "4", "--mesh dp=2,cp=2", "ddp", false, 1},
+      {"llama-tiny", "4", "--mesh cp=2,tp=2 --sequence-parallel", "ddp", true, 1},
+      {"llama-tiny", "4", "--mesh pp=2,cp=2 --micro-batches 2", "ddp", false, 2},
+      {"llama-tiny", "4", "--mesh cp=4 --strategy fsdp", "fsdp", false, 1},
   };
   for (const auto& c : cases) {
     const std::string mesh = c.flags.substr(7, c.flags.find(' ', 7) - 7);
@@ -158,8 +163,10 @@ TEST(PlanCliTest, BadInputIsNamed) {
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3.1-405b --gpus-per-node 1 --device h100", 2,
                                     "no layout of llama-3.1-405b fits 1 x h100: the closest"));
   EXPECT_TRUE(testing::tandem_fails("plan --model resnet18", 2, "--model resnet18: tandem plan plans the language"));
-  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --mesh dp=2,cp=2 --gpus-per-node 4", 2,
-                                    "does not plan context or expert parallelism yet"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --mesh dp=2,ep=2 --gpus-per-node 2", 2,
+                                    "does not plan expert parallelism yet (ep)"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --seq-len 6 --mesh cp=2 --gpus-per-node 2", 2,
+                                    "2 cp dividing the sequence of 6 tokens"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --seq-len 100 --global-batch-tokens 150", 2,
                                     "--global-batch-tokens 150: not a whole number of sequences of 100"));
   // Sizes whose products would overflow or whose enumeration would not end.

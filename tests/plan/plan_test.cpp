@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "tandem/models/gpt2.h"
@@ -74,6 +75,37 @@ TEST(PlannerTest, TheReplayedBubbleIsTheTextbooks) {
       }
     }
   }
+}
+
+// Context parallelism is laid out where 2 cp divides the sequence; a cp
+// rank keeps the activations of its cp-th of each sequence, and its ring
+// sends 6 (C - 1) + 2 blocks a layer (8 more per C - 1 when recomputed).
+TEST(PlannerTest, ContextParallelLayoutsCutTheSequence) {
+  for (int64_t seq : {16, 12}) {
+    auto job = tiny_job(4);
+    job.seq_len = seq;
+    job.global_batch = 4;
+    std::set<int64_t> cps;
+    for (const auto& c : plan_layouts(job)) cps.insert(c.layout.cp);
+    EXPECT_EQ(cps, (seq == 16 ? std::set<int64_t>{1, 2, 4} : std::set<int64_t>{1, 2})) << seq;
+  }
+  auto job = tiny_job(4);
+  job.global_batch = 4;
+  Layout whole, cut;
+  whole.dp = 4;
+  cut.dp = 1;
+  cut.cp = 4;
+  cut.micro_batch = whole.micro_batch = 1;
+  cut.micro_batches = 4;
+  const auto a = layout_cost(job, whole), b = layout_cost(job, cut);
+  EXPECT_NEAR(b.memory.activations * 4, a.memory.activations, 1e-6 * a.memory.activations);
+  const auto& m = job.model;
+  const double block = double(16 / 4) * double(m.kv_heads) * double(m.head_dim) * 2;  // bf16
+  EXPECT_EQ(b.bytes.at("cp").at("send"), 4.0 * double(m.layers) * (6.0 * 3 + 2) * block);
+  EXPECT_EQ(b.bytes.count("dp"), 0u);
+  EXPECT_GT(b.bytes.at("dp_cp").at("all_reduce"), 0);  // the gradients over the 4 ranks of one sample
+  cut.recompute = true;
+  EXPECT_EQ(layout_cost(job, cut).bytes.at("cp").at("send"), 4.0 * double(m.layers) * (8.0 * 3 + 2) * block);
 }
 
 // At scale, on paper: Llama 3 8B with FSDP on 8 H100s at 8192 tokens and

@@ -14,7 +14,11 @@
 // loss's 4 numbers a token (Megatron-LM's figure; all-gathers and
 // reduce-scatters under sequence parallelism); a pipeline's activation
 // and gradient a boundary and micro-batch, each after an 80-byte header,
-// and the loss's 8-byte broadcast. On the wire a ring moves 2(n-1)/n of an
+// and the loss's 8-byte broadcast; cp's ring, per attention layer and
+// micro-batch, 2 (C - 1) blocks of keys and values forward (again when
+// recomputed) and 4 (C - 1) + 2 backward (the blocks with their gradients'
+// running sums, and the sums' hop home), a block a rank's tokens' key/value
+// heads. On the wire a ring moves 2(n-1)/n of an
 // all-reduce's payload, (n-1)/n of a reduce-scatter's, n-1 times an
 // all-gather's: the time uses those.
 #pragma once
@@ -46,9 +50,13 @@ struct Job {
 
 struct Layout {
   int64_t dp = 1, pp = 1, tp = 1;
+  // Context parallelism: each sequence cut over cp ranks (ring attention,
+  // Note [context parallelism]); the data dimension's dp x cp ranks reduce
+  // the gradients together and FSDP shards over them.
+  int64_t cp = 1;
   bool sequence_parallel = false;
   DataSharding data = DataSharding::kDdp;
-  int64_t dp_shard = 0;  // HSDP: ranks a shard group holds (a node's dp ranks)
+  int64_t dp_shard = 0;  // HSDP: dp ranks a shard group holds (a node's); it shards over dp_shard x cp
   bool recompute = false;  // activation checkpointing, every layer
   int64_t micro_batch = 1;  // sequences a micro-batch
   int64_t micro_batches = 1;  // per step: a pipeline's, or gradient accumulation's
@@ -56,7 +64,7 @@ struct Layout {
   int64_t fsdp_min_unit = int64_t(1) << 17;  // --fsdp-min-unit-params
   bool fsdp_reshard = true;  // ZeRO-3 (--fsdp-sharding full); false: ZeRO-2, each unit gathered once
   bool allreduce = false;    // --strategy allreduce: the gradients all-reduced without DDP's used flags
-  // "dp=8", "pp=2,dp=4,tp=2", "dp_replicate=2,dp_shard=8": --mesh's words.
+  // "dp=8", "pp=2,dp=4,cp=2,tp=2", "dp_replicate=2,dp_shard=8": --mesh's words.
   std::string mesh() const;
   // "ddp", "zero1", "fsdp", "hsdp".
   std::string strategy() const;
