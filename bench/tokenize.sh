@@ -8,4 +8,4 @@
 # bench/results/tokenize.md (newest first).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cmake --build "$build" --target tandem >&2
-"$py" "$repo/bench/tokenize.py" "$build/tandem"
+"$py" "$repo/bench/tokenize_bench.py" "$build/tandem"

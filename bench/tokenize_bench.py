@@ -1,7 +1,7 @@
 """tandem tokenize's throughput against tokenizers' encode_batch.
 
     bench/tokenize.sh            (sets up and builds, then runs this)
-    python bench/tokenize.py TANDEM
+    python bench/tokenize_bench.py TANDEM
 
 A byte-level BPE of 8,000 tokens (GPT-2's pre-tokenizer) is trained by
 `tokenizers` on this repository's documentation; the corpus is that text
