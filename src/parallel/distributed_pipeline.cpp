@@ -56,7 +56,10 @@ class RankLinks : public detail::StageLinks {
     send(piece - 1, i, 1, g);
   }
 
-  // Waits for every send of the step (their buffers live until then).
+  // Note [pipeline sends]: every send of the step is waited for here, at
+  // its end, and its buffers (the header, the activation or gradient sent)
+  // live until then: a stage holds all its micro-batches' messages at its
+  // peak, which tandem plan counts.
   void finish() {
     for (auto& [work, tensors] : pending_) work.wait();
     pending_.clear();

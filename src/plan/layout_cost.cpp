@@ -175,6 +175,13 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
       }
     }
     if (st.last) mem.activations += tokens * double(ceil_div(m.vocab, l.tp)) * (e + 4);  // logits, float32 softmax
+    // A pipeline keeps every message it sent until the step's end, when it
+    // waits for them all (Note [pipeline sends] in distributed_pipeline.cpp):
+    // each micro-batch's activation forward and gradient backward.
+    if (l.pp > 1) {
+      const double sends = (st.last ? 0.0 : 1.0) + (st.first ? 0.0 : 1.0);
+      mem.buffers += double(mb) * sends * (kHeader + tokens * d * e);
+    }
     if (mem.total() > c.memory.total()) c.memory = mem;
     c.stage_memory.push_back(mem);
 
