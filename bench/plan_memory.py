@@ -41,6 +41,10 @@ LAYOUTS = [  # model, ranks, train flags, the planner's strategy, sequence paral
     ("llama-tiny", 4, "--mesh dp=2,cp=2", "ddp", False, 1),
     ("llama-tiny", 4, "--mesh cp=4", "ddp", False, 1),
     ("gpt2-tiny", 4, "--mesh cp=2,tp=2", "ddp", False, 1),
+    ("mixtral-tiny", 2, "--mesh dp=2", "ddp", False, 1),
+    ("mixtral-tiny", 2, "--mesh dp=2,ep=2", "ddp", False, 1),
+    ("mixtral-tiny", 4, "--mesh dp=4,ep=2", "ddp", False, 1),
+    ("mixtral-tiny", 4, "--mesh dp=4,ep=4", "ddp", False, 1),
 ]
 
 
@@ -54,7 +58,7 @@ def main():
             data = f.read()
         with open(text, "wb") as f:
             f.write((data * 4)[:20000])
-        print(f"{'model':11} {'layout':40} {'measured MB':>12} {'predicted MB':>13} {'ratio':>6}")
+        print(f"{'model':12} {'layout':40} {'measured MB':>12} {'predicted MB':>13} {'ratio':>6}")
         for model, ranks, flags, strategy, sp, micro in LAYOUTS:
             metrics = os.path.join(tmp, "m.jsonl")
             if os.path.exists(metrics):
@@ -78,7 +82,7 @@ def main():
             predicted = layout["memory_bytes_by_stage"][0]
             ratio = predicted / measured
             within += abs(ratio - 1) <= 0.10
-            print(f"{model:11} {flags:40} {measured / 1e6:12.2f} {predicted / 1e6:13.2f} {ratio:6.3f}")
+            print(f"{model:12} {flags:40} {measured / 1e6:12.2f} {predicted / 1e6:13.2f} {ratio:6.3f}")
     print(f"\n{within} of {len(LAYOUTS)} layouts within 10%")
 
 

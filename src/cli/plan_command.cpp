@@ -70,8 +70,8 @@ FlagSet plan_flags(PlanFlags& f) {
 // --mesh's words as the planner writes them ("pp=2,dp=4,tp=2").
 std::string planned_mesh(const std::string& spec, int64_t world) {
   const auto shape = dist::parse_mesh(spec, world);
-  TANDEM_CHECK_USAGE(shape.ep == 1, "--mesh ", spec, ": the planner does not plan expert parallelism yet (ep)");
   plan::Layout l;
+  l.ep = shape.ep;
   l.pp = shape[dist::MeshDim::kPipeline];
   l.dp = shape.dp();
   l.cp = shape.cp;

@@ -31,6 +31,7 @@ struct Stage {
   int64_t layers = 0;
   bool first = false, last = false;
   double parameters = 0, tensors = 0, whole_parameters = 0;  // whole: not cut by tp
+  double layer_experts = 0;  // a layer's experts' parameters on this rank
   std::vector<int64_t> layer_numels;  // the stage's layers in order (embedding, blocks, head), as FSDP sees them
 };
 
@@ -40,7 +41,10 @@ Stage stage_of(const ModelShape& m, const Layout& l, int64_t s) {
   st.last = s == l.pp - 1;
   st.layers = m.layers / l.pp + (s < m.layers % l.pp ? 1 : 0);
   const double layer_whole = double(m.layer_parameters - m.layer_cut_parameters);
-  const double layer = double(ceil_div(m.layer_cut_parameters, l.tp)) + layer_whole;
+  // The experts' matrices, cut by tp, of which a rank holds 1 / ep.
+  const double experts = double(ceil_div(3 * m.experts * m.expert_ffn * m.hidden, l.tp));
+  st.layer_experts = experts / double(l.ep);
+  const double layer = double(ceil_div(m.layer_cut_parameters, l.tp)) + layer_whole - experts + st.layer_experts;
   st.parameters = double(st.layers) * layer;
   st.whole_parameters = double(st.layers) * layer_whole;
   st.tensors = double(st.layers * m.layer_tensors);
@@ -87,6 +91,7 @@ std::string Layout::mesh() const {
     add("dp", dp);
   }
   add("cp", cp);
+  add("ep", ep);
   add("tp", tp);
   return s.empty() ? "dp=1" : s;
 }
@@ -106,6 +111,9 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const auto& dev = job.device;
   TANDEM_CHECK(l.dp * l.pp * l.cp * l.tp == job.world(), "layout ", l.mesh(), " does not lay out ", job.world(),
                " ranks");
+  TANDEM_CHECK(l.ep == 1 || (m.experts % l.ep == 0 && (l.dp * l.cp) % l.ep == 0 && l.data == DataSharding::kDdp),
+               "layout ", l.mesh(), ": ep=", l.ep, " must divide the ", m.experts, " experts and the ", l.dp * l.cp,
+               " data ranks, under DDP");
   TANDEM_CHECK(job.seq_len % (2 * l.cp) == 0, "layout ", l.mesh(), ": cp=", l.cp, " cuts a sequence into ", 2 * l.cp,
                " chunks, which ", job.seq_len, " tokens are not");
   TANDEM_CHECK(l.micro_batch * l.micro_batches * l.dp == job.global_batch, "layout ", l.mesh(), ": ", l.micro_batches,
@@ -153,14 +161,24 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     } else if (l.data == DataSharding::kZero1) {
       mem.optimizer /= double(data_ranks);
     }
-    // DDP's buckets: the gradients once more, flat, for the all-reduce.
-    if (!sharded && data_ranks > 1) mem.buffers = st.parameters * w;
+    // DDP's buckets: the gradients once more, flat, for the all-reduce
+    // (the experts' kept out under ep: Note [expert gradients]).
+    const double stage_experts = l.ep > 1 ? double(st.layers) * st.layer_experts : 0.0;
+    if (!sharded && data_ranks > 1) mem.buffers = (st.parameters - stage_experts) * w;
     const double in_flight = l.pp > 1 ? double(sim.max_in_flight[static_cast<size_t>(s)]) : 1.0;
     const double whole = m.activations_norms_per_token() / double(l.sequence_parallel ? l.tp : 1) +
                          m.activations_region_inputs_per_token();
     const double layer = tokens * e * (whole + m.activations_inside_per_token() / double(l.tp));
     const double kept = l.recompute ? tokens * e * d / double(l.sequence_parallel ? l.tp : 1) : layer;
     mem.activations = double(st.layers) * kept * in_flight + (l.recompute ? layer : 0);
+    // Note [dispatch memory]: under ep a mixture layer's dispatch holds
+    // four more tensors of a row per (token, expert) pair of the rank (the
+    // rows that arrived, by expert, their results and those back in arrival
+    // order), measured: mixtral-tiny at dp=2,ep=2 held 8.4 MB more than the
+    // layer alone, 4 x 1,024 pairs x 128 x 4 bytes a layer over 4 layers.
+    if (l.ep > 1) {
+      mem.activations += double(st.layers) * in_flight * 4.0 * tokens * double(m.experts_per_token) * d * e;
+    }
     if (dev.cores > 0) {
       // Note [cpu layouts]: on CPUs GPT-2's Conv1D multiplies by a
       // contiguous transpose of its weight, which backward keeps (a copy
@@ -204,9 +222,18 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         dp["reduce_scatter"] = times * grads;
         if (l.data == DataSharding::kHsdp && data_ranks > shard_ranks) dp["all_reduce"] = times * shard;
       } else {
-        dp["all_reduce"] = st.parameters * w + (l.allreduce ? 0 : 4 * st.tensors);
+        // Under ep the experts' three matrices a layer are not DDP's.
+        const double tensors = st.tensors - (l.ep > 1 ? 3.0 * double(st.layers) : 0.0);
+        dp["all_reduce"] = (st.parameters - stage_experts) * w + (l.allreduce ? 0 : 4 * tensors);
         if (l.data == DataSharding::kZero1) dp["broadcast"] = st.parameters * w;
       }
+    }
+    if (l.ep > 1) {
+      // A uniform routing: of a rank's k pairs a token, (ep - 1) / ep away.
+      const double away = tokens * double(m.experts_per_token) * double(l.ep - 1) / double(l.ep);
+      const double counts = 8.0 * double(m.experts - m.experts / l.ep);
+      bytes["ep"]["all_to_all"] = double(mb) * double(st.layers) * (4.0 * away * d * e + counts);
+      if (data_ranks > l.ep) bytes["ep_replicate"]["all_reduce"] = stage_experts * w;
     }
     if (l.tp > 1) {
       auto& tp = bytes["tp"];
@@ -285,6 +312,11 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const double dp_calls = sharded ? 3.0 * double(layers_here) * (l.pp > 1 ? 1.0 : double(mb))
                                   : std::ceil(c.memory.gradients / kBucketBytes) + 1;
   const int64_t dp_ranks = sharded ? shard_ranks : data_ranks;
+  // ep's all-to-alls (the counts, the rows there and back, each way), and
+  // the experts' gradients summed over ep_replicate after backward.
+  const int64_t replicas = data_ranks / l.ep;
+  const double t_ep = seconds("ep", l.ep, l.ep * l.tp, double(mb) * double(layers_here) * 6.0, double(l.ep - 1)) +
+                      seconds("ep_replicate", replicas, data_ranks * l.tp, 1.0, 2.0 * double(replicas - 1));
   const double t_dp = seconds(l.cp > 1 ? "dp_cp" : "dp", dp_ranks, data_ranks * l.tp, dp_calls,
                               sharded ? std::max(2.0, double(dp_ranks - 1)) : 2.0 * double(dp_ranks - 1));
   // DDP's buckets overlap the last micro-batch's backward (two thirds of
@@ -299,7 +331,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
       !overlap  ? t_dp
       : sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
                 : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
-  c.exposed_comm_seconds = t_tp + t_cp + t_pp + dp_exposed;
+  c.exposed_comm_seconds = t_tp + t_cp + t_ep + t_pp + dp_exposed;
   const double busy = c.compute_seconds + c.exposed_comm_seconds;
   c.step_seconds = busy / (1.0 - c.bubble);
   c.bubble_seconds = c.step_seconds - busy;

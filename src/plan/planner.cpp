@@ -2,6 +2,7 @@
 #include "tandem/plan/planner.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "tandem/util/check.h"
 
@@ -41,7 +42,16 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
         if (dp * cp * tp > job.gpus_per_node && node_dp > 1 && dp % node_dp == 0) {
           shardings.push_back(DataSharding::kHsdp);
         }
-        for (auto data : shardings) {
+        // Expert parallelism: ep dividing the experts and the data ranks,
+        // under DDP (as tandem train runs it).
+        std::vector<std::pair<int64_t, DataSharding>> choices;
+        for (int64_t ep : divisors(dp * cp)) {
+          if (ep > 1 && (m.experts == 0 || m.experts % ep != 0)) continue;
+          for (auto data : shardings) {
+            if (ep == 1 || data == DataSharding::kDdp) choices.emplace_back(ep, data);
+          }
+        }
+        for (const auto& [ep, data] : choices) {
           // Sequence parallelism cuts a rank's tokens of each sequence in tp parts.
           const bool sp_fits = tp > 1 && (job.seq_len / cp) % tp == 0;
           for (bool sp : sp_fits ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
@@ -53,6 +63,7 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
                 l.pp = pp;
                 l.tp = tp;
                 l.cp = cp;
+              l.ep = ep;
                 l.sequence_parallel = sp;
                 l.data = data;
                 l.dp_shard = data == DataSharding::kHsdp ? node_dp : 0;

@@ -77,6 +77,44 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
   }
 }
 
+// Expert parallelism: DDP's all-reduce with the experts kept out and
+// ep_replicate's sum of the experts' gradients are the counted bytes
+// exactly; the all-to-alls depend on the routing, and a uniform routing's
+// figure is within 10% of the run's (0.92-0.94 here).
+TEST(PlanCliTest, ExpertLayoutsAreTheCountedBytes) {
+  TempDir dir;
+  const std::string data = " --data text:" + testing::write_text(dir) + " --seq-len 16 --batch-size 8";
+  for (const auto& [ranks, mesh] : std::vector<std::pair<std::string, std::string>>{{"2", "dp=2,ep=2"},
+                                                                                   {"4", "dp=4,ep=2"}}) {
+    const auto metrics = dir.file("m.jsonl");
+    auto run = testing::run_tandem("train --model mixtral-tiny" + data + " --max-steps 2 --epochs 1 --progress off "
+                                   "--nproc-per-node " + ranks + " --mesh " + mesh + " --metrics-out " + metrics);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto counted = testing::last_metrics(metrics)["comm_bytes_per_step"];
+    std::remove(metrics.c_str());
+    auto plan = testing::run_tandem("plan --model mixtral-tiny --vocab-size 256 --seq-len 16 --batch-size 8 "
+                                    "--precision float32 --device h100 --gpus-per-node " + ranks + " --mesh " + mesh +
+                                    " --json");
+    ASSERT_EQ(plan.exit_code, 0) << plan.output;
+    bool found = false;
+    const auto layouts = nlohmann::json::parse(plan.output)["layouts"];
+    for (const auto& l : layouts) {
+      if (l["activation_checkpointing"] || l["micro_batches"] != 1) continue;
+      found = true;
+      auto predicted = l["bytes_per_step_by_stage"][0];
+      const double all_to_all = predicted["ep"]["all_to_all"].get<double>();
+      const double ratio = counted["ep"]["all_to_all"].get<double>() / all_to_all;
+      EXPECT_GT(ratio, 0.9) << mesh;
+      EXPECT_LT(ratio, 1.1) << mesh;
+      predicted["ep"]["all_to_all"] = counted["ep"]["all_to_all"];
+      EXPECT_EQ(predicted, counted) << mesh << "\npredicted " << predicted.dump() << "\ncounted " << counted.dump();
+      std::printf("%-10s %s (the all-to-alls %.3f of the uniform routing's)\n", mesh.c_str(), counted.dump().c_str(),
+                  ratio);
+    }
+    EXPECT_TRUE(found) << mesh;
+  }
+}
+
 // The predicted peak memory of rank 0 is what tandem train --count-memory
 // measures, within 10%, for data and tensor parallelism (DDP's buckets,
 // FSDP's shards and gathered units, sequence parallelism's cut norms;
@@ -164,7 +202,7 @@ TEST(PlanCliTest, BadInputIsNamed) {
                                     "no layout of llama-3.1-405b fits 1 x h100: the closest"));
   EXPECT_TRUE(testing::tandem_fails("plan --model resnet18", 2, "--model resnet18: tandem plan plans the language"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --mesh dp=2,ep=2 --gpus-per-node 2", 2,
-                                    "does not plan expert parallelism yet (ep)"));
+                                    "no layout of llama-3-8b on 2 rank(s) with --mesh dp=2,ep=2"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-tiny --seq-len 6 --mesh cp=2 --gpus-per-node 2", 2,
                                     "2 cp dividing the sequence of 6 tokens"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --seq-len 100 --global-batch-tokens 150", 2,

@@ -134,15 +134,17 @@ class MeshPlan {
   void join(DataPlan& plan, const std::string& model, Strategy strategy,
             const std::function<std::vector<dist::PlacedTensor>()>& placed);
   // The groups of the dimensions a step's traffic is counted over, by the
-  // names --mesh gives them ("dp", "pp", "tp", "cp"; a null one where the
-  // run lacks it).
+  // names --mesh gives them ("dp", "pp", "tp", "cp", "ep"; a null one where
+  // the run lacks it), and "ep_replicate": the ranks holding the same
+  // experts, which sum their gradients (Note [expert gradients]).
   std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>> named_groups() const {
     // Under cp the data group is dp x cp ranks: "dp_cp" (the ring's own traffic is "cp").
     return {{groups.context ? "dp_cp" : "dp", groups.data},
             {"pp", groups.pipeline},
             {"tp", groups.tensor},
             {"cp", groups.context},
-            {"ep", groups.expert}};
+            {"ep", groups.expert},
+            {"ep_replicate", groups.expert_replicate}};
   }
   // The ranks whose gradients an fp16 loss scaler checks together: the
   // whole job under a mesh (FSDP's shards and tp's parts differ), a

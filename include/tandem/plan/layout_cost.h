@@ -18,9 +18,14 @@
 // micro-batch, 2 (C - 1) blocks of keys and values forward (again when
 // recomputed) and 4 (C - 1) + 2 backward (the blocks with their gradients'
 // running sums, and the sums' hop home), a block a rank's tokens' key/value
-// heads. On the wire a ring moves 2(n-1)/n of an
-// all-reduce's payload, (n-1)/n of a reduce-scatter's, n-1 times an
-// all-gather's: the time uses those.
+// heads; ep's all-to-alls, per mixture layer and micro-batch, forward and
+// backward, the rows of a rank's (token, expert) pairs whose expert is
+// elsewhere and as many served for others, with one int64 count per expert
+// held elsewhere (a uniform routing's figure: a run's routing moves it, by
+// 5-8% on the tiny models), DDP's all-reduce with the experts kept out, and
+// ep_replicate's all-reduce of the experts' gradients. On the wire a ring
+// moves 2(n-1)/n of an all-reduce's payload, (n-1)/n of a reduce-scatter's,
+// n-1 times an all-gather's: the time uses those.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +59,11 @@ struct Layout {
   // Note [context parallelism]); the data dimension's dp x cp ranks reduce
   // the gradients together and FSDP shards over them.
   int64_t cp = 1;
+  // Expert parallelism: a mixture's experts spread over ep ranks borrowed
+  // from the data dimension's dp x cp (Note [expert dispatch]); each rank
+  // holds 1 / ep of them, and the ranks holding the same ones (the group
+  // ep_replicate) sum their gradients. Under DDP only, as tandem train.
+  int64_t ep = 1;
   bool sequence_parallel = false;
   DataSharding data = DataSharding::kDdp;
   int64_t dp_shard = 0;  // HSDP: dp ranks a shard group holds (a node's); it shards over dp_shard x cp
@@ -64,7 +74,7 @@ struct Layout {
   int64_t fsdp_min_unit = int64_t(1) << 17;  // --fsdp-min-unit-params
   bool fsdp_reshard = true;  // ZeRO-3 (--fsdp-sharding full); false: ZeRO-2, each unit gathered once
   bool allreduce = false;    // --strategy allreduce: the gradients all-reduced without DDP's used flags
-  // "dp=8", "pp=2,dp=4,cp=2,tp=2", "dp_replicate=2,dp_shard=8": --mesh's words.
+  // "dp=8", "pp=2,dp=4,cp=2,tp=2", "dp=4,ep=2", "dp_replicate=2,dp_shard=8": --mesh's words.
   std::string mesh() const;
   // "ddp", "zero1", "fsdp", "hsdp".
   std::string strategy() const;

@@ -36,7 +36,8 @@ struct PlanOptions {
 // heads and key/value heads; cp dividing the rest, with 2 cp dividing the
 // sequence; pp dividing the rest, at most the layers; dp the rest, dividing
 // the global batch; DDP, ZeRO-1, FSDP, and HSDP (a node's dp ranks a shard
-// group) when dp spans nodes; sequence parallelism with tp; activation checkpointing off and on; micro-batches of 1, 2,
+// group) when dp spans nodes; for a mixture of experts, ep dividing the
+// experts and dp x cp, under DDP; sequence parallelism with tp; activation checkpointing off and on; micro-batches of 1, 2,
 // 4, ... sequences (a pipeline's, or gradient accumulation's). Best first:
 // the layouts that fit by tokens/s, then the others by shortfall.
 std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options = {});
