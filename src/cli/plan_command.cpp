@@ -30,7 +30,8 @@ struct PlanFlags {
 FlagSet plan_flags(PlanFlags& f) {
   FlagSet flags("tandem plan",
                 "Predict, for every layout tandem can train a language model in on a cluster (dp, ZeRO-1, FSDP, "
-                "HSDP; pp; tp with and without sequence parallelism; activation checkpointing; micro-batches), "
+                "HSDP; pp; cp; ep for a mixture of experts; tp with and without sequence parallelism; activation "
+                "checkpointing; micro-batches), "
                 "each rank's memory, the bytes a step sends over each mesh dimension (what --metrics-out "
                 "counts), the pipeline's bubble (its schedule replayed), the step's time, tokens/s and MFU; "
                 "best first. Exit 2 when no layout fits.");
