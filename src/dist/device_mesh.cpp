@@ -139,8 +139,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& sha
   }
   coordinates_ = mesh_coordinates(shape_, world_->rank());
   for (MeshDim dim : kMeshDims) {
-    // Under cp the data dimension's slice is dp x cp ranks (torchtitan's dp_cp).
-    const std::string name = dim == MeshDim::kData && shape_.cp > 1 ? "dp_cp" : mesh_dim_name(dim);
+    const std::string name = dim == MeshDim::kData ? data_group_name(shape_.cp) : mesh_dim_name(dim);
     groups_[static_cast<size_t>(dim)] = world_->split(name, mesh_slice(shape_, world_->rank(), dim));
   }
   const int64_t pp = shape_[MeshDim::kPipeline], tp = shape_[MeshDim::kTensor];

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tandem/dist/device_mesh.h"
 #include "tandem/parallel/fsdp_plan.h"
 #include "tandem/parallel/pipeline_schedule.h"
 #include "tandem/util/check.h"
@@ -206,7 +207,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     // Traffic of this stage's ranks (Note [planned traffic]); the most of each kept.
     std::map<std::string, std::map<std::string, double>> bytes;
     if (data_ranks > 1) {
-      auto& dp = bytes[l.cp > 1 ? "dp_cp" : "dp"];  // the group's name (torchtitan's)
+      auto& dp = bytes[dist::data_group_name(l.cp)];
       if (sharded) {
         // Units as FSDP plans them (parallel::plan_units); with ZeRO-3 each
         // gathered twice but the last, kept from forward to its backward.
@@ -317,7 +318,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const int64_t replicas = data_ranks / l.ep;
   const double t_ep = seconds("ep", l.ep, l.ep * l.tp, double(mb) * double(layers_here) * 6.0, double(l.ep - 1)) +
                       seconds("ep_replicate", replicas, data_ranks * l.tp, 1.0, 2.0 * double(replicas - 1));
-  const double t_dp = seconds(l.cp > 1 ? "dp_cp" : "dp", dp_ranks, data_ranks * l.tp, dp_calls,
+  const double t_dp = seconds(dist::data_group_name(l.cp), dp_ranks, data_ranks * l.tp, dp_calls,
                               sharded ? std::max(2.0, double(dp_ranks - 1)) : 2.0 * double(dp_ranks - 1));
   // DDP's buckets overlap the last micro-batch's backward (two thirds of
   // its compute); FSDP's gathers and reductions are prefetched under the

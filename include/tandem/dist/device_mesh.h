@@ -34,6 +34,11 @@ inline constexpr std::array<MeshDim, 3> kMeshDims{MeshDim::kPipeline, MeshDim::k
 // "pp", "dp", "tp": the names --mesh gives the dimensions.
 const char* mesh_dim_name(MeshDim dim);
 
+// The data dimension's group: "dp", or under context parallelism (cp > 1)
+// its dp x cp ranks, "dp_cp" (torchtitan's name). Its traffic is counted,
+// and planned, under that name.
+inline const char* data_group_name(int64_t cp) { return cp > 1 ? "dp_cp" : "dp"; }
+
 struct MeshShape {
   std::array<int64_t, 3> sizes{1, 1, 1};  // pp, dp, tp
   // HSDP (--mesh dp_replicate=R,dp_shard=S): dp = R x S, dp_shard = S, the

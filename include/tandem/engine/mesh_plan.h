@@ -138,8 +138,8 @@ class MeshPlan {
   // the run lacks it), and "ep_replicate": the ranks holding the same
   // experts, which sum their gradients (Note [expert gradients]).
   std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>> named_groups() const {
-    // Under cp the data group is dp x cp ranks: "dp_cp" (the ring's own traffic is "cp").
-    return {{groups.context ? "dp_cp" : "dp", groups.data},
+    // The ring's own traffic is "cp".
+    return {{dist::data_group_name(groups.context ? groups.context->size() : 1), groups.data},
             {"pp", groups.pipeline},
             {"tp", groups.tensor},
             {"cp", groups.context},
