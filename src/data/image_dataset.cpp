@@ -7,6 +7,7 @@
 
 #include "tandem/data/image_io.h"
 #include "tandem/util/check.h"
+#include "tandem/util/file.h"
 
 namespace tandem::data {
 
@@ -161,6 +162,15 @@ std::vector<std::string> TransformedDataset::drain_warnings() const {
   std::vector<std::string> out;
   out.swap(warnings_);
   return out;
+}
+
+// The readers' first check (dataset.h); here, with the other pieces the
+// readers share, so that a program of the readers alone (fuzz/) needs no
+// more of the layer.
+void check_data_folder(const std::string& kind, const std::string& dir) {
+  const std::string what = path_kind(dir);
+  TANDEM_CHECK(what == "a folder", kind, ":", printable(dir),
+               what == "nothing" ? std::string(": no such directory") : ": is " + what + "; expected a folder");
 }
 
 }  // namespace tandem::data

@@ -193,12 +193,6 @@ std::string absolute_spec(const std::string& spec) {
   return s.kind + ":" + paths;
 }
 
-void check_data_folder(const std::string& kind, const std::string& dir) {
-  const std::string what = path_kind(dir);
-  TANDEM_CHECK(what == "a folder", kind, ":", printable(dir),
-               what == "nothing" ? std::string(": no such directory") : ": is " + what + "; expected a folder");
-}
-
 void check_spec_folder(const std::string& spec) {
   const auto s = parse_spec(spec);
   if (s.kind == "text" || s.kind == "tokens") {

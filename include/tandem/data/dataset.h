@@ -84,7 +84,7 @@ struct DataSplits {
 
 // Throws tandem::Error "KIND:DIR: no such directory" (or "not a
 // directory"): the readers' first check, and a launcher's before its
-// workers start (check_spec_folder). Defined in source.cpp.
+// workers start (check_spec_folder). Defined in image_dataset.cpp.
 void check_data_folder(const std::string& kind, const std::string& dir);
 
 }  // namespace tandem::data
