@@ -136,10 +136,17 @@ class MeshPlan {
   // The groups of the dimensions a step's traffic is counted over, by the
   // names --mesh gives them ("dp", "pp", "tp", "cp", "ep"; a null one where
   // the run lacks it), and "ep_replicate": the ranks holding the same
-  // experts, which sum their gradients (Note [expert gradients]).
+  // experts, which sum their gradients (Note [expert gradients]). Under
+  // HSDP the data dimension's traffic runs over its two splits, the shard
+  // groups' and the replicas', counted together under the data
+  // dimension's name (they are splits of the dp ranks, not duplicates of
+  // their group: nothing is counted twice).
   std::vector<std::pair<std::string, std::shared_ptr<dist::ProcessGroup>>> named_groups() const {
     // The ring's own traffic is "cp".
-    return {{dist::data_group_name(groups.context ? groups.context->size() : 1), groups.data},
+    const auto data = dist::data_group_name(groups.context ? groups.context->size() : 1);
+    return {{data, groups.data},
+            {data, groups.data_shard},
+            {data, groups.data_replicate},
             {"pp", groups.pipeline},
             {"tp", groups.tensor},
             {"cp", groups.context},
