@@ -21,6 +21,7 @@ namespace {
 struct PlanFlags {
   std::string model, device = "h100", mesh, calibrate, time_links;
   int64_t nodes = 1, gpus_per_node = 8, seq_len = 0, global_batch_tokens = 0, batch_size = 0, vocab_size = 0;
+  int64_t image_size = 32, channels = 3, classes = 10;
   int64_t top = 10;
   plan::Precision precision = plan::Precision::kBf16;
   plan::OptimizerKind optimizer = plan::OptimizerKind::kAdamW;
@@ -31,12 +32,14 @@ FlagSet plan_flags(PlanFlags& f) {
   FlagSet flags("tandem plan",
                 "Predict, for every layout tandem can train a language model in on a cluster (dp, ZeRO-1, FSDP, "
                 "HSDP; pp; cp; ep for a mixture of experts; tp with and without sequence parallelism; activation "
-                "checkpointing; micro-batches), "
+                "checkpointing; micro-batches), or an image classifier (its data strategies over dp ranks, measured "
+                "on this machine), "
                 "each rank's memory, the bytes a step sends over each mesh dimension (what --metrics-out "
                 "counts), the pipeline's bubble (its schedule replayed), the step's time, tokens/s and MFU; "
                 "best first. Exit 2 when no layout fits.");
   flags.add_string("model", "NAME", &f.model, "a registry language model (gpt2-tiny ... gpt3-175b, llama-tiny ... "
-                   "llama-3.1-405b, mixtral-8x7b, qwen3-30b-a3b; required)");
+                   "llama-3.1-405b, mixtral-8x7b, qwen3-30b-a3b) or image classifier (convnet, mlp, resnet18, "
+                   "resnet34, resnet50, mobilenetv2); required");
   flags.add_int("nodes", "N", &f.nodes, "machines", 1);
   flags.add_int("gpus-per-node", "G", &f.gpus_per_node, "ranks a machine (its GPUs, or cpu processes)", 1);
   flags.add_string("device", "PROFILE", &f.device,
@@ -57,6 +60,9 @@ FlagSet plan_flags(PlanFlags& f) {
                   {"sgd-plain", plan::OptimizerKind::kSgd}},
                  "the optimizer's state a parameter: AdamW's two moments, SGD's momentum, or none");
   flags.add_int("vocab-size", "V", &f.vocab_size, "the vocabulary (0: the preset's; 256 for text as bytes)", 0);
+  flags.add_int("image-size", "S", &f.image_size, "an image classifier's images: S x S pixels", 1);
+  flags.add_int("channels", "C", &f.channels, "an image classifier's images: C channels", 1);
+  flags.add_int("classes", "K", &f.classes, "an image classifier's classes", 2);
   flags.add_string("mesh", "SPEC", &f.mesh, "only the layouts of this mesh (as tandem train --mesh)");
   flags.add_int("top", "N", &f.top, "layouts in the table (--json has them all)", 1);
   flags.add_switch("json", &f.json, "print {\"layouts\": [...]} best first instead of the table");
@@ -183,14 +189,29 @@ int plan_command(const std::vector<std::string>& args) {
   TANDEM_CHECK_USAGE(f.global_batch_tokens <= (int64_t(1) << 40), "--global-batch-tokens ", f.global_batch_tokens,
                      ": at most 2^40 tokens a step");
   plan::Job job;
-  job.model = plan::model_shape(f.model, f.vocab_size);
+  const bool image = plan::is_image_model(f.model);
+  if (image) {
+    for (const char* text_only : {"seq-len", "vocab-size", "global-batch-tokens"}) {
+      TANDEM_CHECK_USAGE(!flags.given(text_only), "--", text_only, ": ", f.model, " is an image classifier (its "
+                         "batch is --batch-size images of --channels x --image-size x --image-size)");
+    }
+    job.model = plan::image_model_shape(f.model, f.channels, f.image_size, f.classes,
+                                        f.precision == plan::Precision::kFloat64);
+  } else {
+    for (const char* image_only : {"image-size", "channels", "classes"}) {
+      TANDEM_CHECK_USAGE(!flags.given(image_only), "--", image_only, ": ", f.model,
+                         " is a language model (its batch is sequences of --seq-len tokens)");
+    }
+    job.model = plan::model_shape(f.model, f.vocab_size);
+  }
   job.nodes = f.nodes;
   job.gpus_per_node = f.gpus_per_node;
   job.device = plan::device_profile(f.device);
   job.precision = f.precision;
   job.optimizer = f.optimizer;
-  job.seq_len = f.seq_len > 0 ? f.seq_len : std::min<int64_t>(job.model.context, 2048);
-  TANDEM_CHECK_USAGE(job.seq_len <= job.model.context, "--seq-len ", job.seq_len, ": ", f.model,
+  // An image is a sequence of one token: tokens/s are images/s.
+  job.seq_len = image ? 1 : f.seq_len > 0 ? f.seq_len : std::min<int64_t>(job.model.context, 2048);
+  TANDEM_CHECK_USAGE(image || job.seq_len <= job.model.context, "--seq-len ", job.seq_len, ": ", f.model,
                      " takes sequences of at most ", job.model.context, " tokens");
   if (f.global_batch_tokens > 0) {
     TANDEM_CHECK_USAGE(f.global_batch_tokens % job.seq_len == 0, "--global-batch-tokens ", f.global_batch_tokens,
@@ -204,6 +225,9 @@ int plan_command(const std::vector<std::string>& args) {
   plan::PlanOptions options;
   if (!f.mesh.empty()) options.mesh = planned_mesh(f.mesh, job.world());
   const auto layouts = plan::plan_layouts(job, options);
+  TANDEM_CHECK_USAGE(!layouts.empty() || !image, "no layout of ", f.model, " on ", job.world(), " rank(s)",
+                     f.mesh.empty() ? "" : " with --mesh " + f.mesh, ": an image classifier is planned over dp "
+                     "ranks only, dividing the global batch of ", job.global_batch, " images");
   TANDEM_CHECK_USAGE(!layouts.empty(), "no layout of ", f.model, " on ", job.world(), " rank(s)",
                      f.mesh.empty() ? "" : " with --mesh " + f.mesh, ": the planner's layouts have tp dividing a "
                      "node's ranks (", job.gpus_per_node, ") and the model's ", job.model.heads, " heads and ",
@@ -212,15 +236,23 @@ int plan_command(const std::vector<std::string>& args) {
                      job.global_batch, " sequences, and HSDP's shard groups a node's dp ranks");
   if (f.json) {
     nlohmann::json all = nlohmann::json::array();
-    for (const auto& c : layouts) all.push_back(to_json(c));
+    for (const auto& c : layouts) {
+      all.push_back(to_json(c));
+      if (image) all.back()["images_per_second"] = all.back()["tokens_per_second"];
+      if (image) all.back().erase("tokens_per_second");
+    }
     std::printf("%s\n", nlohmann::json{{"layouts", all}}.dump(1).c_str());
   } else {
-    std::printf("%s on %lld x %lld %s, %lld sequences of %lld tokens a step: %zu layouts\n\n", f.model.c_str(),
+    const std::string batch = image ? format("%lld images of %lld x %lld x %lld", static_cast<long long>(job.global_batch),
+                                             static_cast<long long>(f.channels), static_cast<long long>(f.image_size),
+                                             static_cast<long long>(f.image_size))
+                                    : format("%lld sequences of %lld tokens", static_cast<long long>(job.global_batch),
+                                             static_cast<long long>(job.seq_len));
+    std::printf("%s on %lld x %lld %s, %s a step: %zu layouts\n\n", f.model.c_str(),
                 static_cast<long long>(job.nodes), static_cast<long long>(job.gpus_per_node),
-                job.device.name.c_str(), static_cast<long long>(job.global_batch),
-                static_cast<long long>(job.seq_len), layouts.size());
+                job.device.name.c_str(), batch.c_str(), layouts.size());
     Table table({"mesh", "strategy", "sp", "ac", "micro", "GiB/rank", "fits", "dp MB", "cp MB", "tp MB", "pp MB",
-                 "bubble", "step s", "tokens/s", "MFU"});
+                 "bubble", "step s", image ? "images/s" : "tokens/s", "MFU"});
     for (size_t i = 0; i < layouts.size() && static_cast<int64_t>(i) < f.top; ++i) {
       const auto& c = layouts[i];
       const auto& l = c.layout;

@@ -9,16 +9,17 @@
 #include "tandem/parallel/fsdp_plan.h"
 #include "tandem/parallel/pipeline_schedule.h"
 #include "tandem/util/check.h"
+#include "cost_terms.h"
+#include "image_cost.h"
 
 namespace tandem::plan {
 namespace {
 
+using internal::kBucketBytes;
+using internal::kUsable;
+using internal::wire;
+
 constexpr double kHeader = 80;              // a pipeline message's header (Note [pipeline messages])
-constexpr double kBucketBytes = 25 << 20;   // DDP's bucket (--bucket-cap-mb 25)
-// Note [usable memory]: a device's memory less what its runtime, the
-// allocator's fragmentation and the collectives' own buffers take; 8% is
-// what PyTorch's reserved-but-unallocated share typically is on long runs.
-constexpr double kUsable = 0.92;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -69,14 +70,6 @@ Stage stage_of(const ModelShape& m, const Layout& l, int64_t s) {
   return st;
 }
 
-double wire(const std::string& collective, double payload, int64_t n) {
-  if (n <= 1) return 0;
-  if (collective == "all_reduce") return 2.0 * double(n - 1) / double(n) * payload;
-  if (collective == "reduce_scatter") return double(n - 1) / double(n) * payload;
-  if (collective == "all_gather") return double(n - 1) * payload;
-  return payload;
-}
-
 }  // namespace
 
 std::string Layout::mesh() const {
@@ -108,6 +101,7 @@ std::string Layout::strategy() const {
 }
 
 LayoutCost layout_cost(const Job& job, const Layout& l) {
+  if (job.model.image) return internal::image_layout_cost(job, l);
   const auto& m = job.model;
   const auto& dev = job.device;
   TANDEM_CHECK(l.dp * l.pp * l.cp * l.tp == job.world(), "layout ", l.mesh(), " does not lay out ", job.world(),

@@ -73,6 +73,19 @@ ModelShape llama_shape(const std::string& name, int64_t vocab) {
 
 }  // namespace
 
+std::string image_models() {
+  std::string out;
+  for (const auto& n : models::model_names()) {
+    if (!models::is_language_model(n)) out += (out.empty() ? "" : ", ") + n;
+  }
+  return out;
+}
+
+bool is_image_model(const std::string& model) {
+  const auto names = models::model_names();
+  return std::find(names.begin(), names.end(), model) != names.end() && !models::is_language_model(model);
+}
+
 double ModelShape::flops_per_token(int64_t seq_len) const {
   models::ModelOptions o;
   o.vocab_size = vocab;
@@ -111,8 +124,18 @@ ModelShape model_shape(const std::string& model, int64_t vocab) {
   std::string known;
   for (const auto& n : gpt2) known += (known.empty() ? "" : ", ") + n;
   for (const auto& n : llama) known += ", " + n;
-  TANDEM_CHECK_USAGE(false, "--model ", model, ": tandem plan plans the language models (", known, ")");
+  TANDEM_CHECK_USAGE(false, "--model ", model, ": tandem plan plans the language models (", known,
+                     ") and the image classifiers (", image_models(), ")");
   return {};
+}
+
+ModelShape image_model_shape(const std::string& model, int64_t channels, int64_t image_size, int64_t classes,
+                             bool float64) {
+  ModelShape s;
+  s.name = model;
+  s.image = measure_image_model(model, channels, image_size, classes, float64);
+  s.layers = static_cast<int64_t>(s.image->layer_numels.size());
+  return s;
 }
 
 }  // namespace tandem::plan

@@ -17,12 +17,55 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
+// Best first: the layouts that fit by tokens/s, then the others by shortfall.
+std::vector<LayoutCost> sorted(std::vector<LayoutCost> out) {
+  std::stable_sort(out.begin(), out.end(), [](const LayoutCost& a, const LayoutCost& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.tokens_per_second > b.tokens_per_second : a.shortfall < b.shortfall;
+  });
+  return out;
+}
+
+// An image classifier's: every rank a dp rank (Note [measured image models]),
+// DDP, ZeRO-1, FSDP, and HSDP across nodes; micro-batches of 1, 2, 4, ...
+// images (gradient accumulation).
+std::vector<LayoutCost> plan_image_layouts(const Job& job, const PlanOptions& options) {
+  std::vector<LayoutCost> out;
+  const int64_t dp = job.world();
+  if (job.global_batch % dp != 0) return out;
+  const int64_t local = job.global_batch / dp;
+  std::vector<DataSharding> shardings{DataSharding::kDdp};
+  if (dp > 1) {
+    shardings.push_back(DataSharding::kZero1);
+    shardings.push_back(DataSharding::kFsdp);
+  }
+  if (dp > job.gpus_per_node && job.gpus_per_node > 1) shardings.push_back(DataSharding::kHsdp);
+  for (auto data : shardings) {
+    for (int64_t micro = 1; micro <= local; micro *= 2) {
+      if (local % micro != 0) continue;
+      Layout l;
+      l.dp = dp;
+      l.data = data;
+      l.dp_shard = data == DataSharding::kHsdp ? job.gpus_per_node : 0;
+      l.micro_batch = micro;
+      l.micro_batches = local / micro;
+      l.fsdp_min_unit = options.fsdp_min_unit;
+      l.fsdp_reshard = options.fsdp_reshard;
+      l.allreduce = options.allreduce && data == DataSharding::kDdp;
+      if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
+      out.push_back(layout_cost(job, l));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options) {
   const auto& m = job.model;
   TANDEM_CHECK_USAGE(job.global_batch > 0, "a global batch of at least one sequence is needed");
   std::vector<LayoutCost> out;
+  if (m.image) return sorted(plan_image_layouts(job, options));
   for (int64_t tp : divisors(job.gpus_per_node)) {
     if (m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
     for (int64_t cp : divisors(job.world() / tp)) {
@@ -82,11 +125,7 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
       }
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const LayoutCost& a, const LayoutCost& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.tokens_per_second > b.tokens_per_second : a.shortfall < b.shortfall;
-  });
-  return out;
+  return sorted(std::move(out));
 }
 
 }  // namespace tandem::plan

@@ -48,6 +48,35 @@ TEST(ModelShapeTest, ParametersAreTheRegistrysAndTheBuiltModels) {
   EXPECT_THROW(model_shape("resnet18"), UsageError);
 }
 
+// An image classifier measured (Note [measured image models]): its layers
+// as FSDP opens them up, its parameters and BatchNorm's statistics those
+// of the built model, its FLOPs libtorch's count of the products (convnet
+// at 1 x 28 x 28: conv1 2 x 1 x 32 x 9 x 28 x 28, conv2 2 x 32 x 64 x 9 x
+// 14 x 14, fc1 2 x 3136 x 128, fc2 2 x 128 x 10, three times), and a
+// bigger batch holding more.
+TEST(ImageShapeTest, ConvnetIsItsBuiltModelAndItsProducts) {
+  const auto shape = image_model_shape("convnet", 1, 28, 10, /*float64=*/false);
+  ASSERT_TRUE(shape.image.has_value());
+  const auto& s = *shape.image;
+  models::ModelOptions o;
+  o.in_channels = 1;
+  o.image_size = 28;
+  auto model = models::make_model("convnet", o);
+  model->to(torch::kFloat32);  // as the trainer does: BatchNorm's step counts become float32 too
+  EXPECT_EQ(shape.parameters(), models::count_parameters(*model));
+  EXPECT_EQ(s.tensors, static_cast<int64_t>(model->parameters().size()));
+  double buffers = 0;
+  for (const auto& b : model->buffers()) buffers += double(b.nbytes());
+  EXPECT_EQ(s.buffer_bytes, buffers);
+  EXPECT_EQ(s.layer_names.size(), model->size());
+  EXPECT_EQ(s.flops_per_sample, 3.0 * (2.0 * 32 * 9 * 784 + 2.0 * 32 * 64 * 9 * 196 + 2.0 * 3136 * 128 + 2.0 * 128 * 10));
+  // A float32 image's activations: at least conv1's output kept (32 x 28 x 28).
+  EXPECT_GT(s.activation_bytes_per_sample, 32.0 * 784 * 4);
+  EXPECT_LT(s.activation_bytes_per_sample, 1e7);
+  EXPECT_THROW(image_model_shape("gpt2-tiny", 1, 28, 10, false), UsageError);
+  EXPECT_THROW(image_model_shape("convnet", 0, 28, 10, false), UsageError);
+}
+
 Job tiny_job(int64_t world) {
   Job job;
   job.model = model_shape("gpt2-tiny", 256);

@@ -5,7 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <string>
+
+#include "tandem/plan/image_shape.h"
 
 namespace tandem::plan {
 
@@ -28,7 +32,12 @@ struct ModelShape {
   // router's, Qwen3's q/k norms'): all-reduced over tp without sequence
   // parallelism too.
   int64_t layer_partial_parameters = 0;
+  // An image classifier's measured shape (image_shape.h): set for image
+  // models only, whose layouts image_cost plans; the fields above are then
+  // unused but `name` and `layers` (its layers as FSDP sees them).
+  std::optional<ImageShape> image;
   int64_t parameters() const {
+    if (image) return std::accumulate(image->layer_numels.begin(), image->layer_numels.end(), int64_t(0));
     return layers * layer_parameters + embedding_parameters + norm_parameters + head_parameters;
   }
   // Forward and backward FLOPs of one token at `seq_len` (the registry's:
@@ -50,5 +59,14 @@ struct ModelShape {
 // `vocab` (0: the preset's own). Throws tandem::UsageError naming --model
 // for a model that is not a registry language model.
 ModelShape model_shape(const std::string& model, int64_t vocab = 0);
+
+// The registry's image classifiers, ", "-separated; whether `model` is one.
+std::string image_models();
+bool is_image_model(const std::string& model);
+
+// The image classifier `model` for images of `channels` x `image_size` x
+// `image_size` in `classes` classes, measured (measure_image_model).
+ModelShape image_model_shape(const std::string& model, int64_t channels, int64_t image_size, int64_t classes,
+                             bool float64);
 
 }  // namespace tandem::plan
