@@ -2,6 +2,8 @@
 // Note [measured image models]).
 #include "tandem/plan/image_shape.h"
 
+#include <unistd.h>
+
 #include <set>
 
 #include <ATen/record_function.h>
@@ -77,6 +79,41 @@ double step_peak(models::Sequence& net, const Batch& b) {
   return double(counting->peak() - before);
 }
 
+// While it lives, a CPU allocation larger than `limit` bytes is refused
+// (c10::Error) instead of made: a model too large to build here (an mlp
+// over 1024 x 1024 x 64 images asks 68 GB for one matrix) fails with a
+// message, not the kernel's out-of-memory kill. It owns nothing: what it
+// hands out is the allocator's before it, deleter and all.
+class AllocationLimit final : public c10::Allocator {
+ public:
+  explicit AllocationLimit(size_t limit) : base_(c10::GetCPUAllocator()), limit_(limit) {
+    c10::SetCPUAllocator(this, /*priority=*/100);
+  }
+  ~AllocationLimit() override { c10::SetCPUAllocator(base_, /*priority=*/100); }
+  AllocationLimit(const AllocationLimit&) = delete;
+  AllocationLimit& operator=(const AllocationLimit&) = delete;
+  c10::DataPtr allocate(size_t n) override {
+    TORCH_CHECK(n <= limit_, "a tensor of ", n, " bytes, more than the ", limit_,
+                " the planner lets one take while it measures (a quarter of this machine's memory)");
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+  size_t limit_;
+};
+
+// A quarter of this machine's memory: the largest tensor measuring a model may make.
+int64_t measuring_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) / 4 : int64_t(4) << 30;
+}
+
+
 // One forward's products, as libtorch's profiler counts them (its FLOP
 // formulas, from a callback on the operators' records: no profiler run).
 double forward_flops(models::Sequence& net, const Batch& b) {
@@ -91,6 +128,27 @@ double forward_flops(models::Sequence& net, const Batch& b) {
   at::removeCallback(handle);
   counted_flops = nullptr;
   return flops;
+}
+
+void measure(const std::string& model, bool float64, ImageShape& s) {
+  models::ModelOptions o;
+  o.in_channels = s.channels;
+  o.num_classes = s.classes;
+  o.image_size = s.image_size;
+  models::Sequence net = models::make_model(model, o);
+  const auto dtype = float64 ? torch::kFloat64 : torch::kFloat32;
+  net->to(dtype);
+  net->train();
+  open_up(*net, "", s);
+  s.tensors = static_cast<int64_t>(net->parameters().size());
+  for (const auto& b : net->buffers()) s.buffer_bytes += double(b.nbytes());
+  // Two images at least: BatchNorm needs more than one value a channel.
+  const auto small = batch_of(s, 2, dtype), large = batch_of(s, 4, dtype);
+  forward_backward(net, small);  // the gradients made, and a first step's own allocations out of the way
+  const double at_small = step_peak(net, small), at_large = step_peak(net, large);
+  s.activation_bytes_per_sample = std::max(0.0, (at_large - at_small) / 2.0);
+  s.activation_bytes_fixed = std::max(0.0, at_small - 2.0 * s.activation_bytes_per_sample);
+  s.flops_per_sample = 3.0 * forward_flops(net, small) / 2.0;
 }
 
 }  // namespace
@@ -109,25 +167,17 @@ ImageShape measure_image_model(const std::string& model, int64_t channels, int64
   s.channels = channels;
   s.image_size = image_size;
   s.classes = classes;
-  models::ModelOptions o;
-  o.in_channels = channels;
-  o.num_classes = classes;
-  o.image_size = image_size;
-  models::Sequence net = models::make_model(model, o);
-  const auto dtype = float64 ? torch::kFloat64 : torch::kFloat32;
-  net->to(dtype);
-  net->train();
-  open_up(*net, "", s);
-  s.tensors = static_cast<int64_t>(net->parameters().size());
-  for (const auto& b : net->buffers()) s.buffer_bytes += double(b.nbytes());
-  // Two images at least: BatchNorm needs more than one value a channel.
-  const auto small = batch_of(s, 2, dtype), large = batch_of(s, 4, dtype);
-  forward_backward(net, small);  // the gradients made, and a first step's own allocations out of the way
-  const double at_small = step_peak(net, small), at_large = step_peak(net, large);
-  s.activation_bytes_per_sample = std::max(0.0, (at_large - at_small) / 2.0);
-  s.activation_bytes_fixed = std::max(0.0, at_small - 2.0 * s.activation_bytes_per_sample);
-  s.flops_per_sample = 3.0 * forward_flops(net, small) / 2.0;
-  for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  try {
+    AllocationLimit limit(static_cast<size_t>(measuring_limit()));
+    measure(model, float64, s);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    throw UsageError("--model " + model + " for images of " + std::to_string(channels) + " x " +
+                     std::to_string(image_size) + " x " + std::to_string(image_size) +
+                     " (--channels, --image-size): the planner builds and runs it to measure it, and it failed: " +
+                     why);
+  }
   return s;
 }
 

@@ -252,6 +252,11 @@ TEST(PlanCliTest, BadInputIsNamed) {
                                     "--image-size: llama-tiny is a language model"));
   EXPECT_TRUE(testing::tandem_fails("plan --model resnet18 --image-size 2000", 2,
                                     "--image-size 2000: expected 1 to 1024 pixels"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model convnet --image-size 2", 2,
+                                    "--model convnet for images of 3 x 2 x 2 (--channels, --image-size): the planner "
+                                    "builds and runs it to measure it, and it failed: convnet: image size must be"));
+  EXPECT_TRUE(testing::tandem_fails("plan --model mlp --channels 64 --image-size 1024", 2,
+                                    "the planner lets one take while it measures"));
   EXPECT_TRUE(testing::tandem_fails("plan --model convnet --gpus-per-node 3 --batch-size 8", 2,
                                     "an image classifier is planned over dp ranks only, dividing the global batch of 8"));
   EXPECT_TRUE(testing::tandem_fails("plan --model llama-3-8b --mesh dp=2,ep=2 --gpus-per-node 2", 2,

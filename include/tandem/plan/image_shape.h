@@ -39,7 +39,9 @@ struct ImageShape {
 // `model` built for images of `channels` x `image_size` x `image_size` in
 // `classes` classes, in float64 (`float64`) or float32, and measured on one
 // thread (the Note). Throws tandem::UsageError naming --model for a model
-// that is not a registry image classifier.
+// that is not a registry image classifier, and naming the sizes for one
+// that cannot be built or run at them here (a tensor over a quarter of
+// this machine's memory is refused rather than made).
 ImageShape measure_image_model(const std::string& model, int64_t channels, int64_t image_size, int64_t classes,
                                bool float64);
 
