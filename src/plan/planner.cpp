@@ -26,6 +26,16 @@ std::vector<LayoutCost> sorted(std::vector<LayoutCost> out) {
   return out;
 }
 
+// `l` with the settings every layout takes, and its cost, unless --mesh
+// asks for another shape.
+void add_layout(const Job& job, const PlanOptions& options, Layout l, std::vector<LayoutCost>& out) {
+  l.fsdp_min_unit = options.fsdp_min_unit;
+  l.fsdp_reshard = options.fsdp_reshard;
+  l.allreduce = options.allreduce && l.data == DataSharding::kDdp;
+  if (!options.mesh.empty() && l.mesh() != options.mesh) return;
+  out.push_back(layout_cost(job, l));
+}
+
 // An image classifier's: every rank a dp rank (Note [measured image models]),
 // DDP, ZeRO-1, FSDP, and HSDP across nodes; micro-batches of 1, 2, 4, ...
 // images (gradient accumulation).
@@ -49,11 +59,7 @@ std::vector<LayoutCost> plan_image_layouts(const Job& job, const PlanOptions& op
       l.dp_shard = data == DataSharding::kHsdp ? job.gpus_per_node : 0;
       l.micro_batch = micro;
       l.micro_batches = local / micro;
-      l.fsdp_min_unit = options.fsdp_min_unit;
-      l.fsdp_reshard = options.fsdp_reshard;
-      l.allreduce = options.allreduce && data == DataSharding::kDdp;
-      if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
-      out.push_back(layout_cost(job, l));
+      add_layout(job, options, l, out);
     }
   }
   return out;
@@ -106,18 +112,14 @@ std::vector<LayoutCost> plan_layouts(const Job& job, const PlanOptions& options)
                 l.pp = pp;
                 l.tp = tp;
                 l.cp = cp;
-              l.ep = ep;
+                l.ep = ep;
                 l.sequence_parallel = sp;
                 l.data = data;
                 l.dp_shard = data == DataSharding::kHsdp ? node_dp : 0;
                 l.recompute = recompute;
                 l.micro_batch = micro;
                 l.micro_batches = local / micro;
-                l.fsdp_min_unit = options.fsdp_min_unit;
-                l.fsdp_reshard = options.fsdp_reshard;
-                l.allreduce = options.allreduce && data == DataSharding::kDdp;
-                if (!options.mesh.empty() && l.mesh() != options.mesh) continue;
-                out.push_back(layout_cost(job, l));
+                add_layout(job, options, l, out);
               }
             }
           }
