@@ -68,7 +68,8 @@ FlagSet plan_flags(PlanFlags& f) {
   flags.add_switch("json", &f.json, "print {\"layouts\": [...]} best first instead of the table");
   flags.add_string("calibrate", "FILE", &f.calibrate,
                    "measure this machine instead of planning: time training steps of --model (default llama-tiny) "
-                   "at --seq-len (default 64) and loopback Gloo all-reduces, and write a profile for --device FILE");
+                   "at --seq-len (default 64), or of an image classifier at --image-size, and loopback Gloo "
+                   "all-reduces, and write a profile for --device FILE");
   flags.add_string("time-links", "FILE", &f.time_links,
                    "internal: the link timing --calibrate runs as two worker processes");
   return flags;
@@ -143,14 +144,23 @@ double dim_bytes(const plan::LayoutCost& c, const std::string& dim) {
 // tandem plan --calibrate FILE (Note [calibrated profile]).
 int calibrate_command(const PlanFlags& f, const FlagSet& flags) {
   for (const char* other : {"nodes", "gpus-per-node", "device", "global-batch-tokens", "batch-size", "precision",
-                            "optimizer", "mesh", "top", "json"}) {
+                            "optimizer", "mesh", "top", "json", "channels", "classes"}) {
     TANDEM_CHECK_USAGE(!flags.given(other), "--", other, " plans a job: --calibrate measures this machine and "
-                       "takes only --model, --seq-len and --vocab-size");
+                       "takes only --model, --seq-len and --vocab-size (a language model's) or --image-size (an "
+                       "image classifier's)");
   }
   check_replaceable_file("--calibrate", f.calibrate);
   check_output_file("--calibrate", f.calibrate);
   plan::CalibrateOptions o;
   if (!f.model.empty()) o.model = f.model;
+  if (plan::is_image_model(o.model)) {
+    for (const char* text_only : {"seq-len", "vocab-size"}) {
+      TANDEM_CHECK_USAGE(!flags.given(text_only), "--", text_only, ": ", o.model, " is an image classifier");
+    }
+    o.image_size = f.image_size;
+    return internal::calibrate_machine(o, f.calibrate);
+  }
+  TANDEM_CHECK_USAGE(!flags.given("image-size"), "--image-size: ", o.model, " is a language model");
   if (f.seq_len > 0) o.seq_len = f.seq_len;
   if (f.vocab_size > 0) o.vocab = f.vocab_size;
   const auto shape = plan::model_shape(o.model, o.vocab);

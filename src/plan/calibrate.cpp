@@ -57,6 +57,22 @@ double step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t ba
   return median(times);
 }
 
+// The same for an image classifier: `batch` random images of `shape`.
+double image_step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, const ImageShape& shape,
+                          const CalibrateOptions& o) {
+  std::vector<double> times;
+  for (int i = 0; i < o.steps + 2; ++i) {
+    auto images = torch::randn({batch, shape.channels, shape.image_size, shape.image_size});
+    auto labels = torch::randint(shape.classes, {batch}, torch::kLong);
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
+    optimizer.step();
+    if (i >= 2) times.push_back(seconds_since(start));
+  }
+  return median(times);
+}
+
 // Float counts of the all-reduces timed: 64 KiB to 16 MiB.
 const std::vector<int64_t> kLinkFloats = {int64_t(16) << 10, int64_t(64) << 10, int64_t(256) << 10,
                                           int64_t(1) << 20, int64_t(4) << 20};
@@ -91,8 +107,9 @@ LinkTimes time_allreduces(dist::ProcessGroup& group) {
 
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& say,
                       const std::function<LinkTimes()>& links) {
-  TANDEM_CHECK_USAGE(models::is_language_model(o.model), "--model ", o.model,
-                     ": the calibration times a registry language model's training steps");
+  const bool image = is_image_model(o.model);
+  TANDEM_CHECK_USAGE(image || models::is_language_model(o.model), "--model ", o.model,
+                     ": the calibration times a registry model's training steps");
   TANDEM_CHECK_USAGE(o.micro_batches.size() >= 2, "the calibration fits at least two micro-batch sizes");
   Calibration cal;
   auto& p = cal.profile;
@@ -101,24 +118,36 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   say(format("a core's float32 matrix product: %.2f GFLOP/s", p.peak_flops_fp32 / 1e9));
 
   const internal::OneThread one_thread;
-  const auto shape = model_shape(o.model, o.vocab);
+  // An image classifier at --image-size (3 channels, 10 classes), its
+  // FLOPs measured (Note [measured image models]); a language model's
+  // counted.
+  const auto shape = image ? image_model_shape(o.model, 3, o.image_size, 10, /*float64=*/false)
+                           : model_shape(o.model, o.vocab);
   models::ModelOptions mo;
   mo.vocab_size = o.vocab;
   mo.seq_len = o.seq_len;
+  mo.image_size = o.image_size;
   auto model = models::make_seeded_model(o.model, mo, 0);
   model->train();
   optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
   std::vector<std::pair<double, double>> steps;
   for (const int64_t b : o.micro_batches) {
+    if (image && b < 2) continue;  // BatchNorm needs more than one value a channel
     CalibrationPoint point;
     point.micro_batch = b;
-    point.flops = shape.flops_per_token(o.seq_len) * double(b * o.seq_len);
-    point.seconds = step_seconds(model, optimizer, b, o);
+    point.flops = image ? shape.image->flops_per_sample * double(b)
+                        : shape.flops_per_token(o.seq_len) * double(b * o.seq_len);
+    point.seconds = image ? image_step_seconds(model, optimizer, b, *shape.image, o)
+                          : step_seconds(model, optimizer, b, o);
     cal.points.push_back(point);
     steps.emplace_back(point.flops, point.seconds);
-    say(format("%s, %lld x %lld tokens a step: %.4f s", o.model.c_str(), static_cast<long long>(b),
-               static_cast<long long>(o.seq_len), point.seconds));
+    say(image ? format("%s, %lld images of 3 x %lld x %lld a step: %.4f s", o.model.c_str(),
+                       static_cast<long long>(b), static_cast<long long>(o.image_size),
+                       static_cast<long long>(o.image_size), point.seconds)
+              : format("%s, %lld x %lld tokens a step: %.4f s", o.model.c_str(), static_cast<long long>(b),
+                       static_cast<long long>(o.seq_len), point.seconds));
   }
+  TANDEM_CHECK_USAGE(steps.size() >= 2, "the calibration fits at least two micro-batch sizes");
   auto [slope, intercept] = fit_line(steps);
   // Noise can tilt a fit of nearly flat times: the efficiency stays at most
   // 1 and the overhead at least 0 (the fit then through the origin).

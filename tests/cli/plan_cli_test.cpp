@@ -333,6 +333,15 @@ TEST(PlanCliTest, CalibrateWritesAProfileThePlannerReads) {
   EXPECT_GT(compute(500, 16), compute(500, 2) * 1.5)
       << "16 micro-batches pay their layers' overhead 8 times as often as 2";
   EXPECT_LT(compute(0, 16), compute(0, 2) * 1.5) << "control: without an overhead they cost about the same";
+  // An image classifier calibrates on its own steps, its FLOPs measured.
+  r = run_tandem("plan --calibrate " + dir.file("convnet.json") + " --model convnet --image-size 16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("convnet, 16 images of 3 x 16 x 16 a step"), std::string::npos) << r.output;
+  r = run_tandem("plan --model convnet --image-size 16 --batch-size 16 --precision float32 --gpus-per-node 2 "
+                 "--json --device " + dir.file("convnet.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(testing::tandem_fails("plan --calibrate " + dir.file("x.json") + " --model convnet --seq-len 64", 2,
+                                    "--seq-len: convnet is an image classifier"));
 }
 
 }  // namespace plan_cli

@@ -4,7 +4,10 @@
 //
 // Note [calibrated profile]: what a CPU training step costs is not its
 // FLOPs alone. The calibration times real training steps of a registry
-// language model (forward, cross-entropy, backward, AdamW, one thread: a
+// model (a language model, or an image classifier: the planner's
+// efficiency is the products' of the model it was fitted on, and a
+// convolution's differs from a small matrix product's), forward,
+// cross-entropy, backward, AdamW, one thread (a
 // rank's share of this machine's cores) at several micro-batch sizes and
 // fits, by least squares, step = FLOPs / (peak x efficiency) + layers x
 // layer_overhead: the slope gives the efficiency the matrix products reach
@@ -27,8 +30,9 @@
 namespace tandem::plan {
 
 struct CalibrateOptions {
-  std::string model = "llama-tiny";  // a registry language model
+  std::string model = "llama-tiny";  // a registry language model, or image classifier
   int64_t seq_len = 64;
+  int64_t image_size = 32;  // an image classifier's (3 channels, 10 classes)
   int64_t vocab = 256;
   std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16};  // sequences, one timing each
   int steps = 9;  // timed steps a size (the median kept), after two that warm up
