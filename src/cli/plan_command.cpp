@@ -49,8 +49,8 @@ FlagSet plan_flags(PlanFlags& f) {
   flags.add_int("seq-len", "T", &f.seq_len, "tokens a sequence (0: the model's context, at most 2048)", 0);
   flags.add_int("global-batch-tokens", "K", &f.global_batch_tokens,
                 "tokens a step over the whole job (a multiple of --seq-len)", 1);
-  flags.add_int("batch-size", "B", &f.batch_size, "sequences a step over the whole job (instead of "
-                "--global-batch-tokens; 0: one a rank)", 0);
+  flags.add_int("batch-size", "B", &f.batch_size, "sequences (an image classifier's images) a step over the whole "
+                "job (instead of --global-batch-tokens; 0: one a rank)", 0);
   flags.add_enum("precision", &f.precision,
                  {{"bf16", plan::Precision::kBf16}, {"float32", plan::Precision::kFloat32},
                   {"float64", plan::Precision::kFloat64}},
