@@ -107,7 +107,8 @@ def main():
                 os.remove(metrics)
             run = subprocess.run([tandem, "train", "--model", model, "--data", f"text:{text}", "--seq-len", str(SEQ),
                                   "--batch-size", str(BATCH), "--max-steps", "3", "--epochs", "1", "--progress", "off",
-                                  "--nproc-per-node", str(ranks), "--count-memory", "--metrics-out", metrics]
+                                  "--optimizer", "sgd", "--nproc-per-node", str(ranks), "--count-memory",
+                                  "--metrics-out", metrics]
                                  + flags.split(), capture_output=True, text=True)
             if run.returncode != 0:
                 sys.exit(f"{model} {flags}: {run.stderr[-500:]}")

@@ -156,10 +156,10 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     } else if (l.data == DataSharding::kZero1) {
       mem.optimizer /= double(data_ranks);
     }
-    // DDP's buckets: the gradients once more, flat, for the all-reduce
-    // (the experts' kept out under ep: Note [expert gradients]).
+    // DDP's flat buckets hold the gradients themselves (Note [gradients are
+    // bucket views] in engine/ddp_plan.cpp): no memory of their own. Under
+    // ep the experts' gradients are not DDP's (Note [expert gradients]).
     const double stage_experts = l.ep > 1 ? double(st.layers) * st.layer_experts : 0.0;
-    if (!sharded && data_ranks > 1) mem.buffers = (st.parameters - stage_experts) * w;
     const double in_flight = l.pp > 1 ? double(sim.max_in_flight[static_cast<size_t>(s)]) : 1.0;
     const double whole = m.activations_norms_per_token() / double(l.sequence_parallel ? l.tp : 1) +
                          m.activations_region_inputs_per_token();
