@@ -99,7 +99,9 @@ nlohmann::json bytes_json(const std::map<std::string, std::map<std::string, doub
   return out;
 }
 
-nlohmann::json to_json(const plan::LayoutCost& c) {
+// `throughput`: the key of the job's rate, "tokens_per_second" or for an
+// image classifier "images_per_second".
+nlohmann::json to_json(const plan::LayoutCost& c, const std::string& throughput) {
   const auto& l = c.layout;
   const auto bytes = bytes_json(c.bytes);
   nlohmann::json stages = nlohmann::json::array();
@@ -127,10 +129,26 @@ nlohmann::json to_json(const plan::LayoutCost& c) {
           {"exposed_comm_seconds", c.exposed_comm_seconds},
           {"bubble_seconds", c.bubble_seconds},
           {"step_seconds", c.step_seconds},
-          {"tokens_per_second", c.tokens_per_second},
+          {throughput, c.tokens_per_second},
           {"mfu", c.mfu}};
 }
 
+
+// The flags that size the other kind of model's batch are refused: an
+// image classifier's batch is images of --channels x --image-size squared,
+// a language model's sequences of --seq-len tokens. `also`: more of the
+// language model's that the command takes.
+void check_model_kind_flags(const FlagSet& flags, const std::string& model, bool image,
+                            std::vector<const char*> also = {}) {
+  std::vector<const char*> text_only{"seq-len", "vocab-size"};
+  text_only.insert(text_only.end(), also.begin(), also.end());
+  for (const char* name : image ? text_only : std::vector<const char*>{"image-size", "channels", "classes"}) {
+    TANDEM_CHECK_USAGE(!flags.given(name), "--", name, ": ", model,
+                       image ? " is an image classifier (its batch is --batch-size images of --channels x "
+                               "--image-size x --image-size)"
+                             : " is a language model (its batch is sequences of --seq-len tokens)");
+  }
+}
 
 double dim_bytes(const plan::LayoutCost& c, const std::string& dim) {
   double total = 0;
@@ -153,14 +171,12 @@ int calibrate_command(const PlanFlags& f, const FlagSet& flags) {
   check_output_file("--calibrate", f.calibrate);
   plan::CalibrateOptions o;
   if (!f.model.empty()) o.model = f.model;
-  if (plan::is_image_model(o.model)) {
-    for (const char* text_only : {"seq-len", "vocab-size"}) {
-      TANDEM_CHECK_USAGE(!flags.given(text_only), "--", text_only, ": ", o.model, " is an image classifier");
-    }
+  const bool image = plan::is_image_model(o.model);
+  check_model_kind_flags(flags, o.model, image);
+  if (image) {
     o.image_size = f.image_size;
     return internal::calibrate_machine(o, f.calibrate);
   }
-  TANDEM_CHECK_USAGE(!flags.given("image-size"), "--image-size: ", o.model, " is a language model");
   if (f.seq_len > 0) o.seq_len = f.seq_len;
   if (f.vocab_size > 0) o.vocab = f.vocab_size;
   const auto shape = plan::model_shape(o.model, o.vocab);
@@ -200,20 +216,10 @@ int plan_command(const std::vector<std::string>& args) {
                      ": at most 2^40 tokens a step");
   plan::Job job;
   const bool image = plan::is_image_model(f.model);
-  if (image) {
-    for (const char* text_only : {"seq-len", "vocab-size", "global-batch-tokens"}) {
-      TANDEM_CHECK_USAGE(!flags.given(text_only), "--", text_only, ": ", f.model, " is an image classifier (its "
-                         "batch is --batch-size images of --channels x --image-size x --image-size)");
-    }
-    job.model = plan::image_model_shape(f.model, f.channels, f.image_size, f.classes,
-                                        f.precision == plan::Precision::kFloat64);
-  } else {
-    for (const char* image_only : {"image-size", "channels", "classes"}) {
-      TANDEM_CHECK_USAGE(!flags.given(image_only), "--", image_only, ": ", f.model,
-                         " is a language model (its batch is sequences of --seq-len tokens)");
-    }
-    job.model = plan::model_shape(f.model, f.vocab_size);
-  }
+  check_model_kind_flags(flags, f.model, image, {"global-batch-tokens"});
+  job.model = image ? plan::image_model_shape(f.model, f.channels, f.image_size, f.classes,
+                                              f.precision == plan::Precision::kFloat64)
+                    : plan::model_shape(f.model, f.vocab_size);
   job.nodes = f.nodes;
   job.gpus_per_node = f.gpus_per_node;
   job.device = plan::device_profile(f.device);
@@ -246,11 +252,7 @@ int plan_command(const std::vector<std::string>& args) {
                      job.global_batch, " sequences, and HSDP's shard groups a node's dp ranks");
   if (f.json) {
     nlohmann::json all = nlohmann::json::array();
-    for (const auto& c : layouts) {
-      all.push_back(to_json(c));
-      if (image) all.back()["images_per_second"] = all.back()["tokens_per_second"];
-      if (image) all.back().erase("tokens_per_second");
-    }
+    for (const auto& c : layouts) all.push_back(to_json(c, image ? "images_per_second" : "tokens_per_second"));
     std::printf("%s\n", nlohmann::json{{"layouts", all}}.dump(1).c_str());
   } else {
     const std::string batch = image ? format("%lld images of %lld x %lld x %lld", static_cast<long long>(job.global_batch),
