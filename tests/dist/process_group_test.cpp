@@ -143,6 +143,14 @@ TEST(ProcessGroupTest, RootedAndGatheringCollectives) {
     auto mine = torch::empty({3});
     g.reduce_scatter(mine, inputs).wait();  // sum over ranks q of (r + q)
     EXPECT_TRUE(torch::equal(mine, torch::full({3}, float(w * r + w * (w - 1) / 2))));
+    // Chunks of one buffer (Note [reduce-scatter over Gloo]: sent as the
+    // buffer itself), averaged; the buffer is left as it was.
+    auto buffer = torch::arange(3 * w, torch::kFloat32).view({w, 3}) + float(r);
+    const auto before = buffer.clone();
+    auto averaged = torch::empty({3});
+    g.reduce_scatter(averaged, buffer.unbind(0), ReduceOp::kAvg).wait();
+    EXPECT_TRUE(torch::allclose(averaged, torch::arange(3 * r, 3 * r + 3, torch::kFloat32) + float(w - 1) / 2));
+    EXPECT_TRUE(torch::equal(buffer, before));
 
     g.barrier().wait();
 
