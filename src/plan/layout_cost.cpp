@@ -166,13 +166,16 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     const double layer = tokens * e * (whole + m.activations_inside_per_token() / double(l.tp));
     const double kept = l.recompute ? tokens * e * d / double(l.sequence_parallel ? l.tp : 1) : layer;
     mem.activations = double(st.layers) * kept * in_flight + (l.recompute ? layer : 0);
-    // Note [dispatch memory]: under ep a mixture layer's dispatch holds
-    // four more tensors of a row per (token, expert) pair of the rank (the
-    // rows that arrived, by expert, their results and those back in arrival
-    // order), measured: mixtral-tiny at dp=2,ep=2 held 8.4 MB more than the
-    // layer alone, 4 x 1,024 pairs x 128 x 4 bytes a layer over 4 layers.
+    // Note [dispatch memory]: under ep a mixture layer's peak holds two
+    // more rows a (token, expert) pair of the rank than the layer alone:
+    // fitted to the runs, not counted tensor by tensor (the dispatch's
+    // own rows, sent, arrived, by expert and back, live only inside it).
+    // mixtral-tiny at dp=2,ep=2 held 4.2 MB more than its layers without
+    // ep, 2 x 1,024 pairs x 128 x 4 bytes a layer over 4 layers, trained
+    // with the plan's SGD (the fit had said four while the runs' AdamW
+    // state went unplanned).
     if (l.ep > 1) {
-      mem.activations += double(st.layers) * in_flight * 4.0 * tokens * double(m.experts_per_token) * d * e;
+      mem.activations += double(st.layers) * in_flight * 2.0 * tokens * double(m.experts_per_token) * d * e;
     }
     if (dev.cores > 0) {
       // Note [cpu layouts]: on CPUs GPT-2's Conv1D multiplies by a

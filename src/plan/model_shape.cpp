@@ -106,9 +106,11 @@ double ModelShape::activations_inside_per_token() const {
   const double attention = llama ? 2 * (q + 2 * kv) + 2 * q : q + 2 * kv + 2 * q;
   // GPT-2: c_fc's output (GELU's input) and c_proj's input, 4d each.
   // LLaMA: gate's and up's outputs, SiLU's, and down's input; per chosen
-  // expert for a mixture (and the router's probabilities).
+  // expert for a mixture, with the row it got and the row it gave (kept
+  // for its product with the routing weight), and the router's
+  // probabilities.
   const double mlp = !llama         ? 2.0 * double(ffn)
-                     : experts > 0 ? double(experts_per_token) * (4.0 * double(expert_ffn) + d) + double(experts)
+                     : experts > 0 ? double(experts_per_token) * (4.0 * double(expert_ffn) + 2.0 * d) + double(experts)
                                    : 4.0 * double(ffn);
   return attention + mlp;
 }
