@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <fstream>
+#include <memory>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -39,9 +42,10 @@ std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>&
   return {slope, (sy - slope * sx) / n};
 }
 
-// The median training step of `model` on micro-batches of `batch` random
-// sequences: what one rank of a data-parallel job computes a step.
-double step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, const CalibrateOptions& o) {
+// The training steps of `model` on micro-batches of `batch` random
+// sequences, timed: what one rank of a data-parallel job computes a step.
+std::vector<double> step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch,
+                               const CalibrateOptions& o) {
   std::vector<double> times;
   for (int i = 0; i < o.steps + 2; ++i) {
     auto tokens = torch::randint(o.vocab, {batch, o.seq_len + 1}, torch::kLong);
@@ -54,12 +58,12 @@ double step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t ba
     optimizer.step();
     if (i >= 2) times.push_back(seconds_since(start));
   }
-  return median(times);
+  return times;
 }
 
 // The same for an image classifier: `batch` random images of `shape`.
-double image_step_seconds(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, const ImageShape& shape,
-                          const CalibrateOptions& o) {
+std::vector<double> image_step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch,
+                                     const ImageShape& shape, const CalibrateOptions& o) {
   std::vector<double> times;
   for (int i = 0; i < o.steps + 2; ++i) {
     auto images = torch::randn({batch, shape.channels, shape.image_size, shape.image_size});
@@ -70,7 +74,7 @@ double image_step_seconds(models::Sequence& model, optim::AdamW& optimizer, int6
     optimizer.step();
     if (i >= 2) times.push_back(seconds_since(start));
   }
-  return median(times);
+  return times;
 }
 
 // Float counts of the all-reduces timed: 64 KiB to 16 MiB.
@@ -127,9 +131,42 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   mo.vocab_size = o.vocab;
   mo.seq_len = o.seq_len;
   mo.image_size = o.image_size;
-  auto model = models::make_seeded_model(o.model, mo, 0);
-  model->train();
-  optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  // Note [calibrated under load]: a job's ranks keep every core busy, and
+  // a core runs slower then than alone (the caches and the memory are
+  // shared): each size is timed on every core at once, a model a core on
+  // its own thread, and the median of all their steps kept.
+  const int64_t cores = std::max<int64_t>(1, p.cores);
+  std::vector<models::Sequence> copies;
+  std::vector<std::unique_ptr<optim::AdamW>> optimizers;
+  for (int64_t c = 0; c < cores; ++c) {
+    copies.push_back(models::make_seeded_model(o.model, mo, 0));
+    copies.back()->train();
+    optimizers.push_back(std::make_unique<optim::AdamW>(copies.back()->parameters(),
+                                                        torch::optim::AdamWOptions(1e-4)));
+  }
+  auto loaded_seconds = [&](int64_t b) {
+    std::vector<std::vector<double>> times(static_cast<size_t>(cores));
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(cores));
+    std::vector<std::thread> threads;
+    for (int64_t c = 0; c < cores; ++c) {
+      threads.emplace_back([&, c] {
+        const auto i = static_cast<size_t>(c);
+        try {
+          times[i] = image ? image_step_times(copies[i], *optimizers[i], b, *shape.image, o)
+                           : step_times(copies[i], *optimizers[i], b, o);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+    std::vector<double> all;
+    for (const auto& t : times) all.insert(all.end(), t.begin(), t.end());
+    return median(all);
+  };
   std::vector<std::pair<double, double>> steps;
   for (const int64_t b : o.micro_batches) {
     if (image && b < 2) continue;  // BatchNorm needs more than one value a channel
@@ -137,8 +174,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     point.micro_batch = b;
     point.flops = image ? shape.image->flops_per_sample * double(b)
                         : shape.flops_per_token(o.seq_len) * double(b * o.seq_len);
-    point.seconds = image ? image_step_seconds(model, optimizer, b, *shape.image, o)
-                          : step_seconds(model, optimizer, b, o);
+    point.seconds = loaded_seconds(b);
     cal.points.push_back(point);
     steps.emplace_back(point.flops, point.seconds);
     say(image ? format("%s, %lld images of 3 x %lld x %lld a step: %.4f s", o.model.c_str(),

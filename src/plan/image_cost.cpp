@@ -109,24 +109,14 @@ LayoutCost image_layout_cost(const Job& job, const Layout& l) {
                       (job.precision == Precision::kFloat64 ? 0.5 : 1.0);
   const double images = double(job.global_batch);
   const double model_flops = s.flops_per_sample * images;
-  const double turns = dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
   c.compute_seconds = model_flops / double(job.world()) / (peak * dev.efficiency) +
-                      dev.layer_overhead * turns * mb * double(s.layer_numels.size());
-  double t_dp = 0;
-  if (l.dp > 1) {
-    const bool intra = l.dp <= job.gpus_per_node;
-    const double bw = intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
-    const double lat = intra ? dev.intra_node_latency : dev.inter_node_latency;
-    const int64_t n = sharded ? shard_ranks : l.dp;
-    for (const auto& [collective, b] : bytes["dp"]) t_dp += wire(collective, b, n) / bw * turns;
-    const double calls = sharded ? 3.0 * double(units.size()) * mb : std::ceil(params * w / kBucketBytes) + 1;
-    t_dp += calls * lat * (sharded ? std::max(2.0, double(n - 1)) : 2.0 * double(n - 1));
-  }
-  const bool overlap = dev.cores == 0 || job.gpus_per_node < dev.cores;
-  const double dp_exposed = !overlap  ? t_dp
-                            : sharded ? std::max(0.0, t_dp - c.compute_seconds) +
-                                            t_dp / std::max(1.0, 3.0 * double(units.size()) * mb)
-                                      : std::max(0.0, t_dp - 2.0 / 3.0 * c.compute_seconds / mb);
+                      dev.layer_overhead * turns(job) * mb * double(s.layer_numels.size());
+  const int64_t n = sharded ? shard_ranks : l.dp;
+  const double calls = sharded ? 3.0 * double(units.size()) * mb : std::ceil(params * w / kBucketBytes) + 1;
+  const double t_dp = l.dp > 1 ? collective_seconds(job, bytes["dp"], n, l.dp, calls,
+                                                    sharded ? fsdp_steps(job, n) : all_reduce_steps(n))
+                               : 0.0;
+  const double dp_exposed = exposed_data_seconds(job, t_dp, c.compute_seconds, mb, sharded, calls);
   c.exposed_comm_seconds = dp_exposed;
   c.step_seconds = c.compute_seconds + c.exposed_comm_seconds;
   c.tokens_per_second = images / c.step_seconds;

@@ -17,7 +17,12 @@ namespace {
 
 using internal::kBucketBytes;
 using internal::kUsable;
-using internal::wire;
+using internal::all_gather_steps;
+using internal::all_reduce_steps;
+using internal::collective_seconds;
+using internal::exposed_data_seconds;
+using internal::reduce_scatter_steps;
+using internal::turns;
 
 constexpr double kHeader = 80;              // a pipeline message's header (Note [pipeline messages])
 
@@ -139,6 +144,7 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     for (int64_t s = 0; s < l.pp; ++s) sim.max_in_flight.push_back(l.schedule == "gpipe" ? mb : l.pp - s);
   }
 
+  double gathers = 0, scatters = 0;  // FSDP's calls a step, the most of a stage's
   for (int64_t s = 0; s < l.pp; ++s) {
     const Stage st = stage_of(m, l, s);
     Memory mem;
@@ -216,6 +222,11 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
         const double first = units.empty() ? 0 : double(units.front().numel) * w / double(shard_ranks);
         const double pinned = m.tied && l.pp == 1 && units.size() > 1 ? first : 0;
         const double times = l.pp > 1 ? 1.0 : double(mb);  // a stage gathers once a step (Note [fsdp under a pipeline])
+        // Its calls: a gather a unit, again in backward but the last's
+        // (and a pinned one's) under ZeRO-3; a reduce-scatter a unit.
+        const double u = double(units.size());
+        gathers = std::max(gathers, times * (l.pp == 1 && l.fsdp_reshard ? 2 * u - 1 - (pinned > 0 ? 1 : 0) : u));
+        scatters = std::max(scatters, times * u);
         dp["all_gather"] = times * (l.pp == 1 && l.fsdp_reshard ? 2 * shard - last - pinned : shard);
         dp["reduce_scatter"] = times * grads;
         if (l.data == DataSharding::kHsdp && data_ranks > shard_ranks) dp["all_reduce"] = times * shard;
@@ -275,63 +286,67 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const double rank_flops = model_flops / double(job.world()) * (l.recompute ? 4.0 / 3.0 : 1.0);
   c.compute_seconds = rank_flops / (peak * dev.efficiency);
   // What the rank's layers cost besides their FLOPs, each micro-batch's
-  // (Note [calibrated profile]); on a CPU whose ranks outnumber its cores
-  // they take turns.
+  // (Note [calibrated profile]); taking turns where ranks outnumber cores
+  // (Note [ranks that take turns] in cost_terms.h).
   const int64_t layers_here = ceil_div(m.layers, l.pp);
-  const double turns = dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
-  c.compute_seconds += dev.layer_overhead * turns * double(mb) * double(layers_here) * (l.recompute ? 4.0 / 3.0 : 1.0);
-  // A collective of `steps` ring steps, `calls` of them.
+  c.compute_seconds +=
+      dev.layer_overhead * turns(job) * double(mb) * double(layers_here) * (l.recompute ? 4.0 / 3.0 : 1.0);
+  // A dimension's collectives, `calls` of `steps` ring steps; or only
+  // those of it named.
   auto seconds = [&](const std::string& dim, int64_t n, int64_t span, double calls, double steps) {
-    const bool intra = span <= job.gpus_per_node;
-    const double bw = intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
-    const double lat = intra ? dev.intra_node_latency : dev.inter_node_latency;
-    double t = 0;
     auto found = c.bytes.find(dim);
-    if (found == c.bytes.end()) return t;
-    for (const auto& [collective, b] : found->second) t += wire(collective, b, n) / bw;
-    // On a CPU whose ranks outnumber its cores the copies take turns too
-    // (a rank that waits yields its core: the latencies do not).
-    return t * turns + calls * lat * steps;
+    return found == c.bytes.end() ? 0.0 : collective_seconds(job, found->second, n, span, calls, steps);
   };
-  // A ring's all-reduce takes 2 (n - 1) steps, each paying the link's
-  // latency; its halves, an all-gather or a reduce-scatter, n - 1 but no
-  // fewer than 2: a call's own cost (its handshakes) is the floor, so
-  // sequence parallelism's two calls a region cost more than one
+  auto seconds_of = [&](const std::string& dim, const std::vector<std::string>& names, int64_t n, int64_t span,
+                        double calls, double steps) {
+    std::map<std::string, double> some;
+    auto found = c.bytes.find(dim);
+    for (const auto& name : names) {
+      if (found != c.bytes.end() && found->second.count(name)) some[name] = found->second.at(name);
+    }
+    return collective_seconds(job, some, n, span, calls, steps);
+  };
+  // Each ring step pays the link's latency (all_reduce_steps and its
+  // kin): sequence parallelism's two calls a region cost more than one
   // all-reduce on few ranks. A send is one step.
-  const double ring = 2.0 * double(l.tp - 1), half = std::max(2.0, double(l.tp - 1));
   const double regions = double(mb) * (4.0 * double(layers_here) + 4.0);
-  const double t_tp = l.sequence_parallel ? seconds("tp", l.tp, l.tp, 2.0 * regions, half)
-                                          : seconds("tp", l.tp, l.tp, regions, ring);
+  const double t_tp =
+      l.sequence_parallel
+          ? seconds("tp", l.tp, l.tp, 2.0 * regions, (all_gather_steps(l.tp) + reduce_scatter_steps(job, l.tp)) / 2)
+          : seconds("tp", l.tp, l.tp, regions, all_reduce_steps(l.tp));
   const double t_pp = seconds("pp", 2, job.world(), double(2 * mb + 1), 1.0);
   // The ring's hops, a layer and micro-batch: C - 1 forward (again when
   // recomputed), C backward; each waited on before the block it brings.
   const double hops = double(l.cp - 1) * (l.recompute ? 2.0 : 1.0) + double(l.cp);
   const double t_cp = seconds("cp", l.cp, l.cp * l.tp, double(mb) * double(layers_here) * hops, 1.0);
-  const double dp_calls = sharded ? 3.0 * double(layers_here) * (l.pp > 1 ? 1.0 : double(mb))
-                                  : std::ceil(c.memory.gradients / kBucketBytes) + 1;
   const int64_t dp_ranks = sharded ? shard_ranks : data_ranks;
   // ep's all-to-alls (the counts, the rows there and back, each way), and
   // the experts' gradients summed over ep_replicate after backward.
   const int64_t replicas = data_ranks / l.ep;
   const double t_ep = seconds("ep", l.ep, l.ep * l.tp, double(mb) * double(layers_here) * 6.0, double(l.ep - 1)) +
                       seconds("ep_replicate", replicas, data_ranks * l.tp, 1.0, 2.0 * double(replicas - 1));
-  const double t_dp = seconds(dist::data_group_name(l.cp), dp_ranks, data_ranks * l.tp, dp_calls,
-                              sharded ? std::max(2.0, double(dp_ranks - 1)) : 2.0 * double(dp_ranks - 1));
-  // DDP's buckets overlap the last micro-batch's backward (two thirds of
-  // its compute); FSDP's gathers and reductions are prefetched under the
-  // whole step's compute but the first unit's gather; tp's all-reduces sit
-  // between the layers' products and a pipeline's sends on the critical path.
-  // On a CPU whose cores all compute, nothing is left to move the bytes
-  // meanwhile: the transfers take turns with the compute.
-  const bool overlap = dev.cores == 0 || job.gpus_per_node < dev.cores;
-  const double compute_per_micro = c.compute_seconds / double(mb);
-  const double dp_exposed =
-      !overlap  ? t_dp
-      : sharded ? std::max(0.0, t_dp - c.compute_seconds) + t_dp / double(3 * layers_here * (l.pp > 1 ? 1 : mb))
-                : std::max(0.0, t_dp - 2.0 / 3.0 * compute_per_micro);
+  // The data dimension's: DDP's buckets, all-reduced; FSDP's gathers and
+  // reduce-scatters, each at its ring's steps (HSDP's all-reduce of the
+  // shards across replicas, once a step, counted with the scatters).
+  const std::string data = dist::data_group_name(l.cp);
+  const double dp_calls = sharded ? gathers + scatters : std::ceil(c.memory.gradients / kBucketBytes) + 1;
+  const double t_dp =
+      sharded ? seconds_of(data, {"all_gather"}, dp_ranks, data_ranks * l.tp, gathers, all_gather_steps(dp_ranks)) +
+                    seconds_of(data, {"reduce_scatter", "all_reduce"}, dp_ranks, data_ranks * l.tp, scatters,
+                               reduce_scatter_steps(job, dp_ranks))
+              : seconds(data, dp_ranks, data_ranks * l.tp, dp_calls, all_reduce_steps(dp_ranks));
+  // tp's all-reduces sit between the layers' products and a pipeline's
+  // sends on the critical path; of dp's, what its overlap leaves.
+  const double dp_exposed = exposed_data_seconds(job, t_dp, c.compute_seconds, mb, sharded, dp_calls);
   c.exposed_comm_seconds = t_tp + t_cp + t_ep + t_pp + dp_exposed;
+  // Note [bubbles that other ranks fill]: a pipeline's stage idles for the
+  // bubble's share of the step, unless ranks outnumber cores: then its
+  // core goes to the busy ranks meanwhile, which run faster, and the step
+  // is the larger of the critical path at a core a rank (the busy time
+  // over 1 - bubble, the time taking no turns) and all ranks' work over
+  // the cores (the busy time, taking turns).
   const double busy = c.compute_seconds + c.exposed_comm_seconds;
-  c.step_seconds = busy / (1.0 - c.bubble);
+  c.step_seconds = busy * std::max(1.0, 1.0 / (turns(job) * (1.0 - c.bubble)));
   c.bubble_seconds = c.step_seconds - busy;
   c.tokens_per_second = step_tokens / c.step_seconds;
   c.mfu = std::min(1.0, model_flops / c.step_seconds / (double(job.world()) * peak));  // 1 at most, to rounding

@@ -7,8 +7,9 @@
 // model (a language model, or an image classifier: the planner's
 // efficiency is the products' of the model it was fitted on, and a
 // convolution's differs from a small matrix product's), forward,
-// cross-entropy, backward, AdamW, one thread (a
-// rank's share of this machine's cores) at several micro-batch sizes and
+// cross-entropy, backward, AdamW, one thread (a rank's share of this
+// machine's cores) on every core at once (Note [calibrated under load] in
+// calibrate.cpp), at several micro-batch sizes, and
 // fits, by least squares, step = FLOPs / (peak x efficiency) + layers x
 // layer_overhead: the slope gives the efficiency the matrix products reach
 // at these shapes, the intercept what a layer costs besides its FLOPs

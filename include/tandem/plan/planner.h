@@ -10,10 +10,13 @@
 // FSDP's transfers beyond the step's compute and its first gather, all of
 // dp's on a CPU whose cores all compute (each a ring's bytes over the
 // link's bandwidth plus its steps' latencies: 2 (n - 1) an all-reduce, at
-// least 2 a call; over NVLink inside a node, the network across);
-// divided by 1 - the bubble of the schedule replayed with backward twice
-// forward. Tokens/s is the global batch's tokens over it, MFU the model's
-// FLOPs a second over the job's peak.
+// least 2 a call, a reduce-scatter over Gloo an all-reduce's; over NVLink
+// inside a node, the network across); divided by 1 - the bubble of the
+// schedule replayed with backward twice forward. Where a CPU's ranks
+// outnumber its cores all of it takes turns (Note [ranks that take
+// turns]) and the bubble's idle cores go to the busy ranks (Note
+// [bubbles that other ranks fill]). Tokens/s is the global batch's tokens
+// over it, MFU the model's FLOPs a second over the job's peak.
 #pragma once
 
 #include <string>
