@@ -1,8 +1,10 @@
 // tandem plan against what tandem train does (Note [planned traffic]): for
 // each layout of a grid, the bytes a step the planner predicts over each
 // mesh dimension are those the run's process groups count (--metrics-out's
-// comm_bytes_per_step, rank 0's: the first stage's), exactly; and its
-// refusals.
+// comm_bytes_per_step, rank 0's: the first stage's), exactly, the runs'
+// ranks as threads where only bytes are compared (train_threads.h) and as
+// processes where memory is (the counting allocator is the process's);
+// and its refusals.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +15,7 @@
 
 #include "same_weights.h"
 #include "testing.h"
+#include "train_threads.h"
 
 namespace tandem {
 namespace plan_cli {  // the file's own names (a layer's tests compile as one unit)
@@ -52,9 +55,10 @@ TEST(PlanCliTest, PredictedBytesPerStepAreTheCountedOnes) {
   for (const auto& c : cases) {
     const std::string mesh = c.flags.substr(7, c.flags.find(' ', 7) - 7);
     const auto metrics = dir.file("m.jsonl");
-    auto run = testing::run_tandem("train --model " + c.model + data + " --max-steps 2 --epochs 1 --progress off "
-                                   "--nproc-per-node " + c.ranks + " " + c.flags + " --metrics-out " + metrics);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto run = testing::train_in_threads("--model " + c.model + data + " --max-steps 2 --epochs 1 "
+                                               "--progress off --nproc-per-node " + c.ranks + " " + c.flags +
+                                               " --metrics-out " + metrics);
+    ASSERT_TRUE(run.ok()) << run.report();
     const auto counted = testing::last_metrics(metrics)["comm_bytes_per_step"];
     std::remove(metrics.c_str());
     auto plan = testing::run_tandem("plan --model " + c.model + " --vocab-size 256 --seq-len 16 --batch-size 8 "
