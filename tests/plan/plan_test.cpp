@@ -106,6 +106,33 @@ TEST(PlannerTest, TheReplayedBubbleIsTheTextbooks) {
   }
 }
 
+// On a CPU whose ranks outnumber its cores (Note [ranks that take turns],
+// [bubbles that other ranks fill]): pp=2,dp=2 with 4 micro-batches over 2
+// cores leaves no idle core in the bubble (its step is all ranks' work
+// over the cores, the bubble 0.2 of a step at a core a rank being less
+// than the half the turns take); over 4 cores the bubble is idle, its
+// replayed share of the step.
+TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
+  auto job = tiny_job(4);
+  job.global_batch = 8;
+  job.device = device_profile("cpu");
+  Layout l;
+  l.pp = 2;
+  l.dp = 2;
+  l.micro_batches = 4;
+  l.schedule = "1f1b";
+  job.device.cores = 2;
+  const auto shared = layout_cost(job, l);
+  EXPECT_NEAR(shared.bubble, 0.2, 1e-12);
+  EXPECT_NEAR(shared.bubble_seconds, 0.0, 1e-15);
+  EXPECT_NEAR(shared.step_seconds, shared.compute_seconds + shared.exposed_comm_seconds, 1e-15);
+  job.device.cores = 4;
+  const auto own = layout_cost(job, l);
+  EXPECT_NEAR(own.bubble_seconds / own.step_seconds, 0.2, 1e-12);
+  // Taking turns: the same work at half the cores costs twice the time.
+  EXPECT_NEAR(shared.step_seconds, 2 * (own.compute_seconds + own.exposed_comm_seconds), 1e-12);
+}
+
 // Context parallelism is laid out where 2 cp divides the sequence; a cp
 // rank keeps the activations of its cp-th of each sequence, and its ring
 // sends 6 (C - 1) + 2 blocks a layer (8 more per C - 1 when recomputed).
