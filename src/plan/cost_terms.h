@@ -38,9 +38,10 @@ inline double wire(const std::string& collective, double payload, int64_t n, boo
 // it has cores, everything a rank does takes turns with the others: its
 // compute, its copies and its collectives' latencies, since a ring's step
 // waits for the peer to get a core. Measured here (torch.distributed over
-// Gloo, 2 cores): a 64 KiB all-gather took 1.0-2.0 ms between 2 processes,
-// 3.9-6.4 ms among 4 (alone and between computations), twice its 3 ring
-// steps at the latency 2 processes show. 1 where the ranks have a core each.
+// Gloo, 2 cores): a 64 KiB all-gather between computations (as in a
+// step) took 1.4-2.2 ms more than they alone between 2 processes, 5.7-6.4
+// ms among 4: twice its 3 ring steps at the latency 2 processes show.
+// 1 where the ranks have a core each.
 inline double turns(const Job& job) {
   const auto& dev = job.device;
   return dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
