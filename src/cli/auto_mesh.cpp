@@ -46,15 +46,18 @@ std::vector<std::string> without_mesh(const std::vector<std::string>& args) {
 
 AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, const std::vector<std::string>& args,
                          int64_t workers) {
-  TANDEM_CHECK_USAGE(models::is_language_model(o.model), "--mesh auto: the planner lays out language models; ",
-                     o.model, " is an image classifier (give --mesh, or --strategy)");
   const auto splits = data::open_data(o.data, engine::data_options_for(o));
   const auto model_options = engine::model_options_for(o, splits.train->info());
+  const bool image = !models::is_language_model(o.model);
   plan::Job job;
-  job.model = plan::model_shape(o.model, model_options.vocab_size);
+  // An image classifier is measured as the run builds it (Note [measured
+  // image models]); a step's "sequence" is one image.
+  job.model = image ? plan::image_model_shape(o.model, model_options.in_channels, model_options.image_size,
+                                              model_options.num_classes, o.dtype == engine::Dtype::kFloat64)
+                    : plan::model_shape(o.model, model_options.vocab_size);
   job.gpus_per_node = workers;
   job.device = plan::device_profile(o.device.rfind("cuda", 0) == 0 ? "h100" : "cpu");
-  job.seq_len = o.seq_len;
+  job.seq_len = image ? 1 : o.seq_len;
   job.global_batch = o.batch_size;
   job.precision = o.dtype == engine::Dtype::kFloat64 ? plan::Precision::kFloat64
                   : o.amp == engine::AmpMode::kBf16   ? plan::Precision::kBf16
@@ -101,18 +104,20 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
     for (const auto& [dim, by] : c.stage_bytes.front()) {
       for (const auto& [collective, b] : by) bytes[dim][collective] = b;
     }
+    const char* unit = image ? "images/s" : "tokens/s";
     a.prediction = nlohmann::json{{"mesh", l.mesh()},
                                   {"strategy", l.strategy()},
-                                  {"tokens_per_second", c.tokens_per_second},
+                                  {"rate", c.tokens_per_second},  // the job's sequences' tokens, or its images
+                                  {"unit", unit},
                                   {"memory_bytes_per_rank", c.memory.total()},
                                   {"bytes_per_step", bytes}}
                        .dump();
     std::string flat;
     for (size_t i = 0; i < extra.size(); ++i) flat += (i ? " " : "") + extra[i];
     a.summary = format("--mesh auto: %s (the fastest of %zu layouts planned for %lld ranks on %s that fit and that "
-                       "the run's flags allow): predicted %s GiB a rank, %.4g tokens/s, a step of %.3g s",
+                       "the run's flags allow): predicted %s GiB a rank, %.4g %s, a step of %.3g s",
                        flat.c_str(), layouts.size(), static_cast<long long>(workers), job.device.name.c_str(),
-                       gib(c.memory.total()).c_str(), c.tokens_per_second, c.step_seconds);
+                       gib(c.memory.total()).c_str(), c.tokens_per_second, unit, c.step_seconds);
     return a;
   }
   TANDEM_CHECK_USAGE(!layouts.empty(), "--mesh auto: no layout of ", o.model, " over ", workers, " ranks: dp must "
@@ -127,21 +132,23 @@ AutoLayout choose_layout(const engine::TrainOptions& o, const FlagSet& flags, co
                    (tried.empty() ? std::string(")") : "; the first the run's checks refused: " + tried + ")"));
 }
 
-std::string planned_against_measured(double tokens_per_second,
+std::string planned_against_measured(double tokens_per_second, double images_per_second,
                                      const std::map<std::string, std::map<std::string, double>>& bytes) {
   const auto text = env::get(kPlanned);
   if (!text) return "";
   const auto planned = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (planned.is_discarded()) return "";
+  if (planned.is_discarded() || !planned.contains("rate") || !planned.contains("unit")) return "";
+  const std::string unit = planned["unit"].get<std::string>();
+  const double measured_rate = unit == "images/s" ? images_per_second : tokens_per_second;
   nlohmann::json measured = nlohmann::json::object();
   for (const auto& [dim, by] : bytes) {
     for (const auto& [collective, b] : by) measured[dim][collective] = b;
   }
-  return format("--mesh auto chose %s (%s): predicted %.4g tokens/s, measured %.4g (%.2fx); bytes a step on rank 0 "
+  const double rate = planned["rate"].get<double>();
+  return format("--mesh auto chose %s (%s): predicted %.4g %s, measured %.4g (%.2fx); bytes a step on rank 0 "
                 "predicted %s, measured %s%s",
-                planned["mesh"].get<std::string>().c_str(), planned["strategy"].get<std::string>().c_str(),
-                planned["tokens_per_second"].get<double>(), tokens_per_second,
-                tokens_per_second / planned["tokens_per_second"].get<double>(), planned["bytes_per_step"].dump().c_str(),
+                planned["mesh"].get<std::string>().c_str(), planned["strategy"].get<std::string>().c_str(), rate,
+                unit.c_str(), measured_rate, measured_rate / rate, planned["bytes_per_step"].dump().c_str(),
                 measured.dump().c_str(), planned["bytes_per_step"] == measured ? " (equal)" : " (they differ)");
 }
 

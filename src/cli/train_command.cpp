@@ -137,7 +137,7 @@ FlagSet train_flags(engine::TrainOptions& o) {
                    "samples, attention around their ring (composes with dp, pp and tp; --seq-len a multiple of "
                    "2C); ep=E: expert parallelism, a mixture of experts' experts spread over E of the dp x cp "
                    "ranks (which it borrows, adding none: dp=4,ep=2 is 4 ranks), tokens sent to their experts by "
-                   "all-to-all; auto (with --nproc-per-node N, a language model): the layout tandem plan predicts "
+                   "all-to-all; auto (with --nproc-per-node N): the layout tandem plan predicts "
                    "fastest among those that fit, printed before the first step and set beside the measured "
                    "figures after the last; default: pp=N under --strategy pipeline, else dp=N",
                    [&o](const std::string& value) { o.mesh = engine::MeshFlag(value); });
@@ -458,7 +458,8 @@ int train_command(const std::vector<std::string>& command_line) {
     print_summary(trainer.options(), result);
     if (!result.epochs.empty()) {
       const auto& last = result.epochs.back();
-      const auto line = internal::planned_against_measured(last.tokens_per_second, last.comm_bytes_per_step);
+      const auto line = internal::planned_against_measured(last.tokens_per_second, last.images_per_second,
+                                                             last.comm_bytes_per_step);
       if (!line.empty()) std::printf("%s\n", line.c_str());
     }
   }

@@ -213,8 +213,9 @@ TEST(PlanCliTest, ImageLayoutsAreTheCountedBytesAndPeak) {
 
 // tandem train --mesh auto: the planner picks a layout before the workers
 // start, says so, trains it, and after the run sets its prediction beside
-// what was measured (the bytes a step exactly so). The flags the user gave
-// stay: --strategy fsdp keeps the choice among FSDP's layouts.
+// what was measured (the bytes a step exactly so), a language model's and
+// an image classifier's. The flags the user gave stay: --strategy fsdp
+// keeps the choice among FSDP's layouts.
 TEST(PlanCliTest, MeshAutoPicksPrintsAndTrainsALayout) {
   TempDir dir;
   const std::string job = "train --model llama-tiny --data text:" + testing::write_text(dir) +
@@ -235,8 +236,16 @@ TEST(PlanCliTest, MeshAutoPicksPrintsAndTrainsALayout) {
   EXPECT_NE(line.find(" --strategy fsdp "), std::string::npos) << line;
   EXPECT_NE(line.find("(the fastest of "), std::string::npos) << line;
   EXPECT_NE(r.output.find("(fsdp): predicted"), std::string::npos) << r.output;
-  EXPECT_TRUE(testing::tandem_fails("train --model mlp --nproc-per-node 2 --mesh auto --max-steps 1", 2,
-                                    "--mesh auto: the planner lays out language models; mlp is an image classifier"));
+  // An image classifier, measured before its workers start: its images/s
+  // and bytes a step beside the measured.
+  testing::write_synthetic_cifar(dir.file("cifar"), 64, 16);
+  r = testing::run_tandem("train --model convnet --data cifar10:" + dir.file("cifar") + " --batch-size 16 "
+                          "--max-steps 2 --epochs 1 --progress off --nproc-per-node 2 --mesh auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tandem: --mesh auto: --mesh dp=2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" images/s, a step of "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" images/s, measured "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(equal)"), std::string::npos) << r.output;
   EXPECT_TRUE(testing::tandem_fails("train --model llama-tiny --data text:" + dir.file("text.txt") +
                                         " --seq-len 16 --max-steps 1 --mesh auto",
                                     2, "--mesh auto is chosen by tandem train's own launcher"));
