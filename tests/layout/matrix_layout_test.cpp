@@ -2,7 +2,7 @@
 // each data strategy (DDP, seed 004's all-reduce, ZeRO-1, FSDP as ZeRO-3
 // and as ZeRO-2, HSDP over 2 x 2) times each pipeline (none, pp=2 with
 // 1F1B, pp=2 interleaved over 2 virtual stages) times tp (1, 2, and 2 with
-// sequence parallelism): 54 layouts, each trained 4 steps of 16 windows in
+// sequence parallelism): 54 layouts, each trained 3 steps of 16 windows in
 // float64 with its ranks as threads (up to 16), every weight within 1e-10
 // of the one-process run (a control run with another setting fails it).
 // Each layout runs one of two models, gpt2-tiny (tied embedding, AdamW,
@@ -33,7 +33,7 @@ namespace matrix_layout {  // the file's own names (a layer's tests compile as o
 
 using testing::TempDir;
 
-constexpr testing::RunStyle kSteps{/*threads=*/true, /*steps=*/4};
+constexpr testing::RunStyle kSteps{/*threads=*/true, /*steps=*/3};
 constexpr double kTolerance = 1e-10;
 
 struct Strategy {
@@ -139,7 +139,7 @@ class MatrixLayoutTest : public ::testing::TestWithParam<int> {};
 // Every pipeline x tp cell of one model and data strategy; then the
 // resume sample: one cell of them drawn at random writes a checkpoint at
 // step 2 (a sharded one: every rank its pieces), which, alone in a
-// folder, resumes to step 4 under another layout of the 54 drawn at random
+// folder, resumes to step 3 under another layout of the 54 drawn at random
 // and must end where one process does too. The draws are seeded
 // (TANDEM_MATRIX_SEED draws others); a failure names the pair.
 TEST_P(MatrixLayoutTest, EveryLayoutIsOneProcessAndOneResumesUnderAnother) {
