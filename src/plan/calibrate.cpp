@@ -16,6 +16,7 @@
 #include "tandem/optim/adamw.h"
 #include "tandem/plan/model_shape.h"
 #include "tandem/util/atomic_file.h"
+#include "norm_timing.h"
 #include "one_thread.h"
 #include "tandem/util/check.h"
 #include "tandem/util/stats.h"
@@ -26,20 +27,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Least squares of y = slope x + intercept.
-std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>& points) {
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [x, y] : points) {
-    n += 1;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
-  }
-  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  return {slope, (sy - slope * sx) / n};
 }
 
 // The training steps of `model` on micro-batches of `batch` random
@@ -145,27 +132,11 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
                                                         torch::optim::AdamWOptions(1e-4)));
   }
   auto loaded_seconds = [&](int64_t b) {
-    std::vector<std::vector<double>> times(static_cast<size_t>(cores));
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(cores));
-    std::vector<std::thread> threads;
-    for (int64_t c = 0; c < cores; ++c) {
-      threads.emplace_back([&, c] {
-        const auto i = static_cast<size_t>(c);
-        try {
-          times[i] = image ? image_step_times(copies[i], *optimizers[i], b, *shape.image, o)
-                           : step_times(copies[i], *optimizers[i], b, o);
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
-    std::vector<double> all;
-    for (const auto& t : times) all.insert(all.end(), t.begin(), t.end());
-    return median(all);
+    return median(internal::on_every_core(cores, [&](int64_t c) {
+      const auto i = static_cast<size_t>(c);
+      return image ? image_step_times(copies[i], *optimizers[i], b, *shape.image, o)
+                   : step_times(copies[i], *optimizers[i], b, o);
+    }));
   };
   std::vector<std::pair<double, double>> steps;
   for (const int64_t b : o.micro_batches) {
@@ -184,6 +155,22 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
                        static_cast<long long>(o.seq_len), point.seconds));
   }
   TANDEM_CHECK_USAGE(steps.size() >= 2, "the calibration fits at least two micro-batch sizes");
+  // Note [replicated element-wise work] (norm_timing.h): a language model's
+  // norms and residual adds timed apart, at its width and the sizes' token
+  // counts, and taken out of the steps the line is fitted to.
+  if (!image) {
+    std::vector<int64_t> tokens;
+    for (const auto& q : cal.points) tokens.push_back(q.micro_batch * o.seq_len);
+    p.norm_timings = internal::time_norms(shape.hidden, tokens, cores, o.steps);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto& t = p.norm_timings[i];
+      say(format("a layer's norms and residual adds on %lld x %lld: %.2f ms with RMSNorm, %.2f with LayerNorm",
+                 static_cast<long long>(tokens[i]), static_cast<long long>(shape.hidden), t.rms * 1e3,
+                 t.layer * 1e3));
+      cal.points[i].replicated = double(shape.layers) * (shape.llama ? t.rms : t.layer);
+      steps[i].second -= cal.points[i].replicated;
+    }
+  }
   auto [slope, intercept] = fit_line(steps);
   // Noise can tilt a fit of nearly flat times: the efficiency stays at most
   // 1 and the overhead at least 0 (the fit then through the origin).
@@ -199,7 +186,9 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   }
   p.efficiency = std::min(1.0, 1.0 / (slope * p.peak_flops_fp32));
   p.layer_overhead = intercept / double(shape.layers);
-  for (auto& q : cal.points) q.fitted = slope * q.flops + intercept;
+  for (auto& q : cal.points) {
+    q.fitted = slope * q.flops + intercept + q.replicated;
+  }
   say(format("fit: efficiency %.3f of the core's peak, %.1f us a layer and micro-batch besides its FLOPs",
              p.efficiency, p.layer_overhead * 1e6));
 
@@ -228,6 +217,10 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
   j["inter_node_latency_us"] = p.inter_node_latency * 1e6;
   j["efficiency"] = p.efficiency;
   j["layer_overhead_us"] = p.layer_overhead * 1e6;
+  if (!p.norm_timings.empty()) {
+    j["norm_seconds"] = nlohmann::ordered_json::array();
+    for (const auto& t : p.norm_timings) j["norm_seconds"].push_back({t.elements, t.rms, t.layer});
+  }
   if (p.cores > 0) j["cores"] = p.cores;
   write_atomically(path, [&](const std::string& tmp) {
     std::ofstream out(tmp);

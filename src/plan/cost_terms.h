@@ -47,6 +47,15 @@ inline double turns(const Job& job) {
   return dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
 }
 
+// Note [replicated element-wise work] (norm_timing.h): seconds of a
+// rank's layer norms and residual adds, `layers` of them on activations of
+// `elements` (tokens x hidden) each, at the profile's float32 timings
+// scaled by the element's bytes (memory-bound work); taking turns like the
+// rest of its compute.
+inline double replicated_seconds(const Job& job, double layers, double elements, double element_bytes) {
+  return layers * job.device.norm_seconds(job.model.llama, elements) * element_bytes / 4.0 * turns(job);
+}
+
 // Seconds of a dimension's traffic over n ranks whose group spans `span`
 // consecutive ranks (inside a node: its links; across: the network): each
 // collective's ring bytes over the bandwidth, plus `calls` calls of

@@ -75,6 +75,29 @@ double field(const nlohmann::json& j, const std::string& key, const std::string&
   return x * scale;
 }
 
+// "norm_seconds": [[elements, RMSNorm's seconds, LayerNorm's seconds], ...],
+// the elements positive and increasing, the seconds from 0 to 1e6.
+std::vector<DeviceProfile::NormTiming> norm_timings(const nlohmann::json& v, const std::string& file) {
+  const std::string expected = "a list of [elements, seconds with RMSNorm, seconds with LayerNorm], the elements "
+                               "increasing, the seconds from 0 to 1e6";
+  TANDEM_CHECK_USAGE(v.is_array() && v.size() <= 1024, "--device ", file, ": \"norm_seconds\" must be ", expected,
+                     ", got ", v.dump().substr(0, 200));
+  std::vector<DeviceProfile::NormTiming> out;
+  for (const auto& row : v) {
+    const bool three = row.is_array() && row.size() == 3 &&
+                       std::all_of(row.begin(), row.end(), [](const nlohmann::json& x) { return x.is_number(); });
+    TANDEM_CHECK_USAGE(three, "--device ", file, ": \"norm_seconds\" must be ", expected, ", got the entry ",
+                       row.dump().substr(0, 200));
+    DeviceProfile::NormTiming t{row[0].get<double>(), row[1].get<double>(), row[2].get<double>()};
+    const bool fine = t.elements >= 1 && t.elements <= 1e15 && (out.empty() || t.elements > out.back().elements) &&
+                      t.rms >= 0 && t.rms <= 1e6 && t.layer >= 0 && t.layer <= 1e6;
+    TANDEM_CHECK_USAGE(fine, "--device ", file, ": \"norm_seconds\" must be ", expected, ", got the entry ",
+                       row.dump());
+    out.push_back(t);
+  }
+  return out;
+}
+
 DeviceProfile from_file(const std::string& file) {
   nlohmann::json j;
   std::error_code ec;
@@ -106,12 +129,12 @@ DeviceProfile from_file(const std::string& file) {
   static const std::vector<std::string> known = {"name", "peak_tflops_bf16", "peak_tflops_fp32", "memory_gib",
                                                  "intra_node_gb_per_s", "inter_node_gb_per_s",
                                                  "intra_node_latency_us", "inter_node_latency_us", "efficiency",
-                                                 "layer_overhead_us", "cores"};
+                                                 "layer_overhead_us", "norm_seconds", "cores"};
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK_USAGE(std::find(known.begin(), known.end(), key) != known.end(), "--device ", file,
                        ": unknown field \"", key, "\" (known: name, peak_tflops_bf16, peak_tflops_fp32, memory_gib, "
                        "intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, inter_node_latency_us, "
-                       "efficiency; optional: layer_overhead_us, cores)");
+                       "efficiency; optional: layer_overhead_us, norm_seconds, cores)");
   }
   DeviceProfile p;
   TANDEM_CHECK_USAGE(!j.contains("name") || j["name"].is_string(), "--device ", file,
@@ -134,6 +157,7 @@ DeviceProfile from_file(const std::string& file) {
                        ": \"layer_overhead_us\" must be a number from 0 to 1e9, got ", v.dump());
     p.layer_overhead = v.get<double>() * 1e-6;
   }
+  if (j.contains("norm_seconds")) p.norm_timings = norm_timings(j["norm_seconds"], file);
   if (j.contains("cores")) {
     const auto& v = j["cores"];
     const bool whole = v.is_number() && v.get<double>() >= 1 && v.get<double>() <= double(1 << 20) &&
@@ -146,6 +170,20 @@ DeviceProfile from_file(const std::string& file) {
 }
 
 }  // namespace
+
+double DeviceProfile::norm_seconds(bool rms, double elements) const {
+  if (norm_timings.empty()) return 0;
+  auto at = [&](size_t i) { return rms ? norm_timings[i].rms : norm_timings[i].layer; };
+  size_t i = 0;
+  while (i + 1 < norm_timings.size() && norm_timings[i + 1].elements < elements) ++i;
+  if (i + 1 == norm_timings.size() || elements <= norm_timings[i].elements) {
+    if (elements <= norm_timings[i].elements) return at(i);  // below the sizes measured: the first's
+    if (i == 0) return at(0) * elements / norm_timings[0].elements;
+    --i;  // above: the last two's slope
+  }
+  const double x0 = norm_timings[i].elements, x1 = norm_timings[i + 1].elements;
+  return std::max(0.0, at(i) + (at(i + 1) - at(i)) * (elements - x0) / (x1 - x0));
+}
 
 std::vector<std::string> device_profile_names() { return {"h100", "h200", "a100", "cpu"}; }
 

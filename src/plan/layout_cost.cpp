@@ -22,6 +22,7 @@ using internal::all_reduce_steps;
 using internal::collective_seconds;
 using internal::exposed_data_seconds;
 using internal::reduce_scatter_steps;
+using internal::replicated_seconds;
 using internal::turns;
 
 constexpr double kHeader = 80;              // a pipeline message's header (Note [pipeline messages])
@@ -291,6 +292,10 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
   const int64_t layers_here = ceil_div(m.layers, l.pp);
   c.compute_seconds +=
       dev.layer_overhead * turns(job) * double(mb) * double(layers_here) * (l.recompute ? 4.0 / 3.0 : 1.0);
+  // The norms and residual adds every rank of a tp group runs whole (or
+  // its part of the sequence under sequence parallelism).
+  c.compute_seconds += replicated_seconds(job, double(mb * layers_here) * (l.recompute ? 4.0 / 3.0 : 1.0),
+                                          tokens * d / double(l.sequence_parallel ? l.tp : 1), e);
   // A dimension's collectives, `calls` of `steps` ring steps; or only
   // those of it named.
   auto seconds = [&](const std::string& dim, int64_t n, int64_t span, double calls, double steps) {

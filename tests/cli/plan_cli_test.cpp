@@ -331,6 +331,15 @@ TEST(PlanCliTest, CalibrateWritesAProfileThePlannerReads) {
   EXPECT_GE(profile["layer_overhead_us"].get<double>(), 0.0);
   EXPECT_GT(profile["intra_node_gb_per_s"].get<double>(), 0.01);
   EXPECT_GE(profile["cores"].get<int64_t>(), 1);
+  // A layer's norms timed at each size the steps were (64 to 1024 tokens of
+  // llama-tiny's 128), RMSNorm's and LayerNorm's.
+  ASSERT_EQ(profile["norm_seconds"].size(), 5u) << profile.dump();
+  EXPECT_EQ(profile["norm_seconds"][0][0].get<double>(), 64.0 * 128);
+  EXPECT_EQ(profile["norm_seconds"][4][0].get<double>(), 1024.0 * 128);
+  for (const auto& row : profile["norm_seconds"]) {
+    EXPECT_GT(row[1].get<double>(), 0.0);
+    EXPECT_GT(row[2].get<double>(), 0.0);
+  }
   r = run_tandem("plan --model llama-tiny --vocab-size 256 --seq-len 64 --batch-size 16 --precision float32 "
                  "--gpus-per-node 2 --mesh pp=2 --json --device " + dir.file("cpu.json"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -133,6 +133,44 @@ TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
   EXPECT_NEAR(shared.step_seconds, 2 * (own.compute_seconds + own.exposed_comm_seconds), 1e-12);
 }
 
+// Note [replicated element-wise work]: a tp rank runs its layers' norms
+// and residual adds on all of its micro-batch's tokens, at the profile's
+// timing for that many elements; under sequence parallelism on its part
+// of them; a dp rank on its own micro-batch. Control: the same layouts
+// without timings plan none of it.
+TEST(PlannerTest, TensorParallelRanksRunTheNormsWhole) {
+  auto job = tiny_job(2);
+  job.model = model_shape("llama-tiny", 256);
+  job.global_batch = 4;
+  job.precision = Precision::kFloat32;
+  job.device = device_profile("cpu");
+  job.device.cores = 2;
+  job.device.norm_timings = {{512, 1e-3, 1e-4}, {1024, 3e-3, 2e-4}, {2048, 4e-3, 3e-4}};
+  auto without = job;
+  without.device.norm_timings.clear();
+  const double d = double(job.model.hidden), tokens = double(job.global_batch * job.seq_len);
+  const double layers = double(job.model.layers);
+  auto extra = [&](const Layout& l) { return layout_cost(job, l).compute_seconds - layout_cost(without, l).compute_seconds; };
+  Layout tp;
+  tp.tp = 2;
+  tp.micro_batch = 4;
+  EXPECT_NEAR(extra(tp), layers * job.device.norm_seconds(true, tokens * d), 1e-12);
+  EXPECT_GT(extra(tp), 0.0);
+  tp.sequence_parallel = true;
+  EXPECT_NEAR(extra(tp), layers * job.device.norm_seconds(true, tokens * d / 2), 1e-12);
+  Layout dp;
+  dp.dp = 2;
+  dp.micro_batch = 2;
+  EXPECT_NEAR(extra(dp), layers * job.device.norm_seconds(true, tokens * d / 2), 1e-12);
+  // The timings interpolated between sizes, the first below them, the last
+  // two's slope above; LayerNorm's apart.
+  EXPECT_DOUBLE_EQ(job.device.norm_seconds(true, 768), 2e-3);
+  EXPECT_DOUBLE_EQ(job.device.norm_seconds(true, 100), 1e-3);
+  EXPECT_DOUBLE_EQ(job.device.norm_seconds(true, 4096), 6e-3);
+  EXPECT_DOUBLE_EQ(job.device.norm_seconds(false, 1024), 2e-4);
+  EXPECT_EQ(without.device.norm_seconds(true, 1024), 0.0);
+}
+
 // Context parallelism is laid out where 2 cp divides the sequence; a cp
 // rank keeps the activations of its cp-th of each sequence, and its ring
 // sends 6 (C - 1) + 2 blocks a layer (8 more per C - 1 when recomputed).
@@ -234,6 +272,16 @@ TEST(DeviceProfileTest, AFileIsReadAndItsMistakesAreNamed) {
             std::string::npos);
   EXPECT_NE(refused(std::string(bad).replace(bad.find("\"x\""), 3, "\"a\\u001bb\"")).find("must be a printable name"),
             std::string::npos);
+  const auto timed = device_profile(write(dir, std::string(bad).replace(bad.size() - 1, 1,
+                                                                        ", \"norm_seconds\": [[64, 0.5, 0.25], [128, 1, 0.5]]}")));
+  ASSERT_EQ(timed.norm_timings.size(), 2u);
+  EXPECT_DOUBLE_EQ(timed.norm_seconds(true, 96), 0.75);
+  for (const std::string wrong : {"[[64, 0.5]]", "[[64, 0.5, 0.25], [32, 1, 0.5]]", "[[64, -1, 0.25]]", "3"}) {
+    EXPECT_NE(refused(std::string(bad).replace(bad.size() - 1, 1, ", \"norm_seconds\": " + wrong + "}"))
+                  .find("\"norm_seconds\" must be a list of [elements, seconds with RMSNorm, seconds with LayerNorm]"),
+              std::string::npos)
+        << wrong;
+  }
   EXPECT_NE(testing::error_of([] { device_profile("tpu-v9"); }).find("unknown device (presets: h100, h200, a100, cpu"),
             std::string::npos);
 }

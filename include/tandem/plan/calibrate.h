@@ -14,7 +14,9 @@
 // layer_overhead: the slope gives the efficiency the matrix products reach
 // at these shapes, the intercept what a layer costs besides its FLOPs
 // (operator dispatch, the memory-bound element-wise work, the optimizer),
-// which dominates small models and short sequences. The links are timed
+// which dominates small models and short sequences. A language model's
+// norms and residual adds are timed apart at each size and taken out of
+// the steps first (Note [replicated element-wise work] in norm_timing.h). The links are timed
 // the same way: all-reduces of 64 KiB to 16 MiB between two ranks over
 // loopback Gloo, fitted as latency + bytes / bandwidth over the sizes a
 // step sends (Gloo's cost of a call is not its cost for one float: on
@@ -43,6 +45,7 @@ struct CalibrationPoint {
   int64_t micro_batch = 0;
   double flops = 0;    // the step's, forward and backward
   double seconds = 0;  // the median step
+  double replicated = 0;  // of it, the layers' norms and residual adds (timed apart)
   double fitted = 0;   // the fit's step
 };
 

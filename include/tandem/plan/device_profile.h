@@ -10,10 +10,14 @@
 //    "inter_node_latency_us": 25, "efficiency": 0.45}
 //
 // Those fields are required and must be positive (efficiency at most 1).
-// Two more are optional: "layer_overhead_us" (default 0), what a layer's
-// forward and backward of one micro-batch cost besides their FLOPs, and
-// "cores" (a CPU: the peaks are one core's, shared by the node's ranks,
-// and the memory the node's). tandem plan --calibrate FILE writes both
+// The rest are optional: "layer_overhead_us" (default 0), what a layer's
+// forward and backward of one micro-batch cost besides their FLOPs;
+// "norm_seconds" (default none), what a layer's two norms and residual
+// adds cost, forward and backward, on an activation of so many elements,
+// which tensor parallelism does not divide: [[elements, seconds with
+// RMSNorm, seconds with LayerNorm], ...], elements increasing; and "cores" (a
+// CPU: the peaks are one core's, shared by the node's ranks, and the
+// memory the node's). tandem plan --calibrate FILE writes them all
 // (calibrate.h). A field the planner does not know is refused, naming it.
 #pragma once
 
@@ -39,6 +43,18 @@ struct DeviceProfile {
   // their FLOPs (Note [calibrated profile] in calibrate.h); 0 for the GPUs,
   // whose kernels are queued ahead of the device.
   double layer_overhead = 0;
+  // Seconds a layer's two norms and two residual adds take, forward and
+  // backward, on an activation of `elements` (tokens x hidden), with
+  // RMSNorm and with LayerNorm (Note [replicated element-wise work] in
+  // src/plan/norm_timing.h), measured at a few sizes; none for the GPUs
+  // (memory-bound work, a few percent of a large model's step).
+  struct NormTiming {
+    double elements = 0, rms = 0, layer = 0;
+  };
+  std::vector<NormTiming> norm_timings;  // by increasing elements
+  // Interpolated between the sizes measured, the first's below them, the
+  // last two's slope above; 0 when none was measured.
+  double norm_seconds(bool rms, double elements) const;
   // cpu: the memory is the node's, shared by its ranks, and the peaks one
   // core's, of `cores`, which the ranks share (peak_for).
   bool memory_per_node = false;

@@ -4,7 +4,9 @@
 // Note [planned time]: a rank's step is its share of the model's FLOPs
 // (forward and backward, a third more with every layer recomputed) at the
 // profile's peak times its efficiency, plus its layers' overhead a
-// micro-batch (the profile's layer_overhead), plus the communication that
+// micro-batch (the profile's layer_overhead) and their norms and residual
+// adds on the elements it runs them on (Note [replicated element-wise
+// work] in src/plan/norm_timing.h), plus the communication that
 // is not hidden: tp's all-reduces (between the layers' products), a
 // pipeline's sends, DDP's buckets beyond the last micro-batch's backward,
 // FSDP's transfers beyond the step's compute and its first gather, all of
