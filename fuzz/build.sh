@@ -9,11 +9,10 @@
 # tests leave rather than theirs; nothing but the fuzz tests waits for it.
 # Each target's sources compile as one unit (CMake's unity build), which
 # parses libtorch's headers once per target: 108 s alone on the 2-core
-# machine rather than 166 s. It compiles at -O0: 139 s alone here against
-# 205 s at -O1 (libFuzzer's documentation advises -O1 or -O2, for more
-# executions a second: 20-45% more in the 6 s each target runs in the
-# suite; the regression inputs are replayed whole either way). Beside the
-# tests (one compile at a time) it took 306-327 s at -O1 in fresh-clone runs.
+# machine rather than 166 s. It compiles at -O1, as libFuzzer's documentation
+# advises (CMakeLists.txt): a fresh tree takes 192 s of CPU at -j2 against
+# 217 s at -O2, the fuzzers' executions in 6 s about the same. Beside the
+# tests (one compile at a time) it took 509 s in a fresh-clone CI run.
 # Of the data layer it compiles the readers alone (fuzz/CMakeLists.txt):
 # a fresh tree at -j2 took 197 s of CPU (143 s) against 275 s (188 s)
 # with the whole layer.
