@@ -172,17 +172,16 @@ DeviceProfile from_file(const std::string& file) {
 }  // namespace
 
 double DeviceProfile::norm_seconds(bool rms, double elements) const {
-  if (norm_timings.empty()) return 0;
-  auto at = [&](size_t i) { return rms ? norm_timings[i].rms : norm_timings[i].layer; };
-  size_t i = 0;
-  while (i + 1 < norm_timings.size() && norm_timings[i + 1].elements < elements) ++i;
-  if (i + 1 == norm_timings.size() || elements <= norm_timings[i].elements) {
-    if (elements <= norm_timings[i].elements) return at(i);  // below the sizes measured: the first's
-    if (i == 0) return at(0) * elements / norm_timings[0].elements;
-    --i;  // above: the last two's slope
-  }
-  const double x0 = norm_timings[i].elements, x1 = norm_timings[i + 1].elements;
-  return std::max(0.0, at(i) + (at(i + 1) - at(i)) * (elements - x0) / (x1 - x0));
+  const auto& t = norm_timings;
+  if (t.empty()) return 0;
+  auto at = [&](size_t i) { return rms ? t[i].rms : t[i].layer; };
+  if (elements <= t[0].elements) return at(0);  // below the sizes measured: the first's
+  if (t.size() == 1) return at(0) * elements / t[0].elements;
+  // The segment that holds `elements`, or the last, extrapolated.
+  size_t i = 1;
+  while (i + 1 < t.size() && t[i].elements < elements) ++i;
+  const double x0 = t[i - 1].elements, x1 = t[i].elements;
+  return std::max(0.0, at(i - 1) + (at(i) - at(i - 1)) * (elements - x0) / (x1 - x0));
 }
 
 std::vector<std::string> device_profile_names() { return {"h100", "h200", "a100", "cpu"}; }
