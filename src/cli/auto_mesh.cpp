@@ -137,7 +137,13 @@ std::string planned_against_measured(double tokens_per_second, double images_per
   const auto text = env::get(kPlanned);
   if (!text) return "";
   const auto planned = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (planned.is_discarded() || !planned.contains("rate") || !planned.contains("unit")) return "";
+  // The variable is tandem's own; one set by hand that is not a prediction
+  // gets no line rather than an error after the run.
+  const bool whole = !planned.is_discarded() && planned.is_object() && planned.contains("mesh") &&
+                     planned["mesh"].is_string() && planned.contains("strategy") && planned["strategy"].is_string() &&
+                     planned.contains("rate") && planned["rate"].is_number() && planned.contains("unit") &&
+                     planned["unit"].is_string() && planned.contains("bytes_per_step");
+  if (!whole) return "";
   const std::string unit = planned["unit"].get<std::string>();
   const double measured_rate = unit == "images/s" ? images_per_second : tokens_per_second;
   nlohmann::json measured = nlohmann::json::object();
