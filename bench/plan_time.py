@@ -32,6 +32,7 @@ LAYOUTS = [  # model, ranks, train flags, the planner's strategy, sequence paral
     ("llama-tiny", 4, "--mesh dp=4", "ddp", False, 1),
     ("llama-tiny", 4, "--mesh dp=4 --strategy fsdp", "fsdp", False, 1),
     ("llama-tiny", 4, "--mesh dp=2,tp=2", "ddp", False, 1),
+    ("llama-tiny", 4, "--mesh pp=2,dp=2 --micro-batches 1", "ddp", False, 1),
     ("llama-tiny", 4, "--mesh pp=2,dp=2 --micro-batches 4", "ddp", False, 4),
     ("llama-tiny", 4, "--mesh pp=2,tp=2 --micro-batches 2", "ddp", False, 2),
     ("gpt2-tiny", 2, "--mesh dp=2", "ddp", False, 1),

@@ -56,12 +56,24 @@ inline double replicated_seconds(const Job& job, double layers, double elements,
   return layers * job.device.norm_seconds(job.model.llama, elements) * element_bytes / 4.0 * turns(job);
 }
 
+// Note [prefetched calls that take turns]: FSDP launches each call a
+// unit ahead of its use (a unit's gather before the unit before it runs,
+// its reduce-scatter settled after the next unit's backward), so a ring
+// step that waits for a peer without a core waits on Gloo's thread while
+// the rank's core computes for another rank. Where ranks outnumber cores
+// such a call's latency takes half the turns beyond the first,
+// (1 + turns) / 2; its bytes, copied and summed on the busy cores, all of
+// them. Fitted to runs (llama-tiny's FSDP on 4 ranks over 2 cores), not
+// derived: whole turns planned its calls twice what they cost.
+inline double prefetched_turns(const Job& job) { return (1.0 + turns(job)) / 2.0; }
+
 // Seconds of a dimension's traffic over n ranks whose group spans `span`
 // consecutive ranks (inside a node: its links; across: the network): each
 // collective's ring bytes over the bandwidth, plus `calls` calls of
-// `steps` ring steps at the link's latency; all of it taking turns.
+// `steps` ring steps at the link's latency; all of it taking turns (the
+// latency of `prefetched` calls, in part).
 inline double collective_seconds(const Job& job, const std::map<std::string, double>& bytes, int64_t n,
-                                 int64_t span, double calls, double steps) {
+                                 int64_t span, double calls, double steps, bool prefetched = false) {
   if (n <= 1) return 0;
   const auto& dev = job.device;
   const bool intra = span <= job.gpus_per_node;
@@ -69,7 +81,8 @@ inline double collective_seconds(const Job& job, const std::map<std::string, dou
   for (const auto& [collective, b] : bytes) {
     t += wire(collective, b, n, over_gloo(dev)) / (intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth);
   }
-  return (t + calls * steps * (intra ? dev.intra_node_latency : dev.inter_node_latency)) * turns(job);
+  const double latency = calls * steps * (intra ? dev.intra_node_latency : dev.inter_node_latency);
+  return t * turns(job) + latency * (prefetched ? prefetched_turns(job) : turns(job));
 }
 
 // Ring steps a call: an all-reduce's 2 (n - 1); an all-gather's n - 1 but

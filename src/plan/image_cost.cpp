@@ -114,7 +114,7 @@ LayoutCost image_layout_cost(const Job& job, const Layout& l) {
   const int64_t n = sharded ? shard_ranks : l.dp;
   const double calls = sharded ? 3.0 * double(units.size()) * mb : std::ceil(params * w / kBucketBytes) + 1;
   const double t_dp = l.dp > 1 ? collective_seconds(job, bytes["dp"], n, l.dp, calls,
-                                                    sharded ? fsdp_steps(job, n) : all_reduce_steps(n))
+                                                    sharded ? fsdp_steps(job, n) : all_reduce_steps(n), sharded)
                                : 0.0;
   const double dp_exposed = exposed_data_seconds(job, t_dp, c.compute_seconds, mb, sharded, calls);
   c.exposed_comm_seconds = dp_exposed;

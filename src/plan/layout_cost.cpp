@@ -303,13 +303,13 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
     return found == c.bytes.end() ? 0.0 : collective_seconds(job, found->second, n, span, calls, steps);
   };
   auto seconds_of = [&](const std::string& dim, const std::vector<std::string>& names, int64_t n, int64_t span,
-                        double calls, double steps) {
+                        double calls, double steps, bool prefetched) {
     std::map<std::string, double> some;
     auto found = c.bytes.find(dim);
     for (const auto& name : names) {
       if (found != c.bytes.end() && found->second.count(name)) some[name] = found->second.at(name);
     }
-    return collective_seconds(job, some, n, span, calls, steps);
+    return collective_seconds(job, some, n, span, calls, steps, prefetched);
   };
   // Each ring step pays the link's latency (all_reduce_steps and its
   // kin): sequence parallelism's two calls a region cost more than one
@@ -332,13 +332,15 @@ LayoutCost layout_cost(const Job& job, const Layout& l) {
                       seconds("ep_replicate", replicas, data_ranks * l.tp, 1.0, 2.0 * double(replicas - 1));
   // The data dimension's: DDP's buckets, all-reduced; FSDP's gathers and
   // reduce-scatters, each at its ring's steps (HSDP's all-reduce of the
-  // shards across replicas, once a step, counted with the scatters).
+  // shards across replicas, once a step, counted with the scatters), all
+  // prefetched (Note [prefetched calls that take turns] in cost_terms.h).
   const std::string data = dist::data_group_name(l.cp);
   const double dp_calls = sharded ? gathers + scatters : std::ceil(c.memory.gradients / kBucketBytes) + 1;
   const double t_dp =
-      sharded ? seconds_of(data, {"all_gather"}, dp_ranks, data_ranks * l.tp, gathers, all_gather_steps(dp_ranks)) +
+      sharded ? seconds_of(data, {"all_gather"}, dp_ranks, data_ranks * l.tp, gathers, all_gather_steps(dp_ranks),
+                           true) +
                     seconds_of(data, {"reduce_scatter", "all_reduce"}, dp_ranks, data_ranks * l.tp, scatters,
-                               reduce_scatter_steps(job, dp_ranks))
+                               reduce_scatter_steps(job, dp_ranks), true)
               : seconds(data, dp_ranks, data_ranks * l.tp, dp_calls, all_reduce_steps(dp_ranks));
   // tp's all-reduces sit between the layers' products and a pipeline's
   // sends on the critical path; of dp's, what its overlap leaves.

@@ -133,6 +133,36 @@ TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
   EXPECT_NEAR(shared.step_seconds, 2 * (own.compute_seconds + own.exposed_comm_seconds), 1e-12);
 }
 
+// Note [prefetched calls that take turns]: over 2 cores, 4 ranks' bytes
+// cost twice what they do over 4 cores, and so does the latency of DDP's
+// calls, but FSDP's prefetched calls' latency 1.5 times. Control: DDP's
+// calls, whose latency takes whole turns.
+TEST(PlannerTest, PrefetchedCallsTakeHalfTheTurns) {
+  auto job = tiny_job(4);
+  job.model = model_shape("llama-tiny", 256);
+  job.global_batch = 8;
+  job.precision = Precision::kFloat32;
+  job.device = device_profile("cpu");
+  auto comm = [&job](DataSharding data, int64_t cores, double bandwidth, double latency) {
+    auto j = job;
+    j.device.cores = cores;
+    j.device.intra_node_bandwidth = j.device.inter_node_bandwidth = bandwidth;
+    j.device.intra_node_latency = j.device.inter_node_latency = latency;
+    Layout l;
+    l.dp = 4;
+    l.micro_batch = 2;
+    l.data = data;
+    return layout_cost(j, l).exposed_comm_seconds;
+  };
+  for (const auto data : {DataSharding::kFsdp, DataSharding::kDdp}) {
+    const double bytes_only = comm(data, 2, 1e9, 0) / comm(data, 4, 1e9, 0);
+    const double latency_only = comm(data, 2, 1e30, 1e-3) / comm(data, 4, 1e30, 1e-3);
+    EXPECT_NEAR(bytes_only, 2.0, 1e-12);
+    EXPECT_NEAR(latency_only, data == DataSharding::kFsdp ? 1.5 : 2.0, 1e-12);
+    EXPECT_GT(comm(data, 4, 1e30, 1e-3), 0.0);
+  }
+}
+
 // Note [replicated element-wise work]: a tp rank runs its layers' norms
 // and residual adds on all of its micro-batch's tokens, at the profile's
 // timing for that many elements; under sequence parallelism on its part
