@@ -30,11 +30,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 // The training steps of `model` on micro-batches of `batch` random
-// sequences, timed: what one rank of a data-parallel job computes a step.
-std::vector<double> step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch,
-                               const CalibrateOptions& o) {
+// sequences, `timed` of them after `warm` untimed: what one rank of a
+// data-parallel job computes a step.
+std::vector<double> step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, int warm,
+                               int timed, const CalibrateOptions& o) {
   std::vector<double> times;
-  for (int i = 0; i < o.steps + 2; ++i) {
+  for (int i = 0; i < warm + timed; ++i) {
     auto tokens = torch::randint(o.vocab, {batch, o.seq_len + 1}, torch::kLong);
     auto input = tokens.narrow(1, 0, o.seq_len), target = tokens.narrow(1, 1, o.seq_len);
     const auto start = std::chrono::steady_clock::now();
@@ -43,26 +44,35 @@ std::vector<double> step_times(models::Sequence& model, optim::AdamW& optimizer,
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
     loss.backward();
     optimizer.step();
-    if (i >= 2) times.push_back(seconds_since(start));
+    if (i >= warm) times.push_back(seconds_since(start));
   }
   return times;
 }
 
 // The same for an image classifier: `batch` random images of `shape`.
-std::vector<double> image_step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch,
-                                     const ImageShape& shape, const CalibrateOptions& o) {
+std::vector<double> image_step_times(models::Sequence& model, optim::AdamW& optimizer, int64_t batch, int warm,
+                                     int timed, const ImageShape& shape) {
   std::vector<double> times;
-  for (int i = 0; i < o.steps + 2; ++i) {
+  for (int i = 0; i < warm + timed; ++i) {
     auto images = torch::randn({batch, shape.channels, shape.image_size, shape.image_size});
     auto labels = torch::randint(shape.classes, {batch}, torch::kLong);
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
     optimizer.step();
-    if (i >= 2) times.push_back(seconds_since(start));
+    if (i >= warm) times.push_back(seconds_since(start));
   }
   return times;
 }
+
+// Note [calibrated in rounds]: the sizes are timed in turn, a third of
+// their steps in each of three rounds, so that a change in the machine's
+// load while the calibration runs (a shared machine's other work) moves
+// every size alike instead of tilting the fitted line: timed one size
+// after the other, a quiet spell over the small sizes alone halves the
+// fitted overhead of a layer. A size warms up twice its first round,
+// once in each later one.
+constexpr int kRounds = 3;
 
 // Float counts of the all-reduces timed: 64 KiB to 16 MiB.
 const std::vector<int64_t> kLinkFloats = {int64_t(16) << 10, int64_t(64) << 10, int64_t(256) << 10,
@@ -131,21 +141,32 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     optimizers.push_back(std::make_unique<optim::AdamW>(copies.back()->parameters(),
                                                         torch::optim::AdamWOptions(1e-4)));
   }
-  auto loaded_seconds = [&](int64_t b) {
-    return median(internal::on_every_core(cores, [&](int64_t c) {
-      const auto i = static_cast<size_t>(c);
-      return image ? image_step_times(copies[i], *optimizers[i], b, *shape.image, o)
-                   : step_times(copies[i], *optimizers[i], b, o);
-    }));
-  };
-  std::vector<std::pair<double, double>> steps;
+  std::vector<int64_t> sizes;
   for (const int64_t b : o.micro_batches) {
-    if (image && b < 2) continue;  // BatchNorm needs more than one value a channel
+    if (!image || b >= 2) sizes.push_back(b);  // BatchNorm needs more than one value a channel
+  }
+  // Note [calibrated in rounds]
+  const int per_round = std::max(1, (o.steps + kRounds - 1) / kRounds);
+  std::vector<std::vector<double>> loaded(sizes.size());
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int warm = round == 0 ? 2 : 1;
+      const auto times = internal::on_every_core(cores, [&](int64_t c) {
+        const auto i = static_cast<size_t>(c);
+        return image ? image_step_times(copies[i], *optimizers[i], sizes[k], warm, per_round, *shape.image)
+                     : step_times(copies[i], *optimizers[i], sizes[k], warm, per_round, o);
+      });
+      loaded[k].insert(loaded[k].end(), times.begin(), times.end());
+    }
+  }
+  std::vector<std::pair<double, double>> steps;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t b = sizes[k];
     CalibrationPoint point;
     point.micro_batch = b;
     point.flops = image ? shape.image->flops_per_sample * double(b)
                         : shape.flops_per_token(o.seq_len) * double(b * o.seq_len);
-    point.seconds = loaded_seconds(b);
+    point.seconds = median(loaded[k]);
     cal.points.push_back(point);
     steps.emplace_back(point.flops, point.seconds);
     say(image ? format("%s, %lld images of 3 x %lld x %lld a step: %.4f s", o.model.c_str(),

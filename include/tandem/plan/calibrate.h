@@ -38,7 +38,7 @@ struct CalibrateOptions {
   int64_t image_size = 32;  // an image classifier's (3 channels, 10 classes)
   int64_t vocab = 256;
   std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16};  // sequences, one timing each
-  int steps = 9;  // timed steps a size (the median kept), after two that warm up
+  int steps = 9;  // timed steps a size (the median kept), in three rounds (Note [calibrated in rounds])
 };
 
 struct CalibrationPoint {
