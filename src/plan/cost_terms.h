@@ -36,12 +36,14 @@ inline double wire(const std::string& collective, double payload, int64_t n, boo
 
 // Note [ranks that take turns]: on a CPU whose node runs more ranks than
 // it has cores, everything a rank does takes turns with the others: its
-// compute, its copies and its collectives' latencies, since a ring's step
-// waits for the peer to get a core. Measured here (torch.distributed over
-// Gloo, 2 cores): a 64 KiB all-gather between computations (as in a
-// step) took 1.4-2.2 ms more than they alone between 2 processes, 5.7-6.4
-// ms among 4: twice its 3 ring steps at the latency 2 processes show.
-// 1 where the ranks have a core each.
+// compute and its copies. 1 where the ranks have a core each. Its calls'
+// latencies, measured between computations (Note [links timed between
+// products] in calibrate.cpp), take half the turns beyond the first
+// (latency_turns): a ring's step waits for its peer to get a core, but a
+// waiting rank gives its own core up. Measured here (torch.distributed
+// over Gloo, 2 cores): a 64 KiB all-gather between computations, 5.7-6.4
+// ms among 4 processes for its 3 ring steps, ~2 ms a step against the
+// 1.4 ms a step that 2 processes show.
 inline double turns(const Job& job) {
   const auto& dev = job.device;
   return dev.cores > 0 ? std::max(1.0, double(job.gpus_per_node) / double(dev.cores)) : 1.0;
@@ -60,18 +62,22 @@ inline double replicated_seconds(const Job& job, double layers, double elements,
 // unit ahead of its use (a unit's gather before the unit before it runs,
 // its reduce-scatter settled after the next unit's backward), so a ring
 // step that waits for a peer without a core waits on Gloo's thread while
-// the rank's core computes for another rank. Where ranks outnumber cores
-// such a call's latency takes half the turns beyond the first,
-// (1 + turns) / 2; its bytes, copied and summed on the busy cores, all of
-// them. Fitted to runs (llama-tiny's FSDP on 4 ranks over 2 cores), not
-// derived: whole turns planned its calls twice what they cost.
-inline double prefetched_turns(const Job& job) { return (1.0 + turns(job)) / 2.0; }
+// the rank's core computes for another rank: such a call's latency takes
+// no turns, and it pays no overhead of a call waited for between
+// computations; its bytes, copied and summed on the busy cores, take
+// every turn. Measured (llama-tiny's FSDP, 4 ranks over 2 cores): its 11
+// prefetched calls waited 40-50 ms a step in all, its 2 calls when
+// nothing is prefetched (one unit) 32-42 ms.
+inline double latency_turns(const Job& job, bool prefetched) {
+  return prefetched ? 1.0 : (1.0 + turns(job)) / 2.0;
+}
 
 // Seconds of a dimension's traffic over n ranks whose group spans `span`
 // consecutive ranks (inside a node: its links; across: the network): each
 // collective's ring bytes over the bandwidth, plus `calls` calls of
-// `steps` ring steps at the link's latency; all of it taking turns (the
-// latency of `prefetched` calls, in part).
+// `steps` ring steps at the link's latency, each call's overhead between
+// computations unless `prefetched`; taking turns (Note [ranks that take
+// turns], [prefetched calls that take turns]).
 inline double collective_seconds(const Job& job, const std::map<std::string, double>& bytes, int64_t n,
                                  int64_t span, double calls, double steps, bool prefetched = false) {
   if (n <= 1) return 0;
@@ -82,7 +88,11 @@ inline double collective_seconds(const Job& job, const std::map<std::string, dou
     t += wire(collective, b, n, over_gloo(dev)) / (intra ? dev.intra_node_bandwidth : dev.inter_node_bandwidth);
   }
   const double latency = calls * steps * (intra ? dev.intra_node_latency : dev.inter_node_latency);
-  return t * turns(job) + latency * (prefetched ? prefetched_turns(job) : turns(job));
+  // A call waited for at once pays what a call between computations costs
+  // more than one in a quiet loop (Note [links timed between products] in
+  // calibrate.cpp); a prefetched one's wait passes under the computation.
+  const double waited = prefetched ? 0.0 : calls * dev.call_overhead;
+  return t * turns(job) + latency * latency_turns(job, prefetched) + waited;
 }
 
 // Ring steps a call: an all-reduce's 2 (n - 1); an all-gather's n - 1 but

@@ -129,12 +129,12 @@ DeviceProfile from_file(const std::string& file) {
   static const std::vector<std::string> known = {"name", "peak_tflops_bf16", "peak_tflops_fp32", "memory_gib",
                                                  "intra_node_gb_per_s", "inter_node_gb_per_s",
                                                  "intra_node_latency_us", "inter_node_latency_us", "efficiency",
-                                                 "layer_overhead_us", "norm_seconds", "cores"};
+                                                 "layer_overhead_us", "call_overhead_us", "norm_seconds", "cores"};
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK_USAGE(std::find(known.begin(), known.end(), key) != known.end(), "--device ", file,
                        ": unknown field \"", key, "\" (known: name, peak_tflops_bf16, peak_tflops_fp32, memory_gib, "
                        "intra_node_gb_per_s, inter_node_gb_per_s, intra_node_latency_us, inter_node_latency_us, "
-                       "efficiency; optional: layer_overhead_us, norm_seconds, cores)");
+                       "efficiency; optional: layer_overhead_us, call_overhead_us, norm_seconds, cores)");
   }
   DeviceProfile p;
   TANDEM_CHECK_USAGE(!j.contains("name") || j["name"].is_string(), "--device ", file,
@@ -151,12 +151,16 @@ DeviceProfile from_file(const std::string& file) {
   p.intra_node_latency = field(j, "intra_node_latency_us", file, 1e-6, 1e-3, 1e9);
   p.inter_node_latency = field(j, "inter_node_latency_us", file, 1e-6, 1e-3, 1e9);
   p.efficiency = field(j, "efficiency", file, 1.0, 1e-6, 1.0);
-  if (j.contains("layer_overhead_us")) {
-    const auto& v = j["layer_overhead_us"];
-    TANDEM_CHECK_USAGE(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1e9, "--device ", file,
-                       ": \"layer_overhead_us\" must be a number from 0 to 1e9, got ", v.dump());
-    p.layer_overhead = v.get<double>() * 1e-6;
-  }
+  // Optional microseconds, 0 when absent.
+  auto optional_us = [&](const char* key) {
+    if (!j.contains(key)) return 0.0;
+    const auto& v = j[key];
+    TANDEM_CHECK_USAGE(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1e9, "--device ", file, ": \"",
+                       key, "\" must be a number from 0 to 1e9, got ", v.dump());
+    return v.get<double>() * 1e-6;
+  };
+  p.layer_overhead = optional_us("layer_overhead_us");
+  p.call_overhead = optional_us("call_overhead_us");
   if (j.contains("norm_seconds")) p.norm_timings = norm_timings(j["norm_seconds"], file);
   if (j.contains("cores")) {
     const auto& v = j["cores"];

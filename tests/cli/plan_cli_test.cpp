@@ -330,6 +330,7 @@ TEST(PlanCliTest, CalibrateWritesAProfileThePlannerReads) {
   EXPECT_LE(profile["efficiency"].get<double>(), 1.0);
   EXPECT_GE(profile["layer_overhead_us"].get<double>(), 0.0);
   EXPECT_GT(profile["intra_node_gb_per_s"].get<double>(), 0.01);
+  EXPECT_GE(profile["call_overhead_us"].get<double>(), 0.0);
   EXPECT_GE(profile["cores"].get<int64_t>(), 1);
   // A layer's norms timed at each size the steps were (64 to 1024 tokens of
   // llama-tiny's 128), RMSNorm's and LayerNorm's.

@@ -121,6 +121,8 @@ TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
   l.dp = 2;
   l.micro_batches = 4;
   l.schedule = "1f1b";
+  // The calls' latency takes turns in part (PrefetchedCallsTakeNoTurns): none here.
+  job.device.intra_node_latency = job.device.inter_node_latency = 0;
   job.device.cores = 2;
   const auto shared = layout_cost(job, l);
   EXPECT_NEAR(shared.bubble, 0.2, 1e-12);
@@ -133,21 +135,23 @@ TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
   EXPECT_NEAR(shared.step_seconds, 2 * (own.compute_seconds + own.exposed_comm_seconds), 1e-12);
 }
 
-// Note [prefetched calls that take turns]: over 2 cores, 4 ranks' bytes
-// cost twice what they do over 4 cores, and so does the latency of DDP's
-// calls, but FSDP's prefetched calls' latency 1.5 times. Control: DDP's
-// calls, whose latency takes whole turns.
-TEST(PlannerTest, PrefetchedCallsTakeHalfTheTurns) {
+// Note [ranks that take turns], [prefetched calls that take turns]: over
+// 2 cores 4 ranks' bytes cost twice what they do over 4 cores; the
+// latency of DDP's calls, waited for at once, 1.5 times; FSDP's
+// prefetched calls' latency the same. A call's overhead between
+// computations is DDP's once a call and not FSDP's.
+TEST(PlannerTest, PrefetchedCallsTakeNoTurns) {
   auto job = tiny_job(4);
   job.model = model_shape("llama-tiny", 256);
   job.global_batch = 8;
   job.precision = Precision::kFloat32;
   job.device = device_profile("cpu");
-  auto comm = [&job](DataSharding data, int64_t cores, double bandwidth, double latency) {
+  auto comm = [&job](DataSharding data, int64_t cores, double bandwidth, double latency, double overhead) {
     auto j = job;
     j.device.cores = cores;
     j.device.intra_node_bandwidth = j.device.inter_node_bandwidth = bandwidth;
     j.device.intra_node_latency = j.device.inter_node_latency = latency;
+    j.device.call_overhead = overhead;
     Layout l;
     l.dp = 4;
     l.micro_batch = 2;
@@ -155,11 +159,14 @@ TEST(PlannerTest, PrefetchedCallsTakeHalfTheTurns) {
     return layout_cost(j, l).exposed_comm_seconds;
   };
   for (const auto data : {DataSharding::kFsdp, DataSharding::kDdp}) {
-    const double bytes_only = comm(data, 2, 1e9, 0) / comm(data, 4, 1e9, 0);
-    const double latency_only = comm(data, 2, 1e30, 1e-3) / comm(data, 4, 1e30, 1e-3);
-    EXPECT_NEAR(bytes_only, 2.0, 1e-12);
-    EXPECT_NEAR(latency_only, data == DataSharding::kFsdp ? 1.5 : 2.0, 1e-12);
-    EXPECT_GT(comm(data, 4, 1e30, 1e-3), 0.0);
+    const bool fsdp = data == DataSharding::kFsdp;
+    EXPECT_NEAR(comm(data, 2, 1e9, 0, 0) / comm(data, 4, 1e9, 0, 0), 2.0, 1e-12);
+    EXPECT_NEAR(comm(data, 2, 1e30, 1e-3, 0) / comm(data, 4, 1e30, 1e-3, 0), fsdp ? 1.0 : 1.5, 1e-12);
+    EXPECT_GT(comm(data, 4, 1e30, 1e-3, 0), 0.0);
+    // DDP's calls: llama-tiny's 3.2 MB of gradients in one bucket, and the
+    // last (Note [planned traffic]).
+    const double overhead = comm(data, 2, 1e30, 0, 1e-3);
+    EXPECT_NEAR(overhead, fsdp ? 0.0 : 2e-3, 1e-12);
   }
 }
 
@@ -312,6 +319,13 @@ TEST(DeviceProfileTest, AFileIsReadAndItsMistakesAreNamed) {
               std::string::npos)
         << wrong;
   }
+  const auto overhead = device_profile(write(dir, std::string(bad).replace(bad.size() - 1, 1,
+                                                                           ", \"call_overhead_us\": 150}")));
+  EXPECT_DOUBLE_EQ(overhead.call_overhead, 150e-6);
+  EXPECT_EQ(p.call_overhead, 0.0);
+  EXPECT_NE(refused(std::string(bad).replace(bad.size() - 1, 1, ", \"call_overhead_us\": -1}"))
+                .find("\"call_overhead_us\" must be a number from 0 to 1e9, got -1"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([] { device_profile("tpu-v9"); }).find("unknown device (presets: h100, h200, a100, cpu"),
             std::string::npos);
 }

@@ -16,13 +16,15 @@
 // (operator dispatch, the memory-bound element-wise work, the optimizer),
 // which dominates small models and short sequences. A language model's
 // norms and residual adds are timed apart at each size and taken out of
-// the steps first (Note [replicated element-wise work] in norm_timing.h). The links are timed
-// the same way: all-reduces of 64 KiB to 16 MiB between two ranks over
-// loopback Gloo, fitted as latency + bytes / bandwidth over the sizes a
-// step sends (Gloo's cost of a call is not its cost for one float: on
-// this machine 0.5 ms for 4 bytes, 3.6 ms for 64 KiB between processes).
+// the steps first (Note [replicated element-wise work] in norm_timing.h).
+// The links are timed as a step uses them: all-reduces of 64 KiB to 16
+// MiB between two ranks over loopback Gloo, between computations (Note
+// [links timed between products] in calibrate.cpp), fitted as latency +
+// bytes / bandwidth over the sizes a step sends (Gloo's cost of a call is
+// not its cost for one float: 0.5 ms for 4 bytes here, in a quiet loop).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,14 +54,15 @@ struct CalibrationPoint {
 struct Calibration {
   DeviceProfile profile;
   std::vector<CalibrationPoint> points;
-  std::vector<std::pair<double, double>> links;  // (bytes, mean seconds) of the all-reduces timed
+  // Each all-reduce timed: its bytes, the ranks' mean seconds in a quiet
+  // loop and between matrix products (Note [links timed between products]).
+  std::vector<std::array<double, 3>> links;
 };
 
-// (bytes, mean seconds) of all-reduces of 64 KiB to 16 MiB.
-using LinkTimes = std::vector<std::pair<double, double>>;
+using LinkTimes = std::vector<std::array<double, 3>>;
 
-// Every rank of `group` calls it: the all-reduces timed, the slowest
-// rank's mean of each size.
+// Every rank of `group` calls it: all-reduces of 64 KiB to 16 MiB timed
+// after a barrier and after matrix products, the ranks' mean of each.
 LinkTimes time_allreduces(dist::ProcessGroup& group);
 
 // Measures this machine (about 10-30 s): the steps here, the links by

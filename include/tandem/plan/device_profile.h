@@ -35,6 +35,10 @@ struct DeviceProfile {
   double inter_node_bandwidth = 0;  // bytes/s a rank sends over the network
   double intra_node_latency = 0;    // seconds a collective call costs besides its bytes
   double inter_node_latency = 0;
+  // Seconds a call made between computations costs besides its ring steps
+  // and bytes (Note [links timed between products] in calibrate.cpp);
+  // measured on CPUs, 0 for the GPUs' presets.
+  double call_overhead = 0;
   // The share of the peak a training step's matrix products reach (the
   // ceiling of its model FLOPs utilisation), a profile value: 0.45 for the
   // GPUs (torchtitan's and Megatron-LM's published runs reach 0.40-0.55).
