@@ -127,6 +127,29 @@ LinkTimes time_allreduces(dist::ProcessGroup& group) {
   return out;
 }
 
+std::pair<double, double> fit_steps(const std::vector<std::pair<double, double>>& steps, double peak_flops) {
+  auto [slope, intercept] = fit_line(steps);
+  double sx = 0, sy = 0;
+  for (const auto& [x, y] : steps) {
+    sx += x;
+    sy += y;
+  }
+  if (slope < 1.0 / peak_flops) {  // faster than the peak: the peak's slope, the intercept refitted to it
+    slope = 1.0 / peak_flops;
+    intercept = (sy - slope * sx) / double(steps.size());
+  }
+  if (intercept < 0) {
+    double sxx = 0, sxy = 0;
+    for (const auto& [x, y] : steps) {
+      sxx += x * x;
+      sxy += x * y;
+    }
+    intercept = 0;
+    slope = std::max(sxy / sxx, 1.0 / peak_flops);
+  }
+  return {slope, intercept};
+}
+
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& say,
                       const std::function<LinkTimes()>& links) {
   const bool image = is_image_model(o.model);
@@ -213,19 +236,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
       steps[i].second -= cal.points[i].replicated;
     }
   }
-  auto [slope, intercept] = fit_line(steps);
-  // Noise can tilt a fit of nearly flat times: the efficiency stays at most
-  // 1 and the overhead at least 0 (the fit then through the origin).
-  slope = std::max(slope, 1.0 / p.peak_flops_fp32);
-  if (intercept < 0) {
-    double sxx = 0, sxy = 0;
-    for (const auto& [x, y] : steps) {
-      sxx += x * x;
-      sxy += x * y;
-    }
-    intercept = 0;
-    slope = std::max(sxy / sxx, 1.0 / p.peak_flops_fp32);
-  }
+  const auto [slope, intercept] = fit_steps(steps, p.peak_flops_fp32);
   p.efficiency = std::min(1.0, 1.0 / (slope * p.peak_flops_fp32));
   p.layer_overhead = intercept / double(shape.layers);
   for (auto& q : cal.points) {

@@ -7,11 +7,13 @@
 
 #include <fstream>
 #include <set>
+#include <tuple>
 #include <string>
 
 #include "tandem/models/gpt2.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/registry.h"
+#include "tandem/plan/calibrate.h"
 #include "tandem/plan/planner.h"
 #include "tandem/util/check.h"
 #include "testing.h"
@@ -133,6 +135,32 @@ TEST(PlannerTest, RanksBeyondTheCoresFillTheBubble) {
   EXPECT_NEAR(own.bubble_seconds / own.step_seconds, 0.2, 1e-12);
   // Taking turns: the same work at half the cores costs twice the time.
   EXPECT_NEAR(shared.step_seconds, 2 * (own.compute_seconds + own.exposed_comm_seconds), 1e-12);
+}
+
+// Note [calibrated profile]: a calibration's steps on a line are fitted
+// exactly; steps faster than the peak allows (resnet18's convolutions
+// beat the timed 512 x 512 product here) get the peak's slope and the
+// intercept that fits them at it, the residuals summing to 0 (a fit that
+// kept the free line's intercept over-predicted every step, by 5-17%);
+// an intercept below 0 gives the fit through the origin.
+TEST(CalibrationFitTest, StepsFasterThanThePeakKeepTheirMean) {
+  const double peak = 50e9;
+  std::vector<std::pair<double, double>> steps;
+  for (const double gflop : {1.0, 2.0, 4.0, 8.0}) steps.emplace_back(gflop * 1e9, 0.05 + 2.0 * gflop * 1e9 / peak);
+  auto [slope, intercept] = fit_steps(steps, peak);
+  EXPECT_NEAR(slope * peak, 2.0, 1e-9);
+  EXPECT_NEAR(intercept, 0.05, 1e-12);
+  for (auto& [x, y] : steps) y = 0.1 + 0.5 * x / peak;  // twice the peak: impossible
+  std::tie(slope, intercept) = fit_steps(steps, peak);
+  EXPECT_NEAR(slope * peak, 1.0, 1e-12);
+  double residual = 0;
+  for (const auto& [x, y] : steps) residual += y - (slope * x + intercept);
+  EXPECT_NEAR(residual, 0.0, 1e-12);
+  EXPECT_NEAR(intercept, 0.1 - 0.5 * 3.75e9 / peak, 1e-12);  // the mean of 1, 2, 4, 8 GFLOP: 3.75
+  for (auto& [x, y] : steps) y = -0.01 + 2.0 * x / peak;
+  std::tie(slope, intercept) = fit_steps(steps, peak);
+  EXPECT_EQ(intercept, 0.0);
+  EXPECT_GE(slope * peak, 1.0);
 }
 
 // Note [ranks that take turns], [prefetched calls that take turns]: over

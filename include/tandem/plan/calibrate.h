@@ -27,6 +27,7 @@
 #include <array>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/dist/process_group.h"
@@ -64,6 +65,15 @@ using LinkTimes = std::vector<std::array<double, 3>>;
 // Every rank of `group` calls it: all-reduces of 64 KiB to 16 MiB timed
 // after a barrier and after matrix products, the ranks' mean of each.
 LinkTimes time_allreduces(dist::ProcessGroup& group);
+
+// The line a calibration fits to its (FLOPs, seconds) steps, {seconds a
+// FLOP, seconds besides}: least squares; noise (or products faster than
+// the timed peak, as a convolution's can be) may tilt it shallower than
+// the peak allows, and then the slope is the peak's and the intercept the
+// one that fits the steps at that slope; an intercept below 0 gives the
+// fit through the origin (the overhead at least 0, the efficiency at
+// most 1).
+std::pair<double, double> fit_steps(const std::vector<std::pair<double, double>>& steps, double peak_flops);
 
 // Measures this machine (about 10-30 s): the steps here, the links by
 // `links` (time_allreduces over two processes: threads of one process
