@@ -68,10 +68,11 @@ IMAGE_LAYOUTS = [
 ]
 
 
-def write_cifar(folder):
+def write_cifar(folder, train=128, test=64):
+    """A CIFAR-10 of 5 x `train` training images and `test` test images, random."""
     rng = random.Random(0)
     os.makedirs(folder)
-    for name, count in [(f"data_batch_{b}.bin", 128) for b in range(1, 6)] + [("test_batch.bin", 64)]:
+    for name, count in [(f"data_batch_{b}.bin", train) for b in range(1, 6)] + [("test_batch.bin", test)]:
         with open(os.path.join(folder, name), "wb") as f:
             for _ in range(count):
                 f.write(bytes([rng.randrange(10)]) + bytes(rng.randrange(256) for _ in range(3072)))
