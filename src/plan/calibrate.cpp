@@ -69,9 +69,9 @@ std::vector<double> image_step_times(models::Sequence& model, optim::AdamW& opti
 // their steps in each of three rounds, so that a change in the machine's
 // load while the calibration runs (a shared machine's other work) moves
 // every size alike instead of tilting the fitted line: timed one size
-// after the other, a quiet spell over the small sizes alone halves the
-// fitted overhead of a layer. A size warms up twice its first round,
-// once in each later one.
+// after the other, a quiet spell over the small sizes alone cut the
+// fitted overhead of a layer to a third. A size warms up twice its first
+// round, once in each later one.
 constexpr int kRounds = 3;
 
 // Float counts of the all-reduces timed: 64 KiB to 16 MiB.
@@ -89,8 +89,8 @@ const std::vector<int64_t> kLinkFloats = {int64_t(16) << 10, int64_t(64) << 10, 
 // which the products before them leave as cold as a step's, and the
 // median over the sizes of what the second cost more is the profile's
 // call_overhead, the peer's lateness a call pays when it is waited for at
-// once. Here: 1.36-1.61 ms a ring step (0.8-1.1 ms in a quiet loop, which
-// planned tp's 20 all-reduces a step 15-30% fast), 0.09-0.19 ms a call.
+// once. Here: 1.1-1.6 ms a ring step (0.8-1.1 ms in a quiet loop, which
+// planned tp's 20 all-reduces a step 15-30% fast), 0-0.34 ms a call.
 LinkTimes time_allreduces(dist::ProcessGroup& group) {
   const auto a = torch::randn({384, 384}), b = torch::randn({384, 384});
   std::vector<double> means;
