@@ -88,6 +88,17 @@ Job tiny_job(int64_t world) {
   return job;
 }
 
+// llama-tiny in float32 on this machine's `cpu` profile, `world` ranks on
+// one node, a global batch of `batch` sequences.
+Job cpu_llama_job(int64_t world, int64_t batch) {
+  auto job = tiny_job(world);
+  job.model = model_shape("llama-tiny", 256);
+  job.global_batch = batch;
+  job.precision = Precision::kFloat32;
+  job.device = device_profile("cpu");
+  return job;
+}
+
 // The schedule replayed with stages of equal cost gives GPipe's and
 // 1F1B's textbook bubble, (p - 1) / (m + p - 1), exactly.
 TEST(PlannerTest, TheReplayedBubbleIsTheTextbooks) {
@@ -169,11 +180,7 @@ TEST(CalibrationFitTest, StepsFasterThanThePeakKeepTheirMean) {
 // prefetched calls' latency the same. A call's overhead between
 // computations is DDP's once a call and not FSDP's.
 TEST(PlannerTest, PrefetchedCallsTakeNoTurns) {
-  auto job = tiny_job(4);
-  job.model = model_shape("llama-tiny", 256);
-  job.global_batch = 8;
-  job.precision = Precision::kFloat32;
-  job.device = device_profile("cpu");
+  auto job = cpu_llama_job(4, 8);
   auto comm = [&job](DataSharding data, int64_t cores, double bandwidth, double latency, double overhead) {
     auto j = job;
     j.device.cores = cores;
@@ -204,11 +211,7 @@ TEST(PlannerTest, PrefetchedCallsTakeNoTurns) {
 // of them; a dp rank on its own micro-batch. Control: the same layouts
 // without timings plan none of it.
 TEST(PlannerTest, TensorParallelRanksRunTheNormsWhole) {
-  auto job = tiny_job(2);
-  job.model = model_shape("llama-tiny", 256);
-  job.global_batch = 4;
-  job.precision = Precision::kFloat32;
-  job.device = device_profile("cpu");
+  auto job = cpu_llama_job(2, 4);
   job.device.cores = 2;
   job.device.norm_timings = {{512, 1e-3, 1e-4}, {1024, 3e-3, 2e-4}, {2048, 4e-3, 3e-4}};
   auto without = job;
